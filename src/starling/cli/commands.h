@@ -1,0 +1,14 @@
+// Subcommands of the `starling` binary; each file registers one and owns its options.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace starling::cli {
+
+void add_data_command(CLI::App& app);
+void add_train_command(CLI::App& app);
+void add_sample_command(CLI::App& app);
+void add_model_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+
+}  // namespace starling::cli

@@ -1,0 +1,46 @@
+#include <iostream>
+
+#include "starling/cli/commands.h"
+#include "starling/data/prepare.h"
+
+namespace starling::cli {
+
+void add_data_command(CLI::App& app) {
+  auto* data = app.add_subcommand("data", "prepare token shards from text");
+  data->require_subcommand(1);
+  auto* prep = data->add_subcommand(
+      "prepare", "text files or directories -> train/val token shards (llm.c .bin) + meta.json");
+  auto opts = std::make_shared<data::PrepareOptions>();
+  auto inputs = std::make_shared<std::vector<std::string>>();
+  std::string out;
+  prep->add_option("inputs", *inputs, "text files, or directories searched recursively")
+      ->required();
+  prep->add_option("-o,--out", opts->out_dir, "output directory")->required();
+  prep->add_option("--tokenizer", opts->tokenizer, "byte (vocab 256) or sentencepiece")
+      ->check(CLI::IsMember({"byte", "sentencepiece"}))
+      ->capture_default_str();
+  prep->add_option("--vocab-size", opts->vocab_size, "sentencepiece: vocabulary to train")
+      ->capture_default_str();
+  prep->add_option("--sp-model", opts->sentencepiece_model,
+                   "sentencepiece: apply this .model instead of training one");
+  prep->add_option("--val-fraction", opts->val_fraction, "fraction of documents for validation")
+      ->capture_default_str();
+  prep->add_option("--seed", opts->seed, "seed of the train/val split")->capture_default_str();
+  prep->add_option("--shard-tokens", opts->shard_tokens, "tokens per shard")->capture_default_str();
+  prep->callback([opts, inputs] {
+    for (const auto& i : *inputs) opts->inputs.emplace_back(i);
+    std::string last;
+    auto info = data::prepare_dataset(*opts, [&](const std::string& what, uint64_t done,
+                                                 uint64_t total) {
+      std::cerr << "\r" << what << " " << done << "/" << total << std::flush;
+      last = what;
+    });
+    std::cerr << "\n";
+    std::cout << "prepared " << info.dir.string() << ": " << info.tokenizer_kind << " tokenizer, vocab "
+              << info.vocab_size << ", " << info.train_tokens << " train tokens in "
+              << info.train_shards.size() << " shard(s), " << info.val_tokens
+              << " val tokens in " << info.val_shards.size() << " shard(s)\n";
+  });
+}
+
+}  // namespace starling::cli

@@ -1,0 +1,31 @@
+// `starling`: prepare data, train, sample, inspect models, benchmark.
+#include <iostream>
+
+#include "starling/cli/commands.h"
+#include "starling/common/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Starling: train transformer language models on cheap, scattered hardware"};
+  app.require_subcommand(1);
+  bool verbose = false;
+  app.add_flag("-v,--verbose", verbose, "show where in the source an error was raised");
+  app.set_version_flag("--version", "starling 0.1.0");
+  starling::cli::add_data_command(app);
+  starling::cli::add_train_command(app);
+  starling::cli::add_sample_command(app);
+  starling::cli::add_model_command(app);
+  starling::cli::add_bench_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const starling::Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    if (verbose) std::cerr << "  (raised at " << e.origin() << ")\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,31 @@
+#include <iostream>
+
+#include "starling/cli/commands.h"
+#include "starling/common/threads.h"
+#include "starling/train/sample_checkpoint.h"
+
+namespace starling::cli {
+
+void add_sample_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("sample", "generate text from a checkpoint");
+  auto ckpt = std::make_shared<std::string>();
+  auto opts = std::make_shared<train::SampleConfig>();
+  cmd->add_option("--checkpoint", *ckpt, "run directory or checkpoint directory")->required();
+  cmd->add_option("--prompt", opts->prompt, "text to continue")->capture_default_str();
+  cmd->add_option("--max-tokens", opts->max_tokens, "tokens to generate")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--temperature", opts->temperature, "0 = greedy")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--top-k", opts->top_k, "sample among the k likeliest tokens; 0 = all")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--seed", opts->seed, "sampling seed")->capture_default_str();
+  cmd->callback([ckpt, opts] {
+    configure_threads(0);
+    std::cout << train::sample_from_checkpoint(*ckpt, *opts) << "\n";
+  });
+}
+
+}  // namespace starling::cli

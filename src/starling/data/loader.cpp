@@ -1,0 +1,156 @@
+#include "starling/data/loader.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+
+#include "starling/common/error.h"
+
+namespace starling::data {
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Uniform draw in [0, n) by rejection. std::uniform_int_distribution is avoided on purpose: its
+// algorithm is implementation-defined, while mt19937_64's output is fixed by the standard, so this
+// gives the same order with every standard library.
+uint64_t bounded(std::mt19937_64& rng, uint64_t n) {
+  const uint64_t threshold = (0 - n) % n;  // 2^64 mod n: the biased low values to reject
+  while (true) {
+    const uint64_t r = rng();
+    if (r >= threshold) return r % n;
+  }
+}
+
+}  // namespace
+
+void to_json(nlohmann::json& j, const LoaderState& s) {
+  j = nlohmann::json{{"epoch", s.epoch}, {"cursor", s.cursor}};
+}
+
+void from_json(const nlohmann::json& j, LoaderState& s) {
+  for (const char* key : {"epoch", "cursor"}) {
+    // JSON written by hand or by other tools may store small counts as signed integers.
+    const bool ok = j.is_object() && j.contains(key) &&
+                    (j.at(key).is_number_unsigned() ||
+                     (j.at(key).is_number_integer() && j.at(key).get<int64_t>() >= 0));
+    if (!ok) {
+      throw CheckpointError(std::string("loader state: \"") + key +
+                            "\" must be a non-negative integer, got " + j.dump());
+    }
+  }
+  s.epoch = j.at("epoch").get<uint64_t>();
+  s.cursor = j.at("cursor").get<uint64_t>();
+}
+
+TokenLoader::TokenLoader(const std::vector<std::filesystem::path>& shards, LoaderOptions options)
+    : options_(options) {
+  if (options_.seq_len < 1) {
+    throw ConfigError("loader: seq_len must be at least 1, got " +
+                      std::to_string(options_.seq_len));
+  }
+  if (options_.batch < 1) {
+    throw ConfigError("loader: batch must be at least 1, got " + std::to_string(options_.batch));
+  }
+  if (options_.world < 1) {
+    throw ConfigError("loader: world must be at least 1, got " + std::to_string(options_.world));
+  }
+  if (options_.rank < 0 || options_.rank >= options_.world) {
+    throw ConfigError("loader: rank must be in [0, " + std::to_string(options_.world) + "), got " +
+                      std::to_string(options_.rank));
+  }
+  const auto seq_len = static_cast<uint64_t>(options_.seq_len);
+  uint64_t total_tokens = 0;
+  window_start_.push_back(0);
+  for (const auto& path : shards) {
+    shards_.emplace_back(path);
+    const uint64_t count = shards_.back().tokens().size();
+    total_tokens += count;
+    // Window k covers tokens [k*seq_len, k*seq_len + seq_len]; all must lie inside the shard.
+    const uint64_t windows = count > seq_len ? (count - 1) / seq_len : 0;
+    total_windows_ += windows;
+    window_start_.push_back(total_windows_);
+  }
+  if (total_windows_ < static_cast<uint64_t>(options_.world)) {
+    throw DataError("loader: " + std::to_string(shards.size()) + " shard(s) with " +
+                    std::to_string(total_tokens) + " tokens hold " +
+                    std::to_string(total_windows_) +
+                    " window(s) of seq_len+1 = " + std::to_string(seq_len + 1) +
+                    " tokens, but each of the " + std::to_string(options_.world) +
+                    " peer(s) needs at least one; use more data or a smaller seq_len");
+  }
+}
+
+uint64_t TokenLoader::windows_per_epoch() const {
+  const auto world = static_cast<uint64_t>(options_.world);
+  const auto rank = static_cast<uint64_t>(options_.rank);
+  return total_windows_ / world + (rank < total_windows_ % world ? 1 : 0);
+}
+
+void TokenLoader::build_order(uint64_t epoch) {
+  if (order_valid_ && order_epoch_ == epoch) return;
+  const auto world = static_cast<uint64_t>(options_.world);
+  const auto rank = static_cast<uint64_t>(options_.rank);
+  order_.clear();
+  order_.reserve(windows_per_epoch());
+  if (!options_.shuffle) {
+    for (uint64_t w = rank; w < total_windows_; w += world) order_.push_back(w);
+  } else {
+    std::vector<uint64_t> all(total_windows_);
+    for (uint64_t w = 0; w < total_windows_; ++w) all[w] = w;
+    std::mt19937_64 rng(splitmix64(splitmix64(options_.seed) + epoch));
+    for (uint64_t i = total_windows_ - 1; i > 0; --i) std::swap(all[i], all[bounded(rng, i + 1)]);
+    for (uint64_t p = rank; p < total_windows_; p += world) order_.push_back(all[p]);
+  }
+  order_epoch_ = epoch;
+  order_valid_ = true;
+}
+
+void TokenLoader::fill_row(uint64_t window, int64_t row, Batch& batch) const {
+  const auto it = std::upper_bound(window_start_.begin(), window_start_.end(), window);
+  const auto shard = static_cast<std::size_t>(it - window_start_.begin()) - 1;
+  const uint64_t first = (window - window_start_[shard]) * static_cast<uint64_t>(batch.seq_len);
+  const uint16_t* tokens = shards_[shard].tokens().data() + first;
+  int64_t* inputs = batch.inputs.data() + row * batch.seq_len;
+  int64_t* targets = batch.targets.data() + row * batch.seq_len;
+  for (int64_t t = 0; t < batch.seq_len; ++t) {
+    inputs[t] = tokens[t];
+    targets[t] = tokens[t + 1];
+  }
+}
+
+Batch TokenLoader::next() {
+  Batch batch;
+  batch.batch = options_.batch;
+  batch.seq_len = options_.seq_len;
+  batch.inputs.resize(static_cast<std::size_t>(options_.batch * options_.seq_len));
+  batch.targets.resize(batch.inputs.size());
+  const uint64_t per_epoch = windows_per_epoch();
+  for (int64_t row = 0; row < options_.batch; ++row) {
+    if (state_.cursor >= per_epoch) {
+      ++state_.epoch;
+      state_.cursor = 0;
+    }
+    build_order(state_.epoch);
+    fill_row(order_[state_.cursor++], row, batch);
+  }
+  return batch;
+}
+
+void TokenLoader::restore(const LoaderState& state) {
+  if (state.cursor > windows_per_epoch()) {
+    throw CheckpointError("loader state: cursor " + std::to_string(state.cursor) +
+                          " is past this peer's " + std::to_string(windows_per_epoch()) +
+                          " windows per epoch (was it saved with other data, seq_len or world?)");
+  }
+  state_ = state;
+}
+
+}  // namespace starling::data

@@ -1,0 +1,76 @@
+// Training windows over token shards: each sample is seq_len+1 consecutive tokens (input = first
+// seq_len, target = last seq_len). Windows start every seq_len tokens within each shard (none
+// crosses a shard boundary) and are numbered across the shards in order; each epoch visits them
+// in an order shuffled by (seed, epoch). Peer `rank` of `world` takes every world-th window of
+// that order, so peers see disjoint data and a data-parallel run needs no change here.
+// Deterministic: the same (shards, seq_len, batch, seed, rank, world, state) always yields the
+// same batches.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json_fwd.hpp>
+#include <vector>
+
+#include "starling/data/shard.h"
+
+namespace starling::data {
+
+struct Batch {
+  int64_t batch = 0;
+  int64_t seq_len = 0;
+  std::vector<int64_t> inputs;   // batch * seq_len, row-major
+  std::vector<int64_t> targets;  // batch * seq_len
+};
+
+// Position in the stream; saved in checkpoints so a resumed run continues exactly.
+struct LoaderState {
+  uint64_t epoch = 0;
+  uint64_t cursor = 0;  // index into this peer's part of the epoch's window order
+};
+
+void to_json(nlohmann::json& j, const LoaderState& s);
+void from_json(const nlohmann::json& j, LoaderState& s);
+
+struct LoaderOptions {
+  int64_t seq_len = 256;
+  int64_t batch = 8;
+  uint64_t seed = 1337;
+  int rank = 0;
+  int world = 1;
+  bool shuffle = true;  // false: windows in file order (used for evaluation)
+};
+
+class TokenLoader {
+ public:
+  // DataError if the shards hold fewer windows than world (every peer needs at least one);
+  // ConfigError for seq_len/batch < 1 or rank outside [0, world).
+  TokenLoader(const std::vector<std::filesystem::path>& shards, LoaderOptions options);
+
+  Batch next();
+  LoaderState state() const { return state_; }
+  // CheckpointError if the cursor lies past this peer's windows per epoch.
+  void restore(const LoaderState& state);
+  // Windows this peer sees per epoch.
+  uint64_t windows_per_epoch() const;
+  // Tokens each window yields for training (seq_len).
+  const LoaderOptions& options() const { return options_; }
+
+ private:
+  // Makes `order_` this peer's windows of `epoch` (no-op if it already is).
+  void build_order(uint64_t epoch);
+  // Copies window `window` (global index) into row `row` of `batch`.
+  void fill_row(uint64_t window, int64_t row, Batch& batch) const;
+
+  uint64_t total_windows_ = 0;
+  // window_start_[s] is the global index of shard s's first window; one past the end at the back.
+  std::vector<uint64_t> window_start_;
+  std::vector<uint64_t> order_;  // this peer's windows for `order_epoch_`, in visiting order
+  uint64_t order_epoch_ = 0;
+  bool order_valid_ = false;
+  LoaderOptions options_;
+  LoaderState state_;
+  std::vector<MappedShard> shards_;
+};
+
+}  // namespace starling::data

@@ -1,0 +1,37 @@
+// One operator of an OP-DAG: a node that maps input tensors to one output tensor with its own
+// parameters. The executor runs each op under local autograd, so an op is written as plain
+// differentiable tensor code; it never sees the gradients of its neighbours.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace starling::graph {
+
+class Op {
+ public:
+  virtual ~Op() = default;
+
+  // Short category used by estimators and printouts: "embedding", "attention", "mlp", "norm",
+  // "head", "loss".
+  virtual std::string kind() const = 0;
+
+  // Computes the output. Inputs arrive in the order of the node's edges. Must be deterministic:
+  // recomputation and resumed runs depend on it.
+  virtual at::Tensor forward(const std::vector<at::Tensor>& inputs) = 0;
+
+  // Names (in the DAG's ParamStore) of the parameters this op reads. A parameter may be read by
+  // more than one op (tied embeddings); its gradient is then the sum over readers.
+  virtual std::vector<std::string> param_names() const = 0;
+
+  // Forward FLOPs per token at this context length (backward is about twice this).
+  virtual double forward_flops_per_token(int64_t seq_len) const = 0;
+
+  // Output shape for a micro-batch of `batch` sequences of `seq_len` tokens.
+  virtual std::vector<int64_t> output_shape(int64_t batch, int64_t seq_len) const = 0;
+};
+
+}  // namespace starling::graph

@@ -1,0 +1,95 @@
+#include "starling/model/ops/attention.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+
+namespace starling::model {
+
+AttentionOp::AttentionOp(const ModelConfig& config, AttentionWeights weights)
+    : config_(config), w_(std::move(weights)) {
+  if (config_.arch == Arch::kLlama) {
+    const int64_t hd = config_.head_dim();
+    auto opts = at::TensorOptions().dtype(at::kDouble);
+    at::Tensor inv_freq =
+        at::pow(config_.rope_theta, -at::arange(0, hd, 2, opts) / static_cast<double>(hd));
+    at::Tensor angles = at::outer(at::arange(config_.seq_len, opts), inv_freq);  // [T, hd/2]
+    angles = at::cat({angles, angles}, -1);                                       // [T, hd]
+    cos_ = angles.cos().to(w_.qkv.scalar_type()).to(w_.qkv.device());
+    sin_ = angles.sin().to(w_.qkv.scalar_type()).to(w_.qkv.device());
+  }
+}
+
+at::Tensor AttentionOp::causal_bias(int64_t t, const at::Tensor& like) {
+  if (!mask_.defined() || mask_.scalar_type() != like.scalar_type() ||
+      mask_.device() != like.device()) {
+    const int64_t n = config_.seq_len;
+    mask_ = at::full({n, n}, -std::numeric_limits<float>::infinity(), like.options())
+                .triu_(1)
+                .contiguous();
+  }
+  return mask_.narrow(0, 0, t).narrow(1, 0, t);
+}
+
+at::Tensor AttentionOp::rotate(const at::Tensor& x, int64_t t) {
+  const int64_t half = x.size(-1) / 2;
+  at::Tensor cos = cos_.narrow(0, 0, t).unsqueeze(1);  // [T, 1, hd] broadcasts over heads
+  at::Tensor sin = sin_.narrow(0, 0, t).unsqueeze(1);
+  at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+at::Tensor AttentionOp::forward(const std::vector<at::Tensor>& inputs) {
+  const at::Tensor& x = inputs.at(0);
+  const int64_t b = x.size(0), t = x.size(1);
+  const int64_t h = config_.n_head, kv = config_.kv_heads(), hd = config_.head_dim();
+
+  at::Tensor normed = apply_norm(config_.arch, w_.norm, x, config_.norm_eps);
+  at::Tensor qkv = at::linear(normed, w_.qkv, w_.qkv_bias);  // [B, T, (h + 2kv) * hd]
+  auto parts = qkv.split_with_sizes({h * hd, kv * hd, kv * hd}, -1);
+  at::Tensor q = parts[0].view({b, t, h, hd});
+  at::Tensor k = parts[1].view({b, t, kv, hd});
+  at::Tensor v = parts[2].view({b, t, kv, hd});
+  if (config_.arch == Arch::kLlama) {
+    q = rotate(q, t);
+    k = rotate(k, t);
+  }
+  if (kv != h) {  // grouped-query attention: each k/v head serves h/kv query heads
+    k = k.repeat_interleave(h / kv, 2);
+    v = v.repeat_interleave(h / kv, 2);
+  }
+  // [B*h, T, hd] batches for bmm.
+  q = q.transpose(1, 2).reshape({b * h, t, hd});
+  k = k.transpose(1, 2).reshape({b * h, t, hd});
+  v = v.transpose(1, 2).reshape({b * h, t, hd});
+
+  // scores = mask + scale * q k^T in one kernel; the mask is -inf above the diagonal.
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  at::Tensor scores = at::baddbmm(causal_bias(t, q), q, k.transpose(1, 2), 1.0, scale);
+  at::Tensor att = at::softmax(scores, -1);
+  at::Tensor y = at::bmm(att, v).view({b, h, t, hd}).transpose(1, 2).reshape({b, t, h * hd});
+  return x + at::linear(y, w_.proj, w_.proj_bias);
+}
+
+std::vector<std::string> AttentionOp::param_names() const {
+  std::vector<std::string> names{w_.norm.weight_name};
+  for (const auto* n : {&w_.norm.bias_name, &w_.qkv_name, &w_.qkv_bias_name, &w_.proj_name,
+                        &w_.proj_bias_name})
+    if (!n->empty()) names.push_back(*n);
+  return names;
+}
+
+double AttentionOp::forward_flops_per_token(int64_t seq_len) const {
+  const double d = config_.d_model, hd = config_.head_dim();
+  const double qkv = 2.0 * d * (config_.n_head + 2 * config_.kv_heads()) * hd;
+  const double proj = 2.0 * d * d;
+  const double scores = 2.0 * 2.0 * seq_len * d;  // q k^T and att v, full (unmasked) count
+  return qkv + proj + scores;
+}
+
+std::vector<int64_t> AttentionOp::output_shape(int64_t batch, int64_t seq_len) const {
+  return {batch, seq_len, config_.d_model};
+}
+
+}  // namespace starling::model

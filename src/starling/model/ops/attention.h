@@ -1,0 +1,40 @@
+// One transformer layer's attention block with its pre-norm and residual:
+//   x + proj(causal_attention(qkv(norm(x))))
+// gpt2: LayerNorm, biases, learned positions already added. llama: RMSNorm, no biases, rotary
+// positions on q and k (rotate-half convention), grouped-query attention.
+// Weights: qkv [(n_head + 2*kv_heads)*head_dim, d_model] with q, k, v stacked in that order;
+// proj [d_model, d_model]. Input/output: [B, T, d_model].
+#pragma once
+
+#include "starling/graph/op.h"
+#include "starling/model/config.h"
+#include "starling/model/ops/norm.h"
+
+namespace starling::model {
+
+struct AttentionWeights {
+  NormWeights norm;
+  std::string qkv_name, qkv_bias_name, proj_name, proj_bias_name;  // bias names empty for llama
+  at::Tensor qkv, qkv_bias, proj, proj_bias;
+};
+
+class AttentionOp : public graph::Op {
+ public:
+  AttentionOp(const ModelConfig& config, AttentionWeights weights);
+  std::string kind() const override { return "attention"; }
+  at::Tensor forward(const std::vector<at::Tensor>& inputs) override;
+  std::vector<std::string> param_names() const override;
+  double forward_flops_per_token(int64_t seq_len) const override;
+  std::vector<int64_t> output_shape(int64_t batch, int64_t seq_len) const override;
+
+ private:
+  at::Tensor causal_bias(int64_t t, const at::Tensor& like);
+  at::Tensor rotate(const at::Tensor& x, int64_t t);  // x: [B, T, heads, head_dim]
+
+  ModelConfig config_;
+  AttentionWeights w_;
+  at::Tensor mask_;     // [seq_len, seq_len] additive causal mask, built once
+  at::Tensor cos_, sin_;  // [seq_len, head_dim] rotary tables (llama)
+};
+
+}  // namespace starling::model

@@ -1,0 +1,33 @@
+// One transformer layer's MLP block with its pre-norm and residual: x + mlp(norm(x)).
+// gpt2: fc [d_ff, d_model] + bias, GELU (tanh approximation, as GPT-2), proj [d_model, d_ff] + bias.
+// llama: SwiGLU; fc [2*d_ff, d_model] holds the gate (first half) and up (second half)
+// projections stacked, proj [d_model, d_ff]; no biases. Input/output: [B, T, d_model].
+#pragma once
+
+#include "starling/graph/op.h"
+#include "starling/model/config.h"
+#include "starling/model/ops/norm.h"
+
+namespace starling::model {
+
+struct MlpWeights {
+  NormWeights norm;
+  std::string fc_name, fc_bias_name, proj_name, proj_bias_name;  // bias names empty for llama
+  at::Tensor fc, fc_bias, proj, proj_bias;
+};
+
+class MlpOp : public graph::Op {
+ public:
+  MlpOp(const ModelConfig& config, MlpWeights weights);
+  std::string kind() const override { return "mlp"; }
+  at::Tensor forward(const std::vector<at::Tensor>& inputs) override;
+  std::vector<std::string> param_names() const override;
+  double forward_flops_per_token(int64_t seq_len) const override;
+  std::vector<int64_t> output_shape(int64_t batch, int64_t seq_len) const override;
+
+ private:
+  ModelConfig config_;
+  MlpWeights w_;
+};
+
+}  // namespace starling::model

@@ -1,0 +1,217 @@
+#include "starling/train/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "starling/common/error.h"
+#include "starling/data/atomic_file.h"
+
+namespace starling::train {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kFormat = "starling-checkpoint";
+constexpr int kVersion = 1;
+
+void fsync_dir(const fs::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw CheckpointError(dir.string() + ": cannot open directory to fsync");
+  ::fsync(fd);
+  ::close(fd);
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  data::write_file_atomically(path, {std::as_bytes(std::span(text.data(), text.size()))});
+}
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+nlohmann::json meta_to_json(const CheckpointMeta& m) {
+  return {{"format", kFormat},
+          {"version", kVersion},
+          {"step", m.step},
+          {"tokens", m.tokens},
+          {"loader", m.loader},
+          {"tokenizer", {{"kind", m.tokenizer_kind}, {"vocab_size", m.data_vocab_size}}},
+          {"val_loss", m.val_loss},
+          {"config", m.config_toml}};
+}
+
+template <class T>
+T field(const nlohmann::json& j, const char* key, const std::string& where) {
+  if (!j.contains(key)) throw CheckpointError(where + ": missing field \"" + key + "\"");
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw CheckpointError(where + ": field \"" + key + "\" has the wrong type (" +
+                          j.at(key).dump() + ")");
+  }
+}
+
+CheckpointMeta meta_from_json(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) throw CheckpointError(where + ": not a JSON object");
+  if (field<std::string>(j, "format", where) != kFormat)
+    throw CheckpointError(where + ": format is not \"" + std::string(kFormat) + "\"");
+  const int version = field<int>(j, "version", where);
+  if (version != kVersion)
+    throw CheckpointError(where + ": unsupported checkpoint version " + std::to_string(version) +
+                          " (this build reads version " + std::to_string(kVersion) + ")");
+  CheckpointMeta m;
+  m.step = field<int64_t>(j, "step", where);
+  m.tokens = field<uint64_t>(j, "tokens", where);
+  try {
+    m.loader = j.at("loader").get<data::LoaderState>();
+  } catch (const std::exception& e) {
+    throw CheckpointError(where + ": field \"loader\" is malformed: " + e.what());
+  }
+  const auto tok = field<nlohmann::json>(j, "tokenizer", where);
+  m.tokenizer_kind = field<std::string>(tok, "kind", where + " tokenizer");
+  m.data_vocab_size = field<uint32_t>(tok, "vocab_size", where + " tokenizer");
+  m.val_loss = field<double>(j, "val_loss", where);
+  m.config_toml = field<std::string>(j, "config", where);
+  if (m.step < 0) throw CheckpointError(where + ": negative step");
+  return m;
+}
+
+void prune(const fs::path& ckpt_dir, int keep, const std::string& current) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(ckpt_dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(".tmp-", 0) == 0 || n.rfind(".old-", 0) == 0) {
+      fs::remove_all(e.path());  // left behind by an interrupted save
+    } else if (n.rfind("step_", 0) == 0 && e.is_directory()) {
+      names.push_back(n);
+    }
+  }
+  std::sort(names.begin(), names.end());
+  const int excess = static_cast<int>(names.size()) - std::max(keep, 1);
+  for (int i = 0; i < excess; ++i)
+    if (names[i] != current) fs::remove_all(ckpt_dir / names[i]);
+}
+
+}  // namespace
+
+fs::path save_checkpoint(const fs::path& run_dir, const graph::ParamStore& params,
+                         const AdamW& optimizer, const CheckpointMeta& meta,
+                         const SaveOptions& options) {
+  auto stage = [&](const char* s) {
+    if (options.on_stage) options.on_stage(s);
+  };
+  const fs::path ckpt_dir = run_dir / "checkpoints";
+  std::error_code ec;
+  fs::create_directories(ckpt_dir, ec);
+  if (ec) throw CheckpointError(ckpt_dir.string() + ": cannot create: " + ec.message());
+  const std::string name = step_name(meta.step);
+  const fs::path tmp = ckpt_dir / (".tmp-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(tmp);
+  fs::create_directory(tmp);
+
+  std::vector<std::pair<std::string, at::Tensor>> weights;
+  for (const auto& p : params.params()) weights.emplace_back(p.name, p.value);
+  write_safetensors(tmp / "model.safetensors", weights, {{"format", "pt"}});
+  stage("model");
+
+  auto state = optimizer.state();
+  state.emplace_back(kRngTensor, at::detail::getDefaultCPUGenerator().get_state());
+  write_safetensors(tmp / "optimizer.safetensors", state,
+                    {{"optimizer", "adamw"}, {"steps", std::to_string(optimizer.steps())}});
+  stage("optimizer");
+
+  if (!options.tokenizer_model.empty()) {
+    fs::copy_file(options.tokenizer_model, tmp / "tokenizer.model",
+                  fs::copy_options::overwrite_existing, ec);
+    if (ec)
+      throw CheckpointError(options.tokenizer_model.string() + ": cannot copy into checkpoint: " +
+                            ec.message());
+  }
+  write_text(tmp / "meta.json", meta_to_json(meta).dump(2) + "\n");
+  fsync_dir(tmp);
+  stage("meta");
+
+  const fs::path final_dir = ckpt_dir / name;
+  if (fs::exists(final_dir)) {  // re-saving the same step (e.g. after a resume): move old aside
+    const fs::path old = ckpt_dir / (".old-" + name + "-" + std::to_string(::getpid()));
+    fs::remove_all(old);
+    fs::rename(final_dir, old);
+  }
+  fs::rename(tmp, final_dir);
+  fsync_dir(ckpt_dir);
+  stage("renamed");
+
+  write_text(ckpt_dir / "latest", name + "\n");
+  stage("committed");
+  prune(ckpt_dir, options.keep, name);
+  return final_dir;
+}
+
+fs::path find_checkpoint(const fs::path& path) {
+  if (fs::exists(path / "meta.json")) return path;
+  for (const fs::path& dir : {path, path / "checkpoints"}) {
+    const fs::path latest = dir / "latest";
+    if (!fs::exists(latest)) continue;
+    std::ifstream in(latest);
+    std::string name;
+    std::getline(in, name);
+    if (name.empty() || name.find('/') != std::string::npos)
+      throw CheckpointError(latest.string() + ": does not name a checkpoint directory");
+    if (!fs::exists(dir / name / "meta.json"))
+      throw CheckpointError(latest.string() + ": points at \"" + name +
+                            "\", which is missing or incomplete");
+    return dir / name;
+  }
+  throw CheckpointError(path.string() + ": no checkpoint found (expected meta.json, latest, or "
+                        "checkpoints/latest)");
+}
+
+Checkpoint read_checkpoint(const fs::path& dir) {
+  Checkpoint c;
+  c.dir = dir;
+  const fs::path meta_path = dir / "meta.json";
+  std::ifstream in(meta_path);
+  if (!in) throw CheckpointError(meta_path.string() + ": cannot open");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(meta_path.string() + ": not valid JSON: " + e.what());
+  }
+  c.meta = meta_from_json(j, meta_path.string());
+  c.model = read_safetensors(dir / "model.safetensors");
+  c.optimizer = read_safetensors(dir / "optimizer.safetensors");
+  return c;
+}
+
+void load_params(const SafetensorsFile& weights, graph::ParamStore& params) {
+  at::NoGradGuard no_grad;
+  for (auto& p : params.params()) {
+    if (!weights.contains(p.name))
+      throw CheckpointError(weights.file.string() + ": missing tensor \"" + p.name +
+                            "\" that the model needs (different model config?)");
+    const at::Tensor& t = weights.at(p.name);
+    if (t.sizes() != p.value.sizes())
+      throw CheckpointError(weights.file.string() + ": tensor \"" + p.name + "\" has shape " +
+                            c10::str(t.sizes()) + " but the model needs " +
+                            c10::str(p.value.sizes()));
+    if (!t.is_floating_point())
+      throw CheckpointError(weights.file.string() + ": tensor \"" + p.name +
+                            "\" is not floating point");
+    p.value.copy_(t);
+  }
+  for (const auto& [name, _] : weights.tensors)
+    if (!params.contains(name))
+      throw CheckpointError(weights.file.string() + ": tensor \"" + name +
+                            "\" is not a parameter of this model (different model config?)");
+}
+
+}  // namespace starling::train

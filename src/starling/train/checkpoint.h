@@ -1,0 +1,69 @@
+// Checkpoints: weights and optimizer state in safetensors plus meta.json (step, data position,
+// RNG state, the full config), written so a crash at any moment leaves the previous checkpoint
+// loadable:
+//   <run>/checkpoints/step_00000100/{model.safetensors, optimizer.safetensors, meta.json,
+//                                    tokenizer.model (sentencepiece only)}
+//   <run>/checkpoints/latest   (text: the name of the newest complete checkpoint)
+// A checkpoint is assembled in a hidden temporary directory, every file and the directory are
+// fsynced, the directory is renamed into place, and only then is `latest` replaced (atomically).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "starling/common/safetensors.h"
+#include "starling/data/loader.h"
+#include "starling/graph/param_store.h"
+#include "starling/train/adamw.h"
+
+namespace starling::train {
+
+struct CheckpointMeta {
+  int64_t step = 0;      // optimizer steps completed
+  uint64_t tokens = 0;   // training tokens consumed
+  data::LoaderState loader;
+  std::string config_toml;  // the complete run config (to_toml)
+  std::string tokenizer_kind;
+  uint32_t data_vocab_size = 0;
+  double val_loss = -1;  // last validation loss, -1 if none yet
+};
+
+struct SaveOptions {
+  int keep = 2;  // newest checkpoints kept; older ones are deleted after a successful save
+  std::filesystem::path tokenizer_model;  // copied into the checkpoint when not empty
+  // Called after each stage ("model", "optimizer", "meta", "renamed", "committed"): progress
+  // reporting, and crash tests that kill the process between stages.
+  std::function<void(const std::string& stage)> on_stage;
+};
+
+// Saves into <run_dir>/checkpoints and returns the new checkpoint directory.
+std::filesystem::path save_checkpoint(const std::filesystem::path& run_dir,
+                                      const graph::ParamStore& params, const AdamW& optimizer,
+                                      const CheckpointMeta& meta, const SaveOptions& options);
+
+// Resolves a run directory, its checkpoints directory, or a checkpoint directory to the
+// checkpoint it means (the newest for the first two). CheckpointError if there is none.
+std::filesystem::path find_checkpoint(const std::filesystem::path& path);
+
+struct Checkpoint {
+  std::filesystem::path dir;
+  CheckpointMeta meta;
+  SafetensorsFile model;
+  SafetensorsFile optimizer;
+};
+
+// Reads and validates meta.json and both tensor files. CheckpointError names the file and field.
+Checkpoint read_checkpoint(const std::filesystem::path& dir);
+
+// Copies checkpoint weights into the model. CheckpointError naming the tensor on a missing or
+// unexpected name or a shape that does not match the model.
+void load_params(const SafetensorsFile& weights, graph::ParamStore& params);
+
+// The RNG state tensor stored in optimizer.safetensors ("rng.cpu").
+inline constexpr const char* kRngTensor = "rng.cpu";
+
+}  // namespace starling::train

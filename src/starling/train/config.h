@@ -1,0 +1,83 @@
+// A training run's configuration, read from TOML. Every key is documented in docs/config.md and
+// listed by `starling train --list-keys`; unknown keys and wrong types are errors that name the
+// file, line and key. Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "starling/model/config.h"
+
+namespace starling::train {
+
+struct DataConfig {
+  std::string dir;  // a prepared dataset directory (`starling data prepare`) or llm.c shards
+};
+
+struct TrainConfig {
+  int64_t steps = 1000;          // optimizer steps in total
+  int64_t batch_size = 8;        // sequences per micro-batch
+  int64_t grad_accum = 1;        // micro-batches per optimizer step
+  uint64_t seed = 1337;          // model init and data order
+  int threads = 0;               // intra-op threads; 0 = one per physical core
+  bool recompute = false;        // per-node activation recomputation
+  int64_t log_every = 10;        // steps between metric lines
+  int64_t eval_every = 200;      // steps between validation passes; 0 = only at the end
+  int64_t eval_batches = 20;     // micro-batches per validation pass
+  int64_t checkpoint_every = 500;  // steps between checkpoints; 0 = only at the end
+  int keep_checkpoints = 2;      // newest checkpoints kept in out_dir
+  std::string out_dir = "runs/default";
+  double peak_tflops = 0;        // device peak for MFU; 0 = measure with a matmul probe
+  std::string init_from;         // Hugging Face GPT-2 model.safetensors to start from
+  bool sample_at_end = true;     // print a sample from [sample] when training ends
+};
+
+struct OptimConfig {
+  double lr = 1e-3;            // peak learning rate
+  double min_lr = 1e-4;        // floor of the cosine decay
+  int64_t warmup_steps = 100;  // linear warmup from 0
+  std::string schedule = "cosine";  // "cosine" or "constant" (after warmup)
+  double weight_decay = 0.1;   // AdamW decoupled decay; never applied to norms or biases
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;      // max global gradient norm; 0 = off
+};
+
+struct SampleConfig {
+  std::string prompt = "The ";
+  int64_t max_tokens = 200;
+  double temperature = 0.8;  // 0 = greedy
+  int64_t top_k = 40;        // 0 = whole vocabulary
+  uint64_t seed = 1;
+};
+
+struct RunConfig {
+  std::string model_preset;  // the [model] preset the shape started from ("" = none)
+  model::ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  OptimConfig optim;
+  SampleConfig sample;
+};
+
+// Parses TOML text. `source` names the text in errors (a file path or "<checkpoint>").
+// `overrides` are "table.key=value" strings (value in TOML syntax; a bare word is taken as a
+// string) applied over the text, e.g. {"train.steps=100", "data.dir=data/x"}.
+RunConfig parse_run_config(std::string_view text, const std::string& source,
+                           const std::vector<std::string>& overrides = {});
+
+// Reads a file (ConfigError if missing) and parses it.
+RunConfig load_run_config(const std::filesystem::path& file,
+                          const std::vector<std::string>& overrides = {});
+
+// The complete configuration as TOML, every key written out; parse_run_config(to_toml(c)) == c.
+std::string to_toml(const RunConfig& config);
+
+// "table.key  type  default  meaning" for every key, for --list-keys and the docs.
+std::string describe_keys();
+
+}  // namespace starling::train

@@ -1,0 +1,44 @@
+// What a run reports: one JSON object per line in <run>/metrics.jsonl, and a live progress line
+// (rewritten in place on a terminal, one line per report otherwise).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace starling::train {
+
+class MetricsLog {
+ public:
+  // Opens <run_dir>/metrics.jsonl for appending. When resuming from `resume_step`, lines of
+  // steps after it (written by the interrupted run past its last checkpoint) are dropped first.
+  MetricsLog(const std::filesystem::path& run_dir, int64_t resume_step);
+  void write(const nlohmann::json& record);
+
+ private:
+  std::ofstream out_;
+};
+
+class ProgressLine {
+ public:
+  explicit ProgressLine(bool enabled);
+  // Shows `text`, replacing the previous line on a terminal. Without a terminal (logs, CI) only
+  // milestone updates are printed, one line each.
+  void update(const std::string& text, bool milestone);
+  // Prints a permanent line (e.g. an eval result) without losing the progress line.
+  void note(const std::string& text);
+  void finish();
+
+ private:
+  bool enabled_, tty_;
+  size_t last_width_ = 0;
+};
+
+// "1h02m", "3m05s", "12s".
+std::string format_duration(double seconds);
+
+}  // namespace starling::train

@@ -1,0 +1,36 @@
+// The single-replica training loop: build the model DAG, stream batches, forward/backward through
+// the executor, clip, AdamW step on the warmup+cosine schedule, evaluate, checkpoint, report.
+// Torch-free header so the CLI does not pull in libtorch.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "starling/train/config.h"
+
+namespace starling::train {
+
+struct TrainOptions {
+  bool resume = false;    // continue from <out_dir>/checkpoints/latest
+  bool progress = true;   // live progress line on stderr
+  int64_t stop_at = -1;   // stop (with a checkpoint) after this step; the schedule still spans
+                          // train.steps, so a later --resume continues the same run
+};
+
+struct TrainResult {
+  int64_t step = 0;          // optimizer steps completed
+  double train_loss = 0;     // loss of the last step
+  double val_loss = -1;      // last validation loss, -1 if none
+  double tokens_per_s = 0;   // over the whole run (excluding eval and checkpoints)
+  bool interrupted = false;  // stopped by SIGINT/SIGTERM or stop_at before train.steps
+  std::filesystem::path checkpoint;
+  std::string sample;        // the end-of-training sample, if any
+};
+
+// Runs training. Throws ConfigError/DataError/CheckpointError with a clear message on bad input.
+// Without `resume`, refuses to start in an out_dir that already holds a checkpoint (so a run is
+// never overwritten by mistake). SIGINT/SIGTERM finish the current step, checkpoint, and return.
+TrainResult train(const RunConfig& config, const TrainOptions& options);
+
+}  // namespace starling::train

@@ -1,0 +1,249 @@
+#include "starling/data/loader.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <set>
+#include <vector>
+
+#include "starling/common/error.h"
+#include "starling/data/shard.h"
+#include "test_util.h"
+
+namespace starling::data {
+namespace {
+
+using testing::TempDir;
+
+constexpr int64_t kSeqLen = 16;
+constexpr uint16_t kSecondBase = 10000;
+
+// Two shards of consecutive token values, 0..999 and 10000..10516, so a window's first token
+// names it and a window crossing the shard boundary would show a jump. With seq_len 16 they hold
+// 62 + 32 = 94 windows.
+class LoaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::vector<uint16_t> a(1000), b(517);
+    std::iota(a.begin(), a.end(), uint16_t{0});
+    std::iota(b.begin(), b.end(), kSecondBase);
+    shards_ = {dir_ / "train_000.bin", dir_ / "train_001.bin"};
+    write_shard(shards_[0], a);
+    write_shard(shards_[1], b);
+  }
+
+  LoaderOptions options(int64_t batch = 1, int rank = 0, int world = 1) const {
+    LoaderOptions o;
+    o.seq_len = kSeqLen;
+    o.batch = batch;
+    o.rank = rank;
+    o.world = world;
+    return o;
+  }
+
+  // The first input token of every row of the next `batches` batches.
+  static std::vector<int64_t> firsts(TokenLoader& loader, int batches) {
+    std::vector<int64_t> out;
+    for (int i = 0; i < batches; ++i) {
+      const Batch b = loader.next();
+      for (int64_t row = 0; row < b.batch; ++row) out.push_back(b.inputs[row * b.seq_len]);
+    }
+    return out;
+  }
+
+  static constexpr uint64_t kWindows = 94;
+  TempDir dir_;
+  std::vector<std::filesystem::path> shards_;
+};
+
+std::set<int64_t> all_window_starts() {
+  std::set<int64_t> starts;
+  for (int64_t w = 0; w < 62; ++w) starts.insert(w * kSeqLen);
+  for (int64_t w = 0; w < 32; ++w) starts.insert(kSecondBase + w * kSeqLen);
+  return starts;
+}
+
+TEST_F(LoaderTest, RowsAreConsecutiveTokensWithTargetsShiftedByOne) {
+  TokenLoader loader(shards_, options(8));
+  for (int i = 0; i < 30; ++i) {
+    const Batch b = loader.next();
+    ASSERT_EQ(b.batch, 8);
+    ASSERT_EQ(b.seq_len, kSeqLen);
+    ASSERT_EQ(b.inputs.size(), static_cast<std::size_t>(8 * kSeqLen));
+    ASSERT_EQ(b.targets.size(), b.inputs.size());
+    for (int64_t row = 0; row < b.batch; ++row) {
+      const int64_t* in = &b.inputs[row * kSeqLen];
+      const int64_t* tg = &b.targets[row * kSeqLen];
+      const int64_t offset = in[0] < kSecondBase ? in[0] : in[0] - kSecondBase;
+      EXPECT_EQ(offset % kSeqLen, 0) << "windows start every seq_len tokens";
+      for (int64_t t = 0; t < kSeqLen; ++t) {
+        ASSERT_EQ(in[t], in[0] + t) << "window crosses a shard boundary";
+        ASSERT_EQ(tg[t], in[t] + 1);
+        if (t + 1 < kSeqLen) {
+          ASSERT_EQ(tg[t], in[t + 1]);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(LoaderTest, UnshuffledIsFileOrder) {
+  LoaderOptions o = options(1);
+  o.shuffle = false;
+  TokenLoader loader(shards_, o);
+  EXPECT_EQ(loader.windows_per_epoch(), kWindows);
+  const auto seen = firsts(loader, kWindows + 2);
+  for (int64_t w = 0; w < 62; ++w) EXPECT_EQ(seen[w], w * kSeqLen);
+  for (int64_t w = 0; w < 32; ++w) EXPECT_EQ(seen[62 + w], kSecondBase + w * kSeqLen);
+  EXPECT_EQ(seen[kWindows], 0);  // the next epoch starts over
+  EXPECT_EQ(loader.state().epoch, 1u);
+  EXPECT_EQ(loader.state().cursor, 2u);
+}
+
+TEST_F(LoaderTest, EachEpochIsAPermutationInADifferentOrder) {
+  TokenLoader loader(shards_, options(1));
+  const auto epoch0 = firsts(loader, kWindows);
+  const auto epoch1 = firsts(loader, kWindows);
+  const auto all = all_window_starts();
+  EXPECT_EQ(std::set<int64_t>(epoch0.begin(), epoch0.end()), all);
+  EXPECT_EQ(std::set<int64_t>(epoch1.begin(), epoch1.end()), all);
+  EXPECT_NE(epoch0, epoch1);
+  std::vector<int64_t> file_order(all.begin(), all.end());
+  EXPECT_NE(epoch0, file_order);
+}
+
+TEST_F(LoaderTest, DeterministicForTheSameOptions) {
+  TokenLoader a(shards_, options(5));
+  TokenLoader b(shards_, options(5));
+  for (int i = 0; i < 50; ++i) {  // 250 windows: crosses two epoch boundaries
+    const Batch x = a.next();
+    const Batch y = b.next();
+    ASSERT_EQ(x.inputs, y.inputs) << i;
+    ASSERT_EQ(x.targets, y.targets) << i;
+  }
+  LoaderOptions other = options(5);
+  other.seed = 7;
+  TokenLoader c(shards_, other);
+  TokenLoader d(shards_, options(5));
+  EXPECT_NE(c.next().inputs, d.next().inputs);
+}
+
+// Pins the shuffle so a change to it (which would silently change every run's data order) fails.
+TEST_F(LoaderTest, ShuffleOrderIsPinned) {
+  TokenLoader loader(shards_, options(1));
+  const auto seen = firsts(loader, 8);
+  const std::vector<int64_t> expected = {10160, 10432, 464, 672, 416, 10080, 144, 320};
+  EXPECT_EQ(seen, expected);
+}
+
+TEST_F(LoaderTest, RanksSplitEachEpochDisjointly) {
+  constexpr int kWorld = 3;
+  std::multiset<int64_t> seen;
+  uint64_t total = 0;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    TokenLoader loader(shards_, options(1, rank, kWorld));
+    // 94 = 32 + 31 + 31: the remainder goes to the lowest ranks.
+    EXPECT_EQ(loader.windows_per_epoch(), rank == 0 ? 32u : 31u);
+    total += loader.windows_per_epoch();
+    for (const int64_t first : firsts(loader, static_cast<int>(loader.windows_per_epoch()))) {
+      seen.insert(first);
+    }
+    EXPECT_EQ(loader.state().epoch, 0u);
+  }
+  EXPECT_EQ(total, kWindows);
+  EXPECT_EQ(seen.size(), kWindows);
+  const auto all = all_window_starts();
+  EXPECT_EQ(std::set<int64_t>(seen.begin(), seen.end()), all);  // every window, none twice
+}
+
+TEST_F(LoaderTest, RestoredStateContinuesIdentically) {
+  TokenLoader first(shards_, options(5, 1, 2));
+  for (int i = 0; i < 7; ++i) first.next();
+  // Through JSON, as a checkpoint stores it.
+  const nlohmann::json saved = first.state();
+  std::vector<Batch> expected;
+  for (int i = 0; i < 30; ++i) expected.push_back(first.next());
+
+  TokenLoader resumed(shards_, options(5, 1, 2));
+  resumed.restore(saved.get<LoaderState>());
+  EXPECT_EQ(resumed.state().cursor, 35u);
+  for (int i = 0; i < 30; ++i) {
+    const Batch b = resumed.next();
+    ASSERT_EQ(b.inputs, expected[i].inputs) << i;
+    ASSERT_EQ(b.targets, expected[i].targets) << i;
+  }
+  EXPECT_EQ(resumed.state().epoch, first.state().epoch);
+  EXPECT_EQ(resumed.state().cursor, first.state().cursor);
+}
+
+TEST_F(LoaderTest, RestoreAtTheEndOfAnEpochRollsOver) {
+  TokenLoader a(shards_, options(1));
+  firsts(a, kWindows);
+  const LoaderState end = a.state();
+  EXPECT_EQ(end.epoch, 0u);
+  EXPECT_EQ(end.cursor, kWindows);
+  TokenLoader b(shards_, options(1));
+  b.restore(end);
+  EXPECT_EQ(a.next().inputs, b.next().inputs);
+  EXPECT_EQ(b.state().epoch, 1u);
+}
+
+TEST_F(LoaderTest, RejectsBadState) {
+  TokenLoader loader(shards_, options(1));
+  EXPECT_THROW(loader.restore(LoaderState{0, kWindows + 1}), CheckpointError);
+  EXPECT_THROW(nlohmann::json({{"epoch", 1}}).get<LoaderState>(), CheckpointError);
+  EXPECT_THROW(nlohmann::json({{"epoch", 1}, {"cursor", -2}}).get<LoaderState>(), CheckpointError);
+  EXPECT_THROW(nlohmann::json(3).get<LoaderState>(), CheckpointError);
+  const LoaderState ok = nlohmann::json({{"epoch", 4}, {"cursor", 2}}).get<LoaderState>();
+  EXPECT_EQ(ok.epoch, 4u);
+  EXPECT_EQ(ok.cursor, 2u);
+}
+
+TEST_F(LoaderTest, RejectsBadOptions) {
+  auto make = [&](auto change) {
+    LoaderOptions o = options();
+    change(o);
+    TokenLoader loader(shards_, o);
+  };
+  EXPECT_THROW(make([](LoaderOptions& o) { o.seq_len = 0; }), ConfigError);
+  EXPECT_THROW(make([](LoaderOptions& o) { o.batch = 0; }), ConfigError);
+  EXPECT_THROW(make([](LoaderOptions& o) { o.world = 0; }), ConfigError);
+  EXPECT_THROW(make([](LoaderOptions& o) { o.rank = -1; }), ConfigError);
+  EXPECT_THROW(make([](LoaderOptions& o) {
+                 o.world = 3;
+                 o.rank = 3;
+               }),
+               ConfigError);
+}
+
+TEST_F(LoaderTest, RejectsTooLittleData) {
+  // One window per peer at most 94 peers.
+  LoaderOptions o = options(1, 0, 95);
+  EXPECT_THROW(TokenLoader(shards_, o), DataError);
+  o = options();
+  o.seq_len = 1000;  // neither shard holds 1001 tokens
+  try {
+    TokenLoader loader(shards_, o);
+    FAIL() << "no error";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("1001"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(TokenLoader({}, options()), DataError);
+  EXPECT_THROW(TokenLoader({dir_ / "missing.bin"}, options()), DataError);
+}
+
+TEST_F(LoaderTest, ExactFitShardHasOneWindow) {
+  std::vector<uint16_t> tokens(kSeqLen + 1);
+  std::iota(tokens.begin(), tokens.end(), uint16_t{5});
+  write_shard(dir_ / "tiny.bin", tokens);
+  TokenLoader loader({dir_ / "tiny.bin"}, options(3));
+  EXPECT_EQ(loader.windows_per_epoch(), 1u);
+  const Batch b = loader.next();  // the same window fills all three rows, one per epoch
+  EXPECT_EQ(b.inputs[0], 5);
+  EXPECT_EQ(b.targets[kSeqLen - 1], 5 + kSeqLen);
+  EXPECT_EQ(loader.state().epoch, 2u);
+}
+
+}  // namespace
+}  // namespace starling::data

@@ -1,0 +1,180 @@
+// The C++ model against an independent PyTorch implementation of the same architectures
+// (python/reference_model.py). For each case the weights and a batch go to python/oracle_grads.py
+// as safetensors; the loss and EVERY parameter gradient of one Executor::forward_backward must
+// match what the oracle computes from them. Skipped (with a message) where the python interpreter
+// has no torch; scripts/install-deps.sh installs python3-torch, so CI always runs it.
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "starling/common/safetensors.h"
+#include "starling/graph/executor.h"
+#include "starling/model/build.h"
+
+namespace starling {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr double kLossTol = 1e-5;
+constexpr double kGradRtol = 1e-4, kGradAtol = 1e-6;
+
+// A fresh directory under the system temp dir, removed with its contents on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    static int counter = 0;
+    path_ = fs::temp_directory_path() / ("starling-oracle-test-" + std::to_string(::getpid()) +
+                                         "-" + std::to_string(counter++));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  fs::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  fs::path path_;
+};
+
+// Single-quoted for /bin/sh: temp paths are ours, but a quote in TMPDIR must not break the call.
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool python_has_torch() {
+  static const bool ok = std::system(STARLING_PYTHON " -c 'import torch' >/dev/null 2>&1") == 0;
+  return ok;
+}
+
+// The fields oracle_grads.py requires: ModelConfig's, by the names config.h gives them.
+nlohmann::json config_json(const model::ModelConfig& c) {
+  return {{"arch", model::to_string(c.arch)},
+          {"vocab_size", c.vocab_size},
+          {"seq_len", c.seq_len},
+          {"n_layer", c.n_layer},
+          {"n_head", c.n_head},
+          {"n_kv_head", c.n_kv_head},
+          {"d_model", c.d_model},
+          {"d_ff", c.d_ff},
+          {"norm_eps", c.norm_eps},
+          {"rope_theta", c.rope_theta},
+          {"tie_embeddings", c.tie_embeddings}};
+}
+
+struct Case {
+  std::string name;
+  model::ModelConfig config;
+};
+
+model::ModelConfig shrunk(const std::string& preset) {
+  auto c = model::preset(preset);
+  c.n_layer = 2;
+  c.seq_len = 32;
+  return c;
+}
+
+std::vector<Case> cases() {
+  auto gpt2 = shrunk("gpt2-tiny");
+  auto gpt2_untied = gpt2;
+  gpt2_untied.tie_embeddings = false;
+  auto llama_gqa = shrunk("llama-tiny");  // 4 query heads sharing 2 key/value heads
+  auto llama_mha = llama_gqa;
+  llama_mha.n_kv_head = 0;
+  return {{"gpt2", gpt2},
+          {"gpt2_untied", gpt2_untied},
+          {"llama_gqa", llama_gqa},
+          {"llama_mha", llama_mha}};
+}
+
+class OracleTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(OracleTest, LossAndEveryGradientMatchPyTorch) {
+  if (!python_has_torch())
+    GTEST_SKIP() << STARLING_PYTHON
+        " cannot import torch; install python3-torch "
+        "(scripts/install-deps.sh) to run the PyTorch oracle";
+  const auto& c = GetParam().config;
+  ASSERT_EQ(c.kv_heads() < c.n_head, GetParam().name == "llama_gqa");
+  TempDir dir;
+
+  auto dag = model::build_model(c, 1234);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(99);
+  {
+    // Fresh models have zero biases and unit gains, under which a misplaced bias or gain would
+    // go unnoticed in the forward pass; give them values.
+    at::NoGradGuard no_grad;
+    for (auto& p : dag->params().params())
+      if (p.value.dim() == 1) p.value.add_(at::randn(p.value.sizes(), gen) * 0.1);
+  }
+  auto seq = at::randint(c.vocab_size, {3, c.seq_len + 1}, gen, at::kLong);
+  std::vector<at::Tensor> in{seq.narrow(1, 0, c.seq_len).contiguous(),
+                             seq.narrow(1, 1, c.seq_len).contiguous()};
+
+  std::vector<std::pair<std::string, at::Tensor>> weights;
+  for (const auto& p : dag->params().params()) weights.emplace_back(p.name, p.value.detach());
+  write_safetensors(dir / "weights.safetensors", weights);
+  write_safetensors(dir / "batch.safetensors", {{"tokens", in[0]}, {"targets", in[1]}});
+  std::ofstream(dir / "config.json") << config_json(c).dump(2);
+
+  const std::string cmd = std::string(STARLING_PYTHON) + " " +
+                          shell_quote(STARLING_SOURCE_DIR "/python/oracle_grads.py") +
+                          " --weights " + shell_quote(dir / "weights.safetensors") + " --batch " +
+                          shell_quote(dir / "batch.safetensors") + " --config " +
+                          shell_quote(dir / "config.json") + " --out " +
+                          shell_quote(dir / "oracle.safetensors") + " 2> " +
+                          shell_quote(dir / "oracle.log");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << "\n" << read_text(dir / "oracle.log");
+  const auto oracle = read_safetensors(dir / "oracle.safetensors");
+
+  graph::Executor exec(*dag);
+  const double loss = exec.forward_backward(in);
+  EXPECT_NEAR(loss, oracle.at("loss").item<double>(), kLossTol);
+
+  std::set<std::string> ours, theirs;
+  for (const auto& p : dag->params().params()) ours.insert(p.name);
+  for (const auto& [name, t] : oracle.tensors)
+    if (name.rfind("grad.", 0) == 0) theirs.insert(name.substr(5));
+  EXPECT_EQ(ours, theirs);
+
+  for (const auto& p : dag->params().params()) {
+    if (!oracle.contains("grad." + p.name)) continue;  // reported by the name-set check
+    const at::Tensor& want = oracle.at("grad." + p.name);
+    const at::Tensor got = p.value.grad();
+    ASSERT_TRUE(got.defined()) << p.name << " has no gradient";
+    ASSERT_EQ(got.sizes(), want.sizes()) << p.name;
+    EXPECT_TRUE(at::allclose(got, want, kGradRtol, kGradAtol))
+        << p.name << ": max |diff| " << (got - want).abs().max().item<double>() << ", max |grad| "
+        << want.abs().max().item<double>();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, OracleTest, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
+
+}  // namespace
+}  // namespace starling
