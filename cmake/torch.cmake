@@ -52,6 +52,7 @@ target_link_libraries(starling_cli PRIVATE starling CLI11::CLI11)
 
 add_executable(starling_tests
   tests/graph/executor_test.cpp
+  tests/model/oracle_test.cpp
 )
 target_link_libraries(starling_tests PRIVATE starling GTest::gtest_main)
 target_precompile_headers(starling_tests REUSE_FROM starling)
@@ -62,3 +63,11 @@ target_compile_definitions(starling_tests PRIVATE
 add_dependencies(starling_tests starling_cli)
 gtest_discover_tests(starling_tests DISCOVERY_TIMEOUT 120
   PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=2")
+
+# End-to-end tests of the binary; torch-free, so they compile in seconds.
+add_executable(starling_cli_tests tests/cli/cli_test.cpp)
+target_link_libraries(starling_cli_tests PRIVATE GTest::gtest_main)
+target_compile_definitions(starling_cli_tests PRIVATE STARLING_CLI_PATH="$<TARGET_FILE:starling_cli>")
+add_dependencies(starling_cli_tests starling_cli)
+gtest_discover_tests(starling_cli_tests DISCOVERY_TIMEOUT 60
+  PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=1")

@@ -89,6 +89,9 @@ struct Case {
   model::ModelConfig config;
 };
 
+// Names the case in failure messages instead of dumping its bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 model::ModelConfig shrunk(const std::string& preset) {
   auto c = model::preset(preset);
   c.n_layer = 2;

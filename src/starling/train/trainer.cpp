@@ -135,7 +135,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     step = ckpt.meta.step;
     tokens = ckpt.meta.tokens;
     val_loss = ckpt.meta.val_loss;
-    progress.note("resumed from " + ckpt.dir.string() + " at step " + std::to_string(step));
+    std::cerr << "resumed from " << ckpt.dir.string() << " at step " << step << "\n";
   } else if (!c.train.init_from.empty()) {
     model::load_hf_gpt2(c.train.init_from, *dag, c.model);
     progress.note("initialised from " + c.train.init_from);
@@ -236,8 +236,8 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   if (result.interrupted && step > 0 && saved_step != step) {
     // Stopped early (signal or stop_at): make sure the last step is on disk.
     last_ckpt = save(step);
-    progress.note("stopped at step " + std::to_string(step) + "; checkpoint " + last_ckpt.string() +
-                  "; continue with --resume");
+    std::cerr << "stopped at step " << step << "; checkpoint " << last_ckpt.string()
+              << "; continue with --resume\n";
   }
   result.checkpoint = last_ckpt;
 

@@ -1,0 +1,382 @@
+// Run configs: TOML in, RunConfig out; --set overrides; every error a ConfigError that names the
+// file, the line and the key; to_toml writes a config that parses back to itself. And the
+// learning-rate schedule.
+#include "starling/train/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "starling/common/error.h"
+#include "starling/train/schedule.h"
+
+namespace starling::train {
+namespace {
+
+// parse_run_config must throw ConfigError whose message contains every one of `parts`.
+void expect_error(const std::string& text, std::initializer_list<std::string> parts,
+                  const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_run_config(text, "run.toml", overrides);
+    ADD_FAILURE() << "expected ConfigError for:\n" << text;
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    for (const auto& p : parts)
+      EXPECT_NE(what.find(p), std::string::npos) << "\"" << p << "\" not in: " << what;
+  }
+}
+
+const char* kFull = R"([model]
+arch = "llama"
+vocab_size = 512
+seq_len = 64
+n_layer = 3
+n_head = 8
+n_kv_head = 2
+d_model = 128
+d_ff = 320
+norm_eps = 1e-6
+rope_theta = 500000.0
+tie_embeddings = false
+init_std = 0.01
+
+[data]
+dir = "data/tiny"
+
+[train]
+steps = 250
+batch_size = 4
+grad_accum = 2
+seed = 7
+threads = 2
+recompute = true
+log_every = 5
+eval_every = 50
+eval_batches = 3
+checkpoint_every = 100
+keep_checkpoints = 3
+out_dir = "runs/x"
+peak_tflops = 1.5
+init_from = "gpt2/model.safetensors"
+sample_at_end = false
+
+[optim]
+lr = 3e-4
+min_lr = 3e-5
+warmup_steps = 20
+schedule = "constant"
+weight_decay = 0.05
+beta1 = 0.85
+beta2 = 0.99
+eps = 1e-7
+grad_clip = 0.5
+
+[sample]
+prompt = "Once"
+max_tokens = 17
+temperature = 0
+top_k = 5
+seed = 9
+)";
+
+TEST(RunConfig, ParsesEveryKey) {
+  const RunConfig c = parse_run_config(kFull, "run.toml");
+  EXPECT_EQ(c.model_preset, "");
+  EXPECT_EQ(c.model.arch, model::Arch::kLlama);
+  EXPECT_EQ(c.model.vocab_size, 512);
+  EXPECT_EQ(c.model.seq_len, 64);
+  EXPECT_EQ(c.model.n_layer, 3);
+  EXPECT_EQ(c.model.n_head, 8);
+  EXPECT_EQ(c.model.n_kv_head, 2);
+  EXPECT_EQ(c.model.d_model, 128);
+  EXPECT_EQ(c.model.d_ff, 320);
+  EXPECT_EQ(c.model.norm_eps, 1e-6);
+  EXPECT_EQ(c.model.rope_theta, 500000.0);
+  EXPECT_FALSE(c.model.tie_embeddings);
+  EXPECT_EQ(c.model.init_std, 0.01);
+  EXPECT_EQ(c.data.dir, "data/tiny");
+  EXPECT_EQ(c.train.steps, 250);
+  EXPECT_EQ(c.train.batch_size, 4);
+  EXPECT_EQ(c.train.grad_accum, 2);
+  EXPECT_EQ(c.train.seed, 7u);
+  EXPECT_EQ(c.train.threads, 2);
+  EXPECT_TRUE(c.train.recompute);
+  EXPECT_EQ(c.train.log_every, 5);
+  EXPECT_EQ(c.train.eval_every, 50);
+  EXPECT_EQ(c.train.eval_batches, 3);
+  EXPECT_EQ(c.train.checkpoint_every, 100);
+  EXPECT_EQ(c.train.keep_checkpoints, 3);
+  EXPECT_EQ(c.train.out_dir, "runs/x");
+  EXPECT_EQ(c.train.peak_tflops, 1.5);
+  EXPECT_EQ(c.train.init_from, "gpt2/model.safetensors");
+  EXPECT_FALSE(c.train.sample_at_end);
+  EXPECT_EQ(c.optim.lr, 3e-4);
+  EXPECT_EQ(c.optim.min_lr, 3e-5);
+  EXPECT_EQ(c.optim.warmup_steps, 20);
+  EXPECT_EQ(c.optim.schedule, "constant");
+  EXPECT_EQ(c.optim.weight_decay, 0.05);
+  EXPECT_EQ(c.optim.beta1, 0.85);
+  EXPECT_EQ(c.optim.beta2, 0.99);
+  EXPECT_EQ(c.optim.eps, 1e-7);
+  EXPECT_EQ(c.optim.grad_clip, 0.5);
+  EXPECT_EQ(c.sample.prompt, "Once");
+  EXPECT_EQ(c.sample.max_tokens, 17);
+  EXPECT_EQ(c.sample.temperature, 0.0);  // an integer where a float is expected is fine
+  EXPECT_EQ(c.sample.top_k, 5);
+  EXPECT_EQ(c.sample.seed, 9u);
+}
+
+TEST(RunConfig, Defaults) {
+  const RunConfig c = parse_run_config("[data]\ndir = \"d\"\n", "run.toml");
+  const RunConfig d;  // the defaults the header documents
+  EXPECT_EQ(c.model_preset, "");
+  EXPECT_EQ(c.model.arch, model::Arch::kGpt2);
+  EXPECT_EQ(c.model.d_model, d.model.d_model);
+  EXPECT_EQ(c.model.n_layer, d.model.n_layer);
+  EXPECT_EQ(c.train.steps, 1000);
+  EXPECT_EQ(c.train.batch_size, 8);
+  EXPECT_EQ(c.train.seed, 1337u);
+  EXPECT_EQ(c.train.keep_checkpoints, 2);
+  EXPECT_EQ(c.train.out_dir, "runs/default");
+  EXPECT_TRUE(c.train.sample_at_end);
+  EXPECT_EQ(c.optim.lr, 1e-3);
+  EXPECT_EQ(c.optim.schedule, "cosine");
+  EXPECT_EQ(c.optim.beta2, 0.95);
+  EXPECT_EQ(c.sample.prompt, "The ");
+  EXPECT_EQ(to_toml(c), [&] {
+    RunConfig e;
+    e.data.dir = "d";
+    return to_toml(e);
+  }());
+}
+
+TEST(RunConfig, PresetThenOverride) {
+  // The preset applies first wherever it stands in the table.
+  for (const char* text : {"[model]\npreset = \"gpt2-tiny\"\nn_layer = 2\n[data]\ndir = \"d\"\n",
+                           "[model]\nn_layer = 2\npreset = \"gpt2-tiny\"\n[data]\ndir = \"d\"\n"}) {
+    SCOPED_TRACE(text);
+    const RunConfig c = parse_run_config(text, "run.toml");
+    const auto p = model::preset("gpt2-tiny");
+    EXPECT_EQ(c.model_preset, "gpt2-tiny");
+    EXPECT_EQ(c.model.name, "gpt2-tiny");
+    EXPECT_EQ(c.model.n_layer, 2);
+    EXPECT_EQ(c.model.d_model, p.d_model);
+    EXPECT_EQ(c.model.seq_len, p.seq_len);
+    EXPECT_EQ(c.model.n_head, p.n_head);
+  }
+}
+
+TEST(RunConfig, SetOverrides) {
+  const std::string text =
+      "[model]\npreset = \"gpt2-tiny\"\n[data]\ndir = \"d\"\n[train]\nsteps = 10\n";
+  const RunConfig c = parse_run_config(
+      text, "run.toml",
+      {"train.steps=50", "optim.lr=2.5e-4", "train.recompute=true", "data.dir=foo/bar",
+       "model.preset=llama-tiny", "model.n_layer=1", "sample.prompt=\"a b\"", "optim.min_lr=0"});
+  EXPECT_EQ(c.train.steps, 50);
+  EXPECT_EQ(c.optim.lr, 2.5e-4);
+  EXPECT_TRUE(c.train.recompute);
+  EXPECT_EQ(c.data.dir, "foo/bar");
+  EXPECT_EQ(c.model_preset, "llama-tiny");
+  EXPECT_EQ(c.model.arch, model::Arch::kLlama);
+  EXPECT_EQ(c.model.n_layer, 1);
+  EXPECT_EQ(c.model.n_kv_head, model::preset("llama-tiny").n_kv_head);
+  EXPECT_EQ(c.sample.prompt, "a b");
+  EXPECT_EQ(c.optim.min_lr, 0.0);
+  // Overrides alone can supply a required key.
+  EXPECT_EQ(parse_run_config("", "run.toml", {"data.dir=x"}).data.dir, "x");
+}
+
+TEST(RunConfigErrors, UnknownKey) {
+  expect_error("[data]\ndir = \"d\"\n[train]\nsteps = 3\nstepz = 4\n",
+               {"run.toml:5", "train.stepz", "steps"});
+}
+
+TEST(RunConfigErrors, UnknownTable) {
+  expect_error("[data]\ndir = \"d\"\n\n[trian]\nsteps = 3\n", {"run.toml:4", "[trian]"});
+}
+
+TEST(RunConfigErrors, WrongType) {
+  expect_error("[data]\ndir = \"d\"\n[train]\nsteps = \"ten\"\n",
+               {"run.toml:4", "train.steps", "integer"});
+  expect_error("[data]\ndir = \"d\"\n[train]\nrecompute = 1\n", {"run.toml:4", "train.recompute"});
+  expect_error("[data]\ndir = 3\n", {"run.toml:2", "data.dir", "string"});
+  expect_error("[model]\npreset = 3\n[data]\ndir = \"d\"\n", {"run.toml:2", "model.preset"});
+  expect_error("model = 3\n[data]\ndir = \"d\"\n", {"run.toml:1", "model"});
+}
+
+TEST(RunConfigErrors, OutOfRange) {
+  expect_error("[data]\ndir = \"d\"\n[train]\nsteps = 0\n", {"run.toml:4", "train.steps", ">= 1"});
+  expect_error("[data]\ndir = \"d\"\n[optim]\nlr = -1.0\n", {"run.toml:4", "optim.lr"});
+  expect_error("[data]\ndir = \"d\"\n[train]\nthreads = 5000000\n",
+               {"run.toml:4", "train.threads"});
+  expect_error("[data]\ndir = \"d\"\n[train]\nseed = -1\n", {"run.toml:4", "train.seed"});
+}
+
+TEST(RunConfigErrors, BadEnum) {
+  expect_error("[data]\ndir = \"d\"\n[optim]\nschedule = \"linear\"\n",
+               {"run.toml:4", "optim.schedule", "\"linear\"", "\"cosine\"", "\"constant\""});
+  expect_error("[model]\narch = \"bert\"\n[data]\ndir = \"d\"\n",
+               {"run.toml:2", "model.arch", "bert"});
+  expect_error("[model]\npreset = \"gpt2-huge\"\n[data]\ndir = \"d\"\n",
+               {"gpt2-huge", "gpt2-tiny"});
+}
+
+TEST(RunConfigErrors, MissingDataDir) {
+  expect_error("[train]\nsteps = 3\n", {"run.toml", "data.dir"});
+}
+
+TEST(RunConfigErrors, InconsistentValues) {
+  expect_error("[data]\ndir = \"d\"\n[model]\nd_model = 130\nn_head = 4\n",
+               {"run.toml", "model.d_model"});
+  expect_error("[data]\ndir = \"d\"\n[optim]\nlr = 1e-4\nmin_lr = 1e-3\n",
+               {"run.toml", "optim.min_lr"});
+  expect_error("[data]\ndir = \"d\"\n[optim]\nbeta2 = 1.0\n", {"run.toml", "optim.beta2"});
+}
+
+TEST(RunConfigErrors, InvalidTomlSyntax) {
+  expect_error("[data]\ndir = \"d\"\n[train]\nsteps = = 3\n", {"run.toml:4", "TOML"});
+  expect_error("[data]\ndir = \"d\n", {"run.toml:2"});
+}
+
+TEST(RunConfigErrors, BadSet) {
+  const std::string ok = "[data]\ndir = \"d\"\n";
+  expect_error(ok, {"--set", "trainsteps100"}, {"trainsteps100"});
+  expect_error(ok, {"--set", "steps=100"}, {"steps=100"});
+  expect_error(ok, {"--set", "train.stepz"}, {"train.stepz=1"});
+  expect_error(ok, {"--set", "train.steps", "integer"}, {"train.steps=many"});
+  expect_error(ok, {"--set", "train.steps"}, {"train.steps=0"});
+  expect_error(ok, {"--set", "model.preset"}, {"model.preset=3"});
+}
+
+TEST(RunConfig, LoadRunConfigMissingFile) {
+  try {
+    load_run_config("/nonexistent/starling/run.toml");
+    ADD_FAILURE() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/starling/run.toml"), std::string::npos);
+  }
+}
+
+TEST(RunConfig, ToTomlRoundTrips) {
+  for (const std::vector<std::string>& sets :
+       {std::vector<std::string>{},
+        std::vector<std::string>{"model.preset=gpt2-tiny", "model.n_layer=2", "optim.lr=3.3e-4",
+                                 "optim.min_lr=1.7e-5", "model.init_std=0.0123",
+                                 "sample.prompt=\"line\\nwith \\\"quotes\\\"\"", "train.seed=42"}}) {
+    RunConfig c = parse_run_config(kFull, "run.toml", sets);
+    const std::string text = to_toml(c);
+    const RunConfig back = parse_run_config(text, "<to_toml>");
+    EXPECT_EQ(to_toml(back), text);
+    EXPECT_EQ(back.model_preset, c.model_preset);
+    EXPECT_EQ(back.model.n_layer, c.model.n_layer);
+    EXPECT_EQ(back.model.init_std, c.model.init_std);
+    EXPECT_EQ(back.model.arch, c.model.arch);
+    EXPECT_EQ(back.optim.lr, c.optim.lr);
+    EXPECT_EQ(back.optim.min_lr, c.optim.min_lr);
+    EXPECT_EQ(back.optim.eps, c.optim.eps);
+    EXPECT_EQ(back.sample.prompt, c.sample.prompt);
+    EXPECT_EQ(back.train.seed, c.train.seed);
+    EXPECT_EQ(back.train.init_from, c.train.init_from);
+  }
+}
+
+// Every field of the structs in config.h, as "table.key".
+const std::vector<std::string> kAllKeys = {
+    "model.preset",          "model.arch",          "model.vocab_size",   "model.seq_len",
+    "model.n_layer",         "model.n_head",        "model.n_kv_head",    "model.d_model",
+    "model.d_ff",            "model.norm_eps",      "model.rope_theta",   "model.tie_embeddings",
+    "model.init_std",        "data.dir",            "train.steps",        "train.batch_size",
+    "train.grad_accum",      "train.seed",          "train.threads",      "train.recompute",
+    "train.log_every",       "train.eval_every",    "train.eval_batches", "train.checkpoint_every",
+    "train.keep_checkpoints", "train.out_dir",      "train.peak_tflops",  "train.init_from",
+    "train.sample_at_end",   "optim.lr",            "optim.min_lr",       "optim.warmup_steps",
+    "optim.schedule",        "optim.weight_decay",  "optim.beta1",        "optim.beta2",
+    "optim.eps",             "optim.grad_clip",     "sample.prompt",      "sample.max_tokens",
+    "sample.temperature",    "sample.top_k",        "sample.seed"};
+
+TEST(RunConfig, DescribeKeysMentionsEveryKey) {
+  const std::string text = describe_keys();
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) lines.push_back(line);
+  EXPECT_EQ(lines.size(), kAllKeys.size());
+  for (const auto& key : kAllKeys) {
+    bool found = false;
+    for (const auto& line : lines)
+      if (line.rfind(key + " ", 0) == 0) {
+        found = true;
+        EXPECT_GT(line.size(), key.size() + 10) << "no type/default/meaning: " << line;
+      }
+    EXPECT_TRUE(found) << key << " not described";
+  }
+  // to_toml writes every key too (preset only when one is set).
+  RunConfig c = parse_run_config("[model]\npreset = \"gpt2-tiny\"\n[data]\ndir = \"d\"\n", "x");
+  const std::string toml = to_toml(c);
+  for (const auto& key : kAllKeys) {
+    const auto dot = key.find('.');
+    const std::string table = "[" + key.substr(0, dot) + "]", name = key.substr(dot + 1);
+    const auto at = toml.find(table);
+    ASSERT_NE(at, std::string::npos) << table;
+    const auto end = toml.find("\n[", at + 1);
+    const std::string body = toml.substr(at, end == std::string::npos ? end : end - at);
+    EXPECT_NE(body.find("\n" + name + " = "), std::string::npos) << key << " not in to_toml";
+  }
+}
+
+OptimConfig optim(const char* schedule) {
+  OptimConfig o;
+  o.lr = 1e-3;
+  o.min_lr = 1e-4;
+  o.warmup_steps = 10;
+  o.schedule = schedule;
+  return o;
+}
+
+TEST(LearningRate, LinearWarmupToPeak) {
+  const auto o = optim("cosine");
+  for (int64_t s = 0; s < 10; ++s)
+    EXPECT_NEAR(learning_rate(o, s, 100), 1e-3 * (s + 1) / 10.0, 1e-15) << s;
+  EXPECT_GT(learning_rate(o, 0, 100), 0.0);
+  // The last warmup step is at the peak, and decay starts from the peak.
+  EXPECT_DOUBLE_EQ(learning_rate(o, 9, 100), 1e-3);
+  EXPECT_DOUBLE_EQ(learning_rate(o, 10, 100), 1e-3);
+}
+
+TEST(LearningRate, CosineReachesMinAtLastStep) {
+  const auto o = optim("cosine");
+  const int64_t total = 101;
+  double prev = learning_rate(o, 10, total);
+  for (int64_t s = 11; s < total; ++s) {
+    const double lr = learning_rate(o, s, total);
+    EXPECT_LT(lr, prev) << s;
+    EXPECT_GE(lr, o.min_lr) << s;
+    prev = lr;
+  }
+  EXPECT_NEAR(learning_rate(o, total - 1, total), o.min_lr, 1e-12);
+  // Halfway through the decay the cosine is at the mean of peak and floor.
+  EXPECT_NEAR(learning_rate(o, 55, total), 0.5 * (o.lr + o.min_lr), 1e-12);
+  // Never below the floor, even past the end (a resumed run with fewer steps).
+  EXPECT_NEAR(learning_rate(o, total + 50, total), o.min_lr, 1e-12);
+}
+
+TEST(LearningRate, ConstantAfterWarmup) {
+  const auto o = optim("constant");
+  EXPECT_NEAR(learning_rate(o, 0, 100), 1e-4, 1e-15);
+  EXPECT_NEAR(learning_rate(o, 4, 100), 5e-4, 1e-15);
+  for (int64_t s : {9, 10, 50, 99, 150}) EXPECT_DOUBLE_EQ(learning_rate(o, s, 100), 1e-3) << s;
+}
+
+TEST(LearningRate, NoWarmup) {
+  auto o = optim("cosine");
+  o.warmup_steps = 0;
+  EXPECT_DOUBLE_EQ(learning_rate(o, 0, 50), 1e-3);
+  EXPECT_NEAR(learning_rate(o, 49, 50), 1e-4, 1e-12);
+}
+
+}  // namespace
+}  // namespace starling::train
