@@ -52,7 +52,12 @@ target_link_libraries(starling_cli PRIVATE starling CLI11::CLI11)
 
 add_executable(starling_tests
   tests/graph/executor_test.cpp
+  tests/model/config_test.cpp
   tests/model/oracle_test.cpp
+  tests/model/hf_gpt2_test.cpp
+  tests/common/safetensors_test.cpp
+  tests/train/config_test.cpp
+  tests/train/checkpoint_test.cpp
 )
 target_link_libraries(starling_tests PRIVATE starling GTest::gtest_main)
 target_precompile_headers(starling_tests REUSE_FROM starling)

@@ -19,6 +19,8 @@ import argparse
 import os
 import sys
 
+# Tests run these scripts from the source tree; keep it free of __pycache__.
+sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402

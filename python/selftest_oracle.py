@@ -23,6 +23,8 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Tests run these scripts from the source tree; keep it free of __pycache__.
+sys.dont_write_bytecode = True
 sys.path.insert(0, HERE)
 
 import numpy as np  # noqa: E402

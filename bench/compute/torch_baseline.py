@@ -33,6 +33,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Tests run these scripts from the source tree; keep it free of __pycache__.
+sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import torch  # noqa: E402

@@ -163,6 +163,7 @@ TEST_F(CliTest, BadConfigsNameTheKey) {
       {"vocab_too_small", "--set model.vocab_size=100", true,
        "model.vocab_size (100) is smaller than the vocabulary of the data"},
       {"bad_set", "--set trainsteps", true, "expected table.key=value"},
+      {"bad_device", "--set train.device=gpu", true, "train.device: expected \"cpu\", \"cuda\""},
   };
   for (const auto& c : cases) {
     const fs::path cfg = write_config(std::string("bad_") + c.name, c.as_flags ? "" : c.extra);

@@ -49,8 +49,8 @@ void expect_bad(const fs::path& path, const std::string& detail) {
   } catch (const CheckpointError& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find(path.string()), std::string::npos) << "does not name the file: " << what;
-    EXPECT_NE(what.find(detail), std::string::npos) << "does not mention \"" << detail
-                                                    << "\": " << what;
+    EXPECT_NE(what.find(detail), std::string::npos)
+        << "does not mention \"" << detail << "\": " << what;
   }
 }
 
@@ -117,10 +117,9 @@ TEST(Safetensors, NoMetadataAndNoTensors) {
 // padding, tensors out of name order) reads back with the values the bytes hold.
 TEST(Safetensors, ReadsHandWrittenFile) {
   TempDir dir;
-  const std::string header =
-      R"({"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},)"
-      R"("a":{"dtype":"F32","shape":[1,2],"data_offsets":[0,8]},)"
-      R"("__metadata__":{"format":"pt"}})";
+  const std::string header = R"({"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},)"
+                             R"("a":{"dtype":"F32","shape":[1,2],"data_offsets":[0,8]},)"
+                             R"("__metadata__":{"format":"pt"}})";
   write_text(dir / "h.safetensors",
              file_bytes(header, float_bytes({1.5f, -2.0f}) + float_bytes({0.25f, 1e6f})));
   const auto file = read_safetensors(dir / "h.safetensors");
@@ -165,9 +164,9 @@ TEST(SafetensorsErrors, HeaderNotJson) {
 
 TEST(SafetensorsErrors, UnknownDtype) {
   TempDir dir;
-  write_text(dir / "d.safetensors",
-             file_bytes(R"({"w":{"dtype":"F7","shape":[2],"data_offsets":[0,8]}})",
-                        float_bytes({1, 2})));
+  write_text(
+      dir / "d.safetensors",
+      file_bytes(R"({"w":{"dtype":"F7","shape":[2],"data_offsets":[0,8]}})", float_bytes({1, 2})));
   expect_bad(dir / "d.safetensors", "\"w\"");
   expect_bad(dir / "d.safetensors", "F7");
 }
@@ -175,9 +174,9 @@ TEST(SafetensorsErrors, UnknownDtype) {
 TEST(SafetensorsErrors, OffsetsDisagreeWithShape) {
   TempDir dir;
   // 2 floats need 8 bytes; the offsets give 4.
-  write_text(dir / "o.safetensors",
-             file_bytes(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})",
-                        float_bytes({1, 2})));
+  write_text(
+      dir / "o.safetensors",
+      file_bytes(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", float_bytes({1, 2})));
   expect_bad(dir / "o.safetensors", "\"w\"");
   // End before begin.
   write_text(dir / "r.safetensors",

@@ -28,9 +28,9 @@ void expect_config_error(F&& f, std::initializer_list<std::string> parts) {
 
 TEST(ModelConfig, PresetsExistAndValidate) {
   const auto names = model::preset_names();
-  for (const char* expected : {"gpt2-tiny", "gpt2-mini", "llama-tiny", "llama-mini", "gpt2-124m",
-                               "gpt2-350m", "gpt2-774m", "gpt2-1558m", "gpt3-125m", "gpt3-13b",
-                               "llama-1.1b", "llama-7b"})
+  for (const char* expected :
+       {"gpt2-tiny", "gpt2-mini", "llama-tiny", "llama-mini", "gpt2-124m", "gpt2-350m", "gpt2-774m",
+        "gpt2-1558m", "gpt3-125m", "gpt3-13b", "llama-1.1b", "llama-7b"})
     EXPECT_NE(std::find(names.begin(), names.end(), expected), names.end()) << expected;
   for (const auto& name : names) {
     SCOPED_TRACE(name);
@@ -38,8 +38,8 @@ TEST(ModelConfig, PresetsExistAndValidate) {
     EXPECT_EQ(c.name, name);
     EXPECT_NO_THROW(c.validate());
     EXPECT_GT(c.num_params(), 0);
-    EXPECT_GT(c.train_flops_per_token(), 6.0 * c.num_params() - 6.0 * c.vocab_size * c.d_model -
-                                             6.0 * c.seq_len * c.d_model);
+    EXPECT_GT(c.train_flops_per_token(),
+              6.0 * c.num_params() - 6.0 * c.vocab_size * c.d_model - 6.0 * c.seq_len * c.d_model);
     EXPECT_EQ(c.tie_embeddings, c.arch == model::Arch::kGpt2);
   }
 }

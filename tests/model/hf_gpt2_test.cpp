@@ -1,15 +1,22 @@
 // Import of Hugging Face GPT-2 weights: python/hf_gpt2_fixture.py writes a small GPT-2 in HF's
 // names and Conv1D layouts together with the loss an HF-style forward computes on a batch; after
-// load_hf_gpt2, Starling's Executor must give the same loss. Skipped (with a message) where the
-// python interpreter has no torch.
+// load_hf_gpt2, Starling's Executor must give the same loss. Those tests skip (with a message)
+// where the python interpreter has no torch; the error cases use a file written here and always
+// run. ctest runs every test in its own process, so the fixture is cached in the build tree, keyed
+// by a hash of the scripts and arguments that make it.
 #include "starling/model/hf_gpt2.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
 #include <string>
 
 #include "starling/common/error.h"
@@ -50,93 +57,157 @@ model::ModelConfig fixture_config(int64_t seq_len = 32) {
   return c;
 }
 
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+constexpr const char* kFixtureArgs =
+    " --n-layer 2 --n-head 4 --d-model 64 --vocab-size 256 --n-positions 32 --batch-size 2"
+    " --seed 0";
+
+// The fixture directory (model.safetensors, expected.safetensors), generated on first use into
+// <build>/test-fixtures/hf_gpt2-<hash>; empty with `no_torch` set if it is not there and python
+// cannot import torch, or with `log` set if the script failed. Written into a temporary directory
+// and renamed into place, so concurrent test processes never see half of it.
+fs::path fixture_dir(bool* no_torch, std::string* log) {
+  const fs::path script = fs::path(STARLING_SOURCE_DIR) / "python" / "hf_gpt2_fixture.py";
+  const std::string key =
+      read_text(script) + read_text(script.parent_path() / "safetensors_lite.py") + kFixtureArgs;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016zx", std::hash<std::string>{}(key));
+  const fs::path cache = fs::path(STARLING_CLI_PATH).parent_path() / "test-fixtures";
+  const fs::path dir = cache / (std::string("hf_gpt2-") + hex);
+  if (fs::exists(dir / "expected.safetensors")) return dir;
+  if (!python_has_torch()) {
+    *no_torch = true;
+    return {};
+  }
+  fs::create_directories(cache);
+  const fs::path tmp =
+      cache / (".tmp-" + dir.filename().string() + "-" + std::to_string(::getpid()));
+  const fs::path log_file = tmp.string() + ".log";
+  const std::string cmd = STARLING_PYTHON " " + shell_quote(script.string()) + " --out-dir " +
+                          shell_quote(tmp.string()) + kFixtureArgs + " > " +
+                          shell_quote(log_file.string()) + " 2>&1";
+  const int status = std::system(cmd.c_str());
+  *log = read_text(log_file);
+  std::error_code ec;
+  fs::remove(log_file, ec);
+  if (status != 0 || !fs::exists(tmp / "expected.safetensors")) {
+    fs::remove_all(tmp, ec);
+    return {};
+  }
+  fs::rename(tmp, dir, ec);  // fails harmlessly if another process got there first
+  fs::remove_all(tmp, ec);
+  return fs::exists(dir / "expected.safetensors") ? dir : fs::path();
+}
+
 class HfGpt2 : public ::testing::Test {
  protected:
-  // Two fixtures, written once for the suite (python with torch takes seconds to start):
-  //   plain/: the default export (bare names), a batch of 2 x 32 tokens;
-  //   prefixed/: "transformer." names, attn.bias/masked_bias buffers and lm_head.weight, as
-  //     GPT2LMHeadModel exports carry them, and a batch of 16 tokens for a model with a
-  //     16-token context (the importer keeps the first 16 of the 32 learned positions).
-  static void SetUpTestSuite() {
-    if (!python_has_torch()) return;
-    root_ = new fs::path(fs::temp_directory_path() /
-                         ("starling-hf-gpt2-test-" + std::to_string(::getpid())));
-    fs::remove_all(*root_);
-    fs::create_directories(*root_);
-    const std::string script =
-        STARLING_PYTHON " " + shell_quote(STARLING_SOURCE_DIR "/python/hf_gpt2_fixture.py");
-    const std::string common = " --n-layer 2 --n-head 4 --d-model 64 --vocab-size 256 "
-                               "--n-positions 32 --batch-size 2";
-    const std::string cmd =
-        "(" + script + " --out-dir " + shell_quote((*root_ / "plain").string()) + common +
-        " --seed 0 > " + shell_quote((*root_ / "plain.log").string()) + " 2>&1 & " + script +
-        " --out-dir " + shell_quote((*root_ / "prefixed").string()) + common +
-        " --seed 5 --seq-len 16 --prefix transformer. --attn-buffers --lm-head > " +
-        shell_quote((*root_ / "prefixed.log").string()) + " 2>&1 & wait)";
-    fixture_status_ = std::system(cmd.c_str());
-  }
-  static void TearDownTestSuite() {
-    if (root_) {
-      std::error_code ec;
-      fs::remove_all(*root_, ec);
-      delete root_;
-      root_ = nullptr;
-    }
-  }
-
   void SetUp() override {
-    if (!python_has_torch())
-      GTEST_SKIP() << STARLING_PYTHON " cannot import torch (install python3-torch); the HF GPT-2 "
-                                      "fixture cannot be generated";
-    ASSERT_EQ(fixture_status_, 0) << "hf_gpt2_fixture.py failed";
-    for (const char* d : {"plain", "prefixed"})
-      ASSERT_TRUE(fs::exists(*root_ / d / "model.safetensors"))
-          << d << ": fixture not written; see " << (*root_ / (std::string(d) + ".log"));
+    static bool no_torch = false;
+    static std::string log;
+    static const fs::path dir = fixture_dir(&no_torch, &log);
+    if (no_torch)
+      GTEST_SKIP() << STARLING_PYTHON
+          " cannot import torch (install python3-torch), so "
+          "python/hf_gpt2_fixture.py cannot write the HF GPT-2 fixture";
+    ASSERT_FALSE(dir.empty()) << "python/hf_gpt2_fixture.py failed:\n" << log;
+    dir_ = dir;
+    tmp_ = fs::temp_directory_path() / ("starling-hf-gpt2-test-" + std::to_string(::getpid()));
+    fs::create_directories(tmp_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!tmp_.empty()) fs::remove_all(tmp_, ec);
   }
 
-  static fs::path dir(const std::string& name) { return *root_ / name; }
-
-  // Executor loss of `dag` on the fixture's batch, and the loss the fixture computed.
-  static std::pair<double, double> losses(const std::string& name, graph::OpDag& dag) {
-    const auto expected = read_safetensors(dir(name) / "expected.safetensors");
+  fs::path model_file() const { return dir_ / "model.safetensors"; }
+  SafetensorsFile expected() const { return read_safetensors(dir_ / "expected.safetensors"); }
+  static double loss(graph::OpDag& dag, const SafetensorsFile& batch) {
     graph::Executor exec(dag);
-    const double loss =
-        exec.forward({expected.at("tokens"), expected.at("targets")}).item<double>();
-    return {loss, expected.at("loss").item<double>()};
+    return exec.forward({batch.at("tokens"), batch.at("targets")}).item<double>();
   }
 
-  static fs::path* root_;
-  static int fixture_status_;
+  fs::path dir_, tmp_;
 };
-
-fs::path* HfGpt2::root_ = nullptr;
-int HfGpt2::fixture_status_ = -1;
 
 TEST_F(HfGpt2, ImportedModelGivesHuggingFaceLoss) {
   const auto c = fixture_config();
+  const auto batch = expected();
+  const double hf = batch.at("loss").item<double>();
   auto dag = model::build_model(c, 1);
-  const auto [before, hf] = losses("plain", *dag);
-  EXPECT_GT(std::abs(before - hf), 1e-3) << "a fresh model should not already give the HF loss";
-  model::load_hf_gpt2(dir("plain") / "model.safetensors", *dag, c);
-  const auto [after, hf2] = losses("plain", *dag);
-  EXPECT_NEAR(after, hf2, kLossTol);
+  EXPECT_GT(std::abs(loss(*dag, batch) - hf), 1e-3)
+      << "a fresh model should not already give the HF loss";
+  model::load_hf_gpt2(model_file(), *dag, c);
+  EXPECT_NEAR(loss(*dag, batch), hf, kLossTol);
 
   // Spot-check the Conv1D transpose directly.
-  const auto file = read_safetensors(dir("plain") / "model.safetensors");
+  const auto file = read_safetensors(model_file());
   EXPECT_TRUE(at::equal(dag->params().get("layers.1.mlp.fc.weight").value,
                         file.at("h.1.mlp.c_fc.weight").t()));
   EXPECT_TRUE(at::equal(dag->params().get("embed.tok.weight").value, file.at("wte.weight")));
 }
 
-TEST_F(HfGpt2, PrefixBuffersLmHeadAndShorterContext) {
-  const auto c = fixture_config(16);
+// The same weights as GPT2LMHeadModel exports them: "transformer." names, the attn.bias causal
+// masks and attn.masked_bias scalars older exports carry, and lm_head.weight.
+TEST_F(HfGpt2, PrefixBuffersAndLmHeadAreAccepted) {
+  const auto file = read_safetensors(model_file());
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& [name, t] : file.tensors) {
+    tensors.emplace_back("transformer." + name, t);
+    if (name.size() > 9 && name.compare(name.size() - 9, 9, "ln_1.bias") == 0) {
+      const std::string h = "transformer." + name.substr(0, name.size() - 9);
+      tensors.emplace_back(h + "attn.bias", at::ones({32, 32}).tril().view({1, 1, 32, 32}));
+      tensors.emplace_back(h + "attn.masked_bias", at::scalar_tensor(-1e4));
+    }
+  }
+  tensors.emplace_back("lm_head.weight", file.at("wte.weight").clone());
+  const fs::path exported = tmp_ / "exported.safetensors";
+  write_safetensors(exported, tensors, {{"format", "pt"}});
+
+  const auto c = fixture_config();
   auto dag = model::build_model(c, 1);
-  model::load_hf_gpt2(dir("prefixed") / "model.safetensors", *dag, c);
-  const auto [loss, hf] = losses("prefixed", *dag);
-  EXPECT_NEAR(loss, hf, kLossTol);
-  const auto file = read_safetensors(dir("prefixed") / "model.safetensors");
-  EXPECT_TRUE(at::equal(dag->params().get("embed.pos.weight").value,
-                        file.at("transformer.wpe.weight").narrow(0, 0, 16)));
+  model::load_hf_gpt2(exported, *dag, c);
+  const auto batch = expected();
+  EXPECT_NEAR(loss(*dag, batch), batch.at("loss").item<double>(), kLossTol);
+}
+
+TEST_F(HfGpt2, HalfPrecisionFileBecomesFp32) {
+  const auto file = read_safetensors(model_file());
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& [name, t] : file.tensors) tensors.emplace_back(name, t.to(at::kHalf));
+  const fs::path half = tmp_ / "half.safetensors";
+  write_safetensors(half, tensors);
+  const auto c = fixture_config();
+  auto dag = model::build_model(c, 1);
+  model::load_hf_gpt2(half, *dag, c);
+  const auto& w = dag->params().get("layers.0.attn.qkv.weight").value;
+  EXPECT_EQ(w.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(w, file.at("h.0.attn.c_attn.weight").to(at::kHalf).to(at::kFloat).t()));
+  const auto batch = expected();
+  EXPECT_NEAR(loss(*dag, batch), batch.at("loss").item<double>(), 1e-2);
+}
+
+// A model with a 16-token context takes the first 16 of the file's 32 learned positions, and
+// (causal attention) gives the same logits on 16 tokens as the full-context import.
+TEST_F(HfGpt2, ShorterContextTakesFirstPositions) {
+  const auto full_c = fixture_config(32), short_c = fixture_config(16);
+  auto full = model::build_model(full_c, 1), shorter = model::build_model(short_c, 2);
+  model::load_hf_gpt2(model_file(), *full, full_c);
+  model::load_hf_gpt2(model_file(), *shorter, short_c);
+  const auto file = read_safetensors(model_file());
+  EXPECT_TRUE(at::equal(shorter->params().get("embed.pos.weight").value,
+                        file.at("wpe.weight").narrow(0, 0, 16)));
+  const auto tokens = expected().at("tokens").narrow(1, 0, 16).contiguous();
+  graph::Executor a(*full), b(*shorter);
+  const auto la = a.forward({tokens, at::Tensor()}, model::logits_node(*full));
+  const auto lb = b.forward({tokens, at::Tensor()}, model::logits_node(*shorter));
+  EXPECT_TRUE(at::allclose(la, lb, 1e-5, 1e-6))
+      << "max diff " << (la - lb).abs().max().item<double>();
 }
 
 // `f` must throw E whose message contains every one of `parts`.
@@ -152,48 +223,95 @@ void expect_error(F&& f, std::initializer_list<std::string> parts) {
   }
 }
 
-TEST_F(HfGpt2, WrongWidthNamesTensor) {
+// A GPT-2 in HF names and Conv1D layouts with random values, written without python: enough for
+// the error cases, which need the names and shapes but not a reference loss.
+class HfGpt2Errors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("starling-hf-gpt2-err-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    file_ = dir_ / "model.safetensors";
+    const auto c = fixture_config();
+    const int64_t d = c.d_model, v = c.vocab_size, p = c.seq_len;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+    auto r = [&](std::vector<int64_t> shape) { return at::randn(shape, gen); };
+    std::vector<std::pair<std::string, at::Tensor>> t = {{"wte.weight", r({v, d})},
+                                                         {"wpe.weight", r({p, d})}};
+    for (int64_t i = 0; i < c.n_layer; ++i) {
+      const std::string h = "h." + std::to_string(i) + ".";
+      for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+               {"ln_1.weight", {d}},
+               {"ln_1.bias", {d}},
+               {"attn.c_attn.weight", {d, 3 * d}},
+               {"attn.c_attn.bias", {3 * d}},
+               {"attn.c_proj.weight", {d, d}},
+               {"attn.c_proj.bias", {d}},
+               {"ln_2.weight", {d}},
+               {"ln_2.bias", {d}},
+               {"mlp.c_fc.weight", {d, 4 * d}},
+               {"mlp.c_fc.bias", {4 * d}},
+               {"mlp.c_proj.weight", {4 * d, d}},
+               {"mlp.c_proj.bias", {d}}})
+        t.emplace_back(h + name, r(shape));
+    }
+    t.emplace_back("ln_f.weight", r({d}));
+    t.emplace_back("ln_f.bias", r({d}));
+    write_safetensors(file_, t, {{"format", "pt"}});
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  fs::path dir_, file_;
+};
+
+TEST_F(HfGpt2Errors, LayoutFileImports) {
+  const auto c = fixture_config();
+  auto dag = model::build_model(c, 1);
+  ASSERT_NO_THROW(model::load_hf_gpt2(file_, *dag, c));
+  const auto file = read_safetensors(file_);
+  EXPECT_TRUE(at::equal(dag->params().get("layers.1.attn.proj.weight").value,
+                        file.at("h.1.attn.c_proj.weight").t()));
+  EXPECT_TRUE(at::equal(dag->params().get("final_norm.bias").value, file.at("ln_f.bias")));
+}
+
+TEST_F(HfGpt2Errors, WrongWidthNamesTensor) {
   auto c = fixture_config();
   c.d_model = 32;
   auto dag = model::build_model(c, 1);
-  const fs::path file = dir("plain") / "model.safetensors";
-  expect_error<CheckpointError>([&] { model::load_hf_gpt2(file, *dag, c); },
-                                {file.string(), "tensor \"", "has shape", "model.d_model"});
+  expect_error<CheckpointError>(
+      [&] { model::load_hf_gpt2(file_, *dag, c); },
+      {file_.string(), "tensor \"wte.weight\"", "[256, 64]", "model.d_model"});
 }
 
-TEST_F(HfGpt2, WrongLayerCountNamesTensor) {
-  const fs::path file = dir("plain") / "model.safetensors";
+TEST_F(HfGpt2Errors, WrongLayerCountNamesTensor) {
   auto c = fixture_config();
   c.n_layer = 1;  // the file has h.1.*
   auto dag = model::build_model(c, 1);
-  expect_error<CheckpointError>([&] { model::load_hf_gpt2(file, *dag, c); },
-                                {file.string(), "\"h.1."});
+  expect_error<CheckpointError>([&] { model::load_hf_gpt2(file_, *dag, c); },
+                                {file_.string(), "\"h.1."});
   c.n_layer = 3;  // the file lacks h.2.*
   dag = model::build_model(c, 1);
-  expect_error<CheckpointError>([&] { model::load_hf_gpt2(file, *dag, c); },
-                                {file.string(), "\"h.2."});
+  expect_error<CheckpointError>([&] { model::load_hf_gpt2(file_, *dag, c); },
+                                {file_.string(), "\"h.2."});
 }
 
-TEST_F(HfGpt2, LlamaIsAConfigError) {
+TEST_F(HfGpt2Errors, LlamaOrUntiedIsAConfigError) {
   auto c = model::preset("llama-tiny");
   c.n_layer = 1;
   auto dag = model::build_model(c, 1);
-  expect_error<ConfigError>(
-      [&] { model::load_hf_gpt2(dir("plain") / "model.safetensors", *dag, c); }, {"gpt2"});
+  expect_error<ConfigError>([&] { model::load_hf_gpt2(file_, *dag, c); }, {"model.arch", "gpt2"});
   auto untied = fixture_config();
   untied.tie_embeddings = false;
   auto dag2 = model::build_model(untied, 1);
-  expect_error<ConfigError>(
-      [&] { model::load_hf_gpt2(dir("plain") / "model.safetensors", *dag2, untied); },
-      {"tie_embeddings"});
+  expect_error<ConfigError>([&] { model::load_hf_gpt2(file_, *dag2, untied); }, {"tie_embeddings"});
 }
 
-TEST(HfGpt2Files, MissingFileIsCheckpointError) {
+TEST_F(HfGpt2Errors, MissingFileIsCheckpointError) {
   const auto c = fixture_config();
   auto dag = model::build_model(c, 1);
-  expect_error<CheckpointError>(
-      [&] { model::load_hf_gpt2("/nonexistent/starling/model.safetensors", *dag, c); },
-      {"/nonexistent/starling/model.safetensors"});
+  expect_error<CheckpointError>([&] { model::load_hf_gpt2(dir_ / "absent.safetensors", *dag, c); },
+                                {(dir_ / "absent.safetensors").string()});
 }
 
 }  // namespace

@@ -102,8 +102,8 @@ std::string checkpoint_error(F&& f) {
   return "";
 }
 
-#define EXPECT_CONTAINS(haystack, needle)                                  \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos)         \
+#define EXPECT_CONTAINS(haystack, needle)                          \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) \
       << "\"" << (needle) << "\" not in: " << (haystack)
 
 std::string latest_name(const fs::path& run) {
@@ -207,8 +207,7 @@ TEST(Checkpoint, FindCheckpoint) {
   EXPECT_EQ(find_checkpoint(newest), newest);
 
   TempDir empty;
-  EXPECT_CONTAINS(checkpoint_error([&] { find_checkpoint(empty.path()); }),
-                  empty.path().string());
+  EXPECT_CONTAINS(checkpoint_error([&] { find_checkpoint(empty.path()); }), empty.path().string());
   // latest naming a directory that is not there.
   write_text(run.path() / "checkpoints" / "latest", "step_00000077\n");
   EXPECT_CONTAINS(checkpoint_error([&] { find_checkpoint(run.path()); }), "step_00000077");
@@ -240,8 +239,8 @@ TEST(Checkpoint, LoadParamsMissingOrExtraTensorNamesIt) {
   const fs::path dir2 = save_checkpoint(run.path() / "b", two.params(), *two.opt, meta(1), {});
 
   // A 1-layer checkpoint lacks what a 2-layer model needs...
-  std::string what = checkpoint_error(
-      [&] { load_params(read_checkpoint(dir1).model, two.params()); });
+  std::string what =
+      checkpoint_error([&] { load_params(read_checkpoint(dir1).model, two.params()); });
   EXPECT_CONTAINS(what, "missing tensor \"layers.1.");
   // ...and a 2-layer checkpoint has tensors a 1-layer model does not.
   what = checkpoint_error([&] { load_params(read_checkpoint(dir2).model, one.params()); });
@@ -249,10 +248,10 @@ TEST(Checkpoint, LoadParamsMissingOrExtraTensorNamesIt) {
   EXPECT_CONTAINS(what, "not a parameter");
 }
 
-// Rewrites meta.json of `dir` through `edit` and returns read_checkpoint's error.
+// Writes `good` meta.json text, edited by `edit`, into `dir` and returns read_checkpoint's error.
 template <class F>
-std::string meta_error(const fs::path& dir, F&& edit) {
-  auto j = nlohmann::json::parse(read_bytes(dir / "meta.json"));
+std::string meta_error(const fs::path& dir, const std::string& good, F&& edit) {
+  auto j = nlohmann::json::parse(good);
   edit(j);
   write_text(dir / "meta.json", j.dump());
   return checkpoint_error([&] { read_checkpoint(dir); });
@@ -271,21 +270,18 @@ TEST(Checkpoint, CorruptMetaJson) {
   EXPECT_CONTAINS(what, meta_path);
   EXPECT_CONTAINS(what, "JSON");
 
-  what = meta_error(dir, [](auto& j) { j["format"] = "pytorch"; });
+  what = meta_error(dir, good, [](auto& j) { j["format"] = "pytorch"; });
   EXPECT_CONTAINS(what, meta_path);
   EXPECT_CONTAINS(what, "format");
-  write_text(dir / "meta.json", good);
-  what = meta_error(dir, [](auto& j) { j["version"] = 99; });
+  what = meta_error(dir, good, [](auto& j) { j["version"] = 99; });
   EXPECT_CONTAINS(what, meta_path);
   EXPECT_CONTAINS(what, "99");
   for (const char* field : {"step", "tokens", "loader", "config", "tokenizer", "val_loss"}) {
-    write_text(dir / "meta.json", good);
-    what = meta_error(dir, [&](auto& j) { j.erase(field); });
+    what = meta_error(dir, good, [&](auto& j) { j.erase(field); });
     EXPECT_CONTAINS(what, meta_path);
     EXPECT_CONTAINS(what, field);
   }
-  write_text(dir / "meta.json", good);
-  what = meta_error(dir, [](auto& j) { j["step"] = "ten"; });
+  what = meta_error(dir, good, [](auto& j) { j["step"] = "ten"; });
   EXPECT_CONTAINS(what, meta_path);
   EXPECT_CONTAINS(what, "step");
   write_text(dir / "meta.json", "[1, 2]");

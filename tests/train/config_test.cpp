@@ -266,7 +266,8 @@ TEST(RunConfig, ToTomlRoundTrips) {
        {std::vector<std::string>{},
         std::vector<std::string>{"model.preset=gpt2-tiny", "model.n_layer=2", "optim.lr=3.3e-4",
                                  "optim.min_lr=1.7e-5", "model.init_std=0.0123",
-                                 "sample.prompt=\"line\\nwith \\\"quotes\\\"\"", "train.seed=42"}}) {
+                                 "sample.prompt=\"line\\nwith \\\"quotes\\\"\"",
+                                 "train.seed=42"}}) {
     RunConfig c = parse_run_config(kFull, "run.toml", sets);
     const std::string text = to_toml(c);
     const RunConfig back = parse_run_config(text, "<to_toml>");
@@ -285,18 +286,49 @@ TEST(RunConfig, ToTomlRoundTrips) {
 }
 
 // Every field of the structs in config.h, as "table.key".
-const std::vector<std::string> kAllKeys = {
-    "model.preset",          "model.arch",          "model.vocab_size",   "model.seq_len",
-    "model.n_layer",         "model.n_head",        "model.n_kv_head",    "model.d_model",
-    "model.d_ff",            "model.norm_eps",      "model.rope_theta",   "model.tie_embeddings",
-    "model.init_std",        "data.dir",            "train.steps",        "train.batch_size",
-    "train.grad_accum",      "train.seed",          "train.threads",      "train.recompute",
-    "train.log_every",       "train.eval_every",    "train.eval_batches", "train.checkpoint_every",
-    "train.keep_checkpoints", "train.out_dir",      "train.peak_tflops",  "train.init_from",
-    "train.sample_at_end",   "optim.lr",            "optim.min_lr",       "optim.warmup_steps",
-    "optim.schedule",        "optim.weight_decay",  "optim.beta1",        "optim.beta2",
-    "optim.eps",             "optim.grad_clip",     "sample.prompt",      "sample.max_tokens",
-    "sample.temperature",    "sample.top_k",        "sample.seed"};
+const std::vector<std::string> kAllKeys = {"model.preset",
+                                           "model.arch",
+                                           "model.vocab_size",
+                                           "model.seq_len",
+                                           "model.n_layer",
+                                           "model.n_head",
+                                           "model.n_kv_head",
+                                           "model.d_model",
+                                           "model.d_ff",
+                                           "model.norm_eps",
+                                           "model.rope_theta",
+                                           "model.tie_embeddings",
+                                           "model.init_std",
+                                           "data.dir",
+                                           "train.steps",
+                                           "train.batch_size",
+                                           "train.grad_accum",
+                                           "train.seed",
+                                           "train.threads",
+                                           "train.recompute",
+                                           "train.log_every",
+                                           "train.eval_every",
+                                           "train.eval_batches",
+                                           "train.checkpoint_every",
+                                           "train.keep_checkpoints",
+                                           "train.out_dir",
+                                           "train.peak_tflops",
+                                           "train.init_from",
+                                           "train.sample_at_end",
+                                           "optim.lr",
+                                           "optim.min_lr",
+                                           "optim.warmup_steps",
+                                           "optim.schedule",
+                                           "optim.weight_decay",
+                                           "optim.beta1",
+                                           "optim.beta2",
+                                           "optim.eps",
+                                           "optim.grad_clip",
+                                           "sample.prompt",
+                                           "sample.max_tokens",
+                                           "sample.temperature",
+                                           "sample.top_k",
+                                           "sample.seed"};
 
 TEST(RunConfig, DescribeKeysMentionsEveryKey) {
   const std::string text = describe_keys();
@@ -319,7 +351,10 @@ TEST(RunConfig, DescribeKeysMentionsEveryKey) {
   const std::string toml = to_toml(c);
   for (const auto& key : kAllKeys) {
     const auto dot = key.find('.');
-    const std::string table = "[" + key.substr(0, dot) + "]", name = key.substr(dot + 1);
+    ASSERT_NE(dot, std::string::npos);
+    std::string table = "[";
+    table.append(key, 0, dot).push_back(']');
+    const std::string name = key.substr(dot + 1);
     const auto at = toml.find(table);
     ASSERT_NE(at, std::string::npos) << table;
     const auto end = toml.find("\n[", at + 1);

@@ -15,6 +15,7 @@ void add_bench_command(CLI::App& app) {
       "compute", "tokens/s and MFU of training steps (forward, backward, AdamW) on random tokens");
   struct Args {
     std::string preset = "gpt2-mini";
+    std::string device = "cpu";
     std::vector<std::string> sets;
     int64_t batch = 8, steps = 10, warmup = 3;
     int threads = 0;
@@ -29,21 +30,22 @@ void add_bench_command(CLI::App& app) {
   compute->add_option("--threads", a->threads, "intra-op threads; 0 = physical cores")
       ->capture_default_str();
   compute->add_flag("--recompute", a->recompute, "per-node activation recomputation");
+  compute->add_option("--device", a->device, "cpu, cuda or cuda:N")->capture_default_str();
   compute->add_flag("--json", a->json, "print one JSON line");
   compute->callback([a] {
     const int threads = configure_threads(a->threads);
     std::string text = "[model]\npreset = \"" + a->preset + "\"\n[data]\ndir = \"-\"\n";
     const auto config = train::parse_run_config(text, "--preset", a->sets);
     const auto r =
-        train::run_compute_bench(config.model, a->batch, a->steps, a->warmup, a->recompute);
+        train::run_compute_bench(config.model, a->batch, a->steps, a->warmup, a->recompute, a->device);
     if (a->json) {
       std::printf(
           "{\"impl\": \"starling\", \"preset\": \"%s\", \"batch\": %lld, \"seq_len\": %lld, "
-          "\"threads\": %d, \"tokens_per_s\": %.1f, \"step_ms\": %.2f, \"mfu\": %.4f, "
+          "\"device\": \"%s\", \"threads\": %d, \"tokens_per_s\": %.1f, \"step_ms\": %.2f, \"mfu\": %.4f, "
           "\"peak_gflops\": %.1f}\n",
           a->preset.c_str(), static_cast<long long>(a->batch),
-          static_cast<long long>(config.model.seq_len), threads, r.tokens_per_s, r.step_ms, r.mfu,
-          r.peak_gflops);
+          static_cast<long long>(config.model.seq_len), a->device.c_str(), threads, r.tokens_per_s,
+          r.step_ms, r.mfu, r.peak_gflops);
     } else {
       std::printf("%s batch %lld x %lld, %d threads: %.0f tokens/s, %.1f ms/step, MFU %.1f%% "
                   "(peak %.1f GFLOP/s)\n",

@@ -76,7 +76,8 @@ double ModelConfig::train_flops_per_token() const {
   const double non_embedding =
       static_cast<double>(num_params()) - static_cast<double>(vocab_size * d_model) -
       (arch == Arch::kGpt2 ? static_cast<double>(seq_len * d_model) : 0.0);
-  const double head = static_cast<double>(vocab_size * d_model);  // LM head matmul
+  // The LM head matmul: an untied head is already among the non-embedding parameters.
+  const double head = tie_embeddings ? static_cast<double>(vocab_size * d_model) : 0.0;
   return 6.0 * (non_embedding + head) + 6.0 * n_layer * seq_len * d_model;
 }
 

@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -140,12 +142,16 @@ fs::path save_checkpoint(const fs::path& run_dir, const graph::ParamStore& param
   stage("meta");
 
   const fs::path final_dir = ckpt_dir / name;
-  if (fs::exists(final_dir)) {  // re-saving the same step (e.g. after a resume): move old aside
-    const fs::path old = ckpt_dir / (".old-" + name + "-" + std::to_string(::getpid()));
-    fs::remove_all(old);
-    fs::rename(final_dir, old);
+  if (fs::exists(final_dir)) {
+    // Re-saving a step: swap the two directories in one atomic step, so `latest` never points at
+    // a missing directory; the old contents end up under the temporary name and are removed.
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0)
+      throw CheckpointError(final_dir.string() + ": cannot replace: " + std::strerror(errno));
+    fsync_dir(ckpt_dir);
+    fs::remove_all(tmp);
+  } else {
+    fs::rename(tmp, final_dir);
   }
-  fs::rename(tmp, final_dir);
   fsync_dir(ckpt_dir);
   stage("renamed");
 

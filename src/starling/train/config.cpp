@@ -151,6 +151,20 @@ std::vector<Key> bind(RunConfig& c) {
   k.push_back(seed_key("train", "seed", &t.seed, "seed of model init and data order"));
   k.push_back(int32_key("train", "threads", &t.threads, 0,
                         "intra-op CPU threads; 0 = one per physical core"));
+  k.push_back({"train", "device", "string",
+               "\"cpu\", \"cuda\" or \"cuda:N\" (a CUDA libtorch and a GPU for cuda)",
+               [&t](const toml::node& n, const std::string& where) {
+                 if (!n.is_string()) wrong_type(n, where, "a string");
+                 const std::string v = n.as_string()->get();
+                 bool ok = v == "cpu" || v == "cuda";
+                 if (!ok && v.rfind("cuda:", 0) == 0 && v.size() > 5)
+                   ok = v.find_first_not_of("0123456789", 5) == std::string::npos;
+                 if (!ok)
+                   throw ConfigError(where + ": expected \"cpu\", \"cuda\" or \"cuda:N\", got \"" +
+                                     v + "\"");
+                 t.device = v;
+               },
+               [&t](toml::table& tb) { tb.insert_or_assign("device", t.device); }});
   k.push_back(bool_key("train", "recompute", &t.recompute,
                        "recompute each node's activations in backward (saves memory)"));
   k.push_back(int_key("train", "log_every", &t.log_every, 1, "steps between metric lines"));

@@ -52,9 +52,9 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-std::vector<at::Tensor> to_tensors(const data::Batch& b) {
+std::vector<at::Tensor> to_tensors(const data::Batch& b, const c10::Device& device) {
   auto make = [&](const std::vector<int64_t>& v) {
-    return at::tensor(at::ArrayRef<int64_t>(v), at::kLong).view({b.batch, b.seq_len});
+    return at::tensor(at::ArrayRef<int64_t>(v), at::kLong).view({b.batch, b.seq_len}).to(device);
   };
   return {make(b.inputs), make(b.targets)};
 }
@@ -69,13 +69,14 @@ std::string model_signature(const RunConfig& c) {
   return text.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
 }
 
-double evaluate(graph::Executor& exec, const data::DatasetInfo& ds, const RunConfig& c) {
+double evaluate(graph::Executor& exec, const data::DatasetInfo& ds, const RunConfig& c,
+                const c10::Device& device) {
   data::LoaderOptions opts{.seq_len = c.model.seq_len, .batch = c.train.batch_size,
                            .seed = c.train.seed, .rank = 0, .world = 1, .shuffle = false};
   data::TokenLoader val(ds.val_shards, opts);
   double total = 0;
   for (int64_t i = 0; i < c.train.eval_batches; ++i)
-    total += exec.forward(to_tensors(val.next())).item<double>();
+    total += exec.forward(to_tensors(val.next(), device)).item<double>();
   return total / static_cast<double>(c.train.eval_batches);
 }
 
@@ -89,6 +90,8 @@ std::string fmt(const char* f, double v) {
 
 TrainResult train(const RunConfig& c, const TrainOptions& options) {
   const int threads = configure_threads(c.train.threads);
+  check_device(c.train.device, "train.device");
+  const c10::Device device(c.train.device);
   const data::DatasetInfo ds = data::open_dataset(c.data.dir);
   if (ds.vocab_size > static_cast<uint64_t>(c.model.vocab_size))
     throw ConfigError("model.vocab_size (" + std::to_string(c.model.vocab_size) +
@@ -105,7 +108,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
                       "that run, or set train.out_dir to a new directory");
 
   ProgressLine progress(options.progress);
-  auto dag = model::build_model(c.model, c.train.seed);
+  auto dag = model::build_model(c.model, c.train.seed, device);
   graph::Executor exec(*dag, {.recompute = c.train.recompute});
   AdamW optimizer(dag->params(), {.beta1 = c.optim.beta1, .beta2 = c.optim.beta2,
                                   .eps = c.optim.eps, .weight_decay = c.optim.weight_decay});
@@ -147,7 +150,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   }
 
   const double peak_gflops =
-      c.train.peak_tflops > 0 ? c.train.peak_tflops * 1e3 : measure_peak_gflops();
+      c.train.peak_tflops > 0 ? c.train.peak_tflops * 1e3 : measure_peak_gflops(c.train.device);
   const double flops_per_token = c.model.train_flops_per_token();
   const int64_t tokens_per_step = c.train.batch_size * c.train.grad_accum * c.model.seq_len;
   progress.note("model " + (c.model_preset.empty() ? c.model.name : c.model_preset) + " (" +
@@ -155,8 +158,8 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
                 fmt("%.2fM", static_cast<double>(c.model.num_params()) / 1e6) +
                 " params) | data " + ds.dir.string() + " (" + ds.tokenizer_kind + ", " +
                 fmt("%.2fM", static_cast<double>(ds.train_tokens) / 1e6) + " train tokens) | " +
-                std::to_string(tokens_per_step) + " tokens/step | " + std::to_string(threads) +
-                " threads | peak " + fmt("%.1f", peak_gflops) + " GFLOP/s");
+                std::to_string(tokens_per_step) + " tokens/step | " + c.train.device + ", " +
+                std::to_string(threads) + " threads | peak " + fmt("%.1f", peak_gflops) + " GFLOP/s");
 
   MetricsLog metrics(run_dir, options.resume ? step : -1);
   std::string tokenizer_model = ds.tokenizer_model.empty() ? "" : ds.tokenizer_model.string();
@@ -175,14 +178,15 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   double compute_s = 0, window_s = 0;
   int64_t window_tokens = 0, run_tokens = 0;
   fs::path last_ckpt;
-  int64_t saved_step = -1;
+  // A resumed run's starting step is already on disk; stopping at once must not rewrite it.
+  int64_t saved_step = options.resume && has_checkpoint ? step : -1;
   while (step < last && !g_stop.load()) {
     const double t0 = now_s();
     const double lr = learning_rate(c.optim, step, c.train.steps);
     dag->params().zero_grad();
     double loss = 0;
     for (int64_t m = 0; m < c.train.grad_accum; ++m)
-      loss += exec.forward_backward(to_tensors(loader.next()),
+      loss += exec.forward_backward(to_tensors(loader.next(), device),
                                     1.0 / static_cast<double>(c.train.grad_accum));
     loss /= static_cast<double>(c.train.grad_accum);
     const double grad_norm = clip_grad_norm(dag->params(), c.optim.grad_clip);
@@ -218,7 +222,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     }
     const bool final_step = step == c.train.steps;
     if (have_val && ((c.train.eval_every > 0 && step % c.train.eval_every == 0) || final_step)) {
-      val_loss = evaluate(exec, ds, c);
+      val_loss = evaluate(exec, ds, c, device);
       metrics.write({{"step", step}, {"val_loss", val_loss}, {"tokens", tokens}});
       progress.note("step " + std::to_string(step) + " | val loss " + fmt("%.4f", val_loss));
     }
