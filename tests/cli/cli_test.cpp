@@ -41,7 +41,8 @@ std::string read_file(const fs::path& p) {
 size_t rng_data_start(const std::string& file) {
   if (file.size() < 8) return 0;
   uint64_t header = 0;
-  for (int i = 0; i < 8; ++i) header |= static_cast<uint64_t>(static_cast<unsigned char>(file[i])) << (8 * i);
+  for (int i = 0; i < 8; ++i)
+    header |= static_cast<uint64_t>(static_cast<unsigned char>(file[i])) << (8 * i);
   const std::string key = "\"rng.cpu\":{\"dtype\":\"U8\",\"shape\":[";
   const size_t at = file.find(key);
   if (at == std::string::npos || at > 8 + header) return 0;
@@ -57,8 +58,8 @@ class CliTest : public ::testing::Test {
     fs::create_directories(root_ / "text");
     // A small corpus of pseudo-sentences: enough windows for a few steps and a val split.
     std::mt19937 rng(7);
-    const char* words[] = {"the", "jury", "said", "city", "election", "was", "of", "and",
-                           "report", "county", "that", "it", "new", "court", "judge"};
+    const char* words[] = {"the",    "jury",   "said", "city", "election", "was",   "of",   "and",
+                           "report", "county", "that", "it",   "new",      "court", "judge"};
     for (int d = 0; d < 12; ++d) {
       std::ofstream out(root_ / "text" / ("doc" + std::to_string(d) + ".txt"));
       for (int s = 0; s < 60; ++s) {
@@ -66,7 +67,7 @@ class CliTest : public ::testing::Test {
       }
     }
     const Result prep = run("data prepare " + (root_ / "text").string() + " --out " +
-                         (root_ / "data").string() + " --val-fraction 0.2");
+                            (root_ / "data").string() + " --val-fraction 0.2");
     ASSERT_EQ(prep.code, 0) << prep.output;
   }
   static void TearDownTestSuite() { fs::remove_all(root_); }
@@ -139,7 +140,7 @@ TEST_F(CliTest, SampleFromCheckpoint) {
   const fs::path cfg = write_config("sample");
   ASSERT_EQ(run("train -q --config " + cfg.string() + " --set train.steps=2").code, 0);
   const Result r = run("sample --checkpoint " + (root_ / "run_sample").string() +
-                    " --prompt 'the jury' --max-tokens 20 --temperature 0");
+                       " --prompt 'the jury' --max-tokens 20 --temperature 0");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(r.output.rfind("the jury", 0), 0u) << r.output;
   EXPECT_GE(r.output.size(), 8u + 20u);

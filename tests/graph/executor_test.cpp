@@ -1,9 +1,10 @@
 // The executor's node-by-node autodiff must give exactly what one monolithic autograd pass over
 // the same ops gives, with and without recomputation, for both architectures.
+#include "starling/graph/executor.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "starling/graph/executor.h"
 #include "starling/model/build.h"
 
 namespace starling {

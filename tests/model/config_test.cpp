@@ -55,6 +55,21 @@ TEST(ModelConfig, Gpt2SmallHasHuggingFaceParameterCount) {
   EXPECT_EQ(untied.num_params(), 124'439'808 + 50257 * 768);
 }
 
+TEST(ModelConfig, TyingTheHeadChangesParametersNotCompute) {
+  // The LM head matmul costs the same whether or not its weight is the token embedding.
+  for (const char* name : {"gpt2-124m", "llama-125m"}) {
+    auto tied = model::preset(name), untied = tied;
+    tied.tie_embeddings = true;
+    untied.tie_embeddings = false;
+    EXPECT_DOUBLE_EQ(tied.train_flops_per_token(), untied.train_flops_per_token()) << name;
+  }
+  // GPT-2 small: 6 FLOPs per matmul parameter (85M in the blocks + the 38.6M head) plus
+  // 6 * n_layer * seq_len * d_model for attention.
+  const auto c = model::preset("gpt2-124m");
+  const double blocks = 124'439'808.0 - 50257.0 * 768 - 1024.0 * 768;
+  EXPECT_DOUBLE_EQ(c.train_flops_per_token(), 6 * (blocks + 50257.0 * 768) + 6.0 * 12 * 1024 * 768);
+}
+
 TEST(ModelConfig, FfDimDefaults) {
   auto g = model::preset("gpt2-tiny");
   EXPECT_EQ(g.ff_dim(), 4 * g.d_model);

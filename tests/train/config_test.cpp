@@ -52,6 +52,7 @@ batch_size = 4
 grad_accum = 2
 seed = 7
 threads = 2
+device = "cuda:1"
 recompute = true
 log_every = 5
 eval_every = 50
@@ -103,6 +104,7 @@ TEST(RunConfig, ParsesEveryKey) {
   EXPECT_EQ(c.train.grad_accum, 2);
   EXPECT_EQ(c.train.seed, 7u);
   EXPECT_EQ(c.train.threads, 2);
+  EXPECT_EQ(c.train.device, "cuda:1");
   EXPECT_TRUE(c.train.recompute);
   EXPECT_EQ(c.train.log_every, 5);
   EXPECT_EQ(c.train.eval_every, 50);
@@ -140,6 +142,7 @@ TEST(RunConfig, Defaults) {
   EXPECT_EQ(c.train.batch_size, 8);
   EXPECT_EQ(c.train.seed, 1337u);
   EXPECT_EQ(c.train.keep_checkpoints, 2);
+  EXPECT_EQ(c.train.device, "cpu");
   EXPECT_EQ(c.train.out_dir, "runs/default");
   EXPECT_TRUE(c.train.sample_at_end);
   EXPECT_EQ(c.optim.lr, 1e-3);
@@ -219,6 +222,10 @@ TEST(RunConfigErrors, OutOfRange) {
 TEST(RunConfigErrors, BadEnum) {
   expect_error("[data]\ndir = \"d\"\n[optim]\nschedule = \"linear\"\n",
                {"run.toml:4", "optim.schedule", "\"linear\"", "\"cosine\"", "\"constant\""});
+  expect_error("[data]\ndir = \"d\"\n[train]\ndevice = \"gpu\"\n",
+               {"run.toml:4", "train.device", "\"gpu\""});
+  expect_error("[data]\ndir = \"d\"\n[train]\ndevice = \"cuda:x\"\n",
+               {"run.toml:4", "train.device"});
   expect_error("[model]\narch = \"bert\"\n[data]\ndir = \"d\"\n",
                {"run.toml:2", "model.arch", "bert"});
   expect_error("[model]\npreset = \"gpt2-huge\"\n[data]\ndir = \"d\"\n",
@@ -286,49 +293,25 @@ TEST(RunConfig, ToTomlRoundTrips) {
 }
 
 // Every field of the structs in config.h, as "table.key".
-const std::vector<std::string> kAllKeys = {"model.preset",
-                                           "model.arch",
-                                           "model.vocab_size",
-                                           "model.seq_len",
-                                           "model.n_layer",
-                                           "model.n_head",
-                                           "model.n_kv_head",
-                                           "model.d_model",
-                                           "model.d_ff",
-                                           "model.norm_eps",
-                                           "model.rope_theta",
-                                           "model.tie_embeddings",
-                                           "model.init_std",
-                                           "data.dir",
-                                           "train.steps",
-                                           "train.batch_size",
-                                           "train.grad_accum",
-                                           "train.seed",
-                                           "train.threads",
-                                           "train.recompute",
-                                           "train.log_every",
-                                           "train.eval_every",
-                                           "train.eval_batches",
-                                           "train.checkpoint_every",
-                                           "train.keep_checkpoints",
-                                           "train.out_dir",
-                                           "train.peak_tflops",
-                                           "train.init_from",
-                                           "train.sample_at_end",
-                                           "optim.lr",
-                                           "optim.min_lr",
-                                           "optim.warmup_steps",
-                                           "optim.schedule",
-                                           "optim.weight_decay",
-                                           "optim.beta1",
-                                           "optim.beta2",
-                                           "optim.eps",
-                                           "optim.grad_clip",
-                                           "sample.prompt",
-                                           "sample.max_tokens",
-                                           "sample.temperature",
-                                           "sample.top_k",
-                                           "sample.seed"};
+std::vector<std::string> all_keys() {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> tables = {
+      {"model",
+       {"preset", "arch", "vocab_size", "seq_len", "n_layer", "n_head", "n_kv_head", "d_model",
+        "d_ff", "norm_eps", "rope_theta", "tie_embeddings", "init_std"}},
+      {"data", {"dir"}},
+      {"train",
+       {"steps", "batch_size", "grad_accum", "seed", "threads", "device", "recompute", "log_every",
+        "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "out_dir",
+        "peak_tflops", "init_from", "sample_at_end"}},
+      {"optim",
+       {"lr", "min_lr", "warmup_steps", "schedule", "weight_decay", "beta1", "beta2", "eps",
+        "grad_clip"}},
+      {"sample", {"prompt", "max_tokens", "temperature", "top_k", "seed"}}};
+  std::vector<std::string> keys;
+  for (const auto& [table, names] : tables)
+    for (const auto& n : names) keys.push_back(table + "." + n);
+  return keys;
+}
 
 TEST(RunConfig, DescribeKeysMentionsEveryKey) {
   const std::string text = describe_keys();
@@ -336,8 +319,8 @@ TEST(RunConfig, DescribeKeysMentionsEveryKey) {
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);)
     if (!line.empty()) lines.push_back(line);
-  EXPECT_EQ(lines.size(), kAllKeys.size());
-  for (const auto& key : kAllKeys) {
+  EXPECT_EQ(lines.size(), all_keys().size());
+  for (const auto& key : all_keys()) {
     bool found = false;
     for (const auto& line : lines)
       if (line.rfind(key + " ", 0) == 0) {
@@ -349,7 +332,7 @@ TEST(RunConfig, DescribeKeysMentionsEveryKey) {
   // to_toml writes every key too (preset only when one is set).
   RunConfig c = parse_run_config("[model]\npreset = \"gpt2-tiny\"\n[data]\ndir = \"d\"\n", "x");
   const std::string toml = to_toml(c);
-  for (const auto& key : kAllKeys) {
+  for (const auto& key : all_keys()) {
     const auto dot = key.find('.');
     ASSERT_NE(dot, std::string::npos);
     std::string table = "[";

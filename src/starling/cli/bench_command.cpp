@@ -36,22 +36,24 @@ void add_bench_command(CLI::App& app) {
     const int threads = configure_threads(a->threads);
     std::string text = "[model]\npreset = \"" + a->preset + "\"\n[data]\ndir = \"-\"\n";
     const auto config = train::parse_run_config(text, "--preset", a->sets);
-    const auto r =
-        train::run_compute_bench(config.model, a->batch, a->steps, a->warmup, a->recompute, a->device);
+    const auto r = train::run_compute_bench(config.model, a->batch, a->steps, a->warmup,
+                                            a->recompute, a->device);
     if (a->json) {
       std::printf(
           "{\"impl\": \"starling\", \"preset\": \"%s\", \"batch\": %lld, \"seq_len\": %lld, "
-          "\"device\": \"%s\", \"threads\": %d, \"tokens_per_s\": %.1f, \"step_ms\": %.2f, \"mfu\": %.4f, "
+          "\"device\": \"%s\", \"threads\": %d, \"tokens_per_s\": %.1f, \"step_ms\": %.2f, "
+          "\"mfu\": %.4f, "
           "\"peak_gflops\": %.1f}\n",
           a->preset.c_str(), static_cast<long long>(a->batch),
           static_cast<long long>(config.model.seq_len), a->device.c_str(), threads, r.tokens_per_s,
           r.step_ms, r.mfu, r.peak_gflops);
     } else {
-      std::printf("%s batch %lld x %lld, %d threads: %.0f tokens/s, %.1f ms/step, MFU %.1f%% "
-                  "(peak %.1f GFLOP/s)\n",
-                  a->preset.c_str(), static_cast<long long>(a->batch),
-                  static_cast<long long>(config.model.seq_len), threads, r.tokens_per_s, r.step_ms,
-                  100 * r.mfu, r.peak_gflops);
+      std::printf(
+          "%s batch %lld x %lld, %d threads: %.0f tokens/s, %.1f ms/step, MFU %.1f%% "
+          "(peak %.1f GFLOP/s)\n",
+          a->preset.c_str(), static_cast<long long>(a->batch),
+          static_cast<long long>(config.model.seq_len), threads, r.tokens_per_s, r.step_ms,
+          100 * r.mfu, r.peak_gflops);
     }
   });
 }

@@ -30,15 +30,15 @@ void add_data_command(CLI::App& app) {
   prep->callback([opts, inputs] {
     for (const auto& i : *inputs) opts->inputs.emplace_back(i);
     std::string last;
-    auto info = data::prepare_dataset(*opts, [&](const std::string& what, uint64_t done,
-                                                 uint64_t total) {
-      std::cerr << "\r" << what << " " << done << "/" << total << std::flush;
-      last = what;
-    });
+    auto info =
+        data::prepare_dataset(*opts, [&](const std::string& what, uint64_t done, uint64_t total) {
+          std::cerr << "\r" << what << " " << done << "/" << total << std::flush;
+          last = what;
+        });
     std::cerr << "\n";
-    std::cout << "prepared " << info.dir.string() << ": " << info.tokenizer_kind << " tokenizer, vocab "
-              << info.vocab_size << ", " << info.train_tokens << " train tokens in "
-              << info.train_shards.size() << " shard(s), " << info.val_tokens
+    std::cout << "prepared " << info.dir.string() << ": " << info.tokenizer_kind
+              << " tokenizer, vocab " << info.vocab_size << ", " << info.train_tokens
+              << " train tokens in " << info.train_shards.size() << " shard(s), " << info.val_tokens
               << " val tokens in " << info.val_shards.size() << " shard(s)\n";
   });
 }

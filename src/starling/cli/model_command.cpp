@@ -13,11 +13,13 @@ void add_model_command(CLI::App& app) {
   presets->callback([] {
     for (const auto& name : model::preset_names()) {
       const auto c = model::preset(name);
-      std::printf("%-12s %-6s layers %-3lld d_model %-5lld heads %-3lld seq %-5lld vocab %-6lld %9.1fM params\n",
-                  name.c_str(), model::to_string(c.arch).c_str(), static_cast<long long>(c.n_layer),
-                  static_cast<long long>(c.d_model), static_cast<long long>(c.n_head),
-                  static_cast<long long>(c.seq_len), static_cast<long long>(c.vocab_size),
-                  static_cast<double>(c.num_params()) / 1e6);
+      std::printf(
+          "%-12s %-6s layers %-3lld d_model %-5lld heads %-3lld seq %-5lld vocab %-6lld %9.1fM "
+          "params\n",
+          name.c_str(), model::to_string(c.arch).c_str(), static_cast<long long>(c.n_layer),
+          static_cast<long long>(c.d_model), static_cast<long long>(c.n_head),
+          static_cast<long long>(c.seq_len), static_cast<long long>(c.vocab_size),
+          static_cast<double>(c.num_params()) / 1e6);
     }
   });
   auto* show = cmd->add_subcommand("show", "print a model's OP-DAG: nodes, shapes, bytes, FLOPs");

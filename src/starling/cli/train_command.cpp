@@ -33,7 +33,8 @@ void add_train_command(CLI::App& app) {
     std::cout << "trained " << result.step << " steps: loss " << result.train_loss;
     if (result.val_loss >= 0) std::cout << ", val loss " << result.val_loss;
     std::cout << ", " << static_cast<long>(result.tokens_per_s) << " tokens/s\n";
-    if (!result.checkpoint.empty()) std::cout << "checkpoint: " << result.checkpoint.string() << "\n";
+    if (!result.checkpoint.empty())
+      std::cout << "checkpoint: " << result.checkpoint.string() << "\n";
     if (!result.sample.empty()) std::cout << "sample:\n" << result.sample << "\n";
   });
 }

@@ -22,7 +22,7 @@ struct DtypeName {
   const char* name;
 };
 constexpr DtypeName kDtypes[] = {
-    {at::kDouble, "F64"}, {at::kFloat, "F32"}, {at::kHalf, "F16"}, {at::kBFloat16, "BF16"},
+    {at::kDouble, "F64"}, {at::kFloat, "F32"}, {at::kHalf, "F16"},  {at::kBFloat16, "BF16"},
     {at::kLong, "I64"},   {at::kInt, "I32"},   {at::kShort, "I16"}, {at::kChar, "I8"},
     {at::kByte, "U8"},    {at::kBool, "BOOL"},
 };
@@ -64,7 +64,8 @@ const at::Tensor& SafetensorsFile::at(const std::string& name) const {
 }
 
 bool SafetensorsFile::contains(const std::string& name) const {
-  return std::any_of(tensors.begin(), tensors.end(), [&](const auto& p) { return p.first == name; });
+  return std::any_of(tensors.begin(), tensors.end(),
+                     [&](const auto& p) { return p.first == name; });
 }
 
 void write_safetensors(const std::filesystem::path& path,
@@ -168,6 +169,9 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path) {
     uint64_t numel = 1;
     for (const auto& d : shape) {
       if (!d.is_number_unsigned()) throw CheckpointError(what + ": shape must hold integers >= 0");
+      // Guard the product: an overflowed element count could pass the size check below.
+      if (d.get<uint64_t>() != 0 && numel > (uint64_t{1} << 60) / d.get<uint64_t>())
+        throw CheckpointError(what + ": shape " + shape.dump() + " is too large");
       e.shape.push_back(d.get<int64_t>());
       numel *= d.get<uint64_t>();
     }

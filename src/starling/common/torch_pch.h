@@ -3,4 +3,5 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/torch.h>
+
 #include <nlohmann/json.hpp>

@@ -20,9 +20,9 @@ namespace starling::data {
 
 struct DatasetInfo {
   std::filesystem::path dir;
-  std::string tokenizer_kind;           // "byte", "sentencepiece" or "gpt2"
+  std::string tokenizer_kind;  // "byte", "sentencepiece" or "gpt2"
   uint32_t vocab_size = 0;
-  std::filesystem::path tokenizer_model;  // absolute; empty unless sentencepiece
+  std::filesystem::path tokenizer_model;            // absolute; empty unless sentencepiece
   std::vector<std::filesystem::path> train_shards;  // absolute, in order
   std::vector<std::filesystem::path> val_shards;
   uint64_t train_tokens = 0;

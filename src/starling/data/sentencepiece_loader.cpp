@@ -31,7 +31,8 @@ Backend* open_backend() {
       tried += "\n  " + path.string() + ": " + ::dlerror();
       continue;
     }
-    auto* entry = reinterpret_cast<Backend* (*)()>(::dlsym(handle, "starling_sentencepiece_backend"));
+    auto* entry =
+        reinterpret_cast<Backend* (*)()>(::dlsym(handle, "starling_sentencepiece_backend"));
     if (!entry) {
       tried += "\n  " + path.string() + ": no entry point starling_sentencepiece_backend";
       continue;

@@ -17,8 +17,6 @@ namespace fs = std::filesystem;
 // (whole paragraphs) are cut at spaces instead of being lost.
 class LineIterator final : public sentencepiece::SentenceIterator {
  public:
-  
-
   LineIterator(const std::vector<std::string>& files, std::size_t max_line)
       : files_(files), max_line_(max_line) {
     Next();

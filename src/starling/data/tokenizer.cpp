@@ -1,6 +1,5 @@
 #include "starling/data/tokenizer.h"
 
-
 #include <fstream>
 #include <string>
 #include <unordered_map>
@@ -63,7 +62,8 @@ class SentencePieceTokenizer final : public Tokenizer {
     std::vector<int> pieces;
     std::string error;
     if (!processor_->encode(text, &pieces, &error)) {
-      throw DataError("SentencePiece model '" + path_.string() + "' failed to encode text: " + error);
+      throw DataError("SentencePiece model '" + path_.string() +
+                      "' failed to encode text: " + error);
     }
     return {pieces.begin(), pieces.end()};
   }

@@ -8,7 +8,8 @@ namespace starling::graph {
 
 int OpDag::add_node(std::string name, std::unique_ptr<Op> op, std::vector<Source> inputs) {
   for (const auto& s : inputs) {
-    const int limit = s.kind == Source::Kind::kNode ? size() : static_cast<int>(graph_inputs_.size());
+    const int limit =
+        s.kind == Source::Kind::kNode ? size() : static_cast<int>(graph_inputs_.size());
     if (s.index < 0 || s.index >= limit)
       throw std::logic_error("node " + name + ": input refers to a source that does not exist yet");
   }

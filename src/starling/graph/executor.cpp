@@ -49,7 +49,8 @@ double Executor::forward_backward(const std::vector<at::Tensor>& inputs, double 
     }
   }
   if (outputs[n - 1].numel() != 1)
-    throw std::logic_error("Executor: the last node (" + nodes[n - 1].name + ") must be a scalar loss");
+    throw std::logic_error("Executor: the last node (" + nodes[n - 1].name +
+                           ") must be a scalar loss");
   const double loss = outputs[n - 1].item<double>();
 
   std::vector<at::Tensor> grads(n);

@@ -25,22 +25,24 @@ int64_t ModelConfig::ff_dim() const {
 
 void ModelConfig::validate() const {
   auto positive = [](const char* field, int64_t v) {
-    if (v < 1) throw ConfigError(std::string("model.") + field + ": must be >= 1, got " +
-                                 std::to_string(v));
+    if (v < 1)
+      throw ConfigError(std::string("model.") + field + ": must be >= 1, got " + std::to_string(v));
   };
   positive("vocab_size", vocab_size);
   positive("seq_len", seq_len);
   positive("n_layer", n_layer);
   positive("n_head", n_head);
   positive("d_model", d_model);
-  if (d_ff < 0) throw ConfigError("model.d_ff: must be >= 0 (0 = default), got " + std::to_string(d_ff));
+  if (d_ff < 0)
+    throw ConfigError("model.d_ff: must be >= 0 (0 = default), got " + std::to_string(d_ff));
   if (n_kv_head < 0) throw ConfigError("model.n_kv_head: must be >= 0 (0 = n_head)");
   if (d_model % n_head != 0)
     throw ConfigError("model.d_model (" + std::to_string(d_model) +
                       ") must be divisible by model.n_head (" + std::to_string(n_head) + ")");
   if (n_head % kv_heads() != 0)
     throw ConfigError("model.n_head (" + std::to_string(n_head) +
-                      ") must be divisible by model.n_kv_head (" + std::to_string(kv_heads()) + ")");
+                      ") must be divisible by model.n_kv_head (" + std::to_string(kv_heads()) +
+                      ")");
   if (arch == Arch::kGpt2 && n_kv_head != 0 && n_kv_head != n_head)
     throw ConfigError("model.n_kv_head: grouped-query attention is only for arch = \"llama\"");
   if (arch == Arch::kLlama && head_dim() % 2 != 0)
@@ -56,10 +58,10 @@ int64_t ModelConfig::num_params() const {
   int64_t n = vocab_size * d;  // token embedding
   if (!tie_embeddings) n += vocab_size * d;
   if (arch == Arch::kGpt2) {
-    n += seq_len * d;                       // positions
+    n += seq_len * d;  // positions
     const int64_t attn = d * 3 * d + 3 * d + d * d + d + 2 * d;
     const int64_t mlp = d * f + f + f * d + d + 2 * d;
-    n += n_layer * (attn + mlp) + 2 * d;    // + final norm
+    n += n_layer * (attn + mlp) + 2 * d;  // + final norm
   } else {
     const int64_t qkv = d * (n_head + 2 * kv_heads()) * hd;
     const int64_t attn = qkv + d * d + d;
@@ -73,9 +75,9 @@ double ModelConfig::train_flops_per_token() const {
   // 6 FLOPs per parameter per token (forward 2, backward 4) over the matmul parameters, plus the
   // attention score and value products (PaLM appendix B): 6 * n_layer * seq_len * d_model
   // counting the causal mask as full, as is customary.
-  const double non_embedding =
-      static_cast<double>(num_params()) - static_cast<double>(vocab_size * d_model) -
-      (arch == Arch::kGpt2 ? static_cast<double>(seq_len * d_model) : 0.0);
+  const double non_embedding = static_cast<double>(num_params()) -
+                               static_cast<double>(vocab_size * d_model) -
+                               (arch == Arch::kGpt2 ? static_cast<double>(seq_len * d_model) : 0.0);
   // The LM head matmul: an untied head is already among the non-embedding parameters.
   const double head = tie_embeddings ? static_cast<double>(vocab_size * d_model) : 0.0;
   return 6.0 * (non_embedding + head) + 6.0 * n_layer * seq_len * d_model;

@@ -53,8 +53,9 @@ bool ignorable(const std::string& name) {
 void load_hf_gpt2(const std::filesystem::path& file, graph::OpDag& dag, const ModelConfig& c) {
   const std::string where = file.string();
   if (c.arch != Arch::kGpt2 || !c.tie_embeddings)
-    throw ConfigError("train.init_from: Hugging Face GPT-2 weights need model.arch = \"gpt2\" and "
-                      "model.tie_embeddings = true");
+    throw ConfigError(
+        "train.init_from: Hugging Face GPT-2 weights need model.arch = \"gpt2\" and "
+        "model.tie_embeddings = true");
   const SafetensorsFile st = read_safetensors(file);
   const auto map = name_map(c);
   std::set<std::string> filled;

@@ -8,8 +8,7 @@
 
 namespace starling::train {
 
-AdamW::AdamW(graph::ParamStore& params, AdamWOptions options)
-    : params_(params), options_(options) {
+AdamW::AdamW(graph::ParamStore& params, AdamWOptions options) : params_(params), options_(options) {
   for (const auto& p : params_.params()) {
     exp_avg_.push_back(at::zeros_like(p.value));
     exp_avg_sq_.push_back(at::zeros_like(p.value));
@@ -50,12 +49,11 @@ void AdamW::load_state(const SafetensorsFile& file, int64_t steps) {
   const auto& params = params_.params();
   for (size_t i = 0; i < params.size(); ++i) {
     for (auto* pair : {&exp_avg_, &exp_avg_sq_}) {
-      const std::string name =
-          (pair == &exp_avg_ ? "exp_avg." : "exp_avg_sq.") + params[i].name;
+      const std::string name = (pair == &exp_avg_ ? "exp_avg." : "exp_avg_sq.") + params[i].name;
       const at::Tensor& t = file.at(name);
       if (t.sizes() != params[i].value.sizes())
-        throw CheckpointError(file.file.string() + ": optimizer tensor \"" + name + "\" has shape " +
-                              c10::str(t.sizes()) + ", the model needs " +
+        throw CheckpointError(file.file.string() + ": optimizer tensor \"" + name +
+                              "\" has shape " + c10::str(t.sizes()) + ", the model needs " +
                               c10::str(params[i].value.sizes()));
       (*pair)[i].copy_(t);
     }

@@ -25,8 +25,10 @@ constexpr int kVersion = 1;
 void fsync_dir(const fs::path& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) throw CheckpointError(dir.string() + ": cannot open directory to fsync");
-  ::fsync(fd);
+  const int rc = ::fsync(fd);
+  const int err = errno;
   ::close(fd);
+  if (rc != 0) throw CheckpointError(dir.string() + ": fsync failed: " + std::strerror(err));
 }
 
 void write_text(const fs::path& path, const std::string& text) {
@@ -104,9 +106,11 @@ void prune(const fs::path& ckpt_dir, int keep, const std::string& current) {
 
 }  // namespace
 
-fs::path save_checkpoint(const fs::path& run_dir, const graph::ParamStore& params,
-                         const AdamW& optimizer, const CheckpointMeta& meta,
-                         const SaveOptions& options) {
+namespace {
+
+fs::path save_checkpoint_unchecked(const fs::path& run_dir, const graph::ParamStore& params,
+                                   const AdamW& optimizer, const CheckpointMeta& meta,
+                                   const SaveOptions& options) {
   auto stage = [&](const char* s) {
     if (options.on_stage) options.on_stage(s);
   };
@@ -134,8 +138,8 @@ fs::path save_checkpoint(const fs::path& run_dir, const graph::ParamStore& param
     fs::copy_file(options.tokenizer_model, tmp / "tokenizer.model",
                   fs::copy_options::overwrite_existing, ec);
     if (ec)
-      throw CheckpointError(options.tokenizer_model.string() + ": cannot copy into checkpoint: " +
-                            ec.message());
+      throw CheckpointError(options.tokenizer_model.string() +
+                            ": cannot copy into checkpoint: " + ec.message());
   }
   write_text(tmp / "meta.json", meta_to_json(meta).dump(2) + "\n");
   fsync_dir(tmp);
@@ -161,6 +165,20 @@ fs::path save_checkpoint(const fs::path& run_dir, const graph::ParamStore& param
   return final_dir;
 }
 
+}  // namespace
+
+fs::path save_checkpoint(const fs::path& run_dir, const graph::ParamStore& params,
+                         const AdamW& optimizer, const CheckpointMeta& meta,
+                         const SaveOptions& options) {
+  try {
+    return save_checkpoint_unchecked(run_dir, params, optimizer, meta, options);
+  } catch (const fs::filesystem_error& e) {
+    // Disk full, permissions, a vanished directory: the previous checkpoint is untouched.
+    throw CheckpointError("saving a checkpoint in " + (run_dir / "checkpoints").string() +
+                          " failed: " + e.what());
+  }
+}
+
 fs::path find_checkpoint(const fs::path& path) {
   if (fs::exists(path / "meta.json")) return path;
   for (const fs::path& dir : {path, path / "checkpoints"}) {
@@ -176,7 +194,8 @@ fs::path find_checkpoint(const fs::path& path) {
                             "\", which is missing or incomplete");
     return dir / name;
   }
-  throw CheckpointError(path.string() + ": no checkpoint found (expected meta.json, latest, or "
+  throw CheckpointError(path.string() +
+                        ": no checkpoint found (expected meta.json, latest, or "
                         "checkpoints/latest)");
 }
 

@@ -11,9 +11,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "starling/common/safetensors.h"
 #include "starling/data/loader.h"
@@ -23,8 +22,8 @@
 namespace starling::train {
 
 struct CheckpointMeta {
-  int64_t step = 0;      // optimizer steps completed
-  uint64_t tokens = 0;   // training tokens consumed
+  int64_t step = 0;     // optimizer steps completed
+  uint64_t tokens = 0;  // training tokens consumed
   data::LoaderState loader;
   std::string config_toml;  // the complete run config (to_toml)
   std::string tokenizer_kind;

@@ -22,9 +22,10 @@ void check_device(const std::string& device, const std::string& what) {
   const c10::Device d(device);
   if (d.is_cuda()) {
     if (!at::hasCUDA())
-      throw ConfigError(what + " = \"" + device +
-                        "\": this build's libtorch has no CUDA support or no GPU is visible; build "
-                        "against a CUDA libtorch (-DCMAKE_PREFIX_PATH=/path/to/libtorch) or use \"cpu\"");
+      throw ConfigError(
+          what + " = \"" + device +
+          "\": this build's libtorch has no CUDA support or no GPU is visible; build "
+          "against a CUDA libtorch (-DCMAKE_PREFIX_PATH=/path/to/libtorch) or use \"cpu\"");
     const int64_t count = static_cast<int64_t>(at::detail::getCUDAHooks().getNumGPUs());
     if (d.has_index() && d.index() >= count)
       throw ConfigError(what + " = \"" + device + "\": only " + std::to_string(count) +
@@ -55,9 +56,8 @@ double measure_peak_gflops(const std::string& device) {
   return best;
 }
 
-ComputeBenchResult run_compute_bench(const model::ModelConfig& config, int64_t batch,
-                                     int64_t steps, int64_t warmup, bool recompute,
-                                     const std::string& device) {
+ComputeBenchResult run_compute_bench(const model::ModelConfig& config, int64_t batch, int64_t steps,
+                                     int64_t warmup, bool recompute, const std::string& device) {
   check_device(device, "--device");
   const c10::Device d(device);
   auto dag = model::build_model(config, 1337, d);

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-
 #include <string>
 
 #include "starling/model/config.h"
@@ -24,8 +23,8 @@ struct ComputeBenchResult {
 
 // Trains `config` for warmup + steps steps of batch x seq_len random tokens; times the last
 // `steps`. Uses the current thread setting.
-ComputeBenchResult run_compute_bench(const model::ModelConfig& config, int64_t batch,
-                                     int64_t steps, int64_t warmup, bool recompute,
+ComputeBenchResult run_compute_bench(const model::ModelConfig& config, int64_t batch, int64_t steps,
+                                     int64_t warmup, bool recompute,
                                      const std::string& device = "cpu");
 
 // ConfigError unless `device` can run here (a CUDA device needs a CUDA libtorch and a GPU).

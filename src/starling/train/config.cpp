@@ -1,10 +1,11 @@
 #include "starling/train/config.h"
 
+#include <toml++/toml.h>
+
 #include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
-#include <toml++/toml.h>
 
 #include "starling/common/error.h"
 
@@ -35,7 +36,10 @@ int64_t read_int(const toml::node& n, const std::string& where) {
 }
 
 Key int_key(const char* table, const char* name, int64_t* p, int64_t min, const char* doc) {
-  return {table, name, "integer", doc,
+  return {table,
+          name,
+          "integer",
+          doc,
           [=](const toml::node& n, const std::string& where) {
             const int64_t v = read_int(n, where);
             if (v < min)
@@ -47,19 +51,25 @@ Key int_key(const char* table, const char* name, int64_t* p, int64_t min, const 
 }
 
 Key int32_key(const char* table, const char* name, int* p, int min, const char* doc) {
-  return {table, name, "integer", doc,
+  return {table,
+          name,
+          "integer",
+          doc,
           [=](const toml::node& n, const std::string& where) {
             const int64_t v = read_int(n, where);
             if (v < min || v > 1'000'000)
-              throw ConfigError(where + ": must be in [" + std::to_string(min) + ", 1000000], got " +
-                                std::to_string(v));
+              throw ConfigError(where + ": must be in [" + std::to_string(min) +
+                                ", 1000000], got " + std::to_string(v));
             *p = static_cast<int>(v);
           },
           [=](toml::table& t) { t.insert_or_assign(name, static_cast<int64_t>(*p)); }};
 }
 
 Key seed_key(const char* table, const char* name, uint64_t* p, const char* doc) {
-  return {table, name, "integer", doc,
+  return {table,
+          name,
+          "integer",
+          doc,
           [=](const toml::node& n, const std::string& where) {
             const int64_t v = read_int(n, where);
             if (v < 0) throw ConfigError(where + ": must be >= 0, got " + std::to_string(v));
@@ -69,12 +79,18 @@ Key seed_key(const char* table, const char* name, uint64_t* p, const char* doc) 
 }
 
 Key float_key(const char* table, const char* name, double* p, double min, const char* doc) {
-  return {table, name, "float", doc,
+  return {table,
+          name,
+          "float",
+          doc,
           [=](const toml::node& n, const std::string& where) {
             double v;
-            if (n.is_floating_point()) v = n.as_floating_point()->get();
-            else if (n.is_integer()) v = static_cast<double>(n.as_integer()->get());
-            else wrong_type(n, where, "a number");
+            if (n.is_floating_point())
+              v = n.as_floating_point()->get();
+            else if (n.is_integer())
+              v = static_cast<double>(n.as_integer()->get());
+            else
+              wrong_type(n, where, "a number");
             if (!(v >= min))
               throw ConfigError(where + ": must be >= " + std::to_string(min) + ", got " +
                                 std::to_string(v));
@@ -84,7 +100,10 @@ Key float_key(const char* table, const char* name, double* p, double min, const 
 }
 
 Key bool_key(const char* table, const char* name, bool* p, const char* doc) {
-  return {table, name, "boolean", doc,
+  return {table,
+          name,
+          "boolean",
+          doc,
           [=](const toml::node& n, const std::string& where) {
             if (!n.is_boolean()) wrong_type(n, where, "true or false");
             *p = n.as_boolean()->get();
@@ -94,7 +113,10 @@ Key bool_key(const char* table, const char* name, bool* p, const char* doc) {
 
 Key string_key(const char* table, const char* name, std::string* p, const char* doc,
                std::vector<std::string> allowed = {}) {
-  return {table, name, "string", doc,
+  return {table,
+          name,
+          "string",
+          doc,
           [=](const toml::node& n, const std::string& where) {
             if (!n.is_string()) wrong_type(n, where, "a string");
             std::string v = n.as_string()->get();
@@ -170,12 +192,12 @@ std::vector<Key> bind(RunConfig& c) {
   k.push_back(int_key("train", "log_every", &t.log_every, 1, "steps between metric lines"));
   k.push_back(int_key("train", "eval_every", &t.eval_every, 0,
                       "steps between validation passes; 0 = only at the end"));
-  k.push_back(int_key("train", "eval_batches", &t.eval_batches, 1,
-                      "micro-batches per validation pass"));
+  k.push_back(
+      int_key("train", "eval_batches", &t.eval_batches, 1, "micro-batches per validation pass"));
   k.push_back(int_key("train", "checkpoint_every", &t.checkpoint_every, 0,
                       "steps between checkpoints; 0 = only at the end"));
-  k.push_back(int32_key("train", "keep_checkpoints", &t.keep_checkpoints, 1,
-                        "newest checkpoints kept"));
+  k.push_back(
+      int32_key("train", "keep_checkpoints", &t.keep_checkpoints, 1, "newest checkpoints kept"));
   k.push_back(string_key("train", "out_dir", &t.out_dir,
                          "run directory: checkpoints, metrics.jsonl, config.toml"));
   k.push_back(float_key("train", "peak_tflops", &t.peak_tflops, 0,
@@ -305,7 +327,8 @@ RunConfig parse_run_config(std::string_view text, const std::string& source,
   for (const auto& s : sets) {
     if (s.table == "model" && s.name == "preset") continue;
     Key* key = find_key(s.table, s.name);
-    if (!key) throw ConfigError("--set \"" + s.text + "\": unknown key \"" + s.table + "." + s.name + "\"");
+    if (!key)
+      throw ConfigError("--set \"" + s.text + "\": unknown key \"" + s.table + "." + s.name + "\"");
     key->read(*s.value.get("v"), "--set " + key->full());
   }
 
@@ -315,7 +338,8 @@ RunConfig parse_run_config(std::string_view text, const std::string& source,
     throw ConfigError(source + ": " + e.what());
   }
   if (config.data.dir.empty())
-    throw ConfigError(source + ": data.dir is required (a directory made by `starling data prepare`)");
+    throw ConfigError(source +
+                      ": data.dir is required (a directory made by `starling data prepare`)");
   if (config.optim.min_lr > config.optim.lr)
     throw ConfigError(source + ": optim.min_lr (" + std::to_string(config.optim.min_lr) +
                       ") must not exceed optim.lr (" + std::to_string(config.optim.lr) + ")");

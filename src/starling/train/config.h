@@ -18,34 +18,34 @@ struct DataConfig {
 };
 
 struct TrainConfig {
-  int64_t steps = 1000;          // optimizer steps in total
-  int64_t batch_size = 8;        // sequences per micro-batch
-  int64_t grad_accum = 1;        // micro-batches per optimizer step
-  uint64_t seed = 1337;          // model init and data order
-  int threads = 0;               // intra-op threads; 0 = one per physical core
-  std::string device = "cpu";    // "cpu", "cuda" or "cuda:N" (needs a libtorch built with CUDA)
-  bool recompute = false;        // per-node activation recomputation
-  int64_t log_every = 10;        // steps between metric lines
-  int64_t eval_every = 200;      // steps between validation passes; 0 = only at the end
-  int64_t eval_batches = 20;     // micro-batches per validation pass
+  int64_t steps = 1000;            // optimizer steps in total
+  int64_t batch_size = 8;          // sequences per micro-batch
+  int64_t grad_accum = 1;          // micro-batches per optimizer step
+  uint64_t seed = 1337;            // model init and data order
+  int threads = 0;                 // intra-op threads; 0 = one per physical core
+  std::string device = "cpu";      // "cpu", "cuda" or "cuda:N" (needs a libtorch built with CUDA)
+  bool recompute = false;          // per-node activation recomputation
+  int64_t log_every = 10;          // steps between metric lines
+  int64_t eval_every = 200;        // steps between validation passes; 0 = only at the end
+  int64_t eval_batches = 20;       // micro-batches per validation pass
   int64_t checkpoint_every = 500;  // steps between checkpoints; 0 = only at the end
-  int keep_checkpoints = 2;      // newest checkpoints kept in out_dir
+  int keep_checkpoints = 2;        // newest checkpoints kept in out_dir
   std::string out_dir = "runs/default";
-  double peak_tflops = 0;        // device peak for MFU; 0 = measure with a matmul probe
-  std::string init_from;         // Hugging Face GPT-2 model.safetensors to start from
-  bool sample_at_end = true;     // print a sample from [sample] when training ends
+  double peak_tflops = 0;     // device peak for MFU; 0 = measure with a matmul probe
+  std::string init_from;      // Hugging Face GPT-2 model.safetensors to start from
+  bool sample_at_end = true;  // print a sample from [sample] when training ends
 };
 
 struct OptimConfig {
-  double lr = 1e-3;            // peak learning rate
-  double min_lr = 1e-4;        // floor of the cosine decay
-  int64_t warmup_steps = 100;  // linear warmup from 0
+  double lr = 1e-3;                 // peak learning rate
+  double min_lr = 1e-4;             // floor of the cosine decay
+  int64_t warmup_steps = 100;       // linear warmup from 0
   std::string schedule = "cosine";  // "cosine" or "constant" (after warmup)
-  double weight_decay = 0.1;   // AdamW decoupled decay; never applied to norms or biases
+  double weight_decay = 0.1;        // AdamW decoupled decay; never applied to norms or biases
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  double grad_clip = 1.0;      // max global gradient norm; 0 = off
+  double grad_clip = 1.0;  // max global gradient norm; 0 = off
 };
 
 struct SampleConfig {

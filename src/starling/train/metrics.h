@@ -6,9 +6,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace starling::train {
 

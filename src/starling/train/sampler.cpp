@@ -23,7 +23,8 @@ std::vector<uint32_t> generate(graph::OpDag& dag, const model::ModelConfig& conf
     std::vector<int64_t> window(ids.end() - static_cast<std::ptrdiff_t>(ctx), ids.end());
     at::Tensor tokens =
         at::tensor(window, at::kLong).view({1, static_cast<int64_t>(ctx)}).to(device);
-    at::Tensor logits = exec.forward({tokens, at::Tensor()}, head)[0][-1].to(at::kCPU).to(at::kFloat);
+    at::Tensor logits =
+        exec.forward({tokens, at::Tensor()}, head)[0][-1].to(at::kCPU).to(at::kFloat);
     int64_t next;
     if (options.temperature <= 0) {
       next = logits.argmax().item<int64_t>();
@@ -53,7 +54,8 @@ namespace starling::train {
 
 std::string sample_from_checkpoint(const std::filesystem::path& path, const SampleConfig& options) {
   const Checkpoint ckpt = read_checkpoint(find_checkpoint(path));
-  const RunConfig config = parse_run_config(ckpt.meta.config_toml, (ckpt.dir / "meta.json").string());
+  const RunConfig config =
+      parse_run_config(ckpt.meta.config_toml, (ckpt.dir / "meta.json").string());
   std::unique_ptr<data::Tokenizer> tokenizer;
   if (ckpt.meta.tokenizer_kind == "byte") {
     tokenizer = data::make_byte_tokenizer();
@@ -61,7 +63,8 @@ std::string sample_from_checkpoint(const std::filesystem::path& path, const Samp
     tokenizer = data::load_sentencepiece(ckpt.dir / "tokenizer.model");
   } else {
     throw DataError((ckpt.dir / "meta.json").string() + ": tokenizer \"" +
-                    ckpt.meta.tokenizer_kind + "\" has no built-in decoder, so text cannot be sampled");
+                    ckpt.meta.tokenizer_kind +
+                    "\" has no built-in decoder, so text cannot be sampled");
   }
   auto dag = model::build_model(config.model, config.train.seed);
   load_params(ckpt.model, dag->params());
@@ -69,7 +72,8 @@ std::string sample_from_checkpoint(const std::filesystem::path& path, const Samp
   if (prompt.empty()) throw ConfigError("--prompt: the prompt encodes to no tokens");
   for (auto id : prompt)
     if (id >= static_cast<uint32_t>(config.model.vocab_size))
-      throw ConfigError("--prompt: token " + std::to_string(id) + " is outside the model's vocabulary");
+      throw ConfigError("--prompt: token " + std::to_string(id) +
+                        " is outside the model's vocabulary");
   return tokenizer->decode(generate(*dag, config.model, prompt, options));
 }
 

@@ -71,8 +71,12 @@ std::string model_signature(const RunConfig& c) {
 
 double evaluate(graph::Executor& exec, const data::DatasetInfo& ds, const RunConfig& c,
                 const c10::Device& device) {
-  data::LoaderOptions opts{.seq_len = c.model.seq_len, .batch = c.train.batch_size,
-                           .seed = c.train.seed, .rank = 0, .world = 1, .shuffle = false};
+  data::LoaderOptions opts{.seq_len = c.model.seq_len,
+                           .batch = c.train.batch_size,
+                           .seed = c.train.seed,
+                           .rank = 0,
+                           .world = 1,
+                           .shuffle = false};
   data::TokenLoader val(ds.val_shards, opts);
   double total = 0;
   for (int64_t i = 0; i < c.train.eval_batches; ++i)
@@ -104,17 +108,23 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   fs::create_directories(run_dir);
   const bool has_checkpoint = fs::exists(run_dir / "checkpoints" / "latest");
   if (has_checkpoint && !options.resume)
-    throw ConfigError(run_dir.string() + " already holds a checkpoint; pass --resume to continue "
+    throw ConfigError(run_dir.string() +
+                      " already holds a checkpoint; pass --resume to continue "
                       "that run, or set train.out_dir to a new directory");
 
   ProgressLine progress(options.progress);
   auto dag = model::build_model(c.model, c.train.seed, device);
   graph::Executor exec(*dag, {.recompute = c.train.recompute});
-  AdamW optimizer(dag->params(), {.beta1 = c.optim.beta1, .beta2 = c.optim.beta2,
-                                  .eps = c.optim.eps, .weight_decay = c.optim.weight_decay});
-  data::TokenLoader loader(ds.train_shards,
-                           {.seq_len = c.model.seq_len, .batch = c.train.batch_size,
-                            .seed = c.train.seed, .rank = 0, .world = 1, .shuffle = true});
+  AdamW optimizer(dag->params(), {.beta1 = c.optim.beta1,
+                                  .beta2 = c.optim.beta2,
+                                  .eps = c.optim.eps,
+                                  .weight_decay = c.optim.weight_decay});
+  data::TokenLoader loader(ds.train_shards, {.seq_len = c.model.seq_len,
+                                             .batch = c.train.batch_size,
+                                             .seed = c.train.seed,
+                                             .rank = 0,
+                                             .world = 1,
+                                             .shuffle = true});
 
   int64_t step = 0;
   uint64_t tokens = 0;
@@ -130,8 +140,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     load_params(ckpt.model, dag->params());
     optimizer.load_state(ckpt.optimizer, ckpt.meta.step);
     loader.restore(ckpt.meta.loader);
-    if (ckpt.optimizer.contains(kRngTensor))
-    {
+    if (ckpt.optimizer.contains(kRngTensor)) {
       at::Generator gen = at::detail::getDefaultCPUGenerator();  // a handle to the global one
       gen.set_state(ckpt.optimizer.at(kRngTensor));
     }
@@ -145,9 +154,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   } else if (options.resume) {
     progress.note("--resume: no checkpoint in " + run_dir.string() + ", starting fresh");
   }
-  {
-    std::ofstream(run_dir / "config.toml") << to_toml(c);
-  }
+  { std::ofstream(run_dir / "config.toml") << to_toml(c); }
 
   const double peak_gflops =
       c.train.peak_tflops > 0 ? c.train.peak_tflops * 1e3 : measure_peak_gflops(c.train.device);
@@ -155,25 +162,31 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   const int64_t tokens_per_step = c.train.batch_size * c.train.grad_accum * c.model.seq_len;
   progress.note("model " + (c.model_preset.empty() ? c.model.name : c.model_preset) + " (" +
                 model::to_string(c.model.arch) + ", " +
-                fmt("%.2fM", static_cast<double>(c.model.num_params()) / 1e6) +
-                " params) | data " + ds.dir.string() + " (" + ds.tokenizer_kind + ", " +
+                fmt("%.2fM", static_cast<double>(c.model.num_params()) / 1e6) + " params) | data " +
+                ds.dir.string() + " (" + ds.tokenizer_kind + ", " +
                 fmt("%.2fM", static_cast<double>(ds.train_tokens) / 1e6) + " train tokens) | " +
                 std::to_string(tokens_per_step) + " tokens/step | " + c.train.device + ", " +
-                std::to_string(threads) + " threads | peak " + fmt("%.1f", peak_gflops) + " GFLOP/s");
+                std::to_string(threads) + " threads | peak " + fmt("%.1f", peak_gflops) +
+                " GFLOP/s");
 
   MetricsLog metrics(run_dir, options.resume ? step : -1);
   std::string tokenizer_model = ds.tokenizer_model.empty() ? "" : ds.tokenizer_model.string();
   auto save = [&](int64_t at_step) {
-    CheckpointMeta meta{.step = at_step, .tokens = tokens, .loader = loader.state(),
-                        .config_toml = to_toml(c), .tokenizer_kind = ds.tokenizer_kind,
-                        .data_vocab_size = ds.vocab_size, .val_loss = val_loss};
+    CheckpointMeta meta{.step = at_step,
+                        .tokens = tokens,
+                        .loader = loader.state(),
+                        .config_toml = to_toml(c),
+                        .tokenizer_kind = ds.tokenizer_kind,
+                        .data_vocab_size = ds.vocab_size,
+                        .val_loss = val_loss};
     return save_checkpoint(run_dir, dag->params(), optimizer, meta,
                            {.keep = c.train.keep_checkpoints, .tokenizer_model = tokenizer_model});
   };
 
   StopSignals signals;
   TrainResult result;
-  const int64_t last = options.stop_at >= 0 ? std::min(options.stop_at, c.train.steps) : c.train.steps;
+  const int64_t last =
+      options.stop_at >= 0 ? std::min(options.stop_at, c.train.steps) : c.train.steps;
   const double run_start = now_s();
   double compute_s = 0, window_s = 0;
   int64_t window_tokens = 0, run_tokens = 0;
@@ -209,13 +222,19 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
                        static_cast<double>(last - step);
     const bool milestone = step % c.train.log_every == 0 || step == last;
     progress.update("step " + std::to_string(step) + "/" + std::to_string(c.train.steps) +
-                    " | loss " + fmt("%.4f", loss) + " | lr " + fmt("%.2e", lr) + " | " +
-                    fmt("%.0f", tps) + " tok/s | MFU " + fmt("%.1f%%", 100 * mfu) + " | " +
-                    format_duration(now_s() - run_start) + " elapsed, eta " + format_duration(eta),
+                        " | loss " + fmt("%.4f", loss) + " | lr " + fmt("%.2e", lr) + " | " +
+                        fmt("%.0f", tps) + " tok/s | MFU " + fmt("%.1f%%", 100 * mfu) + " | " +
+                        format_duration(now_s() - run_start) + " elapsed, eta " +
+                        format_duration(eta),
                     milestone);
     if (milestone) {
-      metrics.write({{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
-                     {"tokens", tokens}, {"tokens_per_s", tps}, {"mfu", mfu},
+      metrics.write({{"step", step},
+                     {"loss", loss},
+                     {"lr", lr},
+                     {"grad_norm", grad_norm},
+                     {"tokens", tokens},
+                     {"tokens_per_s", tps},
+                     {"mfu", mfu},
                      {"elapsed_s", now_s() - run_start}});
       window_s = 0;
       window_tokens = 0;

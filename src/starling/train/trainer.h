@@ -12,10 +12,10 @@
 namespace starling::train {
 
 struct TrainOptions {
-  bool resume = false;    // continue from <out_dir>/checkpoints/latest
-  bool progress = true;   // live progress line on stderr
-  int64_t stop_at = -1;   // stop (with a checkpoint) after this step; the schedule still spans
-                          // train.steps, so a later --resume continues the same run
+  bool resume = false;   // continue from <out_dir>/checkpoints/latest
+  bool progress = true;  // live progress line on stderr
+  int64_t stop_at = -1;  // stop (with a checkpoint) after this step; the schedule still spans
+                         // train.steps, so a later --resume continues the same run
 };
 
 struct TrainResult {
@@ -25,7 +25,7 @@ struct TrainResult {
   double tokens_per_s = 0;   // over the whole run (excluding eval and checkpoints)
   bool interrupted = false;  // stopped by SIGINT/SIGTERM or stop_at before train.steps
   std::filesystem::path checkpoint;
-  std::string sample;        // the end-of-training sample, if any
+  std::string sample;  // the end-of-training sample, if any
 };
 
 // Runs training. Throws ConfigError/DataError/CheckpointError with a clear message on bad input.

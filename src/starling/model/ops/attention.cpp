@@ -15,7 +15,7 @@ AttentionOp::AttentionOp(const ModelConfig& config, AttentionWeights weights)
     at::Tensor inv_freq =
         at::pow(config_.rope_theta, -at::arange(0, hd, 2, opts) / static_cast<double>(hd));
     at::Tensor angles = at::outer(at::arange(config_.seq_len, opts), inv_freq);  // [T, hd/2]
-    angles = at::cat({angles, angles}, -1);                                       // [T, hd]
+    angles = at::cat({angles, angles}, -1);                                      // [T, hd]
     cos_ = angles.cos().to(w_.qkv.scalar_type()).to(w_.qkv.device());
     sin_ = angles.sin().to(w_.qkv.scalar_type()).to(w_.qkv.device());
   }
@@ -74,8 +74,8 @@ at::Tensor AttentionOp::forward(const std::vector<at::Tensor>& inputs) {
 
 std::vector<std::string> AttentionOp::param_names() const {
   std::vector<std::string> names{w_.norm.weight_name};
-  for (const auto* n : {&w_.norm.bias_name, &w_.qkv_name, &w_.qkv_bias_name, &w_.proj_name,
-                        &w_.proj_bias_name})
+  for (const auto* n :
+       {&w_.norm.bias_name, &w_.qkv_name, &w_.qkv_bias_name, &w_.proj_name, &w_.proj_bias_name})
     if (!n->empty()) names.push_back(*n);
   return names;
 }

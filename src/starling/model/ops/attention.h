@@ -33,7 +33,7 @@ class AttentionOp : public graph::Op {
 
   ModelConfig config_;
   AttentionWeights w_;
-  at::Tensor mask_;     // [seq_len, seq_len] additive causal mask, built once
+  at::Tensor mask_;       // [seq_len, seq_len] additive causal mask, built once
   at::Tensor cos_, sin_;  // [seq_len, head_dim] rotary tables (llama)
 };
 

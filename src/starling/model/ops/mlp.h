@@ -1,6 +1,6 @@
 // One transformer layer's MLP block with its pre-norm and residual: x + mlp(norm(x)).
-// gpt2: fc [d_ff, d_model] + bias, GELU (tanh approximation, as GPT-2), proj [d_model, d_ff] + bias.
-// llama: SwiGLU; fc [2*d_ff, d_model] holds the gate (first half) and up (second half)
+// gpt2: fc [d_ff, d_model] + bias, GELU (tanh approximation, as GPT-2), proj [d_model, d_ff] +
+// bias. llama: SwiGLU; fc [2*d_ff, d_model] holds the gate (first half) and up (second half)
 // projections stacked, proj [d_model, d_ff]; no biases. Input/output: [B, T, d_model].
 #pragma once
 
