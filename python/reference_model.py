@@ -117,7 +117,7 @@ class ModelConfig:
                          (self.seq_len * self.d_model if self.arch == "gpt2" else 0))
         # The LM head matmul: an untied head is already among the non-embedding parameters.
         head = self.vocab_size * self.d_model if self.tie_embeddings else 0
-        return 6.0 * (non_embedding + head) + 6.0 * self.n_layer * self.seq_len * self.d_model
+        return 6.0 * (non_embedding + head) + 12.0 * self.n_layer * self.seq_len * self.d_model
 
     # --- JSON: the fields oracle_grads.py's cfg.json carries ------------------------------------
 

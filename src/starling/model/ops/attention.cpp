@@ -33,6 +33,11 @@ at::Tensor AttentionOp::causal_bias(int64_t t, const at::Tensor& like) {
 }
 
 at::Tensor AttentionOp::rotate(const at::Tensor& x, int64_t t) {
+  // The tables follow the activations (a swapped-in layer, a model cast to another dtype).
+  if (cos_.device() != x.device() || cos_.scalar_type() != x.scalar_type()) {
+    cos_ = cos_.to(x.options());
+    sin_ = sin_.to(x.options());
+  }
   const int64_t half = x.size(-1) / 2;
   at::Tensor cos = cos_.narrow(0, 0, t).unsqueeze(1);  // [T, 1, hd] broadcasts over heads
   at::Tensor sin = sin_.narrow(0, 0, t).unsqueeze(1);
