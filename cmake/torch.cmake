@@ -10,7 +10,7 @@ find_package(CLI11 2 REQUIRED)
 
 add_library(starling STATIC
   src/starling/common/safetensors.cpp
-  src/starling/common/threads.cpp
+  src/starling/common/cpu_runtime.cpp
   src/starling/model/config.cpp
   src/starling/model/build.cpp
   src/starling/model/hf_gpt2.cpp
@@ -56,6 +56,7 @@ add_executable(starling_tests
   tests/model/oracle_test.cpp
   tests/model/hf_gpt2_test.cpp
   tests/common/safetensors_test.cpp
+  tests/common/cpu_runtime_test.cpp
   tests/train/config_test.cpp
   tests/train/checkpoint_test.cpp
 )

@@ -14,7 +14,7 @@ PACKAGES=(
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
   libsentencepiece-dev sentencepiece
   libgtest-dev libgmock-dev
-  python3-numpy python3-matplotlib  # oracle scripts and plots
+  python3-numpy                     # the oracle scripts and safetensors exchange
   iproute2                          # network namespaces for bandwidth-limited tests
 )
 # npm is needed only to fetch the default corpus. Machines that already carry a Node.js with its

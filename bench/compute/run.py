@@ -64,7 +64,10 @@ def commands(a, preset, threads):
     if a.seq_len:
         starling += ["--set", f"model.seq_len={a.seq_len}"]
         torch += ["--seq-len", str(a.seq_len)]
-    return {"starling": starling, "torch": torch}
+    # The same Starling step on libtorch's default CPU allocator: shows how much of the ratio is
+    # the caching allocator (page faults avoided) and how much is the rest.
+    system = starling + ["--system-allocator"]
+    return {"starling": starling, "starling-sysalloc": system, "torch": torch}
 
 
 def summarize(runs, impl):
@@ -85,14 +88,19 @@ def print_table(rows):
         return f"{x['tokens_per_s']:>{width}.0f}{100 * x['mfu']:>7.1f}%"
 
     head = (f"{'preset':<12}{'thr':>4}{'batch':>6}{'seq':>5} | {'starling tok/s':>15}{'MFU':>8} | "
-            f"{'torch tok/s':>12}{'MFU':>8} | {'ratio':>6}")
+            f"{'sys-alloc tok/s':>16}{'MFU':>8} | {'torch tok/s':>12}{'MFU':>8} | {'ratio':>6}"
+            f" | {'sys ratio':>9}")
     print(head)
     print("-" * len(head))
     for row in rows:
         ratio = f"{row['ratio']:>6.2f}" if row["ratio"] is not None else f"{'-':>6}"
+        sys_ratio = (f"{row['sysalloc_ratio']:>9.2f}" if row["sysalloc_ratio"] is not None
+                     else f"{'-':>9}")
         print(f"{row['preset']:<12}{row['threads']:>4}{row['batch']:>6}{row['seq_len']:>5} | "
-              f"{cell(row['starling'], 15)} | {cell(row['torch'], 12)} | {ratio}")
-    print("medians over repeats; ratio = starling tokens/s / torch tokens/s (> 1: starling faster)")
+              f"{cell(row['starling'], 15)} | {cell(row['starling-sysalloc'], 16)} | "
+              f"{cell(row['torch'], 12)} | {ratio} | {sys_ratio}")
+    print("medians over repeats; ratio = starling tokens/s / torch tokens/s (> 1: starling faster);")
+    print("sys ratio = the same with Starling on libtorch's default CPU allocator")
 
 
 def main(argv=None):
@@ -116,7 +124,7 @@ def main(argv=None):
                     help="where to write all runs and the table (JSON)")
     a = ap.parse_args(argv)
 
-    impls = ["torch"] if a.only_torch else ["starling", "torch"]
+    impls = ["torch"] if a.only_torch else ["starling", "starling-sysalloc", "torch"]
     if "starling" in impls and not os.access(a.starling, os.X_OK):
         ap.error(f"no starling binary at {a.starling}: build it (cmake --build build) or pass "
                  "--starling PATH, or run the torch side alone with --only-torch")
@@ -137,9 +145,13 @@ def main(argv=None):
                           f"{r['tokens_per_s']:.0f} tokens/s, {r['step_ms']:.1f} ms/step",
                           file=sys.stderr, flush=True)
             s, t = summarize(row_runs, "starling"), summarize(row_runs, "torch")
+            sa = summarize(row_runs, "starling-sysalloc")
             rows.append({"preset": preset, "threads": threads, "batch": a.batch,
-                         "seq_len": row_runs[0]["seq_len"], "starling": s, "torch": t,
-                         "ratio": s["tokens_per_s"] / t["tokens_per_s"] if s and t else None})
+                         "seq_len": row_runs[0]["seq_len"], "starling": s,
+                         "starling-sysalloc": sa, "torch": t,
+                         "ratio": s["tokens_per_s"] / t["tokens_per_s"] if s and t else None,
+                         "sysalloc_ratio": sa["tokens_per_s"] / t["tokens_per_s"] if sa and t
+                         else None})
             runs += row_runs
 
     print_table(rows)

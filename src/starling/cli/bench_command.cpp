@@ -2,7 +2,7 @@
 #include <iostream>
 
 #include "starling/cli/commands.h"
-#include "starling/common/threads.h"
+#include "starling/common/cpu_runtime.h"
 #include "starling/train/compute_bench.h"
 #include "starling/train/config.h"
 
@@ -19,7 +19,7 @@ void add_bench_command(CLI::App& app) {
     std::vector<std::string> sets;
     int64_t batch = 8, steps = 10, warmup = 3;
     int threads = 0;
-    bool recompute = false, json = false;
+    bool recompute = false, json = false, system_allocator = false;
   };
   auto a = std::make_shared<Args>();
   compute->add_option("--preset", a->preset, "model preset")->capture_default_str();
@@ -32,8 +32,10 @@ void add_bench_command(CLI::App& app) {
   compute->add_flag("--recompute", a->recompute, "per-node activation recomputation");
   compute->add_option("--device", a->device, "cpu, cuda or cuda:N")->capture_default_str();
   compute->add_flag("--json", a->json, "print one JSON line");
+  compute->add_flag("--system-allocator", a->system_allocator,
+                    "libtorch's default CPU allocator instead of Starling's caching one");
   compute->callback([a] {
-    const int threads = configure_threads(a->threads);
+    const int threads = setup_cpu_runtime(a->threads, a->system_allocator);
     std::string text = "[model]\npreset = \"" + a->preset + "\"\n[data]\ndir = \"-\"\n";
     const auto config = train::parse_run_config(text, "--preset", a->sets);
     const auto r = train::run_compute_bench(config.model, a->batch, a->steps, a->warmup,
@@ -41,11 +43,12 @@ void add_bench_command(CLI::App& app) {
     if (a->json) {
       std::printf(
           "{\"impl\": \"starling\", \"preset\": \"%s\", \"batch\": %lld, \"seq_len\": %lld, "
-          "\"device\": \"%s\", \"threads\": %d, \"tokens_per_s\": %.1f, \"step_ms\": %.2f, "
+          "\"device\": \"%s\", \"allocator\": \"%s\", \"threads\": %d, \"tokens_per_s\": %.1f, \"step_ms\": %.2f, "
           "\"mfu\": %.4f, "
           "\"peak_gflops\": %.1f}\n",
           a->preset.c_str(), static_cast<long long>(a->batch),
-          static_cast<long long>(config.model.seq_len), a->device.c_str(), threads, r.tokens_per_s,
+          static_cast<long long>(config.model.seq_len), a->device.c_str(),
+          a->system_allocator ? "system" : "caching", threads, r.tokens_per_s,
           r.step_ms, r.mfu, r.peak_gflops);
     } else {
       std::printf(

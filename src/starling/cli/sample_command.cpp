@@ -1,7 +1,7 @@
 #include <iostream>
 
 #include "starling/cli/commands.h"
-#include "starling/common/threads.h"
+#include "starling/common/cpu_runtime.h"
 #include "starling/train/sample_checkpoint.h"
 
 namespace starling::cli {
@@ -23,7 +23,7 @@ void add_sample_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", opts->seed, "sampling seed")->capture_default_str();
   cmd->callback([ckpt, opts] {
-    configure_threads(0);
+    setup_cpu_runtime(0);
     std::cout << train::sample_from_checkpoint(*ckpt, *opts) << "\n";
   });
 }

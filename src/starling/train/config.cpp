@@ -187,6 +187,10 @@ std::vector<Key> bind(RunConfig& c) {
                  t.device = v;
                },
                [&t](toml::table& tb) { tb.insert_or_assign("device", t.device); }});
+  k.push_back(string_key("train", "cpu_allocator", &t.cpu_allocator,
+                         "\"caching\" keeps freed tensor memory for reuse (no page faults per "
+                         "step); \"system\" returns it to the OS",
+                         {"caching", "system"}));
   k.push_back(bool_key("train", "recompute", &t.recompute,
                        "recompute each node's activations in backward (saves memory)"));
   k.push_back(int_key("train", "log_every", &t.log_every, 1, "steps between metric lines"));

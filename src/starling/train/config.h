@@ -24,6 +24,7 @@ struct TrainConfig {
   uint64_t seed = 1337;            // model init and data order
   int threads = 0;                 // intra-op threads; 0 = one per physical core
   std::string device = "cpu";      // "cpu", "cuda" or "cuda:N" (needs a libtorch built with CUDA)
+  std::string cpu_allocator = "caching";  // "caching" (keep freed large blocks) or "system"
   bool recompute = false;          // per-node activation recomputation
   int64_t log_every = 10;          // steps between metric lines
   int64_t eval_every = 200;        // steps between validation passes; 0 = only at the end

@@ -10,7 +10,7 @@
 #include <iostream>
 
 #include "starling/common/error.h"
-#include "starling/common/threads.h"
+#include "starling/common/cpu_runtime.h"
 #include "starling/data/dataset.h"
 #include "starling/data/loader.h"
 #include "starling/graph/executor.h"
@@ -93,7 +93,7 @@ std::string fmt(const char* f, double v) {
 }  // namespace
 
 TrainResult train(const RunConfig& c, const TrainOptions& options) {
-  const int threads = configure_threads(c.train.threads);
+  const int threads = setup_cpu_runtime(c.train.threads, c.train.cpu_allocator == "system");
   check_device(c.train.device, "train.device");
   const c10::Device device(c.train.device);
   const data::DatasetInfo ds = data::open_dataset(c.data.dir);

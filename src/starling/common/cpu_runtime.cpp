@@ -1,0 +1,146 @@
+#include "starling/common/cpu_runtime.h"
+
+#include <ATen/Parallel.h>
+#include <c10/core/CPUAllocator.h>
+#include <sched.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <new>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace starling {
+
+int physical_cores() {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (sched_getaffinity(0, sizeof mask, &mask) != 0) return 1;
+  std::set<std::pair<int, int>> cores;  // (package, core) pairs seen
+  int logical = 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &mask)) continue;
+    ++logical;
+    const std::string base = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+    std::ifstream core(base + "core_id"), pkg(base + "physical_package_id");
+    int c = cpu, p = 0;
+    if (core) core >> c;
+    if (pkg) pkg >> p;
+    cores.insert({p, c});
+  }
+  const int n = cores.empty() ? logical : static_cast<int>(cores.size());
+  return n > 0 ? n : 1;
+}
+
+int configure_threads(int requested) {
+  const int n = requested > 0 ? requested : physical_cores();
+  at::set_num_threads(n);
+  // Inter-op threads can only be set before the first parallel work; later calls are no-ops.
+  static const bool interop_set = [] {
+    try {
+      at::set_num_interop_threads(1);
+    } catch (...) {
+    }
+    return true;
+  }();
+  (void)interop_set;
+  return n;
+}
+
+namespace {
+
+// Blocks below this go to the system allocator: small blocks come from malloc's free lists
+// without page faults anyway, and caching them would only fragment the cache.
+constexpr size_t kMinCached = size_t{1} << 20;
+// Large requests are rounded up to this granularity so that tensors of nearly equal size (e.g.
+// the last, shorter micro-batch) share blocks.
+constexpr size_t kGranule = size_t{1} << 20;
+constexpr size_t kAlignment = 64;  // what libtorch's own CPU allocator guarantees
+
+class CachingCpuAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) const override {
+    if (n < kMinCached) {
+      void* p = system_alloc(n == 0 ? 1 : n);
+      return {p, p, &system_free, c10::Device(c10::DeviceType::CPU)};
+    }
+    const size_t size = (n + kGranule - 1) / kGranule * kGranule;
+    void* p = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++stats_.allocations;
+      auto it = free_.find(size);
+      if (it != free_.end() && !it->second.empty()) {
+        p = it->second.back();
+        it->second.pop_back();
+        ++stats_.hits;
+        stats_.cached_bytes -= size;
+      }
+    }
+    if (!p) {
+      p = system_alloc(size);
+      std::lock_guard<std::mutex> lock(mutex_);
+      sizes_[p] = size;
+      stats_.mapped_bytes += size;
+    }
+    return {p, p, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+
+  CpuCacheStats stats() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+
+  static CachingCpuAllocator& instance() {
+    static CachingCpuAllocator* a = new CachingCpuAllocator();  // lives until exit, by design
+    return *a;
+  }
+
+ private:
+  static void* system_alloc(size_t n) {
+    void* p = nullptr;
+    if (posix_memalign(&p, kAlignment, n) != 0) throw std::bad_alloc();
+    return p;
+  }
+  static void system_free(void* p) { std::free(p); }
+
+  static void release(void* p) {
+    auto& self = instance();
+    std::lock_guard<std::mutex> lock(self.mutex_);
+    const size_t size = self.sizes_.at(p);
+    self.free_[size].push_back(p);
+    self.stats_.cached_bytes += size;
+  }
+
+  mutable std::mutex mutex_;
+  mutable std::unordered_map<size_t, std::vector<void*>> free_;  // block size -> free blocks
+  mutable std::unordered_map<void*, size_t> sizes_;              // every large block ever made
+  mutable CpuCacheStats stats_;
+};
+
+}  // namespace
+
+void install_caching_cpu_allocator() {
+  static const bool installed = [] {
+    // Priority above the default allocator's, so nothing later silently replaces it.
+    c10::SetCPUAllocator(&CachingCpuAllocator::instance(), /*priority=*/10);
+    return true;
+  }();
+  (void)installed;
+}
+
+CpuCacheStats caching_cpu_allocator_stats() { return CachingCpuAllocator::instance().stats(); }
+
+int setup_cpu_runtime(int threads, bool system_allocator) {
+  const int n = configure_threads(threads);
+  if (!system_allocator) install_caching_cpu_allocator();
+  return n;
+}
+
+}  // namespace starling

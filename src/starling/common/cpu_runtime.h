@@ -1,0 +1,36 @@
+// The CPU side of the runtime: thread counts for libtorch and the BLAS under it, and the memory
+// allocator for CPU tensors.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace starling {
+
+// Physical cores this process may run on (affinity mask, hyperthread siblings counted once).
+int physical_cores();
+
+// Sets intra-op threads to `requested`, or to physical_cores() when it is 0; inter-op threads to
+// 1 (one executor runs nodes in order). OpenBLAS's OpenMP build shares this pool, so the one
+// setting governs both. Returns the number set. Safe to call more than once.
+int configure_threads(int requested);
+
+// Makes CPU tensors of at least 1 MiB come from a cache of freed blocks instead of the system
+// allocator. libtorch's default CPU allocator hands every large tensor back to the OS when it is
+// freed, so each training step faults its activations in afresh, page by page; on virtual
+// machines a 16 MiB activation can cost ten times the kernel that fills it. The cache keeps the
+// step's working set mapped. Idempotent; call before the model is built so its tensors use it.
+void install_caching_cpu_allocator();
+
+struct CpuCacheStats {
+  uint64_t allocations = 0;  // large allocations requested
+  uint64_t hits = 0;         // served from the cache
+  uint64_t cached_bytes = 0;  // bytes held in free blocks now
+  uint64_t mapped_bytes = 0;  // bytes of all large blocks (in use + cached)
+};
+CpuCacheStats caching_cpu_allocator_stats();
+
+// configure_threads(threads), then install_caching_cpu_allocator() unless `system_allocator`.
+int setup_cpu_runtime(int threads, bool system_allocator = false);
+
+}  // namespace starling
