@@ -165,6 +165,8 @@ TEST_F(CliTest, BadConfigsNameTheKey) {
        "model.vocab_size (100) is smaller than the vocabulary of the data"},
       {"bad_set", "--set trainsteps", true, "expected table.key=value"},
       {"bad_device", "--set train.device=gpu", true, "train.device: expected \"cpu\", \"cuda\""},
+      {"bad_allocator", "--set train.cpu_allocator=jemalloc", true,
+       "train.cpu_allocator: expected one of \"caching\", \"system\""},
   };
   for (const auto& c : cases) {
     const fs::path cfg = write_config(std::string("bad_") + c.name, c.as_flags ? "" : c.extra);

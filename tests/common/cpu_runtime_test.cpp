@@ -1,9 +1,9 @@
 // The caching CPU allocator: large blocks are reused instead of returned to the OS, small ones
 // are left to the system, and tensors built on it compute what they should.
+#include "starling/common/cpu_runtime.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-
-#include "starling/common/cpu_runtime.h"
 
 namespace starling {
 namespace {

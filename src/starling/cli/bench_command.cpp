@@ -43,13 +43,14 @@ void add_bench_command(CLI::App& app) {
     if (a->json) {
       std::printf(
           "{\"impl\": \"starling\", \"preset\": \"%s\", \"batch\": %lld, \"seq_len\": %lld, "
-          "\"device\": \"%s\", \"allocator\": \"%s\", \"threads\": %d, \"tokens_per_s\": %.1f, \"step_ms\": %.2f, "
+          "\"device\": \"%s\", \"allocator\": \"%s\", \"threads\": %d, \"tokens_per_s\": %.1f, "
+          "\"step_ms\": %.2f, "
           "\"mfu\": %.4f, "
           "\"peak_gflops\": %.1f}\n",
           a->preset.c_str(), static_cast<long long>(a->batch),
           static_cast<long long>(config.model.seq_len), a->device.c_str(),
-          a->system_allocator ? "system" : "caching", threads, r.tokens_per_s,
-          r.step_ms, r.mfu, r.peak_gflops);
+          a->system_allocator ? "system" : "caching", threads, r.tokens_per_s, r.step_ms, r.mfu,
+          r.peak_gflops);
     } else {
       std::printf(
           "%s batch %lld x %lld, %d threads: %.0f tokens/s, %.1f ms/step, MFU %.1f%% "

@@ -23,8 +23,8 @@ int configure_threads(int requested);
 void install_caching_cpu_allocator();
 
 struct CpuCacheStats {
-  uint64_t allocations = 0;  // large allocations requested
-  uint64_t hits = 0;         // served from the cache
+  uint64_t allocations = 0;   // large allocations requested
+  uint64_t hits = 0;          // served from the cache
   uint64_t cached_bytes = 0;  // bytes held in free blocks now
   uint64_t mapped_bytes = 0;  // bytes of all large blocks (in use + cached)
 };

@@ -18,19 +18,19 @@ struct DataConfig {
 };
 
 struct TrainConfig {
-  int64_t steps = 1000;            // optimizer steps in total
-  int64_t batch_size = 8;          // sequences per micro-batch
-  int64_t grad_accum = 1;          // micro-batches per optimizer step
-  uint64_t seed = 1337;            // model init and data order
-  int threads = 0;                 // intra-op threads; 0 = one per physical core
-  std::string device = "cpu";      // "cpu", "cuda" or "cuda:N" (needs a libtorch built with CUDA)
+  int64_t steps = 1000;        // optimizer steps in total
+  int64_t batch_size = 8;      // sequences per micro-batch
+  int64_t grad_accum = 1;      // micro-batches per optimizer step
+  uint64_t seed = 1337;        // model init and data order
+  int threads = 0;             // intra-op threads; 0 = one per physical core
+  std::string device = "cpu";  // "cpu", "cuda" or "cuda:N" (needs a libtorch built with CUDA)
   std::string cpu_allocator = "caching";  // "caching" (keep freed large blocks) or "system"
-  bool recompute = false;          // per-node activation recomputation
-  int64_t log_every = 10;          // steps between metric lines
-  int64_t eval_every = 200;        // steps between validation passes; 0 = only at the end
-  int64_t eval_batches = 20;       // micro-batches per validation pass
-  int64_t checkpoint_every = 500;  // steps between checkpoints; 0 = only at the end
-  int keep_checkpoints = 2;        // newest checkpoints kept in out_dir
+  bool recompute = false;                 // per-node activation recomputation
+  int64_t log_every = 10;                 // steps between metric lines
+  int64_t eval_every = 200;               // steps between validation passes; 0 = only at the end
+  int64_t eval_batches = 20;              // micro-batches per validation pass
+  int64_t checkpoint_every = 500;         // steps between checkpoints; 0 = only at the end
+  int keep_checkpoints = 2;               // newest checkpoints kept in out_dir
   std::string out_dir = "runs/default";
   double peak_tflops = 0;     // device peak for MFU; 0 = measure with a matmul probe
   std::string init_from;      // Hugging Face GPT-2 model.safetensors to start from

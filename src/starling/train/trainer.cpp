@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <iostream>
 
-#include "starling/common/error.h"
 #include "starling/common/cpu_runtime.h"
+#include "starling/common/error.h"
 #include "starling/data/dataset.h"
 #include "starling/data/loader.h"
 #include "starling/graph/executor.h"
