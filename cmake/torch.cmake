@@ -13,6 +13,7 @@ add_library(starling STATIC
   src/starling/common/cpu_runtime.cpp
   src/starling/model/config.cpp
   src/starling/model/build.cpp
+  src/starling/model/describe.cpp
   src/starling/model/hf_gpt2.cpp
   src/starling/model/ops/attention.cpp
   src/starling/model/ops/embedding.cpp
@@ -30,6 +31,7 @@ add_library(starling STATIC
   src/starling/train/metrics.cpp
   src/starling/train/trainer.cpp
   src/starling/train/sampler.cpp
+  src/starling/train/sample_checkpoint.cpp
   src/starling/train/compute_bench.cpp
 )
 target_link_libraries(starling PUBLIC starling_data ${TORCH_LIBRARIES}

@@ -12,7 +12,6 @@ void add_data_command(CLI::App& app) {
       "prepare", "text files or directories -> train/val token shards (llm.c .bin) + meta.json");
   auto opts = std::make_shared<data::PrepareOptions>();
   auto inputs = std::make_shared<std::vector<std::string>>();
-  std::string out;
   prep->add_option("inputs", *inputs, "text files, or directories searched recursively")
       ->required();
   prep->add_option("-o,--out", opts->out_dir, "output directory")->required();
@@ -29,11 +28,9 @@ void add_data_command(CLI::App& app) {
   prep->add_option("--shard-tokens", opts->shard_tokens, "tokens per shard")->capture_default_str();
   prep->callback([opts, inputs] {
     for (const auto& i : *inputs) opts->inputs.emplace_back(i);
-    std::string last;
     auto info =
         data::prepare_dataset(*opts, [&](const std::string& what, uint64_t done, uint64_t total) {
           std::cerr << "\r" << what << " " << done << "/" << total << std::flush;
-          last = what;
         });
     std::cerr << "\n";
     std::cout << "prepared " << info.dir.string() << ": " << info.tokenizer_kind

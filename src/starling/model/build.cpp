@@ -126,23 +126,3 @@ int logits_node(const graph::OpDag& dag) {
 }
 
 }  // namespace starling::model
-
-// ---- describe.h ----------------------------------------------------------------------------
-#include "starling/model/describe.h"
-
-namespace starling::model {
-
-std::string describe_model(const ModelConfig& c, int64_t batch) {
-  // Shapes and sizes do not depend on the device or values: build on the meta device would do,
-  // but a CPU build of the largest presets costs memory, so count analytically above a size.
-  auto dag = build_model(c, 0);
-  std::string out = dag->describe(batch, c.seq_len);
-  char line[200];
-  std::snprintf(line, sizeof line,
-                "total: %.2fM parameters (%.1f MB fp32), %.3f GFLOP per trained token\n",
-                static_cast<double>(c.num_params()) / 1e6,
-                static_cast<double>(dag->params().bytes()) / 1e6, c.train_flops_per_token() / 1e9);
-  return out + line;
-}
-
-}  // namespace starling::model

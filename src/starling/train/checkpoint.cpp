@@ -92,7 +92,7 @@ void prune(const fs::path& ckpt_dir, int keep, const std::string& current) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(ckpt_dir)) {
     const std::string n = e.path().filename().string();
-    if (n.rfind(".tmp-", 0) == 0 || n.rfind(".old-", 0) == 0) {
+    if (n.rfind(".tmp-", 0) == 0) {
       fs::remove_all(e.path());  // left behind by an interrupted save
     } else if (n.rfind("step_", 0) == 0 && e.is_directory()) {
       names.push_back(n);

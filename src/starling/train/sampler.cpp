@@ -43,38 +43,3 @@ std::vector<uint32_t> generate(graph::OpDag& dag, const model::ModelConfig& conf
 }
 
 }  // namespace starling::train
-
-// ---- sample_checkpoint.h -------------------------------------------------------------------
-#include "starling/common/error.h"
-#include "starling/data/tokenizer.h"
-#include "starling/train/checkpoint.h"
-#include "starling/train/sample_checkpoint.h"
-
-namespace starling::train {
-
-std::string sample_from_checkpoint(const std::filesystem::path& path, const SampleConfig& options) {
-  const Checkpoint ckpt = read_checkpoint(find_checkpoint(path));
-  const RunConfig config =
-      parse_run_config(ckpt.meta.config_toml, (ckpt.dir / "meta.json").string());
-  std::unique_ptr<data::Tokenizer> tokenizer;
-  if (ckpt.meta.tokenizer_kind == "byte") {
-    tokenizer = data::make_byte_tokenizer();
-  } else if (ckpt.meta.tokenizer_kind == "sentencepiece") {
-    tokenizer = data::load_sentencepiece(ckpt.dir / "tokenizer.model");
-  } else {
-    throw DataError((ckpt.dir / "meta.json").string() + ": tokenizer \"" +
-                    ckpt.meta.tokenizer_kind +
-                    "\" has no built-in decoder, so text cannot be sampled");
-  }
-  auto dag = model::build_model(config.model, config.train.seed);
-  load_params(ckpt.model, dag->params());
-  std::vector<uint32_t> prompt = tokenizer->encode(options.prompt);
-  if (prompt.empty()) throw ConfigError("--prompt: the prompt encodes to no tokens");
-  for (auto id : prompt)
-    if (id >= static_cast<uint32_t>(config.model.vocab_size))
-      throw ConfigError("--prompt: token " + std::to_string(id) +
-                        " is outside the model's vocabulary");
-  return tokenizer->decode(generate(*dag, config.model, prompt, options));
-}
-
-}  // namespace starling::train
