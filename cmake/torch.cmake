@@ -6,7 +6,6 @@ if(NOT tomlplusplus_FOUND)
   pkg_check_modules(TOMLPP REQUIRED IMPORTED_TARGET tomlplusplus)
   add_library(tomlplusplus::tomlplusplus ALIAS PkgConfig::TOMLPP)
 endif()
-find_package(CLI11 2 REQUIRED)
 
 add_library(starling STATIC
   src/starling/common/safetensors.cpp
@@ -33,8 +32,9 @@ add_library(starling STATIC
   src/starling/train/sampler.cpp
   src/starling/train/sample_checkpoint.cpp
   src/starling/train/compute_bench.cpp
+  src/starling/net/gloo_backend.cpp
 )
-target_link_libraries(starling PUBLIC starling_data ${TORCH_LIBRARIES}
+target_link_libraries(starling PUBLIC starling_data starling_net ${TORCH_LIBRARIES}
                       tomlplusplus::tomlplusplus)
 target_compile_options(starling PUBLIC ${TORCH_CXX_FLAGS})
 # libtorch's headers cost ~15 s per translation unit on these machines; one precompiled header
@@ -48,6 +48,7 @@ add_executable(starling_cli
   src/starling/cli/sample_command.cpp
   src/starling/cli/model_command.cpp
   src/starling/cli/bench_command.cpp
+  src/starling/cli/net_command.cpp
 )
 set_target_properties(starling_cli PROPERTIES OUTPUT_NAME starling)
 target_link_libraries(starling_cli PRIVATE starling CLI11::CLI11)
@@ -61,6 +62,7 @@ add_executable(starling_tests
   tests/common/cpu_runtime_test.cpp
   tests/train/config_test.cpp
   tests/train/checkpoint_test.cpp
+  tests/net/gloo_backend_test.cpp
 )
 target_link_libraries(starling_tests PRIVATE starling GTest::gtest_main)
 target_precompile_headers(starling_tests REUSE_FROM starling)
@@ -72,10 +74,22 @@ add_dependencies(starling_tests starling_cli)
 gtest_discover_tests(starling_tests DISCOVERY_TIMEOUT 120
   PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=2")
 
+# Bus bandwidth of Starling's all-reduce against Gloo's (bench/allreduce/run.py drives it). Built
+# by default so `make bench-allreduce` needs nothing more than `make build`.
+add_executable(starling_allreduce_peer bench/allreduce/allreduce_peer.cpp)
+target_link_libraries(starling_allreduce_peer PRIVATE starling CLI11::CLI11)
+target_precompile_headers(starling_allreduce_peer REUSE_FROM starling)
+
 # End-to-end tests of the binary; torch-free, so they compile in seconds.
-add_executable(starling_cli_tests tests/cli/cli_test.cpp)
+add_executable(starling_cli_tests
+  tests/cli/cli_test.cpp
+  tests/cli/net_cli_test.cpp
+  tests/support/process.cpp
+)
 target_link_libraries(starling_cli_tests PRIVATE GTest::gtest_main)
-target_compile_definitions(starling_cli_tests PRIVATE STARLING_CLI_PATH="$<TARGET_FILE:starling_cli>")
-add_dependencies(starling_cli_tests starling_cli)
+target_compile_definitions(starling_cli_tests PRIVATE
+  STARLING_CLI_PATH="$<TARGET_FILE:starling_cli>"
+  STARLING_NET_WORKER="$<TARGET_FILE:starling_net_worker>")
+add_dependencies(starling_cli_tests starling_cli starling_net_worker)
 gtest_discover_tests(starling_cli_tests DISCOVERY_TIMEOUT 60
   PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=1")

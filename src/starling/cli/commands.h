@@ -10,5 +10,6 @@ void add_train_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
 void add_model_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_net_commands(CLI::App& app);  // keygen, status
 
 }  // namespace starling::cli

@@ -1,4 +1,4 @@
-// `starling`: prepare data, train, sample, inspect models, benchmark.
+// `starling`: prepare data, train, sample, inspect models, benchmark, manage swarm keys.
 #include <iostream>
 
 #include "starling/cli/commands.h"
@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   starling::cli::add_sample_command(app);
   starling::cli::add_model_command(app);
   starling::cli::add_bench_command(app);
+  starling::cli::add_net_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

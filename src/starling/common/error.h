@@ -39,4 +39,10 @@ class CheckpointError : public Error {
   using Error::Error;
 };
 
+// A network peer, swarm or message misbehaved: unreachable entry point, refused key, a collective
+// that failed because a peer died or disagreed.
+class NetError : public Error {
+  using Error::Error;
+};
+
 }  // namespace starling

@@ -1,0 +1,97 @@
+// The collective operations every backend offers (Starling's own ring over ZeroMQ, and c10d's
+// Gloo), with asynchronous handles so a training loop can overlap them with computation.
+//
+// Buffers are float32 spans owned by the caller; they must stay alive and untouched from launch
+// until wait() returns. Results are bit-identical on every participant.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "starling/compress/wire_codec.h"
+#include "starling/net/peer_id.h"
+
+namespace starling::net {
+
+using compress::WirePrecision;
+
+enum class CollectiveKind : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast };
+enum class ReduceOp : uint8_t { sum, mean };
+// How participants are arranged in the ring: by measured link bandwidth (the slowest link in the
+// ring as fast as possible), or by peer id (stable, so shards stay with the same peer).
+enum class RingOrder : uint8_t { measured, by_id };
+
+std::string to_string(CollectiveKind kind);
+
+struct CollectiveOptions {
+  WirePrecision precision = WirePrecision::fp32;  // on the wire; accumulation is always fp32
+  ReduceOp op = ReduceOp::sum;                    // all_reduce and reduce_scatter
+  PeerId root = 0;                                // broadcast: the peer whose data everyone gets
+  RingOrder order = RingOrder::measured;
+};
+
+// The half-open element range [begin, end) that ring position `position` of `size` owns in a
+// buffer of `count` elements (reduce_scatter output, all_gather input).
+struct Shard {
+  size_t begin = 0, end = 0;
+};
+Shard shard_of(size_t count, int size, int position);
+
+struct CollectiveResult {
+  std::vector<PeerId> ring;  // the participants, in ring order
+  int position = 0;          // this peer's place in `ring`
+  Shard shard;               // reduce_scatter / all_gather: the elements this peer owns
+  uint64_t op_id = 0;
+  double seconds = 0;        // from launch to completion
+};
+
+// A handle to a launched collective. Copyable; all copies refer to the same operation.
+class Work {
+ public:
+  struct State {
+    std::mutex mutex;
+    std::condition_variable done_cv;
+    bool done = false;
+    std::string error;  // empty on success
+    CollectiveResult result;
+    void finish(CollectiveResult r, std::string error);
+  };
+
+  Work() = default;
+  explicit Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+  // True once the operation finished (successfully or not). Never blocks.
+  bool test() const;
+  // Blocks until finished; returns the result or throws NetError with the reason.
+  CollectiveResult wait() const;
+  // Waits at most `timeout`; true if finished.
+  bool wait_for(std::chrono::milliseconds timeout) const;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+
+  // data = reduction of everyone's data.
+  virtual Work all_reduce(std::span<float> data, const CollectiveOptions& options) = 0;
+  // This peer's shard of `data` (see CollectiveResult::shard) = reduction of everyone's shard;
+  // the rest of `data` is left in an unspecified state.
+  virtual Work reduce_scatter(std::span<float> data, const CollectiveOptions& options) = 0;
+  // Everyone contributes its shard of `data`; afterwards every peer holds all shards.
+  virtual Work all_gather(std::span<float> data, const CollectiveOptions& options) = 0;
+  // data = the root's data.
+  virtual Work broadcast(std::span<float> data, const CollectiveOptions& options) = 0;
+
+  virtual std::string backend_name() const = 0;
+};
+
+}  // namespace starling::net

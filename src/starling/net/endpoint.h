@@ -1,0 +1,28 @@
+// Endpoint strings: "tcp://HOST:PORT", and entry points "tcp://HOST:PORT" or
+// "PUBLICKEY@tcp://HOST:PORT" (the key names which allowlisted peer listens there; without it a
+// joining peer tries every key on its allowlist at once).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace starling::net {
+
+struct EntryPoint {
+  std::string endpoint;
+  std::string public_key;  // empty when not given
+};
+
+// Throws ConfigError naming `what` (e.g. "--join") when the text is not a valid entry point.
+EntryPoint parse_entry_point(const std::string& text, const std::string& what);
+
+// Checks "tcp://HOST:PORT" (PORT may be 0 or '*'); throws ConfigError naming `what`.
+void check_tcp_endpoint(const std::string& endpoint, const std::string& what);
+
+// The address others should use to reach a socket bound at `bound` (as ZeroMQ reports it, with
+// the real port). A wildcard host is replaced by `advertise_host` when given, else by the local
+// address that routes to the first entry point, else by the host name's address.
+std::string advertised_endpoint(const std::string& bound, const std::string& advertise_host,
+                                const std::vector<EntryPoint>& entries);
+
+}  // namespace starling::net

@@ -1,0 +1,137 @@
+#include "starling/net/keys.h"
+
+#include <sys/stat.h>
+#include <zmq.h>
+
+#include <array>
+#include <fstream>
+#include <sstream>
+
+#include "starling/common/error.h"
+
+namespace starling::net {
+namespace {
+
+std::string trim(const std::string& s) {
+  const auto a = s.find_first_not_of(" \t\r");
+  if (a == std::string::npos) return {};
+  const auto b = s.find_last_not_of(" \t\r");
+  return s.substr(a, b - a + 1);
+}
+
+std::filesystem::path public_path(const std::filesystem::path& path) {
+  auto p = path;
+  p.replace_extension(".pub");
+  return p;
+}
+
+}  // namespace
+
+KeyPair generate_keypair() {
+  char pub[41], sec[41];
+  if (zmq_curve_keypair(pub, sec) != 0)
+    throw NetError("cannot generate a CURVE key pair: this ZeroMQ was built without CURVE");
+  return {pub, sec};
+}
+
+bool is_valid_public_key(const std::string& key) {
+  if (key.size() != 40) return false;
+  std::array<uint8_t, 32> raw{};
+  return zmq_z85_decode(raw.data(), key.c_str()) != nullptr;
+}
+
+PeerId peer_id_from_public_key(const std::string& z85_key) {
+  std::array<uint8_t, 32> raw{};
+  if (z85_key.size() != 40 || zmq_z85_decode(raw.data(), z85_key.c_str()) == nullptr)
+    throw ConfigError("not a CURVE public key: '" + z85_key + "'");
+  PeerId id = 0;
+  for (int i = 0; i < 8; ++i) id |= static_cast<PeerId>(raw[i]) << (8 * i);
+  return id;
+}
+
+void save_keypair(const KeyPair& keys, const std::filesystem::path& path, const std::string& name) {
+  if (std::filesystem::exists(path))
+    throw ConfigError(path.string() + ": already exists; refusing to overwrite a key");
+  if (path.extension() == ".pub")
+    throw ConfigError(path.string() + ": the secret key file must not end in .pub");
+  {
+    const int old = ::umask(077);
+    std::ofstream out(path);
+    ::umask(old);
+    if (!out) throw ConfigError(path.string() + ": cannot create the key file");
+    out << "# Starling CURVE key pair. Keep this file secret.\n"
+        << "public-key = " << keys.public_key << "\n"
+        << "secret-key = " << keys.secret_key << "\n";
+    if (!out.flush()) throw ConfigError(path.string() + ": write failed");
+  }
+  std::ofstream pub(public_path(path));
+  pub << keys.public_key << (name.empty() ? "" : " " + name) << "\n";
+  if (!pub.flush()) throw ConfigError(public_path(path).string() + ": write failed");
+}
+
+KeyPair load_keypair(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path.string() + ": cannot read the key file");
+  KeyPair keys;
+  std::string line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    line = trim(line);
+    if (line.empty() || line[0] == '#') continue;
+    const auto eq = line.find('=');
+    const std::string where = path.string() + ":" + std::to_string(number);
+    if (eq == std::string::npos)
+      throw ConfigError(where + ": expected 'public-key = ...' or 'secret-key = ...'");
+    const std::string key = trim(line.substr(0, eq)), value = trim(line.substr(eq + 1));
+    std::array<uint8_t, 32> raw{};
+    if (value.size() != 40 || zmq_z85_decode(raw.data(), value.c_str()) == nullptr)
+      throw ConfigError(where + ": '" + key + "' is not a 40-character Z85 CURVE key");
+    if (key == "public-key") {
+      keys.public_key = value;
+    } else if (key == "secret-key") {
+      keys.secret_key = value;
+    } else {
+      throw ConfigError(where + ": unknown field '" + key + "'");
+    }
+  }
+  if (keys.public_key.empty() || keys.secret_key.empty())
+    throw ConfigError(path.string() +
+                      ": a key file needs both public-key and secret-key (is this a .pub file?)");
+  char derived[41];
+  if (zmq_curve_public(derived, keys.secret_key.c_str()) != 0 || keys.public_key != derived)
+    throw ConfigError(path.string() + ": public-key does not belong to secret-key");
+  return keys;
+}
+
+std::vector<AllowedKey> load_allowlist(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path.string() + ": cannot read the allowlist");
+  std::vector<AllowedKey> keys;
+  std::string line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    // '#' is a Z85 digit, so a comment starts only at a '#' that begins a word.
+    for (size_t i = 0; i < line.size(); ++i)
+      if (line[i] == '#' && (i == 0 || line[i - 1] == ' ' || line[i - 1] == '\t')) {
+        line.resize(i);
+        break;
+      }
+    line = trim(line);
+    if (line.empty()) continue;
+    std::istringstream fields(line);
+    AllowedKey k;
+    fields >> k.public_key;
+    std::getline(fields, k.name);
+    k.name = trim(k.name);
+    if (!is_valid_public_key(k.public_key))
+      throw ConfigError(path.string() + ":" + std::to_string(number) + ": '" + k.public_key +
+                        "' is not a 40-character Z85 CURVE public key");
+    keys.push_back(std::move(k));
+  }
+  if (keys.empty()) throw ConfigError(path.string() + ": the allowlist has no keys");
+  return keys;
+}
+
+}  // namespace starling::net

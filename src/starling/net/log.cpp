@@ -1,0 +1,13 @@
+#include "starling/net/log.h"
+
+#include <cstdio>
+
+namespace starling::net {
+
+LogFn stderr_log(const std::string& name) {
+  return [name](const std::string& line) {
+    std::fprintf(stderr, "[starling net %s] %s\n", name.c_str(), line.c_str());
+  };
+}
+
+}  // namespace starling::net

@@ -1,0 +1,15 @@
+// Where the network layer reports what it refused or noticed (a rejected message, a dead peer).
+// A plain callback so the CLI can prefix lines and tests can capture them.
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace starling::net {
+
+using LogFn = std::function<void(const std::string& line)>;
+
+// Writes "[starling net <name>] line" to stderr.
+LogFn stderr_log(const std::string& name);
+
+}  // namespace starling::net

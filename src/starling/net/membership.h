@@ -1,0 +1,93 @@
+// The member table of one peer: who is in the swarm, how to reach them, whether they are alive,
+// and the links measured between them. Liveness is each peer's own observation (any message
+// counts as a sign of life; silence for the timeout means dead); membership itself (joins and
+// announced departures) spreads by gossip in heartbeats.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "starling/net/peer_id.h"
+
+namespace starling::net {
+
+using Clock = std::chrono::steady_clock;
+
+enum class MemberState : uint8_t { alive, dead, left };
+std::string to_string(MemberState state);
+
+// What a peer says about itself; travels in hello, welcome and heartbeat messages.
+struct MemberInfo {
+  PeerId id = 0;
+  std::string name;
+  std::string endpoint;    // tcp://HOST:PORT
+  std::string public_key;  // Z85; empty in --insecure swarms
+  int64_t joined_at_ms = 0;  // wall clock when it joined; orders coordinators (oldest first)
+  bool active = true;        // takes part in every collective
+  bool left = false;         // announced its departure
+};
+
+nlohmann::json to_json(const MemberInfo& m);
+// Throws NetError naming the field when `j` is not a valid member record.
+MemberInfo member_from_json(const nlohmann::json& j);
+
+// A directed link measurement; -1 = not measured.
+struct LinkStats {
+  double rtt_ms = -1;
+  double mbit_per_s = -1;
+};
+
+struct Member {
+  MemberInfo info;
+  MemberState state = MemberState::alive;
+  Clock::time_point last_heard;
+};
+
+class Membership {
+ public:
+  explicit Membership(MemberInfo self);
+
+  const MemberInfo& self() const { return self_.info; }
+  MemberInfo& self_info() { return self_.info; }
+
+  // Adds or refreshes a member from what it (or gossip about it) says. Returns true when the
+  // member is new or came back under a newer join time (the caller connects to it).
+  bool merge(const MemberInfo& info, Clock::time_point now);
+  // Any message from `id` is a sign of life. Returns true if it had been marked dead.
+  bool heard_from(PeerId id, Clock::time_point now);
+  void mark_left(PeerId id);
+  // Marks members silent for longer than `timeout` dead and returns them.
+  std::vector<PeerId> expire(Clock::time_point now, std::chrono::milliseconds timeout);
+
+  const Member* find(PeerId id) const;
+  bool is_alive(PeerId id) const;
+  // Every member including this peer, by id.
+  std::vector<Member> all() const;
+  // Alive members (self included), by id.
+  std::vector<PeerId> alive() const;
+  // Alive active members (self included), by id.
+  std::vector<PeerId> alive_active() const;
+  // The peer that agrees the participants of each collective: the oldest alive active member.
+  std::optional<PeerId> coordinator() const;
+
+  // Link measurements, from -> to.
+  void set_link(PeerId from, PeerId to, LinkStats stats);
+  LinkStats link(PeerId from, PeerId to) const;
+  const std::map<std::pair<PeerId, PeerId>, LinkStats>& links() const { return links_; }
+
+  // This peer's own measurements, for gossip; and merging another peer's.
+  nlohmann::json links_json(PeerId self) const;
+  void merge_links_json(const nlohmann::json& j, PeerId sender);
+
+ private:
+  Member self_;
+  std::map<PeerId, Member> others_;
+  std::map<std::pair<PeerId, PeerId>, LinkStats> links_;
+};
+
+}  // namespace starling::net

@@ -1,0 +1,96 @@
+// A peer of the swarm: membership (join, gossip, heartbeats, leave), link measurements, and
+// Starling's fault-tolerant ring collectives, all served by one communication thread so the
+// caller's thread only launches operations and later waits for them.
+//
+// Each collective is agreed in one round trip: every participant tells the coordinator (the
+// oldest alive member; no peer is special for longer than that) that it is ready, and the
+// coordinator answers with the participants and their ring order. A peer that dies or leaves
+// makes every survivor's operation fail within the peer timeout with a message naming it; the
+// next operation runs among the survivors. A peer that joins takes part from the next operation.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "starling/net/collective.h"
+#include "starling/net/keys.h"
+#include "starling/net/log.h"
+#include "starling/net/membership.h"
+
+namespace starling::net {
+
+struct NodeOptions {
+  std::string name;                            // shown in status and logs
+  std::string listen = "tcp://127.0.0.1:0";    // port 0 picks a free port
+  std::string advertise;                       // host others reach us at (for 0.0.0.0 binds)
+  bool insecure = false;                       // plain TCP without CURVE (explicit opt-in)
+  KeyPair keys;                                // this peer's identity (unless insecure)
+  std::vector<AllowedKey> allowlist;           // the swarm: keys allowed to connect
+  std::vector<std::string> join;               // entry points; empty = start a new swarm
+  bool active = true;                          // takes part in every collective
+  std::chrono::milliseconds heartbeat_interval{500};
+  std::chrono::milliseconds peer_timeout{5000};        // silence after which a peer is dead
+  std::chrono::milliseconds join_timeout{30000};
+  std::chrono::milliseconds collective_timeout{300000};  // waiting for everyone to be ready
+  size_t chunk_bytes = 512 * 1024;  // fp32 bytes per pipelined chunk
+  size_t probe_bytes = 256 * 1024;  // bandwidth probe sent to each new member
+  uint64_t max_message_bytes = 64ull << 20;
+  LogFn log;  // default: stderr
+};
+
+struct MemberView {
+  MemberInfo info;
+  MemberState state = MemberState::alive;
+  double seconds_since_heard = 0;
+};
+
+struct LinkView {
+  PeerId from = 0, to = 0;
+  LinkStats stats;
+};
+
+class Node : public Collectives {
+ public:
+  // Binds, starts the communication thread and, with entry points, joins through them; throws
+  // NetError if no entry point answers within join_timeout, ConfigError for bad options.
+  explicit Node(NodeOptions options);
+  // Announces the departure (if leave() was not called) and stops.
+  ~Node() override;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  PeerId id() const;
+  const std::string& endpoint() const;
+
+  std::vector<MemberView> members() const;
+  std::vector<LinkView> links() const;
+  // Waits until at least `count` members (this one included) are alive.
+  bool wait_for_members(size_t count, std::chrono::milliseconds timeout) const;
+
+  // Starts or stops taking part in collectives (a joining peer may first fetch state).
+  void set_active(bool active);
+  // Tells every member this peer leaves, then stops. Pending collectives fail.
+  void leave();
+
+  Work all_reduce(std::span<float> data, const CollectiveOptions& options) override;
+  Work reduce_scatter(std::span<float> data, const CollectiveOptions& options) override;
+  Work all_gather(std::span<float> data, const CollectiveOptions& options) override;
+  Work broadcast(std::span<float> data, const CollectiveOptions& options) override;
+  std::string backend_name() const override { return "starling"; }
+
+  struct Counters {
+    uint64_t rejected_messages = 0;    // malformed or unauthenticated messages dropped
+    uint64_t refused_connections = 0;  // CURVE handshakes with a key not on the allowlist
+    uint64_t bytes_sent = 0;
+  };
+  Counters counters() const;
+
+  class Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace starling::net

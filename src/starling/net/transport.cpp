@@ -1,0 +1,182 @@
+#include "starling/net/transport.h"
+
+#include <vector>
+
+#include "starling/common/error.h"
+
+namespace starling::net {
+namespace {
+
+void set_common_options(zmq::socket_t& s) {
+  s.set(zmq::sockopt::linger, 0);
+  // Collectives queue a whole segment at once; a high-water mark would block the communication
+  // thread (which must keep receiving) or drop messages, so queues are bounded by the algorithms.
+  s.set(zmq::sockopt::sndhwm, 0);
+  s.set(zmq::sockopt::rcvhwm, 0);
+  s.set(zmq::sockopt::sndbuf, 4 << 20);
+  s.set(zmq::sockopt::rcvbuf, 4 << 20);
+}
+
+}  // namespace
+
+Transport::Transport(TransportOptions options)
+    : options_(std::move(options)),
+      context_(1),
+      router_(context_, zmq::socket_type::router),
+      wake_pull_(context_, zmq::socket_type::pull),
+      wake_push_(context_, zmq::socket_type::push) {
+  if (!options_.log) options_.log = stderr_log("transport");
+  if (!options_.insecure) {
+    if (options_.keys.secret_key.empty())
+      throw NetError("a secure peer needs a key pair (generate one with `starling keygen`)");
+    zap_ = std::make_unique<ZapHandler>(context_, options_.allowed_keys, options_.log);
+    router_.set(zmq::sockopt::curve_server, 1);
+    router_.set(zmq::sockopt::curve_secretkey, options_.keys.secret_key);
+    router_.set(zmq::sockopt::zap_domain, "starling");
+  }
+  set_common_options(router_);
+  router_.set(zmq::sockopt::router_mandatory, 0);
+  try {
+    router_.bind(options_.listen);
+  } catch (const zmq::error_t& e) {
+    throw NetError("cannot listen on " + options_.listen + ": " + e.what());
+  }
+  endpoint_ = router_.get(zmq::sockopt::last_endpoint);
+  const std::string wake_address = "inproc://wake";
+  wake_pull_.bind(wake_address);
+  wake_push_.connect(wake_address);
+}
+
+Transport::~Transport() = default;
+
+void Transport::connect(const std::string& slot, const std::string& endpoint,
+                        const std::string& server_key) {
+  if (dealers_.count(slot)) return;
+  zmq::socket_t s(context_, zmq::socket_type::dealer);
+  set_common_options(s);
+  if (!options_.insecure) {
+    s.set(zmq::sockopt::curve_serverkey, server_key);
+    s.set(zmq::sockopt::curve_publickey, options_.keys.public_key);
+    s.set(zmq::sockopt::curve_secretkey, options_.keys.secret_key);
+  }
+  try {
+    s.connect(endpoint);
+  } catch (const zmq::error_t& e) {
+    options_.log("cannot connect to " + endpoint + ": " + e.what());
+    return;
+  }
+  dealers_.emplace(slot, std::move(s));
+}
+
+void Transport::disconnect(const std::string& slot) { dealers_.erase(slot); }
+
+void Transport::close_all(std::chrono::milliseconds linger) {
+  for (auto& [slot, s] : dealers_) s.set(zmq::sockopt::linger, static_cast<int>(linger.count()));
+  dealers_.clear();
+}
+
+bool Transport::send(const std::string& slot, Header header, zmq::message_t payload) {
+  const auto it = dealers_.find(slot);
+  if (it == dealers_.end()) return false;
+  std::byte raw[kHeaderBytes];
+  seal_header(header, {static_cast<const std::byte*>(payload.data()), payload.size()}, raw);
+  bytes_sent_ += kHeaderBytes + payload.size();
+  it->second.send(zmq::const_buffer(raw, kHeaderBytes), zmq::send_flags::sndmore);
+  it->second.send(payload, zmq::send_flags::none);
+  return true;
+}
+
+void Transport::reply(const zmq::message_t& routing, Header header, zmq::message_t payload) {
+  std::byte raw[kHeaderBytes];
+  seal_header(header, {static_cast<const std::byte*>(payload.data()), payload.size()}, raw);
+  zmq::message_t id(routing.data(), routing.size());
+  router_.send(id, zmq::send_flags::sndmore);
+  router_.send(zmq::const_buffer(raw, kHeaderBytes), zmq::send_flags::sndmore);
+  router_.send(payload, zmq::send_flags::none);
+}
+
+void Transport::wake() {
+  std::lock_guard lock(wake_mutex_);
+  wake_push_.send(zmq::const_buffer("", 0), zmq::send_flags::dontwait);
+}
+
+void Transport::reject(const std::string& address, const std::string& reason) {
+  ++rejected_;
+  options_.log("rejected a message from " + address + ": " + reason);
+}
+
+std::optional<Incoming> Transport::receive(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
+                               {wake_pull_.handle(), 0, ZMQ_POLLIN, 0}};
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    zmq::poll(items, 2, std::max(left, std::chrono::milliseconds(0)));
+    if (items[1].revents & ZMQ_POLLIN) {
+      zmq::message_t drop;
+      while (wake_pull_.recv(drop, zmq::recv_flags::dontwait)) {
+      }
+      return std::nullopt;
+    }
+    if (!(items[0].revents & ZMQ_POLLIN)) return std::nullopt;
+
+    // A ROUTER delivers [routing id][frames...]; read every frame of the message.
+    std::vector<zmq::message_t> frames;
+    while (true) {
+      zmq::message_t frame;
+      if (!router_.recv(frame, zmq::recv_flags::dontwait)) break;
+      const bool more = frame.more();
+      frames.push_back(std::move(frame));
+      if (!more) break;
+    }
+    std::string address = "unknown address";
+    if (frames.size() >= 2) {
+      try {
+        address = frames[1].gets("Peer-Address");
+      } catch (const zmq::error_t&) {
+      }
+    }
+    if (frames.size() != 3) {
+      reject(address, "expected 2 frames (header, payload), got " +
+                          std::to_string(frames.empty() ? 0 : frames.size() - 1));
+      continue;
+    }
+    auto decoded = decode_header(
+        {static_cast<const std::byte*>(frames[1].data()), frames[1].size()},
+        options_.max_payload_bytes);
+    if (!decoded.ok()) {
+      reject(address, decoded.error);
+      continue;
+    }
+    const Header& h = decoded.header;
+    const std::string from = address + " (peer " + short_peer_id(h.sender) + ", " +
+                             to_string(h.type) + ")";
+    if (auto bad = check_payload(h, {static_cast<const std::byte*>(frames[2].data()),
+                                     frames[2].size()});
+        !bad.empty()) {
+      reject(from, bad);
+      continue;
+    }
+    if (!options_.insecure) {
+      // The claimed sender must be the key that authenticated this connection.
+      std::string key;
+      try {
+        key = frames[1].gets("User-Id");
+      } catch (const zmq::error_t&) {
+      }
+      if (key.size() != 40 || peer_id_from_public_key(key) != h.sender) {
+        reject(from, "sender id does not match the connection's CURVE key");
+        continue;
+      }
+    }
+    Incoming in;
+    in.header = h;
+    in.payload = std::move(frames[2]);
+    in.routing = std::move(frames[0]);
+    in.address = std::move(address);
+    return in;
+  }
+}
+
+}  // namespace starling::net

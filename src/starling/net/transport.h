@@ -1,0 +1,98 @@
+// The sockets of one peer. It listens on one ROUTER endpoint (every message to this peer arrives
+// there) and keeps one DEALER per remote peer it sends to. With CURVE, the ROUTER is a CURVE
+// server that accepts only allowlisted keys (ZapHandler) and every DEALER is a CURVE client that
+// checks the remote peer's public key, so an outsider can neither deliver nor receive a message.
+//
+// Not thread-safe: one thread (the peer's communication thread) owns it. Other threads wake that
+// thread through wake(), which is safe from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <zmq.hpp>
+
+#include "starling/net/keys.h"
+#include "starling/net/log.h"
+#include "starling/net/wire.h"
+#include "starling/net/zap_handler.h"
+
+namespace starling::net {
+
+struct TransportOptions {
+  std::string listen = "tcp://127.0.0.1:0";  // port 0 picks a free port (see endpoint())
+  bool insecure = false;                     // plain TCP, no authentication
+  KeyPair keys;                              // required unless insecure
+  std::set<std::string> allowed_keys;        // public keys allowed to connect (CURVE)
+  uint64_t max_payload_bytes = 256ull << 20;
+  LogFn log;
+};
+
+struct Incoming {
+  Header header;
+  zmq::message_t payload;
+  zmq::message_t routing;   // the ROUTER's id of the connection, for reply()
+  std::string address;      // remote IP, for logs
+};
+
+class Transport {
+ public:
+  explicit Transport(TransportOptions options);
+  ~Transport();
+
+  // The endpoint others reach this peer at, with the picked port (tcp://HOST:PORT).
+  const std::string& endpoint() const { return endpoint_; }
+  const std::string& public_key() const { return options_.keys.public_key; }
+  bool insecure() const { return options_.insecure; }
+
+  // Opens (or keeps) a sending socket named `slot` to `endpoint`. `server_key` is the public key
+  // the listener there must prove it holds (CURVE); a wrong key means nothing gets through.
+  void connect(const std::string& slot, const std::string& endpoint,
+               const std::string& server_key);
+  void disconnect(const std::string& slot);
+  bool connected(const std::string& slot) const { return dealers_.count(slot) > 0; }
+
+  // Queues a message on `slot` (connect() first). ZeroMQ owns `payload` from here: no copy.
+  // Returns false if no such socket is open.
+  bool send(const std::string& slot, Header header, zmq::message_t payload);
+
+  // Closes every sending socket, giving queued messages up to `linger` to leave.
+  void close_all(std::chrono::milliseconds linger);
+
+  // Answers the connection a message came in on (used for clients that are not members).
+  void reply(const zmq::message_t& routing, Header header, zmq::message_t payload);
+
+  // Waits up to `timeout` for one valid message. Invalid messages are logged with the sender's
+  // address and reason, counted, and dropped. Returns nullopt on timeout or wake().
+  std::optional<Incoming> receive(std::chrono::milliseconds timeout);
+
+  // Interrupts a receive() in progress (any thread).
+  void wake();
+
+  uint64_t rejected() const { return rejected_.load(); }
+  uint64_t refused_connections() const { return zap_ ? zap_->refused() : 0; }
+  uint64_t bytes_sent() const { return bytes_sent_.load(); }
+
+ private:
+  void reject(const std::string& address, const std::string& reason);
+
+  TransportOptions options_;
+  zmq::context_t context_;
+  std::unique_ptr<ZapHandler> zap_;
+  zmq::socket_t router_;
+  zmq::socket_t wake_pull_;
+  std::mutex wake_mutex_;
+  zmq::socket_t wake_push_;
+  std::map<std::string, zmq::socket_t> dealers_;
+  std::string endpoint_;
+  std::atomic<uint64_t> rejected_{0};  // read by other threads for counters
+  std::atomic<uint64_t> bytes_sent_{0};
+};
+
+}  // namespace starling::net

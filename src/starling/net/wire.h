@@ -1,0 +1,76 @@
+// The wire format of every message between peers. A message is two ZeroMQ frames: a fixed
+// 48-byte header, then the payload (a JSON document for control messages, encoded tensor bytes
+// for collective data). Tensor bytes travel in their own frame so they are never copied to be
+// framed.
+//
+// Header, little-endian:
+//   0  u32 magic "STRL"        4  u8 version   5 u8 type   6 u8 precision   7 u8 flags (0)
+//   8  u64 sender peer id     16  u64 op (collective or probe id)
+//  24  u32 step               28  u32 chunk
+//  32  u64 payload bytes      40  u32 CRC-32C of the payload   44  u32 reserved (0)
+//
+// decode_header() and check_payload() validate every field; anything malformed yields a reason
+// (never an exception, never a crash), which the transport logs with the sender's address.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "starling/net/peer_id.h"
+
+namespace starling::net {
+
+inline constexpr uint32_t kWireMagic = 0x4C525453;  // "STRL" read as little-endian u32
+inline constexpr uint8_t kWireVersion = 1;
+inline constexpr size_t kHeaderBytes = 48;
+
+enum class MsgType : uint8_t {
+  hello = 1,            // a peer introduces itself (join request, or first contact)
+  welcome = 2,          // reply to hello: the member list
+  heartbeat = 3,        // liveness + gossip (member list, link measurements, ping time)
+  pong = 4,             // echo of a heartbeat's ping time, for round-trip latency
+  leave = 5,            // the sender is leaving the swarm
+  status_request = 6,   // from `starling status`: reply with members and links
+  status_reply = 7,
+  probe = 8,            // bandwidth probe: a marker (chunk 0) then a bulk payload (chunk 1)
+  ready = 9,            // participant -> coordinator: I am ready for my next collective
+  start = 10,           // coordinator -> participants: run it with these peers in this order
+  abort = 11,           // a collective failed; stop waiting for it
+  data = 12,            // a chunk of a collective's tensor
+};
+inline constexpr uint8_t kMaxMsgType = 12;
+
+std::string to_string(MsgType type);
+
+struct Header {
+  MsgType type = MsgType::heartbeat;
+  uint8_t precision = 0;  // WirePrecision of a data payload; 0 otherwise
+  PeerId sender = 0;
+  uint64_t op = 0;
+  uint32_t step = 0;
+  uint32_t chunk = 0;
+  uint64_t payload_bytes = 0;
+  uint32_t checksum = 0;
+};
+
+// Serialises `header` (with payload_bytes and checksum as given) into exactly kHeaderBytes.
+void encode_header(const Header& header, std::byte* out);
+
+// Fills payload_bytes and checksum from `payload`, then serialises.
+void seal_header(Header& header, std::span<const std::byte> payload, std::byte* out);
+
+struct HeaderResult {
+  Header header;
+  std::string error;  // empty when the header is valid
+  bool ok() const { return error.empty(); }
+};
+
+// Validates magic, version, type, precision, reserved fields and the payload-size limit.
+HeaderResult decode_header(std::span<const std::byte> bytes, uint64_t max_payload_bytes);
+
+// Checks the payload frame against a decoded header: length and checksum. Empty when it matches.
+std::string check_payload(const Header& header, std::span<const std::byte> payload);
+
+}  // namespace starling::net

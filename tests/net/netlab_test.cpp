@@ -1,0 +1,274 @@
+// Tests of the network lab itself: shaped links deliver the configured bandwidth, and labs never
+// outlive their owner (normal teardown, teardown on exceptions, garbage collection after a crash).
+#include "../support/netlab.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace starling::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool netns_exists(const std::string& ns) { return std::filesystem::exists("/run/netns/" + ns); }
+
+// Where netlab.sh keeps per-lab state (its NETLAB_STATE_DIR).
+std::filesystem::path state_dir(const std::string& lab) {
+  const char* dir = std::getenv("NETLAB_STATE_DIR");
+  return std::filesystem::path(dir != nullptr && *dir != '\0' ? dir : "/run/starling-netlab") / lab;
+}
+
+// Joins an argv into a shell command line; lab names and addresses contain no shell metachars.
+std::string join(const std::vector<std::string>& argv) {
+  std::string s;
+  for (const auto& a : argv) s += (s.empty() ? "" : " ") + a;
+  return s;
+}
+
+// Runs a shell command and returns its stdout (empty on failure).
+std::string capture(const std::string& cmd) {
+  std::string out;
+  FILE* f = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (f == nullptr) return out;
+  std::array<char, 512> buf;
+  while (std::fgets(buf.data(), buf.size(), f) != nullptr) out += buf.data();
+  ::pclose(f);
+  return out;
+}
+
+// Moves the calling thread into network namespace `ns`. Network namespaces are per thread, and
+// sockets keep the namespace they were created in, so each side of a transfer runs on its own
+// thread that enters its peer's namespace first: no helper processes, nothing to kill on failure.
+void enter_netns(const std::string& ns) {
+  int fd = ::open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error("open /run/netns/" + ns + ": " + std::strerror(errno));
+  int rc = ::setns(fd, CLONE_NEWNET);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) throw std::runtime_error("setns " + ns + ": " + std::strerror(err));
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+void set_timeouts(int fd, int seconds) {
+  timeval tv{seconds, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+sockaddr_in address(const std::string& ip, uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  if (::inet_pton(AF_INET, ip.c_str(), &a.sin_addr) != 1) throw std::runtime_error("bad ip " + ip);
+  return a;
+}
+
+// Sends `bytes` over TCP from namespace `from_ns` to `to_ip` in `to_ns` and returns the goodput
+// the receiver saw, in bit/s (payload bytes over the time from the first byte to EOF). Every
+// blocking call has a timeout and the whole transfer a deadline, so a broken lab fails the test
+// instead of hanging it.
+double measure_tcp_bps(const std::string& from_ns, const std::string& to_ns,
+                       const std::string& to_ip, size_t bytes, std::chrono::seconds deadline) {
+  std::promise<uint16_t> port_promise;
+  auto port_future = port_promise.get_future();
+  const auto give_up = Clock::now() + deadline;
+
+  auto server = std::async(std::launch::async, [&]() -> double {
+    std::optional<Fd> listener;
+    try {
+      enter_netns(to_ns);
+      listener.emplace(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+      sockaddr_in a = address(to_ip, 0);
+      socklen_t len = sizeof a;
+      if (listener->get() < 0 || ::bind(listener->get(), (sockaddr*)&a, sizeof a) != 0 ||
+          ::listen(listener->get(), 1) != 0 ||
+          ::getsockname(listener->get(), (sockaddr*)&a, &len)) {
+        throw std::runtime_error(std::string("server socket: ") + std::strerror(errno));
+      }
+      port_promise.set_value(ntohs(a.sin_port));
+    } catch (...) {
+      port_promise.set_exception(std::current_exception());
+      throw;
+    }
+    pollfd p{listener->get(), POLLIN, 0};
+    if (::poll(&p, 1, 5000) != 1) throw std::runtime_error("no connection within 5 s");
+    Fd conn(::accept4(listener->get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (conn.get() < 0) throw std::runtime_error(std::string("accept: ") + std::strerror(errno));
+    set_timeouts(conn.get(), 5);
+    std::vector<char> buf(1 << 20);
+    size_t received = 0;
+    Clock::time_point first{}, last{};
+    for (;;) {
+      ssize_t k = ::recv(conn.get(), buf.data(), buf.size(), 0);
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0) throw std::runtime_error(std::string("recv: ") + std::strerror(errno));
+      if (k == 0) break;
+      if (received == 0) first = Clock::now();
+      received += static_cast<size_t>(k);
+      if (Clock::now() > give_up) throw std::runtime_error("transfer missed its deadline");
+    }
+    last = Clock::now();
+    if (received != bytes) {
+      throw std::runtime_error("received " + std::to_string(received) + " of " +
+                               std::to_string(bytes) + " bytes");
+    }
+    return static_cast<double>(received) * 8.0 /
+           std::chrono::duration<double>(last - first).count();
+  });
+
+  auto client = std::async(std::launch::async, [&] {
+    enter_netns(from_ns);
+    if (port_future.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+      throw std::runtime_error("server did not start within 5 s");
+    }
+    sockaddr_in a = address(to_ip, port_future.get());
+    Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    set_timeouts(s.get(), 5);
+    // Bounded, so a stalled link shows up as a send timeout, not as data parked in a huge buffer.
+    int sndbuf = 256 << 10;
+    ::setsockopt(s.get(), SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+    if (::connect(s.get(), (sockaddr*)&a, sizeof a) != 0) {
+      throw std::runtime_error(std::string("connect: ") + std::strerror(errno));
+    }
+    std::vector<char> chunk(64 << 10, 'x');
+    size_t sent = 0;
+    while (sent < bytes) {
+      ssize_t k = ::send(s.get(), chunk.data(), std::min(chunk.size(), bytes - sent), MSG_NOSIGNAL);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) throw std::runtime_error(std::string("send: ") + std::strerror(errno));
+      sent += static_cast<size_t>(k);
+      if (Clock::now() > give_up) throw std::runtime_error("transfer missed its deadline");
+    }
+    ::shutdown(s.get(), SHUT_WR);
+  });
+
+  client.get();  // rethrows the client's error, if any
+  return server.get();
+}
+
+#define SKIP_IF_UNAVAILABLE()                                           \
+  do {                                                                  \
+    if (std::string why = NetLab::unavailable_reason(); !why.empty()) { \
+      GTEST_SKIP() << why;                                              \
+    }                                                                   \
+  } while (0)
+
+TEST(NetLabTest, ShapedLinkDeliversItsRate) {
+  SKIP_IF_UNAVAILABLE();
+  NetLab lab(2, "10mbit");
+  constexpr double kRate = 10e6;
+  // 3 s of traffic: long enough that the initial bucket (a few frames) and TCP's start-up are
+  // noise, short enough for the suite. The ideal TCP goodput is 1448/1514 = 0.956 of the rate
+  // (tbf counts Ethernet, IP and TCP headers).
+  const size_t bytes = static_cast<size_t>(kRate / 8 * 3);
+  double bps = 0;
+  ASSERT_NO_THROW(
+      bps = measure_tcp_bps(lab.ns(0), lab.ns(1), lab.ip(1), bytes, std::chrono::seconds(8)));
+  RecordProperty("goodput_mbit", std::to_string(bps / 1e6));
+  std::printf("10mbit link: TCP goodput %.2f Mbit/s\n", bps / 1e6);
+  EXPECT_GE(bps, 0.85 * kRate) << "goodput " << bps / 1e6 << " Mbit/s";
+  EXPECT_LE(bps, 1.10 * kRate) << "goodput " << bps / 1e6 << " Mbit/s";
+}
+
+TEST(NetLabTest, PeersAreAddressableAndTeardownRemovesEverything) {
+  SKIP_IF_UNAVAILABLE();
+  std::string name;
+  std::vector<std::string> namespaces;
+  {
+    NetLab lab(3, "unlimited");
+    name = lab.name();
+    namespaces = {lab.ns(0), lab.ns(1), lab.ns(2), name + "-hub"};
+    for (const auto& ns : namespaces) EXPECT_TRUE(netns_exists(ns)) << ns;
+    EXPECT_NE(lab.ip(0), lab.ip(1));
+    // exec_prefix really runs inside the peer's namespace: eth0 there carries ip(1).
+    auto argv = lab.exec_prefix(1);
+    argv.insert(argv.end(), {"ip", "-4", "-o", "addr", "show", "dev", "eth0"});
+    EXPECT_NE(capture(join(argv)).find(lab.ip(1) + "/24"), std::string::npos);
+    EXPECT_THROW(lab.ip(3), std::out_of_range);
+  }
+  for (const auto& ns : namespaces) EXPECT_FALSE(netns_exists(ns)) << ns;
+  EXPECT_FALSE(std::filesystem::exists(state_dir(name)));
+}
+
+TEST(NetLabTest, TornDownWhenTestBodyThrows) {
+  SKIP_IF_UNAVAILABLE();
+  std::string name;
+  EXPECT_THROW(
+      {
+        NetLab lab(2, "100mbit");
+        name = lab.name();
+        EXPECT_TRUE(netns_exists(name + "-0"));
+        throw std::runtime_error("test body failed");
+      },
+      std::runtime_error);
+  ASSERT_FALSE(name.empty());
+  EXPECT_FALSE(netns_exists(name + "-0"));
+  EXPECT_FALSE(netns_exists(name + "-1"));
+  EXPECT_FALSE(netns_exists(name + "-hub"));
+}
+
+TEST(NetLabTest, CollectsLabsOfDeadOwners) {
+  SKIP_IF_UNAVAILABLE();
+  // A lab whose owner dies after building it, as a crashed test run would leave it. The owner
+  // dies only once the lab is complete, so a concurrent test process's gc cannot race the build.
+  pid_t owner = ::fork();
+  if (owner == 0) {
+    ::sleep(30);
+    ::_exit(0);
+  }
+  ASSERT_GT(owner, 0);
+  const std::string stale = "nlstale" + std::to_string(::getpid());
+  const std::string cmd = "NETLAB_OWNER_PID=" + std::to_string(owner) + " bash " +
+                          NetLab::script_path() + " up " + stale + " 1 unlimited";
+  int rc = std::system(cmd.c_str());
+  ::kill(owner, SIGKILL);
+  ::waitpid(owner, nullptr, 0);
+  ASSERT_EQ(rc, 0) << cmd;
+
+  NetLab lab(1, "unlimited");  // garbage-collects on construction
+  EXPECT_FALSE(netns_exists(stale + "-0"));
+  EXPECT_FALSE(netns_exists(stale + "-hub"));
+  EXPECT_FALSE(std::filesystem::exists(state_dir(stale)));
+  EXPECT_TRUE(netns_exists(lab.ns(0)));
+  rc = std::system(("bash " + NetLab::script_path() + " down " + stale).c_str());  // if it failed
+}
+
+}  // namespace
+}  // namespace starling::testing

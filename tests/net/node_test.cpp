@@ -1,0 +1,375 @@
+// Peers in one process (each with its own ZeroMQ context, as separate processes would have):
+// joining, gossip, leaving, the collectives and their agreement round, CURVE authentication
+// (an outsider can neither join, nor deliver, nor receive), and the status query.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <thread>
+#include <zmq.hpp>
+
+#include "starling/common/error.h"
+#include "starling/net/node.h"
+#include "starling/net/status_client.h"
+#include "starling/net/wire.h"
+
+namespace net = starling::net;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Collects log lines so tests can look for a reason.
+struct LogSink {
+  std::mutex mutex;
+  std::vector<std::string> lines;
+  net::LogFn fn() {
+    return [this](const std::string& l) {
+      std::lock_guard lock(mutex);
+      lines.push_back(l);
+    };
+  }
+  bool contains(const std::string& needle) {
+    std::lock_guard lock(mutex);
+    for (const auto& l : lines)
+      if (l.find(needle) != std::string::npos) return true;
+    return false;
+  }
+};
+
+class Swarm {
+ public:
+  explicit Swarm(int keys) {
+    for (int i = 0; i < keys; ++i) keys_.push_back(net::generate_keypair());
+    for (const auto& k : keys_) allow_.push_back({k.public_key, ""});
+  }
+
+  net::NodeOptions options(int i, const std::string& join = "") {
+    net::NodeOptions o;
+    o.name = "p" + std::to_string(i);
+    o.keys = keys_[i];
+    o.allowlist = allow_;
+    if (!join.empty()) o.join = {join};
+    o.heartbeat_interval = 100ms;
+    o.peer_timeout = 1000ms;
+    o.join_timeout = 3000ms;
+    o.collective_timeout = 10000ms;
+    o.chunk_bytes = 4096;
+    o.probe_bytes = 4096;
+    o.log = sink.fn();
+    return o;
+  }
+
+  // Starts `n` peers, the first a new swarm, the others joining through it.
+  std::vector<std::unique_ptr<net::Node>> start(int n) {
+    std::vector<std::unique_ptr<net::Node>> nodes;
+    nodes.push_back(std::make_unique<net::Node>(options(0)));
+    for (int i = 1; i < n; ++i)
+      nodes.push_back(std::make_unique<net::Node>(options(i, nodes[0]->endpoint())));
+    for (auto& node : nodes) EXPECT_TRUE(node->wait_for_members(n, 5s));
+    return nodes;
+  }
+
+  std::vector<net::KeyPair> keys_;
+  std::vector<net::AllowedKey> allow_;
+  LogSink sink;
+};
+
+std::vector<float> ramp(size_t n, float base) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = base + static_cast<float>(i % 101);
+  return v;
+}
+
+}  // namespace
+
+TEST(NodeTest, JoinGossipAndAllReduceAcrossThreePeers) {
+  Swarm swarm(3);
+  auto nodes = swarm.start(3);
+  // Peer 2 joined through peer 0 only, yet knows peer 1: the member list spread.
+  for (auto& n : nodes) EXPECT_EQ(n->members().size(), 3u);
+  std::vector<std::vector<float>> data;
+  for (int i = 0; i < 3; ++i) data.push_back(ramp(10007, static_cast<float>(i)));
+  std::vector<net::Work> works;
+  for (int i = 0; i < 3; ++i) works.push_back(nodes[i]->all_reduce(data[i], {}));
+  for (auto& w : works) EXPECT_EQ(w.wait().ring.size(), 3u);
+  for (size_t k = 0; k < 10007; ++k) ASSERT_EQ(data[0][k], 3 * static_cast<float>(k % 101) + 3);
+  EXPECT_EQ(data[0], data[1]);
+  EXPECT_EQ(data[0], data[2]);
+}
+
+TEST(NodeTest, LossyPrecisionsGiveBitIdenticalResults) {
+  Swarm swarm(3);
+  auto nodes = swarm.start(3);
+  for (auto precision : {net::WirePrecision::fp16, net::WirePrecision::bf16,
+                         net::WirePrecision::int8}) {
+    std::vector<std::vector<float>> data;
+    for (int i = 0; i < 3; ++i) {
+      data.push_back(ramp(5003, 0));
+      for (size_t k = 0; k < data[i].size(); ++k) data[i][k] = std::sin(0.37f * k + i) * 3.1f;
+    }
+    net::CollectiveOptions o;
+    o.precision = precision;
+    o.op = net::ReduceOp::mean;
+    std::vector<net::Work> works;
+    for (int i = 0; i < 3; ++i) works.push_back(nodes[i]->all_reduce(data[i], o));
+    for (auto& w : works) w.wait();
+    EXPECT_EQ(0, std::memcmp(data[0].data(), data[1].data(), data[0].size() * 4));
+    EXPECT_EQ(0, std::memcmp(data[0].data(), data[2].data(), data[0].size() * 4));
+    double max_err = 0;
+    for (size_t k = 0; k < data[0].size(); ++k) {
+      double want = 0;
+      for (int i = 0; i < 3; ++i) want += std::sin(0.37f * k + i) * 3.1f;
+      max_err = std::max(max_err, std::abs(want / 3 - data[0][k]));
+    }
+    EXPECT_LT(max_err, precision == net::WirePrecision::fp16 ? 0.01 : 0.1);
+  }
+}
+
+TEST(NodeTest, ReduceScatterAllGatherAndBroadcast) {
+  Swarm swarm(4);
+  auto nodes = swarm.start(4);
+  const size_t n = 1001;
+  std::vector<std::vector<float>> data(4);
+  std::vector<net::Work> works;
+  net::CollectiveOptions o;
+  o.order = net::RingOrder::by_id;
+  for (int i = 0; i < 4; ++i) {
+    data[i] = ramp(n, static_cast<float>(i));
+    works.push_back(nodes[i]->reduce_scatter(data[i], o));
+  }
+  std::vector<net::Shard> shards;
+  for (int i = 0; i < 4; ++i) {
+    const auto r = works[i].wait();
+    shards.push_back(r.shard);
+    for (size_t k = r.shard.begin; k < r.shard.end; ++k)
+      ASSERT_EQ(data[i][k], 4 * static_cast<float>(k % 101) + 6);
+  }
+  // All-gather the reduced shards: everyone ends with the full reduced vector.
+  works.clear();
+  for (int i = 0; i < 4; ++i) works.push_back(nodes[i]->all_gather(data[i], o));
+  for (auto& w : works) w.wait();
+  for (int i = 0; i < 4; ++i)
+    for (size_t k = 0; k < n; ++k) ASSERT_EQ(data[i][k], 4 * static_cast<float>(k % 101) + 6);
+  // Broadcast from peer 2.
+  works.clear();
+  o.root = nodes[2]->id();
+  for (int i = 0; i < 4; ++i) {
+    data[i] = ramp(n, 100.0f * i);
+    works.push_back(nodes[i]->broadcast(data[i], o));
+  }
+  for (auto& w : works) w.wait();
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(data[i], ramp(n, 200.0f));
+}
+
+TEST(NodeTest, DisagreeingCallsFailEverywhereWithTheReason) {
+  Swarm swarm(2);
+  auto nodes = swarm.start(2);
+  std::vector<float> a(100), b(200);
+  auto wa = nodes[0]->all_reduce(a, {});
+  auto wb = nodes[1]->all_reduce(b, {});
+  for (auto* w : {&wa, &wb}) {
+    try {
+      w->wait();
+      FAIL() << "expected a disagreement error";
+    } catch (const starling::NetError& e) {
+      EXPECT_NE(std::string(e.what()).find("disagree"), std::string::npos) << e.what();
+    }
+  }
+  // The swarm is still usable afterwards.
+  std::vector<float> c(50, 1.0f), d(50, 2.0f);
+  auto wc = nodes[0]->all_reduce(c, {});
+  auto wd = nodes[1]->all_reduce(d, {});
+  wc.wait();
+  wd.wait();
+  EXPECT_EQ(c, std::vector<float>(50, 3.0f));
+}
+
+TEST(NodeTest, LeavingPeerIsExcludedWithoutWaitingForATimeout) {
+  Swarm swarm(3);
+  auto nodes = swarm.start(3);
+  nodes[2]->leave();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> a(1000, 1.0f), b(1000, 2.0f);
+  auto wa = nodes[0]->all_reduce(a, {});
+  auto wb = nodes[1]->all_reduce(b, {});
+  EXPECT_EQ(wa.wait().ring.size(), 2u);
+  wb.wait();
+  EXPECT_EQ(a, std::vector<float>(1000, 3.0f));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 900ms);  // below the 1 s peer timeout
+  bool saw_left = false;
+  for (const auto& m : nodes[0]->members())
+    if (m.info.id == nodes[2]->id()) saw_left = m.state == net::MemberState::left;
+  EXPECT_TRUE(saw_left);
+}
+
+TEST(NodeTest, PeerJoiningBetweenRoundsTakesPartInTheNext) {
+  Swarm swarm(3);
+  auto nodes = swarm.start(2);
+  std::vector<float> a(300, 1.0f), b(300, 2.0f);
+  auto wa = nodes[0]->all_reduce(a, {});
+  auto wb = nodes[1]->all_reduce(b, {});
+  wa.wait();
+  wb.wait();
+  nodes.push_back(std::make_unique<net::Node>(swarm.options(2, nodes[1]->endpoint())));
+  for (auto& n : nodes) ASSERT_TRUE(n->wait_for_members(3, 5s));
+  std::vector<std::vector<float>> data{std::vector<float>(300, 1.0f),
+                                       std::vector<float>(300, 2.0f),
+                                       std::vector<float>(300, 4.0f)};
+  std::vector<net::Work> works;
+  for (int i = 0; i < 3; ++i) works.push_back(nodes[i]->all_reduce(data[i], {}));
+  for (auto& w : works) EXPECT_EQ(w.wait().ring.size(), 3u);
+  for (auto& d : data) EXPECT_EQ(d, std::vector<float>(300, 7.0f));
+}
+
+TEST(NodeTest, OutsiderWithUnknownKeyCannotJoin) {
+  Swarm swarm(2);
+  auto nodes = swarm.start(1);
+  auto outsider = swarm.options(0, nodes[0]->endpoint());
+  outsider.keys = net::generate_keypair();  // not on the allowlist
+  outsider.allowlist.push_back({outsider.keys.public_key, ""});
+  outsider.join_timeout = 1500ms;
+  EXPECT_THROW(net::Node{outsider}, starling::NetError);
+  EXPECT_GT(nodes[0]->counters().refused_connections, 0u);
+  EXPECT_EQ(nodes[0]->members().size(), 1u);
+  EXPECT_TRUE(swarm.sink.contains("not on the allowlist"));
+}
+
+TEST(NodeTest, OutsiderCannotDeliverAMessage) {
+  Swarm swarm(2);
+  auto nodes = swarm.start(2);
+  // A raw socket with an unknown key, speaking the right protocol to the right server key.
+  const auto key = net::generate_keypair();
+  zmq::context_t ctx;
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::curve_serverkey, swarm.keys_[0].public_key);
+  s.set(zmq::sockopt::curve_publickey, key.public_key);
+  s.set(zmq::sockopt::curve_secretkey, key.secret_key);
+  s.connect(nodes[0]->endpoint());
+  // It even claims to be peer 1 and sends a "leave".
+  net::Header h;
+  h.type = net::MsgType::leave;
+  h.sender = nodes[1]->id();
+  std::byte raw[net::kHeaderBytes];
+  net::seal_header(h, {}, raw);
+  for (int i = 0; i < 5; ++i) {
+    s.send(zmq::const_buffer(raw, sizeof raw), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    s.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::dontwait);
+  }
+  std::this_thread::sleep_for(500ms);
+  for (const auto& m : nodes[0]->members()) EXPECT_EQ(m.state, net::MemberState::alive);
+  EXPECT_GT(nodes[0]->counters().refused_connections, 0u);
+}
+
+TEST(NodeTest, OutsiderCannotReadFromTheSwarm) {
+  // An impostor listens where a member is told to join; it does not hold an allowlisted secret
+  // key, so the member's CURVE handshake fails and not a byte of a message reaches it.
+  Swarm swarm(2);
+  const auto key = net::generate_keypair();
+  zmq::context_t ctx;
+  zmq::socket_t impostor(ctx, zmq::socket_type::router);
+  impostor.set(zmq::sockopt::curve_server, 1);
+  impostor.set(zmq::sockopt::curve_secretkey, key.secret_key);
+  impostor.bind("tcp://127.0.0.1:0");
+  const std::string where = impostor.get(zmq::sockopt::last_endpoint);
+  auto joiner = swarm.options(1, where);
+  joiner.join_timeout = 1500ms;
+  auto attempt = std::async(std::launch::async, [&] { net::Node node(joiner); });
+  zmq::pollitem_t item{impostor.handle(), 0, ZMQ_POLLIN, 0};
+  EXPECT_EQ(zmq::poll(&item, 1, 1200ms), 0);
+  EXPECT_THROW(attempt.get(), starling::NetError);
+}
+
+TEST(NodeTest, InsecurePeerCannotJoinASecureSwarm) {
+  Swarm swarm(2);
+  auto nodes = swarm.start(1);
+  auto o = swarm.options(1, nodes[0]->endpoint());
+  o.insecure = true;
+  o.join_timeout = 1500ms;
+  EXPECT_THROW(net::Node{o}, starling::NetError);
+  EXPECT_EQ(nodes[0]->members().size(), 1u);
+}
+
+TEST(NodeTest, StatusReportsMembersAndLinks) {
+  Swarm swarm(3);
+  auto nodes = swarm.start(3);
+  std::this_thread::sleep_for(400ms);  // a few heartbeats: pings measured and gossiped
+  net::StatusQuery q;
+  q.entry = nodes[1]->endpoint();
+  q.keys = swarm.keys_[0];
+  q.allowlist = swarm.allow_;
+  const auto report = net::query_status(q);
+  EXPECT_EQ(report.answered_by, nodes[1]->id());
+  ASSERT_EQ(report.members.size(), 3u);
+  for (const auto& m : report.members) EXPECT_EQ(m.state, "alive");
+  int rtts = 0, bandwidths = 0;
+  for (const auto& l : report.links) {
+    rtts += l.stats.rtt_ms >= 0;
+    bandwidths += l.stats.mbit_per_s > 0;
+  }
+  EXPECT_GE(rtts, 6);        // every ordered pair pinged
+  EXPECT_GE(bandwidths, 2);  // probes at first contact
+  const std::string table = net::format_status(report);
+  EXPECT_NE(table.find("p2"), std::string::npos) << table;
+}
+
+TEST(NodeTest, AsyncHandleOverlapsWithTheCaller) {
+  Swarm swarm(2);
+  auto nodes = swarm.start(2);
+  std::vector<float> a(1 << 20, 1.0f), b(1 << 20, 1.0f);
+  auto wa = nodes[0]->all_reduce(a, {});
+  // Peer 1 launches later: peer 0's handle is pending meanwhile, and the caller is free.
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(wa.test());
+  auto wb = nodes[1]->all_reduce(b, {});
+  EXPECT_TRUE(wa.wait_for(10s));
+  wb.wait();
+  EXPECT_EQ(a[12345], 2.0f);
+}
+
+TEST(NodeTest, EveryCollectiveForManySizesWithFivePeers) {
+  // Sizes around the segment and chunk boundaries (chunk = 1024 floats here), and sizes smaller
+  // than the number of peers, where some segments are empty.
+  Swarm swarm(5);
+  auto nodes = swarm.start(5);
+  net::CollectiveOptions o;
+  o.order = net::RingOrder::by_id;
+  for (size_t n : {0ul, 1ul, 4ul, 5ul, 6ul, 1024ul, 5119ul, 5120ul, 5121ul, 100003ul}) {
+    SCOPED_TRACE("size " + std::to_string(n));
+    std::vector<std::vector<float>> data(5);
+    std::vector<net::Work> works;
+    for (int i = 0; i < 5; ++i) {
+      data[i] = ramp(n, static_cast<float>(i));
+      works.push_back(nodes[i]->all_reduce(data[i], o));
+    }
+    for (auto& w : works) w.wait();
+    for (int i = 0; i < 5; ++i)
+      for (size_t k = 0; k < n; ++k) ASSERT_EQ(data[i][k], 5 * static_cast<float>(k % 101) + 10);
+    works.clear();
+    for (int i = 0; i < 5; ++i) {
+      data[i] = ramp(n, static_cast<float>(i));
+      works.push_back(nodes[i]->reduce_scatter(data[i], o));
+    }
+    size_t covered = 0;
+    for (int i = 0; i < 5; ++i) {
+      const auto r = works[i].wait();
+      covered += r.shard.end - r.shard.begin;
+      for (size_t k = r.shard.begin; k < r.shard.end; ++k)
+        ASSERT_EQ(data[i][k], 5 * static_cast<float>(k % 101) + 10);
+    }
+    EXPECT_EQ(covered, n);
+    works.clear();
+    o.root = nodes[4]->id();
+    for (int i = 0; i < 5; ++i) {
+      data[i] = ramp(n, static_cast<float>(i));
+      works.push_back(nodes[i]->broadcast(data[i], o));
+    }
+    for (auto& w : works) w.wait();
+    for (int i = 0; i < 5; ++i) ASSERT_EQ(data[i], ramp(n, 4.0f));
+  }
+}
