@@ -4,7 +4,7 @@ BUILD_DIR ?= build
 JOBS ?= 2
 CMAKE_ARGS ?=
 
-.PHONY: all deps configure build test demo bench format clean
+.PHONY: all deps configure build test demo bench bench-allreduce format clean
 
 all: build
 
@@ -27,6 +27,11 @@ demo: build
 
 bench: build
 	/usr/bin/python3 bench/compute/run.py --starling $(BUILD_DIR)/starling
+
+# Starling's all-reduce against Gloo on loopback and on shaped links (needs root for the labs).
+bench-allreduce: build
+	/usr/bin/python3 bench/allreduce/run.py --peer $(BUILD_DIR)/starling_allreduce_peer \
+		--json $(BUILD_DIR)/bench/allreduce-results.json
 
 format:
 	clang-format -i $$(git ls-files '*.cpp' '*.h')

@@ -71,14 +71,15 @@ void keygen(const fs::path& dir, int world) {
   std::ofstream allow(dir / "swarm.allow");
   for (int i = 0; i < world; ++i) {
     net::KeyPair keys = net::generate_keypair();
-    // load_allowlist treats '#' as the start of a comment even inside a key, and '#' is a Z85
-    // digit (about 38% of keys contain one): draw again until the key round-trips.
-    while (keys.public_key.find('#') != std::string::npos) keys = net::generate_keypair();
+    // '#' is a Z85 digit, and an allowlist line that begins with '#' is a comment: a key that
+    // starts with one (1 in 85) would silently drop out of the swarm. Draw again.
+    while (keys.public_key.front() == '#') keys = net::generate_keypair();
     const std::string name = "peer" + std::to_string(i);
     net::save_keypair(keys, dir / (name + ".key"), name);
     allow << keys.public_key << " " << name << "\n";
   }
-  if (!allow.flush()) throw starling::ConfigError((dir / "swarm.allow").string() + ": write failed");
+  if (!allow.flush())
+    throw starling::ConfigError((dir / "swarm.allow").string() + ": write failed");
 }
 
 std::unique_ptr<net::Collectives> connect(const Args& a) {
@@ -109,8 +110,7 @@ std::unique_ptr<net::Collectives> connect(const Args& a) {
   o.peer_timeout = std::chrono::seconds(30);
   auto node = std::make_unique<net::Node>(o);
   if (!node->wait_for_members(static_cast<size_t>(a.world), std::chrono::seconds(60)))
-    throw starling::NetError("fewer than " + std::to_string(a.world) +
-                             " peers joined within 60 s");
+    throw starling::NetError("fewer than " + std::to_string(a.world) + " peers joined within 60 s");
   return node;
 }
 
@@ -129,12 +129,15 @@ double median(std::vector<double> v) {
 
 json run(const Args& a) {
   const auto p = starling::compress::parse_wire_precision(a.precision);
-  if (!p) throw starling::ConfigError("--precision: '" + a.precision + "' is not fp32, fp16, bf16 or int8");
+  if (!p)
+    throw starling::ConfigError("--precision: '" + a.precision +
+                                "' is not fp32, fp16, bf16 or int8");
   std::unique_ptr<net::Collectives> backend = connect(a);
   auto* node = dynamic_cast<net::Node*>(backend.get());
   net::CollectiveOptions options;
   options.precision = *p;
-  options.order = net::RingOrder::by_id;  // stable rings: the benchmark measures bandwidth, not ordering
+  // Stable rings: this measures bandwidth, not how well rings are ordered.
+  options.order = net::RingOrder::by_id;
   const int n = a.world;
 
   json results = json::array();
@@ -180,10 +183,13 @@ json run(const Args& a) {
   barrier(*backend);  // nobody leaves while a neighbour may still need its last chunks
   // Node fails an operation when any ring member announces it left, even one that has done its
   // part: a peer quick to finish the barrier above and leave would fail it for the others.
-  // Lingering lets everyone finish first (the lead knows; see the README).
+  // Lingering lets everyone finish first.
   if (node) std::this_thread::sleep_for(std::chrono::seconds(2));
-  return {{"backend", a.backend}, {"rank", a.rank},       {"world", n},
-          {"precision", a.precision}, {"secure", a.backend == "starling" && !a.insecure},
+  return {{"backend", a.backend},
+          {"rank", a.rank},
+          {"world", n},
+          {"precision", a.precision},
+          {"secure", a.backend == "starling" && !a.insecure},
           {"results", results}};
 }
 
@@ -192,13 +198,15 @@ json run(const Args& a) {
 int main(int argc, char** argv) {
   CLI::App app{"Starling all-reduce benchmark peer (see bench/allreduce/README.md)"};
   Args a;
-  app.add_option("--keygen", a.keygen_dir, "write N key pairs and an allowlist into DIR, then exit");
+  app.add_option("--keygen", a.keygen_dir,
+                 "write N key pairs and an allowlist into DIR, then exit");
   app.add_option("--backend", a.backend)->check(CLI::IsMember({"starling", "gloo"}));
   app.add_option("--rank", a.rank);
   app.add_option("--world", a.world)->check(CLI::Range(1, 256));
   app.add_option("--ip", a.ip, "this peer's address");
   app.add_option("--root-ip", a.root_ip, "rank 0's address");
-  app.add_option("--root-port", a.root_port, "rank 0's rendezvous port")->check(CLI::Range(1, 65535));
+  app.add_option("--root-port", a.root_port, "rank 0's rendezvous port")
+      ->check(CLI::Range(1, 65535));
   app.add_option("--keys", a.keys_dir, "directory written by --keygen (starling, secure)");
   app.add_flag("--insecure", a.insecure, "starling without CURVE (plain TCP)");
   app.add_option("--precision", a.precision, "wire precision (starling)");

@@ -2,7 +2,7 @@
 """All-reduce benchmark: bus bandwidth of Starling's ring all-reduce against c10d's Gloo, 4 peers.
 
     /usr/bin/python3 bench/allreduce/run.py              # what `make bench-allreduce` runs
-    /usr/bin/python3 bench/allreduce/run.py --quick      # fewer sizes and repetitions (~3 min)
+    /usr/bin/python3 bench/allreduce/run.py --quick      # fewer sizes, 2 repetitions (~1.5 min)
     /usr/bin/python3 bench/allreduce/run.py --links loopback --json out.json
 
 For each link it starts 4 build/starling_allreduce_peer processes per configuration: on loopback
@@ -86,44 +86,68 @@ def expected_seconds(sizes, reps, rate_mbps):
     return 90 + 3 * per_rep * reps
 
 
-def run_config(a, link, lab, rate_mbps, label, backend, insecure, precision, sizes, port, reps,
-               workdir):
-    ips = [netlab("ip", lab, str(i)) for i in range(PEERS)] if lab else ["127.0.0.1"] * PEERS
-    procs, logs = [], []
-    timeout = expected_seconds(sizes, reps + a.warmup, rate_mbps)
-    for rank in range(PEERS):
-        cmd = [a.peer, "--backend", backend, "--rank", str(rank), "--world", str(PEERS),
-               "--ip", ips[rank], "--root-ip", ips[0], "--root-port", str(port),
-               "--precision", precision, "--sizes", ",".join(str(s) for s in sizes),
-               "--reps", str(reps), "--warmup", str(a.warmup),
-               "--timeout-s", str(int(timeout))]
-        if backend == "starling":
-            cmd += ["--insecure"] if insecure else ["--keys", os.path.join(workdir, "keys")]
-        if lab:
-            cmd = ["ip", "netns", "exec", netlab("ns", lab, str(rank))] + cmd
-        err_path = os.path.join(workdir, f"{link}-{label.replace(' ', '_')}-{rank}.log")
-        logs.append(err_path)
-        with open(err_path, "w") as err:
-            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
-                                          env=dict(os.environ, OMP_NUM_THREADS="1")))
-    outputs, failure = [], None
+def collect(procs, timeout):
+    """Waits for every peer; returns (their JSON results, the first failure or None). A peer that
+    fails makes the others wait for it until their timeouts, so the rest are killed soon after."""
     deadline = time.monotonic() + timeout
+    failure = None
+    while any(p.poll() is None for p in procs):
+        now = time.monotonic()
+        if now > deadline:
+            failure = f"timed out after {timeout:.0f} s"
+            break
+        if failure is None and any(p.returncode not in (None, 0) for p in procs):
+            bad = next(i for i, p in enumerate(procs) if p.returncode not in (None, 0))
+            failure = f"rank {bad} exited with status {procs[bad].returncode}"
+            deadline = min(deadline, now + 10)
+        time.sleep(0.2)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    outputs = []
     for rank, p in enumerate(procs):
-        try:
-            out, _ = p.communicate(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            failure = failure or f"timed out after {timeout:.0f} s"
-            continue
+        out = p.stdout.read()
         line = next((x for x in reversed(out.strip().splitlines()) if x.startswith("{")), None)
         try:
             result = json.loads(line) if line else {"error": f"no output (exit {p.returncode})"}
         except json.JSONDecodeError:
             result = {"error": f"unreadable output: {line[:200]}"}
         if "error" in result:
-            failure = failure or f"rank {rank}: {result['error']}"
+            failure = f"rank {rank}: {result['error']}" if failure is None else failure
         outputs.append(result)
+    return outputs, failure
+
+
+def run_config(a, link, lab, rate_mbps, label, backend, insecure, precision, sizes, port, reps,
+               workdir):
+    ips = [netlab("ip", lab, str(i)) for i in range(PEERS)] if lab else ["127.0.0.1"] * PEERS
+    procs, logs = [], []
+    timeout = expected_seconds(sizes, reps + a.warmup, rate_mbps)
+    try:
+        for rank in range(PEERS):
+            cmd = [a.peer, "--backend", backend, "--rank", str(rank), "--world", str(PEERS),
+                   "--ip", ips[rank], "--root-ip", ips[0], "--root-port", str(port),
+                   "--precision", precision, "--sizes", ",".join(str(s) for s in sizes),
+                   "--reps", str(reps), "--warmup", str(a.warmup),
+                   "--timeout-s", str(int(timeout))]
+            if backend == "starling":
+                cmd += ["--insecure"] if insecure else ["--keys", os.path.join(workdir, "keys")]
+                if a.chunk_bytes:
+                    cmd += ["--chunk-bytes", str(a.chunk_bytes)]
+            if lab:
+                cmd = ["ip", "netns", "exec", netlab("ns", lab, str(rank))] + cmd
+            err_path = os.path.join(workdir, f"{link}-{label.replace(' ', '_')}-{rank}.log")
+            logs.append(err_path)
+            with open(err_path, "w") as err:
+                procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
+                                              env=dict(os.environ, OMP_NUM_THREADS="1")))
+        outputs, failure = collect(procs, timeout)
+    finally:
+        for p in procs:  # Ctrl-C or a bug here: no peer outlives the run
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     if failure:
         tails = []
         for path in logs:
@@ -147,7 +171,8 @@ def run_config(a, link, lab, rate_mbps, label, backend, insecure, precision, siz
                "busbw_over_rate": busbw / rate_mbps if rate_mbps else None,
                "max_err": max(r["max_err"] for r in per_rank)}
         if "sent_bytes_per_rep" in per_rank[0]:
-            row["wire_MB_per_peer"] = statistics.mean(r["sent_bytes_per_rep"] for r in per_rank) / 1e6
+            sent = statistics.mean(r["sent_bytes_per_rep"] for r in per_rank)
+            row["wire_MB_per_peer"] = sent / 1e6
         rows.append(row)
     return {"rows": rows, "peers": outputs}
 
@@ -217,15 +242,19 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
     ap.add_argument("--links", default="loopback,100mbit,10mbit", help="comma-separated subset")
-    ap.add_argument("--reps", type=int, default=0, help="timed repetitions (default 3; quick 2)")
+    ap.add_argument("--reps", type=int, default=0, help="timed repetitions (default 5; quick 2)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed repetitions per size")
     ap.add_argument("--peer", default=os.path.join(ROOT, "build", "starling_allreduce_peer"),
                     help="the peer binary (default: build/starling_allreduce_peer)")
     ap.add_argument("--json", dest="json_out", default="",
                     help="also write every peer's output and the table here (JSON)")
     ap.add_argument("--base-port", type=int, default=29700, help="rank 0 listens from here up")
+    ap.add_argument("--chunk-bytes", type=int, default=0,
+                    help="Starling's pipelined chunk size (default: the Node's, 512 KB)")
+    ap.add_argument("--configs", default="",
+                    help="comma-separated substrings; run only configurations whose name has one")
     a = ap.parse_args(argv)
-    reps = a.reps or (2 if a.quick else 3)
+    reps = a.reps or (2 if a.quick else 5)
     links = [x for x in a.links.split(",") if x]
     for name in links:
         if name not in LINKS:
@@ -253,6 +282,8 @@ def main(argv=None):
                     lab = f"ar{os.getpid()}-{link}"
                     netlab("up", lab, str(PEERS), rate)
                 for label, backend, insecure, precision in configs:
+                    if a.configs and not any(c in label for c in a.configs.split(",")):
+                        continue
                     port += 1
                     t0 = time.monotonic()
                     log(f"{link}: {label} x {sizes} MB, {reps} reps ...")

@@ -82,9 +82,17 @@ TEST_F(NetCliTest, StatusShowsALiveSwarm) {
     for (const char* n : {"a", "b", "me"}) allow << slurp(std::string(n) + ".pub");
   }
   const auto worker = [&](const std::string& name, const std::string& join) {
-    std::vector<std::string> argv{STARLING_NET_WORKER, "--name", name, "--key",
-                                  path(name + ".key"), "--allow", path("swarm.allow"),
-                                  "--expect", "2", "--linger-ms", "20000"};
+    std::vector<std::string> argv{STARLING_NET_WORKER,
+                                  "--name",
+                                  name,
+                                  "--key",
+                                  path(name + ".key"),
+                                  "--allow",
+                                  path("swarm.allow"),
+                                  "--expect",
+                                  "2",
+                                  "--linger-ms",
+                                  "20000"};
     if (!join.empty()) argv.insert(argv.end(), {"--join", join});
     return Process(argv, path(name + ".log"));
   };
@@ -95,7 +103,7 @@ TEST_F(NetCliTest, StatusShowsALiveSwarm) {
   const std::string endpoint = line->substr(at, line->find('"', at) - at);
   Process b = worker("b", endpoint);
   ASSERT_TRUE(b.read_line(10s));
-  ASSERT_TRUE(b.read_line(10s));  // both members known
+  ASSERT_TRUE(b.read_line(10s));       // both members known
   std::this_thread::sleep_for(700ms);  // heartbeats measure latencies
   const auto r = run_cli("status --join " + endpoint + " --key " + path("me.key") + " --allow " +
                          path("swarm.allow"));

@@ -17,7 +17,9 @@ namespace {
 
 constexpr int kWorld = 3;
 
-float value(int rank, size_t i) { return static_cast<float>(static_cast<int>((i * 7 + rank * 5) % 19) - 9); }
+float value(int rank, size_t i) {
+  return static_cast<float>(static_cast<int>((i * 7 + rank * 5) % 19) - 9);
+}
 
 std::vector<float> input(int rank, size_t count) {
   std::vector<float> v(count);
@@ -63,7 +65,8 @@ TEST(GlooBackend, AllReduceSumAndMean) {
     EXPECT_EQ(r.ring, (std::vector<PeerId>{0, 1, 2}));
     EXPECT_EQ(r.position, b.rank());
     for (size_t i = 0; i < count; ++i)
-      ASSERT_EQ(data[i], value(0, i) + value(1, i) + value(2, i)) << "rank " << b.rank() << " i " << i;
+      ASSERT_EQ(data[i], value(0, i) + value(1, i) + value(2, i))
+          << "rank " << b.rank() << " i " << i;
 
     data = input(b.rank(), count);
     o.op = ReduceOp::mean;
@@ -98,7 +101,8 @@ TEST(GlooBackend, AllGatherEvenAndUnevenShards) {
       for (int p = 0; p < kWorld; ++p) {
         const Shard s = shard_of(count, kWorld, p);
         for (size_t i = s.begin; i < s.end; ++i)
-          ASSERT_EQ(data[i], value(p, i)) << "count " << count << " rank " << b.rank() << " i " << i;
+          ASSERT_EQ(data[i], value(p, i))
+              << "count " << count << " rank " << b.rank() << " i " << i;
       }
     });
   }
@@ -127,8 +131,7 @@ TEST(GlooBackend, OverlappingLaunchesCompleteInOrder) {
     for (auto& buf : buffers) works.push_back(b.all_reduce(buf, {}));
     for (auto& w : works) w.wait();
     for (const auto& buf : buffers)
-      for (size_t i = 0; i < count; ++i)
-        ASSERT_EQ(buf[i], value(0, i) + value(1, i) + value(2, i));
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(buf[i], value(0, i) + value(1, i) + value(2, i));
   });
 }
 

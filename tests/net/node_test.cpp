@@ -1,6 +1,8 @@
 // Peers in one process (each with its own ZeroMQ context, as separate processes would have):
 // joining, gossip, leaving, the collectives and their agreement round, CURVE authentication
 // (an outsider can neither join, nor deliver, nor receive), and the status query.
+#include "starling/net/node.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,7 +16,6 @@
 #include <zmq.hpp>
 
 #include "starling/common/error.h"
-#include "starling/net/node.h"
 #include "starling/net/status_client.h"
 #include "starling/net/wire.h"
 
@@ -105,8 +106,8 @@ TEST(NodeTest, JoinGossipAndAllReduceAcrossThreePeers) {
 TEST(NodeTest, LossyPrecisionsGiveBitIdenticalResults) {
   Swarm swarm(3);
   auto nodes = swarm.start(3);
-  for (auto precision : {net::WirePrecision::fp16, net::WirePrecision::bf16,
-                         net::WirePrecision::int8}) {
+  for (auto precision :
+       {net::WirePrecision::fp16, net::WirePrecision::bf16, net::WirePrecision::int8}) {
     std::vector<std::vector<float>> data;
     for (int i = 0; i < 3; ++i) {
       data.push_back(ramp(5003, 0));
@@ -217,8 +218,7 @@ TEST(NodeTest, PeerJoiningBetweenRoundsTakesPartInTheNext) {
   wb.wait();
   nodes.push_back(std::make_unique<net::Node>(swarm.options(2, nodes[1]->endpoint())));
   for (auto& n : nodes) ASSERT_TRUE(n->wait_for_members(3, 5s));
-  std::vector<std::vector<float>> data{std::vector<float>(300, 1.0f),
-                                       std::vector<float>(300, 2.0f),
+  std::vector<std::vector<float>> data{std::vector<float>(300, 1.0f), std::vector<float>(300, 2.0f),
                                        std::vector<float>(300, 4.0f)};
   std::vector<net::Work> works;
   for (int i = 0; i < 3; ++i) works.push_back(nodes[i]->all_reduce(data[i], {}));
@@ -258,7 +258,8 @@ TEST(NodeTest, OutsiderCannotDeliverAMessage) {
   std::byte raw[net::kHeaderBytes];
   net::seal_header(h, {}, raw);
   for (int i = 0; i < 5; ++i) {
-    s.send(zmq::const_buffer(raw, sizeof raw), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    s.send(zmq::const_buffer(raw, sizeof raw),
+           zmq::send_flags::sndmore | zmq::send_flags::dontwait);
     s.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::dontwait);
   }
   std::this_thread::sleep_for(500ms);

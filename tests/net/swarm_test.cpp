@@ -90,8 +90,8 @@ std::vector<std::vector<json>> run_swarm(int n, const std::string& ops, int roun
   std::string first;
   for (int i = 0; i < n; ++i) {
     const std::string host = lab ? lab->ip(i) : "127.0.0.1";
-    const std::vector<std::string> extra{"--expect", std::to_string(n), "--ops", ops,
-                                         "--rounds", std::to_string(rounds)};
+    const std::vector<std::string> extra{"--expect", std::to_string(n), "--ops",
+                                         ops,        "--rounds",        std::to_string(rounds)};
     procs.emplace_back(dir.worker(i, "tcp://" + host + ":0", first, extra,
                                   lab ? lab->exec_prefix(i) : std::vector<std::string>{}),
                        dir.log(i));
@@ -142,18 +142,18 @@ TEST(SwarmTest, KilledPeerCostsOneTimeoutThenSurvivorsContinue) {
   std::string first;
   // Large all-reduces back to back with small chunks, so a kill lands mid-operation.
   for (int i = 0; i < 4; ++i) {
-    procs.emplace_back(dir.worker(i, "tcp://127.0.0.1:0", first,
-                                  {"--expect", "4", "--ops", "all_reduce:4000000:fp32", "--rounds",
-                                   "40", "--retry", "--timeout-ms", "1500", "--chunk-bytes",
-                                   "65536"}),
-                       dir.log(i));
+    procs.emplace_back(
+        dir.worker(i, "tcp://127.0.0.1:0", first,
+                   {"--expect", "4", "--ops", "all_reduce:4000000:fp32", "--rounds", "40",
+                    "--retry", "--timeout-ms", "1500", "--chunk-bytes", "65536"}),
+        dir.log(i));
     const std::string ep = endpoint_of(procs.back());
     ASSERT_FALSE(ep.empty());
     if (i == 0) first = ep;
   }
   // Let a couple of rounds complete, then kill peer d without warning.
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(procs[i].read_line(30s));  // "members"
-  ASSERT_TRUE(procs[0].read_line(30s));                               // first op done
+  ASSERT_TRUE(procs[0].read_line(30s));                              // first op done
   procs[3].signal(SIGKILL);
   const auto killed_at = std::chrono::steady_clock::now();
   for (int i = 0; i < 3; ++i) {
@@ -182,8 +182,8 @@ TEST(SwarmTest, TerminatedPeerAnnouncesItsDeparture) {
   std::string first;
   for (int i = 0; i < 3; ++i) {
     procs.emplace_back(dir.worker(i, "tcp://127.0.0.1:0", first,
-                                  {"--expect", "3", "--linger-ms", "60000", "--timeout-ms",
-                                   "20000", "--heartbeat-ms", "100"}),
+                                  {"--expect", "3", "--linger-ms", "60000", "--timeout-ms", "20000",
+                                   "--heartbeat-ms", "100"}),
                        dir.log(i));
     const std::string ep = endpoint_of(procs.back());
     ASSERT_FALSE(ep.empty());
@@ -202,8 +202,9 @@ TEST(SwarmTest, TerminatedPeerAnnouncesItsDeparture) {
 TEST(SwarmTest, FourPeersOnShapedLinksInNamespaces) {
   if (auto why = NetLab::unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
   NetLab lab(4, "100mbit");
-  expect_agreement(run_swarm(4, "all_reduce:1000000:fp32,all_reduce:1000000:int8,"
-                                "broadcast:100000:fp32:c",
+  expect_agreement(run_swarm(4,
+                             "all_reduce:1000000:fp32,all_reduce:1000000:int8,"
+                             "broadcast:100000:fp32:c",
                              1, &lab),
                    3);
 }

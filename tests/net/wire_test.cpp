@@ -1,6 +1,8 @@
 // The wire format and its decoder: every header field is validated, and a seeded fuzzer feeds
 // well over 100k corrupted messages to the decoder and to a live peer, which must reject them with
 // a reason, never crash, and still serve collectives afterwards.
+#include "starling/net/wire.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -13,7 +15,6 @@
 
 #include "starling/net/crc32c.h"
 #include "starling/net/node.h"
-#include "starling/net/wire.h"
 
 namespace net = starling::net;
 using namespace std::chrono_literals;
@@ -221,19 +222,33 @@ TEST(WireTest, LivePeerSurvivesFuzzedMessages) {
     std::vector<std::byte> payload(rng() % 200);
     for (auto& b : payload) b = static_cast<std::byte>(rng());
     if (rng() % 3 == 0) {  // JSON-shaped but wrong
-      static const char* kBodies[] = {"{}", "[]", "{\"member\":5}", "{\"members\":[{\"id\":1}]}",
-                                      "{\"attempt\":-1}", "{\"ring\":[\"zz\"],\"attempt\":1}",
-                                      "{\"ping\":\"x\"}", "nul", "{\"members\":[]"};
+      static const char* kBodies[] = {"{}",
+                                      "[]",
+                                      "{\"member\":5}",
+                                      "{\"members\":[{\"id\":1}]}",
+                                      "{\"attempt\":-1}",
+                                      "{\"ring\":[\"zz\"],\"attempt\":1}",
+                                      "{\"ping\":\"x\"}",
+                                      "nul",
+                                      "{\"members\":[]"};
       const std::string body = kBodies[rng() % 9];
       payload.assign(reinterpret_cast<const std::byte*>(body.data()),
                      reinterpret_cast<const std::byte*>(body.data()) + body.size());
     }
     auto header = header_bytes(h, payload);
     switch (rng() % 4) {
-      case 0: send({header}); break;                            // missing payload frame
-      case 1: send({header, payload, payload}); break;          // one frame too many
-      case 2: payload.push_back(std::byte{1}); [[fallthrough]];  // length mismatch
-      default: send({header, payload}); break;
+      case 0:
+        send({header});
+        break;  // missing payload frame
+      case 1:
+        send({header, payload, payload});
+        break;  // one frame too many
+      case 2:
+        payload.push_back(std::byte{1});
+        [[fallthrough]];  // length mismatch
+      default:
+        send({header, payload});
+        break;
     }
   }
   // Every message is refused: by framing, length, checksum, or its body (a few well-formed

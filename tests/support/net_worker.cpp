@@ -59,21 +59,29 @@ OpSpec parse_op(const std::string& text) {
   std::vector<std::string> f;
   std::stringstream ss(text);
   for (std::string part; std::getline(ss, part, ':');) f.push_back(part);
-  if (f.size() < 3) throw starling::ConfigError("--ops: '" + text + "' is not kind:count:precision");
+  if (f.size() < 3)
+    throw starling::ConfigError("--ops: '" + text + "' is not kind:count:precision");
   OpSpec op;
-  if (f[0] == "all_reduce") op.kind = net::CollectiveKind::all_reduce;
-  else if (f[0] == "reduce_scatter") op.kind = net::CollectiveKind::reduce_scatter;
-  else if (f[0] == "all_gather") op.kind = net::CollectiveKind::all_gather;
-  else if (f[0] == "broadcast") op.kind = net::CollectiveKind::broadcast;
-  else throw starling::ConfigError("--ops: unknown collective '" + f[0] + "'");
+  if (f[0] == "all_reduce")
+    op.kind = net::CollectiveKind::all_reduce;
+  else if (f[0] == "reduce_scatter")
+    op.kind = net::CollectiveKind::reduce_scatter;
+  else if (f[0] == "all_gather")
+    op.kind = net::CollectiveKind::all_gather;
+  else if (f[0] == "broadcast")
+    op.kind = net::CollectiveKind::broadcast;
+  else
+    throw starling::ConfigError("--ops: unknown collective '" + f[0] + "'");
   op.count = std::stoull(f[1]);
   auto p = starling::compress::parse_wire_precision(f[2]);
   if (!p) throw starling::ConfigError("--ops: unknown precision '" + f[2] + "'");
   op.options.precision = *p;
   op.options.order = net::RingOrder::by_id;
   if (f.size() > 3) {
-    if (op.kind == net::CollectiveKind::broadcast) op.root_name = f[3];
-    else if (f[3] == "mean") op.options.op = net::ReduceOp::mean;
+    if (op.kind == net::CollectiveKind::broadcast)
+      op.root_name = f[3];
+    else if (f[3] == "mean")
+      op.options.op = net::ReduceOp::mean;
   }
   return op;
 }
@@ -129,7 +137,8 @@ int main(int argc, char** argv) {
     o.collective_timeout = std::chrono::milliseconds(30000);
     o.probe_bytes = 16 * 1024;
     net::Node node(o);
-    emit({{"event", "listening"}, {"endpoint", node.endpoint()},
+    emit({{"event", "listening"},
+          {"endpoint", node.endpoint()},
           {"id", net::format_peer_id(node.id())}});
     if (!node.wait_for_members(expect, std::chrono::seconds(30))) {
       emit({{"event", "error"}, {"error", "fewer than " + std::to_string(expect) + " members"}});
@@ -155,14 +164,22 @@ int main(int argc, char** argv) {
           for (size_t i = 0; i < data.size(); ++i) data[i] = value(name, round, i);
           net::Work work;
           switch (spec.kind) {
-            case net::CollectiveKind::all_reduce: work = node.all_reduce(data, options); break;
+            case net::CollectiveKind::all_reduce:
+              work = node.all_reduce(data, options);
+              break;
             case net::CollectiveKind::reduce_scatter:
               work = node.reduce_scatter(data, options);
               break;
-            case net::CollectiveKind::all_gather: work = node.all_gather(data, options); break;
-            case net::CollectiveKind::broadcast: work = node.broadcast(data, options); break;
+            case net::CollectiveKind::all_gather:
+              work = node.all_gather(data, options);
+              break;
+            case net::CollectiveKind::broadcast:
+              work = node.broadcast(data, options);
+              break;
           }
-          json line = {{"event", "op"}, {"round", round}, {"attempt", attempt},
+          json line = {{"event", "op"},
+                       {"round", round},
+                       {"attempt", attempt},
                        {"kind", net::to_string(spec.kind)}};
           try {
             const net::CollectiveResult r = work.wait();
@@ -194,10 +211,12 @@ int main(int argc, char** argv) {
             // Sums of integers are exact in fp32; a mean divides once (one rounding); lossy
             // precisions round on every hop.
             const bool fp32 = options.precision == net::WirePrecision::fp32;
-            const double tolerance =
-                fp32 ? (options.op == net::ReduceOp::mean ? 1e-5 : 0.0) : 0.6;
-            line.update({{"ok", true}, {"ring", ring}, {"position", r.position},
-                         {"shard", {lo, hi}}, {"max_err", max_err},
+            const double tolerance = fp32 ? (options.op == net::ReduceOp::mean ? 1e-5 : 0.0) : 0.6;
+            line.update({{"ok", true},
+                         {"ring", ring},
+                         {"position", r.position},
+                         {"shard", {lo, hi}},
+                         {"max_err", max_err},
                          {"correct", max_err <= tolerance},
                          {"hash", fnv_hex(data.data() + lo, hi - lo)},
                          {"seconds", r.seconds}});
@@ -211,11 +230,14 @@ int main(int argc, char** argv) {
       }
       if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     }
-    const auto linger_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(linger_ms);
+    const auto linger_until =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(linger_ms);
     while (!g_stop && std::chrono::steady_clock::now() < linger_until)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     const auto c = node.counters();
-    emit({{"event", "done"}, {"rejected", c.rejected_messages}, {"refused", c.refused_connections},
+    emit({{"event", "done"},
+          {"rejected", c.rejected_messages},
+          {"refused", c.refused_connections},
           {"members", node.members().size()}});
     node.leave();
   } catch (const starling::Error& e) {

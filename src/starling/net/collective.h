@@ -48,7 +48,7 @@ struct CollectiveResult {
   int position = 0;          // this peer's place in `ring`
   Shard shard;               // reduce_scatter / all_gather: the elements this peer owns
   uint64_t op_id = 0;
-  double seconds = 0;        // from launch to completion
+  double seconds = 0;  // from launch to completion
 };
 
 // A handle to a launched collective. Copyable; all copies refer to the same operation.

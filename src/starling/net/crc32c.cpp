@@ -27,7 +27,7 @@ uint32_t crc_portable(const unsigned char* p, size_t n, uint32_t crc) {
 
 #if defined(__x86_64__)
 __attribute__((target("sse4.2"))) uint32_t crc_sse42(const unsigned char* p, size_t n,
-                                                       uint32_t crc) {
+                                                     uint32_t crc) {
   // One stream of 8-byte words: about 8 bytes per 3 cycles, far above any link's rate.
   uint64_t c = crc;
   while (n >= 8) {

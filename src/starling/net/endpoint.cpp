@@ -60,7 +60,8 @@ void check_tcp_endpoint(const std::string& endpoint, const std::string& what) {
 
 EntryPoint parse_entry_point(const std::string& text, const std::string& what) {
   EntryPoint e;
-  const auto at = text.find('@');
+  // '@' is also a Z85 digit, so the key ends at the '@' that starts the endpoint.
+  const auto at = text.find("@tcp://");
   if (at == std::string::npos) {
     e.endpoint = text;
   } else {

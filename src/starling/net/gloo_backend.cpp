@@ -6,12 +6,12 @@
 
 #include "starling/net/gloo_backend.h"
 
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <mutex>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
 #include "starling/common/error.h"
@@ -91,8 +91,8 @@ GlooBackend::Impl::Impl(GlooOptions options) : options_(std::move(options)) {
     auto group_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
     group_options->devices.push_back(
         c10d::ProcessGroupGloo::createDeviceForHostname(options_.interface));
-    group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, options_.rank,
-                                                         options_.world_size, group_options);
+    group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, options_.rank, options_.world_size,
+                                                         group_options);
   } catch (const std::exception& e) {
     throw NetError("gloo: rank " + std::to_string(options_.rank) + " of " +
                    std::to_string(options_.world_size) + " could not connect (store " +
@@ -104,12 +104,13 @@ Work GlooBackend::Impl::launch(CollectiveKind kind, std::span<float> data,
                                const CollectiveOptions& options) {
   const std::string what = "gloo " + to_string(kind);
   if (options.precision != WirePrecision::fp32)
-    throw NetError(what + ": wire precision " + std::string(compress::to_string(options.precision)) +
+    throw NetError(what + ": wire precision " +
+                   std::string(compress::to_string(options.precision)) +
                    " is not available (Gloo only sends fp32)");
   const int world = options_.world_size, rank = options_.rank;
   if (kind == CollectiveKind::broadcast && options.root >= static_cast<PeerId>(world))
-    throw NetError(what + ": root " + std::to_string(options.root) + " is not a rank (the group has " +
-                   std::to_string(world) + ")");
+    throw NetError(what + ": root " + std::to_string(options.root) +
+                   " is not a rank (the group has " + std::to_string(world) + ")");
 
   auto state = std::make_shared<Work::State>();
   const auto launched = Clock::now();
@@ -151,15 +152,15 @@ Work GlooBackend::Impl::launch(CollectiveKind kind, std::span<float> data,
           shards.push_back(shard_of(count, world, r));
           longest = std::max(longest, shards.back().end - shards.back().begin);
         }
-        const bool even = std::all_of(shards.begin(), shards.end(), [&](const Shard& s) {
-          return s.end - s.begin == longest;
-        });
+        const bool even = std::all_of(shards.begin(), shards.end(),
+                                      [&](const Shard& s) { return s.end - s.begin == longest; });
         std::vector<at::Tensor> input;
         std::vector<std::vector<at::Tensor>> outputs(1);
         if (even) {
           // Gloo copies each gathered piece straight into these views of the caller's buffer.
           input.push_back(view_of(data.data() + own.begin, longest));
-          for (const Shard& s : shards) outputs[0].push_back(view_of(data.data() + s.begin, longest));
+          for (const Shard& s : shards)
+            outputs[0].push_back(view_of(data.data() + s.begin, longest));
         } else {
           at::Tensor padded = torch::zeros({static_cast<int64_t>(longest)}, torch::kFloat32);
           std::copy(data.begin() + own.begin, data.begin() + own.end, padded.data_ptr<float>());
@@ -192,21 +193,21 @@ Work GlooBackend::Impl::launch(CollectiveKind kind, std::span<float> data,
 
   // Completion arrives through the c10d future (no thread of our own); the callback runs on the
   // Gloo worker thread that finished the operation, or right here if it already has.
-  work->getFuture()->addCallback(
-      [state, result, launched, after = std::move(after), what](c10::ivalue::Future& future) mutable {
-        std::string error;
-        try {
-          if (future.hasError()) {
-            error = what + " failed: " + future.tryRetrieveErrorMessage();
-          } else if (after) {
-            after();
-          }
-        } catch (const std::exception& e) {
-          error = what + " failed: " + message_of(e);
-        }
-        result.seconds = std::chrono::duration<double>(Clock::now() - launched).count();
-        state->finish(std::move(result), std::move(error));
-      });
+  work->getFuture()->addCallback([state, result, launched, after = std::move(after),
+                                  what](c10::ivalue::Future& future) mutable {
+    std::string error;
+    try {
+      if (future.hasError()) {
+        error = what + " failed: " + future.tryRetrieveErrorMessage();
+      } else if (after) {
+        after();
+      }
+    } catch (const std::exception& e) {
+      error = what + " failed: " + message_of(e);
+    }
+    result.seconds = std::chrono::duration<double>(Clock::now() - launched).count();
+    state->finish(std::move(result), std::move(error));
+  });
   return Work(state);
 }
 

@@ -112,18 +112,17 @@ std::vector<AllowedKey> load_allowlist(const std::filesystem::path& path) {
   int number = 0;
   while (std::getline(in, line)) {
     ++number;
-    // '#' is a Z85 digit, so a comment starts only at a '#' that begins a word.
-    for (size_t i = 0; i < line.size(); ++i)
-      if (line[i] == '#' && (i == 0 || line[i - 1] == ' ' || line[i - 1] == '\t')) {
-        line.resize(i);
-        break;
-      }
     line = trim(line);
     if (line.empty()) continue;
     std::istringstream fields(line);
     AllowedKey k;
     fields >> k.public_key;
+    // '#' is a Z85 digit: a first word that is a key is a key, even if it starts with '#'.
+    if (k.public_key[0] == '#' && !is_valid_public_key(k.public_key)) continue;
     std::getline(fields, k.name);
+    // A comment after the key starts at a word beginning with '#'.
+    if (const auto hash = k.name.find(" #"); hash != std::string::npos) k.name.resize(hash);
+    if (!k.name.empty() && k.name[0] == '#') k.name.clear();
     k.name = trim(k.name);
     if (!is_valid_public_key(k.public_key))
       throw ConfigError(path.string() + ":" + std::to_string(number) + ": '" + k.public_key +

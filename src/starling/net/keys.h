@@ -1,7 +1,7 @@
 // CURVE identities. A key file holds one peer's key pair (Z85 text, readable only by its owner);
 // its ".pub" twin holds the public half for others. A swarm is defined by an allowlist: a text
-// file with one public key per line, optionally followed by a name; a word starting with '#' starts a comment
-// (Z85 keys may contain '#' themselves).
+// file with one public key per line, optionally followed by a name; a word starting with '#' starts
+// a comment (Z85 keys may contain '#' themselves).
 #pragma once
 
 #include <filesystem>

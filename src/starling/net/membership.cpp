@@ -21,17 +21,23 @@ PeerId parse_id(const nlohmann::json& j, const char* field) {
 
 std::string to_string(MemberState state) {
   switch (state) {
-    case MemberState::alive: return "alive";
-    case MemberState::dead: return "dead";
-    case MemberState::left: return "left";
+    case MemberState::alive:
+      return "alive";
+    case MemberState::dead:
+      return "dead";
+    case MemberState::left:
+      return "left";
   }
   return "?";
 }
 
 nlohmann::json to_json(const MemberInfo& m) {
-  return {{"id", format_peer_id(m.id)},     {"name", m.name},
-          {"endpoint", m.endpoint},         {"key", m.public_key},
-          {"joined_at", m.joined_at_ms},    {"active", m.active},
+  return {{"id", format_peer_id(m.id)},
+          {"name", m.name},
+          {"endpoint", m.endpoint},
+          {"key", m.public_key},
+          {"joined_at", m.joined_at_ms},
+          {"active", m.active},
           {"left", m.left}};
 }
 
@@ -185,11 +191,15 @@ nlohmann::json Membership::links_json(PeerId self) const {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& [key, l] : links_) {
     if (key.first == self && l.rtt_ms >= 0)
-      out.push_back({{"from", format_peer_id(key.first)}, {"to", format_peer_id(key.second)},
-                     {"rtt_ms", l.rtt_ms}, {"mbps", -1}});
+      out.push_back({{"from", format_peer_id(key.first)},
+                     {"to", format_peer_id(key.second)},
+                     {"rtt_ms", l.rtt_ms},
+                     {"mbps", -1}});
     if (key.second == self && l.mbit_per_s >= 0)
-      out.push_back({{"from", format_peer_id(key.first)}, {"to", format_peer_id(key.second)},
-                     {"rtt_ms", -1}, {"mbps", l.mbit_per_s}});
+      out.push_back({{"from", format_peer_id(key.first)},
+                     {"to", format_peer_id(key.second)},
+                     {"rtt_ms", -1},
+                     {"mbps", l.mbit_per_s}});
   }
   return out;
 }

@@ -25,8 +25,8 @@ std::string to_string(MemberState state);
 struct MemberInfo {
   PeerId id = 0;
   std::string name;
-  std::string endpoint;    // tcp://HOST:PORT
-  std::string public_key;  // Z85; empty in --insecure swarms
+  std::string endpoint;      // tcp://HOST:PORT
+  std::string public_key;    // Z85; empty in --insecure swarms
   int64_t joined_at_ms = 0;  // wall clock when it joined; orders coordinators (oldest first)
   bool active = true;        // takes part in every collective
   bool left = false;         // announced its departure

@@ -106,7 +106,18 @@ struct Start {
   uint64_t op_id = 0;
   std::vector<PeerId> ring;
   Request request;
+  uint64_t chunk_elements = 0;
 };
+
+// Chunk size for one operation, decided by the coordinator so every participant cuts the same
+// way. Each segment gets at least ~16 chunks, so even a small tensor keeps every link busy
+// (a link idles for a round trip whenever it waits for a whole segment), but no chunk is
+// smaller than 64 KiB (per-message costs) or larger than the configured size.
+uint64_t choose_chunk_elements(uint64_t count, size_t peers, size_t max_chunk_bytes) {
+  const uint64_t most = std::max<uint64_t>(max_chunk_bytes / sizeof(float), 1);
+  const uint64_t least = std::min<uint64_t>(16 * 1024, most);
+  return std::clamp<uint64_t>(count / std::max<size_t>(peers, 1) / 16, least, most);
+}
 
 }  // namespace
 
@@ -176,7 +187,8 @@ class Node::Impl : public RingChannel {
     uint64_t attempt;
     Request request;
   };
-  std::map<PeerId, ReadyFrom> readies_;  // as coordinator
+  std::map<PeerId, ReadyFrom> readies_;        // as coordinator
+  std::map<PeerId, uint64_t> started_attempt_;  // as coordinator: last attempt answered, per peer
   uint64_t attempt_ = 0;                 // our latest collective attempt
   std::optional<Start> start_;           // the coordinator's answer to our attempt
   bool awaiting_start_ = false;
@@ -275,6 +287,10 @@ void Node::Impl::send_to(PeerId peer, MsgType type, zmq::message_t payload, uint
 }
 
 void Node::Impl::introduce(const MemberInfo& info) {
+  // New, or a new incarnation of a restarted peer: its attempt numbers start again.
+  started_attempt_.erase(info.id);
+  readies_.erase(info.id);
+  transport_->disconnect(slot_of(info.id));  // a restarted peer may listen elsewhere now
   transport_->connect(slot_of(info.id), info.endpoint, info.public_key);
   send_to(info.id, MsgType::hello, json_message({{"member", to_json(membership_.self())}}));
   // Bandwidth probe: a marker, then a bulk payload right behind it; the receiver times the gap.
@@ -400,8 +416,8 @@ void Node::Impl::send_heartbeats(Clock::time_point now) {
       if (m.info.id != self_id_ && m.state != MemberState::left)
         targets.emplace_back(m.info.id, m.last_heard);
     }
-    body = {{"members", members}, {"links", membership_.links_json(self_id_)},
-            {"ping", steady_ns()}};
+    body = {
+        {"members", members}, {"links", membership_.links_json(self_id_)}, {"ping", steady_ns()}};
   }
   for (const auto& [id, last] : targets) {
     // A peer silent for ten timeouts is gone for good: drop its queue and stop writing to it.
@@ -514,7 +530,17 @@ void Node::Impl::handle_control(Incoming& in, const json& body) {
         }
         if (h.type == MsgType::heartbeat && body.contains("links"))
           membership_.merge_links_json(body["links"], h.sender);
-        if (h.type == MsgType::welcome) welcomed_ = true;
+        if (h.type == MsgType::welcome && !welcomed_ && !entries_.empty()) {
+          welcomed_ = true;
+          // The coordinator is the oldest member; a joiner must be younger than everyone it
+          // finds, whatever its clock says. Only once, on the welcome that completes the join:
+          // every later change would look like a restart to the others.
+          int64_t newest = 0;
+          for (const auto& m : list)
+            if (m.id != self_id_) newest = std::max(newest, m.joined_at_ms);
+          auto& self = membership_.self_info();
+          if (self.joined_at_ms <= newest) self.joined_at_ms = newest + 1;
+        }
       }
       for (const auto& m : added) introduce(m);
       if (h.type == MsgType::welcome && !join_slots_.empty()) {
@@ -522,8 +548,7 @@ void Node::Impl::handle_control(Incoming& in, const json& body) {
         join_slots_.clear();
         log("joined the swarm through " + who(h.sender));
       }
-      if (h.type == MsgType::heartbeat && body.contains("ping") &&
-          body["ping"].is_number_integer())
+      if (h.type == MsgType::heartbeat && body.contains("ping") && body["ping"].is_number_integer())
         send_to(h.sender, MsgType::pong, json_message({{"ping", body["ping"]}}));
       changed_.notify_all();
       break;
@@ -556,6 +581,10 @@ void Node::Impl::handle_control(Incoming& in, const json& body) {
         throw NetError("field 'attempt' is missing");
       // Parsed before touching the table, so a malformed request leaves no entry behind.
       ReadyFrom ready{body["attempt"].get<uint64_t>(), Request::from_json(body)};
+      // Readiness is repeated until answered; a repeat of an attempt already started is stale.
+      if (auto it = started_attempt_.find(h.sender);
+          it != started_attempt_.end() && ready.attempt <= it->second)
+        break;
       readies_.insert_or_assign(h.sender, std::move(ready));
 
       coordinate();
@@ -567,14 +596,18 @@ void Node::Impl::handle_control(Incoming& in, const json& body) {
         throw NetError("fields 'attempt' and 'ring' are required");
       if (body.contains("refused") && body["refused"].is_string()) {
         if (awaiting_start_ && body["attempt"].get<uint64_t>() == attempt_)
-          start_refused_ = "coordinator " + who(h.sender) + " refused the collective: " +
-                           body["refused"].get<std::string>();
+          start_refused_ = "coordinator " + who(h.sender) +
+                           " refused the collective: " + body["refused"].get<std::string>();
         break;
       }
       Start s;
       s.op_id = h.op;
       for (const auto& id : body["ring"]) s.ring.push_back(parse_hex_id(id, "ring"));
       s.request = Request::from_json(body);
+      if (!body.contains("chunk") || !body["chunk"].is_number_unsigned() ||
+          body["chunk"].get<uint64_t>() == 0 || body["chunk"].get<uint64_t>() > (1ull << 28))
+        throw NetError("field 'chunk' is missing or out of range");
+      s.chunk_elements = body["chunk"].get<uint64_t>();
       if (awaiting_start_ && body["attempt"].get<uint64_t>() == attempt_ && !start_) {
         start_ = std::move(s);
       } else {
@@ -587,10 +620,10 @@ void Node::Impl::handle_control(Incoming& in, const json& body) {
       break;
     }
     case MsgType::abort: {
-      const std::string reason =
-          body.contains("reason") && body["reason"].is_string() ? body["reason"].get<std::string>()
-                                                                 : "no reason given";
-      if (h.op != 0) aborted_[h.op] = "peer " + who(h.sender) + " aborted it: " + reason;
+      const std::string reason = body.contains("reason") && body["reason"].is_string()
+                                     ? body["reason"].get<std::string>()
+                                     : "no reason given";
+      if (h.op != 0) aborted_.insert_or_assign(h.op, "peer " + who(h.sender) + " aborted it: " + reason);
       if (aborted_.size() > 64) aborted_.erase(aborted_.begin());
       if (body.contains("attempt") && body["attempt"].is_number_unsigned()) {
         auto it = readies_.find(h.sender);
@@ -624,34 +657,36 @@ void Node::Impl::coordinate() {
   std::string refusal;
   for (const auto& [id, r] : readies_)
     if (!r.request.same_as(first))
-      refusal = "peers disagree: " + who(readies_.begin()->first) + " called " +
-                first.describe() + ", " + who(id) + " called " + r.request.describe();
+      refusal = "peers disagree: " + who(readies_.begin()->first) + " called " + first.describe() +
+                ", " + who(id) + " called " + r.request.describe();
   if (refusal.empty() && first.kind == CollectiveKind::broadcast &&
-      std::find(participants.begin(), participants.end(), first.options.root) ==
-          participants.end())
+      std::find(participants.begin(), participants.end(), first.options.root) == participants.end())
     refusal = "the broadcast root " + short_peer_id(first.options.root) +
               " is not among the participants";
   std::vector<PeerId> ring;
   if (refusal.empty()) {
     std::lock_guard lock(mutex_);
-    ring = choose_ring(participants, first.options.order, [&](PeerId a, PeerId b) {
-      return membership_.link(a, b).mbit_per_s;
-    });
+    ring = choose_ring(participants, first.options.order,
+                       [&](PeerId a, PeerId b) { return membership_.link(a, b).mbit_per_s; });
   }
   const uint64_t op_id = random_() | 1;  // never 0
+  const uint64_t chunk = choose_chunk_elements(first.count, participants.size(),
+                                               options_.chunk_bytes);
   json ring_json = json::array();
   for (PeerId id : ring) ring_json.push_back(format_peer_id(id));
   for (const auto& [id, r] : readies_) {
+    started_attempt_[id] = r.attempt;
     json body = first.to_json();
     body["attempt"] = r.attempt;
     body["ring"] = ring_json;
+    body["chunk"] = chunk;
     if (!refusal.empty()) body["refused"] = refusal;
     if (id == self_id_) {
       if (r.attempt != attempt_) continue;
       if (!refusal.empty()) {
         start_refused_ = refusal;
       } else {
-        start_ = Start{op_id, ring, first};
+        start_ = Start{op_id, ring, first, chunk};
       }
     } else {
       send_to(id, MsgType::start, json_message(body), op_id);
@@ -675,12 +710,19 @@ void Node::Impl::run_collective(Pending& p) {
   }
   json ready = req.to_json();
   ready["attempt"] = attempt_;
-  if (*coordinator == self_id_) {
-    readies_[self_id_] = {attempt_, req};
-    coordinate();
-  } else {
-    send_to(*coordinator, MsgType::ready, json_message(ready));
-  }
+  // Tells the current coordinator we are ready. Repeated every heartbeat until the answer comes:
+  // a lost message, a coordinator that died before starting, or one that had briefly taken us
+  // for dead all cost one heartbeat instead of the collective timeout.
+  const auto announce = [&] {
+    if (*coordinator == self_id_) {
+      readies_.insert_or_assign(self_id_, ReadyFrom{attempt_, req});
+      coordinate();
+    } else {
+      send_to(*coordinator, MsgType::ready, json_message(ready));
+    }
+  };
+  announce();
+  auto announced_at = Clock::now();
   const auto deadline = p.launched + options_.collective_timeout;
   awaiting_start_ = true;
   while (!start_ && !start_refused_) {
@@ -688,14 +730,18 @@ void Node::Impl::run_collective(Pending& p) {
       error = "the peer is stopping";
       break;
     }
-    {
-      std::lock_guard lock(mutex_);
-      if (*coordinator != self_id_ && !membership_.is_alive(*coordinator)) {
-        error = "coordinator " + who(*coordinator) + " died or left before " + req.describe() +
-                " started";
+    if (Clock::now() - announced_at >= options_.heartbeat_interval) {
+      std::optional<PeerId> now_coordinator;
+      {
+        std::lock_guard lock(mutex_);
+        now_coordinator = membership_.coordinator();
       }
+      if (now_coordinator != coordinator && *coordinator == self_id_) readies_.erase(self_id_);
+      coordinator = now_coordinator;
+      announce();
+      announced_at = Clock::now();
+      if (start_ || start_refused_) break;
     }
-    if (!error.empty()) break;
     if (Clock::now() > deadline) {
       std::string missing;
       if (*coordinator == self_id_) {
@@ -717,7 +763,8 @@ void Node::Impl::run_collective(Pending& p) {
     if (*coordinator == self_id_) {
       readies_.erase(self_id_);
     } else {
-      send_to(*coordinator, MsgType::abort, json_message({{"attempt", attempt_}, {"reason", error}}));
+      send_to(*coordinator, MsgType::abort,
+              json_message({{"attempt", attempt_}, {"reason", error}}));
     }
     p.state->finish({}, error);
     return;
@@ -739,7 +786,8 @@ void Node::Impl::run_collective(Pending& p) {
     std::lock_guard lock(mutex_);
     for (PeerId id : {left_, right_}) {
       const Member* m = membership_.find(id);
-      if (!m) unknown = short_peer_id(id);
+      if (!m)
+        unknown = short_peer_id(id);
       else if (id != self_id_)
         transport_->connect(slot_of(id), m->info.endpoint, m->info.public_key);
     }
@@ -747,7 +795,7 @@ void Node::Impl::run_collective(Pending& p) {
   RingSpec spec;
   spec.position = pos;
   spec.size = P;
-  spec.chunk_elements = options_.chunk_bytes / sizeof(float);
+  spec.chunk_elements = s.chunk_elements;
   spec.precision = req.options.precision;
   spec.op = req.options.op;
   try {
@@ -757,13 +805,18 @@ void Node::Impl::run_collective(Pending& p) {
       throw NetError("the coordinator started " + s.request.describe() + ", this peer called " +
                      req.describe());
     switch (req.kind) {
-      case CollectiveKind::all_reduce: ring_all_reduce(p.data, spec, *this); break;
-      case CollectiveKind::reduce_scatter: ring_reduce_scatter(p.data, spec, *this); break;
-      case CollectiveKind::all_gather: ring_all_gather(p.data, spec, *this); break;
+      case CollectiveKind::all_reduce:
+        ring_all_reduce(p.data, spec, *this);
+        break;
+      case CollectiveKind::reduce_scatter:
+        ring_reduce_scatter(p.data, spec, *this);
+        break;
+      case CollectiveKind::all_gather:
+        ring_all_gather(p.data, spec, *this);
+        break;
       case CollectiveKind::broadcast: {
-        const int root =
-            static_cast<int>(std::find(s.ring.begin(), s.ring.end(), req.options.root) -
-                             s.ring.begin());
+        const int root = static_cast<int>(
+            std::find(s.ring.begin(), s.ring.end(), req.options.root) - s.ring.begin());
         chain_broadcast(p.data, spec, root, *this);
         break;
       }
@@ -844,7 +897,9 @@ zmq::message_t Node::Impl::receive_left(uint32_t step, uint32_t chunk, size_t ex
           throw NetError("peer " + who(id) + " died during the operation (no message for " +
                          std::to_string(options_.peer_timeout.count() / 1000.0).substr(0, 4) +
                          " s)");
-        if (m->state == MemberState::left)
+        // A peer that leaves after doing its part is fine; one that quits midway sends an
+        // abort. Only our left neighbour's departure means our data will not come.
+        if (m->state == MemberState::left && id == left_)
           throw NetError("peer " + who(id) + " left during the operation");
       }
     }
@@ -868,8 +923,10 @@ json Node::Impl::status_json() const {
   }
   json links = json::array();
   for (const auto& [key, l] : membership_.links())
-    links.push_back({{"from", format_peer_id(key.first)}, {"to", format_peer_id(key.second)},
-                     {"rtt_ms", l.rtt_ms}, {"mbps", l.mbit_per_s}});
+    links.push_back({{"from", format_peer_id(key.first)},
+                     {"to", format_peer_id(key.second)},
+                     {"rtt_ms", l.rtt_ms},
+                     {"mbps", l.mbit_per_s}});
   return {{"self", format_peer_id(self_id_)}, {"members", members}, {"links", links}};
 }
 
@@ -901,10 +958,9 @@ std::vector<MemberView> Node::Impl::members() const {
   std::vector<MemberView> out;
   const auto now = Clock::now();
   for (const Member& m : membership_.all())
-    out.push_back({m.info, m.state,
-                   m.info.id == self_id_
-                       ? 0.0
-                       : std::chrono::duration<double>(now - m.last_heard).count()});
+    out.push_back(
+        {m.info, m.state,
+         m.info.id == self_id_ ? 0.0 : std::chrono::duration<double>(now - m.last_heard).count()});
   return out;
 }
 

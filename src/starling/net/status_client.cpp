@@ -57,11 +57,12 @@ StatusReport query_status(const StatusQuery& q) {
     (void)sockets[i].recv(header);
     if (!header.more()) throw NetError("status reply from " + entry.endpoint + " has one frame");
     (void)sockets[i].recv(payload);
-    auto decoded = decode_header({static_cast<const std::byte*>(header.data()), header.size()},
-                                 64ull << 20);
-    if (!decoded.ok()) throw NetError("bad status reply from " + entry.endpoint + ": " + decoded.error);
-    if (auto bad = check_payload(decoded.header, {static_cast<const std::byte*>(payload.data()),
-                                                  payload.size()});
+    auto decoded =
+        decode_header({static_cast<const std::byte*>(header.data()), header.size()}, 64ull << 20);
+    if (!decoded.ok())
+      throw NetError("bad status reply from " + entry.endpoint + ": " + decoded.error);
+    if (auto bad = check_payload(decoded.header,
+                                 {static_cast<const std::byte*>(payload.data()), payload.size()});
         !bad.empty())
       throw NetError("bad status reply from " + entry.endpoint + ": " + bad);
     StatusReport report;
@@ -123,12 +124,13 @@ std::string format_status(const StatusReport& r) {
       std::string cell = "self";
       if (a.info.id != b.info.id) {
         // Bandwidth is measured by the receiver, latency by the sender of the ping.
-        const auto bw = links.count({a.info.id, b.info.id}) ? links[{a.info.id, b.info.id}]
-                                                             : LinkStats{};
+        const auto bw =
+            links.count({a.info.id, b.info.id}) ? links[{a.info.id, b.info.id}] : LinkStats{};
         char c[64];
-        std::snprintf(c, sizeof c, "%s / %s",
-                      bw.mbit_per_s < 0 ? "-" : std::to_string(static_cast<long>(bw.mbit_per_s)).c_str(),
-                      bw.rtt_ms < 0 ? "-" : (std::to_string(bw.rtt_ms).substr(0, 5)).c_str());
+        std::snprintf(
+            c, sizeof c, "%s / %s",
+            bw.mbit_per_s < 0 ? "-" : std::to_string(static_cast<long>(bw.mbit_per_s)).c_str(),
+            bw.rtt_ms < 0 ? "-" : (std::to_string(bw.rtt_ms).substr(0, 5)).c_str());
         cell = c;
       }
       std::snprintf(line, sizeof line, "  %-16s", cell.c_str());

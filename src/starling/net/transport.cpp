@@ -142,18 +142,18 @@ std::optional<Incoming> Transport::receive(std::chrono::milliseconds timeout) {
                           std::to_string(frames.empty() ? 0 : frames.size() - 1));
       continue;
     }
-    auto decoded = decode_header(
-        {static_cast<const std::byte*>(frames[1].data()), frames[1].size()},
-        options_.max_payload_bytes);
+    auto decoded =
+        decode_header({static_cast<const std::byte*>(frames[1].data()), frames[1].size()},
+                      options_.max_payload_bytes);
     if (!decoded.ok()) {
       reject(address, decoded.error);
       continue;
     }
     const Header& h = decoded.header;
-    const std::string from = address + " (peer " + short_peer_id(h.sender) + ", " +
-                             to_string(h.type) + ")";
-    if (auto bad = check_payload(h, {static_cast<const std::byte*>(frames[2].data()),
-                                     frames[2].size()});
+    const std::string from =
+        address + " (peer " + short_peer_id(h.sender) + ", " + to_string(h.type) + ")";
+    if (auto bad =
+            check_payload(h, {static_cast<const std::byte*>(frames[2].data()), frames[2].size()});
         !bad.empty()) {
       reject(from, bad);
       continue;

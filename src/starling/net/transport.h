@@ -37,8 +37,8 @@ struct TransportOptions {
 struct Incoming {
   Header header;
   zmq::message_t payload;
-  zmq::message_t routing;   // the ROUTER's id of the connection, for reply()
-  std::string address;      // remote IP, for logs
+  zmq::message_t routing;  // the ROUTER's id of the connection, for reply()
+  std::string address;     // remote IP, for logs
 };
 
 class Transport {
@@ -53,8 +53,7 @@ class Transport {
 
   // Opens (or keeps) a sending socket named `slot` to `endpoint`. `server_key` is the public key
   // the listener there must prove it holds (CURVE); a wrong key means nothing gets through.
-  void connect(const std::string& slot, const std::string& endpoint,
-               const std::string& server_key);
+  void connect(const std::string& slot, const std::string& endpoint, const std::string& server_key);
   void disconnect(const std::string& slot);
   bool connected(const std::string& slot) const { return dealers_.count(slot) > 0; }
 

@@ -35,18 +35,30 @@ std::string short_peer_id(PeerId id) { return format_peer_id(id).substr(0, 8); }
 
 std::string to_string(MsgType type) {
   switch (type) {
-    case MsgType::hello: return "hello";
-    case MsgType::welcome: return "welcome";
-    case MsgType::heartbeat: return "heartbeat";
-    case MsgType::pong: return "pong";
-    case MsgType::leave: return "leave";
-    case MsgType::status_request: return "status_request";
-    case MsgType::status_reply: return "status_reply";
-    case MsgType::probe: return "probe";
-    case MsgType::ready: return "ready";
-    case MsgType::start: return "start";
-    case MsgType::abort: return "abort";
-    case MsgType::data: return "data";
+    case MsgType::hello:
+      return "hello";
+    case MsgType::welcome:
+      return "welcome";
+    case MsgType::heartbeat:
+      return "heartbeat";
+    case MsgType::pong:
+      return "pong";
+    case MsgType::leave:
+      return "leave";
+    case MsgType::status_request:
+      return "status_request";
+    case MsgType::status_reply:
+      return "status_reply";
+    case MsgType::probe:
+      return "probe";
+    case MsgType::ready:
+      return "ready";
+    case MsgType::start:
+      return "start";
+    case MsgType::abort:
+      return "abort";
+    case MsgType::data:
+      return "data";
   }
   return "type " + std::to_string(static_cast<int>(type));
 }

@@ -27,18 +27,18 @@ inline constexpr uint8_t kWireVersion = 1;
 inline constexpr size_t kHeaderBytes = 48;
 
 enum class MsgType : uint8_t {
-  hello = 1,            // a peer introduces itself (join request, or first contact)
-  welcome = 2,          // reply to hello: the member list
-  heartbeat = 3,        // liveness + gossip (member list, link measurements, ping time)
-  pong = 4,             // echo of a heartbeat's ping time, for round-trip latency
-  leave = 5,            // the sender is leaving the swarm
-  status_request = 6,   // from `starling status`: reply with members and links
+  hello = 1,           // a peer introduces itself (join request, or first contact)
+  welcome = 2,         // reply to hello: the member list
+  heartbeat = 3,       // liveness + gossip (member list, link measurements, ping time)
+  pong = 4,            // echo of a heartbeat's ping time, for round-trip latency
+  leave = 5,           // the sender is leaving the swarm
+  status_request = 6,  // from `starling status`: reply with members and links
   status_reply = 7,
-  probe = 8,            // bandwidth probe: a marker (chunk 0) then a bulk payload (chunk 1)
-  ready = 9,            // participant -> coordinator: I am ready for my next collective
-  start = 10,           // coordinator -> participants: run it with these peers in this order
-  abort = 11,           // a collective failed; stop waiting for it
-  data = 12,            // a chunk of a collective's tensor
+  probe = 8,   // bandwidth probe: a marker (chunk 0) then a bulk payload (chunk 1)
+  ready = 9,   // participant -> coordinator: I am ready for my next collective
+  start = 10,  // coordinator -> participants: run it with these peers in this order
+  abort = 11,  // a collective failed; stop waiting for it
+  data = 12,   // a chunk of a collective's tensor
 };
 inline constexpr uint8_t kMaxMsgType = 12;
 

@@ -6,7 +6,9 @@
 namespace starling::net {
 
 ZapHandler::ZapHandler(zmq::context_t& context, std::set<std::string> allowed_keys, LogFn log)
-    : socket_(context, zmq::socket_type::rep), allowed_(std::move(allowed_keys)), log_(std::move(log)) {
+    : socket_(context, zmq::socket_type::rep),
+      allowed_(std::move(allowed_keys)),
+      log_(std::move(log)) {
   socket_.set(zmq::sockopt::linger, 0);
   socket_.bind("inproc://zeromq.zap.01");
   thread_ = std::thread([this] { run(); });

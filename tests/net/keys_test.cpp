@@ -1,0 +1,103 @@
+// Key files, allowlists and entry points: Z85 keys may contain or start with '#' and '@', which
+// must not be mistaken for a comment or an address separator; bad files name file and line.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "starling/common/error.h"
+#include "starling/net/endpoint.h"
+#include "starling/net/keys.h"
+
+namespace fs = std::filesystem;
+namespace net = starling::net;
+
+namespace {
+
+fs::path temp(const std::string& name) {
+  return fs::temp_directory_path() / ("starling_keys_" + std::to_string(::getpid()) + "_" + name);
+}
+
+// A key pair whose public key satisfies `want` (drawn until one does).
+net::KeyPair key_where(const std::function<bool(const std::string&)>& want) {
+  while (true) {
+    auto k = net::generate_keypair();
+    if (want(k.public_key)) return k;
+  }
+}
+
+}  // namespace
+
+TEST(KeysTest, KeyFileRoundTripsAndIsChecked) {
+  const auto path = temp("a.key");
+  fs::remove(path);
+  fs::remove(fs::path(path).replace_extension(".pub"));
+  const auto keys = net::generate_keypair();
+  net::save_keypair(keys, path, "alice");
+  const auto loaded = net::load_keypair(path);
+  EXPECT_EQ(loaded.public_key, keys.public_key);
+  EXPECT_EQ(loaded.secret_key, keys.secret_key);
+  EXPECT_THROW(net::save_keypair(keys, path, "again"), starling::ConfigError);
+  // A public key that does not belong to the secret key.
+  const auto other = net::generate_keypair();
+  std::ofstream(path) << "public-key = " << other.public_key << "\nsecret-key = "
+                      << keys.secret_key << "\n";
+  try {
+    net::load_keypair(path);
+    FAIL();
+  } catch (const starling::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not belong"), std::string::npos) << e.what();
+  }
+  // A .pub file given where the key file is expected.
+  try {
+    net::load_keypair(fs::path(path).replace_extension(".pub"));
+    FAIL();
+  } catch (const starling::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(":1:"), std::string::npos) << e.what();
+  }
+  fs::remove(path);
+  fs::remove(fs::path(path).replace_extension(".pub"));
+}
+
+TEST(KeysTest, AllowlistKeepsKeysWithHashAndDropsComments) {
+  // ('#' is the last Z85 digit, so it never starts a key: a 40-character key encodes 32 bytes,
+  // and its first digit is at most 2^32 / 85^4 = 82.)
+  const auto hash_first = key_where([](const std::string& k) { return k.find('#') == 1; });
+  const auto hash_inside = key_where([](const std::string& k) {
+    const auto at = k.find('#');
+    return at != std::string::npos && at > 1;
+  });
+  const auto plain = net::generate_keypair();
+  const auto path = temp("swarm.allow");
+  std::ofstream(path) << "# the swarm\n"
+                      << hash_first.public_key << " first # a comment\n"
+                      << "  " << hash_inside.public_key << "\n"
+                      << plain.public_key << " # only a comment\n"
+                      << "#" << plain.public_key << " commented out, not a key (41 chars)\n";
+  const auto allow = net::load_allowlist(path);
+  ASSERT_EQ(allow.size(), 3u);
+  EXPECT_EQ(allow[0].public_key, hash_first.public_key);
+  EXPECT_EQ(allow[0].name, "first");
+  EXPECT_EQ(allow[1].public_key, hash_inside.public_key);
+  EXPECT_EQ(allow[2].name, "");
+  std::ofstream(path) << plain.public_key << "\nnot-a-key bob\n";
+  try {
+    net::load_allowlist(path);
+    FAIL();
+  } catch (const starling::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("swarm.allow:2"), std::string::npos) << e.what();
+  }
+  fs::remove(path);
+}
+
+TEST(KeysTest, EntryPointSplitsAtTheEndpointNotAtAnAtSignInTheKey) {
+  const auto k = key_where([](const std::string& key) { return key.find('@') != std::string::npos; });
+  const auto e = net::parse_entry_point(k.public_key + "@tcp://10.0.0.1:7000", "--join");
+  EXPECT_EQ(e.public_key, k.public_key);
+  EXPECT_EQ(e.endpoint, "tcp://10.0.0.1:7000");
+  EXPECT_EQ(net::parse_entry_point("tcp://h:1", "--join").public_key, "");
+  EXPECT_THROW(net::parse_entry_point("tcp://h:0", "--join"), starling::ConfigError);
+  EXPECT_THROW(net::parse_entry_point("tcp://h:99999", "--join"), starling::ConfigError);
+  EXPECT_THROW(net::parse_entry_point("h:1", "--join"), starling::ConfigError);
+  EXPECT_THROW(net::parse_entry_point("short@tcp://h:1", "--join"), starling::ConfigError);
+}
