@@ -67,7 +67,8 @@ TEST(ModelConfig, TyingTheHeadChangesParametersNotCompute) {
   // 12 * n_layer * seq_len * d_model for attention (PaLM's count, causal mask counted as full).
   const auto c = model::preset("gpt2-124m");
   const double blocks = 124'439'808.0 - 50257.0 * 768 - 1024.0 * 768;
-  EXPECT_DOUBLE_EQ(c.train_flops_per_token(), 6 * (blocks + 50257.0 * 768) + 12.0 * 12 * 1024 * 768);
+  EXPECT_DOUBLE_EQ(c.train_flops_per_token(),
+                   6 * (blocks + 50257.0 * 768) + 12.0 * 12 * 1024 * 768);
 }
 
 TEST(ModelConfig, FfDimDefaults) {

@@ -1,5 +1,7 @@
 // Key files, allowlists and entry points: Z85 keys may contain or start with '#' and '@', which
 // must not be mistaken for a comment or an address separator; bad files name file and line.
+#include "starling/net/keys.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -7,7 +9,6 @@
 
 #include "starling/common/error.h"
 #include "starling/net/endpoint.h"
-#include "starling/net/keys.h"
 
 namespace fs = std::filesystem;
 namespace net = starling::net;
@@ -40,8 +41,8 @@ TEST(KeysTest, KeyFileRoundTripsAndIsChecked) {
   EXPECT_THROW(net::save_keypair(keys, path, "again"), starling::ConfigError);
   // A public key that does not belong to the secret key.
   const auto other = net::generate_keypair();
-  std::ofstream(path) << "public-key = " << other.public_key << "\nsecret-key = "
-                      << keys.secret_key << "\n";
+  std::ofstream(path) << "public-key = " << other.public_key << "\nsecret-key = " << keys.secret_key
+                      << "\n";
   try {
     net::load_keypair(path);
     FAIL();
@@ -91,7 +92,8 @@ TEST(KeysTest, AllowlistKeepsKeysWithHashAndDropsComments) {
 }
 
 TEST(KeysTest, EntryPointSplitsAtTheEndpointNotAtAnAtSignInTheKey) {
-  const auto k = key_where([](const std::string& key) { return key.find('@') != std::string::npos; });
+  const auto k =
+      key_where([](const std::string& key) { return key.find('@') != std::string::npos; });
   const auto e = net::parse_entry_point(k.public_key + "@tcp://10.0.0.1:7000", "--join");
   EXPECT_EQ(e.public_key, k.public_key);
   EXPECT_EQ(e.endpoint, "tcp://10.0.0.1:7000");

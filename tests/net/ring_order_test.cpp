@@ -1,10 +1,10 @@
 // Ring order: the slowest link of the chosen ring is as fast as possible; without complete
 // measurements, or when asked, peers go by id.
+#include "starling/net/ring_order.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
-
-#include "starling/net/ring_order.h"
 
 namespace net = starling::net;
 

@@ -75,9 +75,9 @@ double ModelConfig::train_flops_per_token() const {
   // 6 FLOPs per matmul parameter per token (forward 2, backward 4), plus the attention score and
   // value products, 12 * n_layer * seq_len * d_model: PaLM's count (appendix B), which counts the
   // causal mask as full, as AttentionOp::forward_flops_per_token does.
-  const double non_embedding =
-      static_cast<double>(num_params()) - static_cast<double>(vocab_size * d_model) -
-      (arch == Arch::kGpt2 ? static_cast<double>(seq_len * d_model) : 0.0);
+  const double non_embedding = static_cast<double>(num_params()) -
+                               static_cast<double>(vocab_size * d_model) -
+                               (arch == Arch::kGpt2 ? static_cast<double>(seq_len * d_model) : 0.0);
   // The LM head matmul: an untied head is already among the non-embedding parameters.
   const double head = tie_embeddings ? static_cast<double>(vocab_size * d_model) : 0.0;
   return 6.0 * (non_embedding + head) + 12.0 * n_layer * seq_len * d_model;

@@ -82,16 +82,29 @@ class Collectives {
   virtual ~Collectives() = default;
 
   // data = reduction of everyone's data.
-  virtual Work all_reduce(std::span<float> data, const CollectiveOptions& options) = 0;
+  Work all_reduce(std::span<float> data, const CollectiveOptions& options) {
+    return launch(CollectiveKind::all_reduce, data, options);
+  }
   // This peer's shard of `data` (see CollectiveResult::shard) = reduction of everyone's shard;
   // the rest of `data` is left in an unspecified state.
-  virtual Work reduce_scatter(std::span<float> data, const CollectiveOptions& options) = 0;
+  Work reduce_scatter(std::span<float> data, const CollectiveOptions& options) {
+    return launch(CollectiveKind::reduce_scatter, data, options);
+  }
   // Everyone contributes its shard of `data`; afterwards every peer holds all shards.
-  virtual Work all_gather(std::span<float> data, const CollectiveOptions& options) = 0;
+  Work all_gather(std::span<float> data, const CollectiveOptions& options) {
+    return launch(CollectiveKind::all_gather, data, options);
+  }
   // data = the root's data.
-  virtual Work broadcast(std::span<float> data, const CollectiveOptions& options) = 0;
+  Work broadcast(std::span<float> data, const CollectiveOptions& options) {
+    return launch(CollectiveKind::broadcast, data, options);
+  }
 
   virtual std::string backend_name() const = 0;
+
+ protected:
+  // Each backend implements one entry point for all four operations.
+  virtual Work launch(CollectiveKind kind, std::span<float> data,
+                      const CollectiveOptions& options) = 0;
 };
 
 }  // namespace starling::net

@@ -54,6 +54,17 @@ std::string local_address_towards(const std::string& host, const std::string& po
 
 }  // namespace
 
+std::vector<std::string> candidate_server_keys(const EntryPoint& entry, bool insecure,
+                                               const std::string& own_public_key,
+                                               const std::vector<AllowedKey>& allowlist) {
+  if (insecure) return {""};
+  if (!entry.public_key.empty()) return {entry.public_key};
+  std::vector<std::string> keys;
+  for (const auto& k : allowlist)
+    if (k.public_key != own_public_key) keys.push_back(k.public_key);
+  return keys;
+}
+
 void check_tcp_endpoint(const std::string& endpoint, const std::string& what) {
   split(endpoint, what);
 }

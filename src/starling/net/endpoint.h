@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "starling/net/keys.h"
+
 namespace starling::net {
 
 struct EntryPoint {
@@ -15,6 +17,13 @@ struct EntryPoint {
 
 // Throws ConfigError naming `what` (e.g. "--join") when the text is not a valid entry point.
 EntryPoint parse_entry_point(const std::string& text, const std::string& what);
+
+// The public keys a client should try for `entry`: none needed (insecure: one empty key), the
+// one the entry names, or every allowlisted key but our own (only the right one completes the
+// CURVE handshake).
+std::vector<std::string> candidate_server_keys(const EntryPoint& entry, bool insecure,
+                                               const std::string& own_public_key,
+                                               const std::vector<AllowedKey>& allowlist);
 
 // Checks "tcp://HOST:PORT" (PORT may be 0 or '*'); throws ConfigError naming `what`.
 void check_tcp_endpoint(const std::string& endpoint, const std::string& what);

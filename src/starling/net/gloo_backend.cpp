@@ -218,17 +218,9 @@ GlooBackend::~GlooBackend() = default;
 int GlooBackend::rank() const { return impl_->rank(); }
 int GlooBackend::world_size() const { return impl_->world_size(); }
 
-Work GlooBackend::all_reduce(std::span<float> data, const CollectiveOptions& options) {
-  return impl_->launch(CollectiveKind::all_reduce, data, options);
-}
-Work GlooBackend::reduce_scatter(std::span<float> data, const CollectiveOptions& options) {
-  return impl_->launch(CollectiveKind::reduce_scatter, data, options);
-}
-Work GlooBackend::all_gather(std::span<float> data, const CollectiveOptions& options) {
-  return impl_->launch(CollectiveKind::all_gather, data, options);
-}
-Work GlooBackend::broadcast(std::span<float> data, const CollectiveOptions& options) {
-  return impl_->launch(CollectiveKind::broadcast, data, options);
+Work GlooBackend::launch(CollectiveKind kind, std::span<float> data,
+                         const CollectiveOptions& options) {
+  return impl_->launch(kind, data, options);
 }
 
 }  // namespace starling::net

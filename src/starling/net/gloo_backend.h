@@ -68,13 +68,13 @@ class GlooBackend : public Collectives {
 
   // Throw NetError for a precision other than fp32 or a broadcast root that is not a rank;
   // failures during the operation (a rank died, timeout) are reported by Work::wait().
-  Work all_reduce(std::span<float> data, const CollectiveOptions& options) override;
-  Work reduce_scatter(std::span<float> data, const CollectiveOptions& options) override;
-  Work all_gather(std::span<float> data, const CollectiveOptions& options) override;
-  Work broadcast(std::span<float> data, const CollectiveOptions& options) override;
   std::string backend_name() const override { return "gloo"; }
 
   class Impl;
+
+ protected:
+  Work launch(CollectiveKind kind, std::span<float> data,
+              const CollectiveOptions& options) override;
 
  private:
   std::unique_ptr<Impl> impl_;

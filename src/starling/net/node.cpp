@@ -154,7 +154,6 @@ class Node::Impl : public RingChannel {
   void introduce(const MemberInfo& info);  // a new member: connect, probe, say hello
   void coordinate();
   void run_collective(Pending& p);
-  void fail_op_everywhere(const Start& start, const std::string& reason);
   json status_json() const;
   void log(const std::string& line) { options_.log(line); }
   std::string who(PeerId id) const;
@@ -187,10 +186,10 @@ class Node::Impl : public RingChannel {
     uint64_t attempt;
     Request request;
   };
-  std::map<PeerId, ReadyFrom> readies_;        // as coordinator
+  std::map<PeerId, ReadyFrom> readies_;         // as coordinator
   std::map<PeerId, uint64_t> started_attempt_;  // as coordinator: last attempt answered, per peer
-  uint64_t attempt_ = 0;                 // our latest collective attempt
-  std::optional<Start> start_;           // the coordinator's answer to our attempt
+  uint64_t attempt_ = 0;                        // our latest collective attempt
+  std::optional<Start> start_;                  // the coordinator's answer to our attempt
   bool awaiting_start_ = false;
   std::optional<std::string> start_refused_;
   // Running operation.
@@ -315,16 +314,8 @@ void Node::Impl::begin_join() {
   // the CURVE handshake, the others never deliver anything and are closed once we are welcomed.
   int n = 0;
   for (const auto& e : entries_) {
-    std::vector<std::string> keys;
-    if (options_.insecure) {
-      keys.push_back("");
-    } else if (!e.public_key.empty()) {
-      keys.push_back(e.public_key);
-    } else {
-      for (const auto& k : options_.allowlist)
-        if (k.public_key != options_.keys.public_key) keys.push_back(k.public_key);
-    }
-    for (const auto& key : keys) {
+    for (const auto& key : candidate_server_keys(e, options_.insecure, options_.keys.public_key,
+                                                 options_.allowlist)) {
       const std::string slot = std::string("j").append(std::to_string(n++));
       transport_->connect(slot, e.endpoint, key);
       Header h;
@@ -623,7 +614,8 @@ void Node::Impl::handle_control(Incoming& in, const json& body) {
       const std::string reason = body.contains("reason") && body["reason"].is_string()
                                      ? body["reason"].get<std::string>()
                                      : "no reason given";
-      if (h.op != 0) aborted_.insert_or_assign(h.op, "peer " + who(h.sender) + " aborted it: " + reason);
+      if (h.op != 0)
+        aborted_.insert_or_assign(h.op, "peer " + who(h.sender) + " aborted it: " + reason);
       if (aborted_.size() > 64) aborted_.erase(aborted_.begin());
       if (body.contains("attempt") && body["attempt"].is_number_unsigned()) {
         auto it = readies_.find(h.sender);
@@ -670,8 +662,8 @@ void Node::Impl::coordinate() {
                        [&](PeerId a, PeerId b) { return membership_.link(a, b).mbit_per_s; });
   }
   const uint64_t op_id = random_() | 1;  // never 0
-  const uint64_t chunk = choose_chunk_elements(first.count, participants.size(),
-                                               options_.chunk_bytes);
+  const uint64_t chunk =
+      choose_chunk_elements(first.count, participants.size(), options_.chunk_bytes);
   json ring_json = json::array();
   for (PeerId id : ring) ring_json.push_back(format_peer_id(id));
   for (const auto& [id, r] : readies_) {
@@ -1001,17 +993,8 @@ void Node::set_active(bool active) { impl_->set_active(active); }
 void Node::leave() { impl_->stop(true); }
 Node::Counters Node::counters() const { return impl_->counters(); }
 
-Work Node::all_reduce(std::span<float> data, const CollectiveOptions& options) {
-  return impl_->launch(CollectiveKind::all_reduce, data, options);
-}
-Work Node::reduce_scatter(std::span<float> data, const CollectiveOptions& options) {
-  return impl_->launch(CollectiveKind::reduce_scatter, data, options);
-}
-Work Node::all_gather(std::span<float> data, const CollectiveOptions& options) {
-  return impl_->launch(CollectiveKind::all_gather, data, options);
-}
-Work Node::broadcast(std::span<float> data, const CollectiveOptions& options) {
-  return impl_->launch(CollectiveKind::broadcast, data, options);
+Work Node::launch(CollectiveKind kind, std::span<float> data, const CollectiveOptions& options) {
+  return impl_->launch(kind, data, options);
 }
 
 }  // namespace starling::net

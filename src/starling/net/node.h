@@ -74,10 +74,6 @@ class Node : public Collectives {
   // Tells every member this peer leaves, then stops. Pending collectives fail.
   void leave();
 
-  Work all_reduce(std::span<float> data, const CollectiveOptions& options) override;
-  Work reduce_scatter(std::span<float> data, const CollectiveOptions& options) override;
-  Work all_gather(std::span<float> data, const CollectiveOptions& options) override;
-  Work broadcast(std::span<float> data, const CollectiveOptions& options) override;
   std::string backend_name() const override { return "starling"; }
 
   struct Counters {
@@ -88,6 +84,10 @@ class Node : public Collectives {
   Counters counters() const;
 
   class Impl;
+
+ protected:
+  Work launch(CollectiveKind kind, std::span<float> data,
+              const CollectiveOptions& options) override;
 
  private:
   std::unique_ptr<Impl> impl_;

@@ -14,15 +14,7 @@ namespace starling::net {
 
 StatusReport query_status(const StatusQuery& q) {
   const EntryPoint entry = parse_entry_point(q.entry, "status entry point");
-  std::vector<std::string> server_keys;
-  if (q.insecure) {
-    server_keys.push_back("");
-  } else if (!entry.public_key.empty()) {
-    server_keys.push_back(entry.public_key);
-  } else {
-    for (const auto& k : q.allowlist)
-      if (k.public_key != q.keys.public_key) server_keys.push_back(k.public_key);
-  }
+  const auto server_keys = candidate_server_keys(entry, q.insecure, q.keys.public_key, q.allowlist);
   const PeerId self =
       q.insecure ? std::random_device{}() : peer_id_from_public_key(q.keys.public_key);
   zmq::context_t context(1);
