@@ -66,13 +66,14 @@ class GlooBackend : public Collectives {
   int rank() const;
   int world_size() const;
 
-  // Throw NetError for a precision other than fp32 or a broadcast root that is not a rank;
-  // failures during the operation (a rank died, timeout) are reported by Work::wait().
   std::string backend_name() const override { return "gloo"; }
 
   class Impl;
 
  protected:
+  // The collectives throw NetError for a precision other than fp32 or a broadcast root that is
+  // not a rank; failures during the operation (a rank died, timeout) are reported by
+  // Work::wait().
   Work launch(CollectiveKind kind, std::span<float> data,
               const CollectiveOptions& options) override;
 
