@@ -33,6 +33,15 @@ add_library(starling STATIC
   src/starling/train/sample_checkpoint.cpp
   src/starling/train/compute_bench.cpp
   src/starling/net/gloo_backend.cpp
+  src/starling/strategy/flat.cpp
+  src/starling/strategy/state_tensors.cpp
+  src/starling/strategy/swarm_strategy.cpp
+  src/starling/strategy/ddp.cpp
+  src/starling/strategy/localsgd.cpp
+  src/starling/strategy/diloco.cpp
+  src/starling/strategy/co2.cpp
+  src/starling/strategy/peer.cpp
+  src/starling/strategy/local_swarm.cpp
 )
 target_link_libraries(starling PUBLIC starling_data starling_net ${TORCH_LIBRARIES}
                       tomlplusplus::tomlplusplus)
@@ -49,6 +58,7 @@ add_executable(starling_cli
   src/starling/cli/model_command.cpp
   src/starling/cli/bench_command.cpp
   src/starling/cli/net_command.cpp
+  src/starling/cli/peer_command.cpp
 )
 set_target_properties(starling_cli PROPERTIES OUTPUT_NAME starling)
 target_link_libraries(starling_cli PRIVATE starling CLI11::CLI11)
@@ -84,9 +94,8 @@ target_precompile_headers(starling_allreduce_peer REUSE_FROM starling)
 add_executable(starling_cli_tests
   tests/cli/cli_test.cpp
   tests/cli/net_cli_test.cpp
-  tests/support/process.cpp
 )
-target_link_libraries(starling_cli_tests PRIVATE GTest::gtest_main)
+target_link_libraries(starling_cli_tests PRIVATE starling_net GTest::gtest_main)
 target_compile_definitions(starling_cli_tests PRIVATE
   STARLING_CLI_PATH="$<TARGET_FILE:starling_cli>"
   STARLING_NET_WORKER="$<TARGET_FILE:starling_net_worker>")

@@ -8,11 +8,11 @@
 #include <sstream>
 #include <thread>
 
-#include "../support/process.h"
+#include "starling/common/process.h"
 #include "run_cli.h"
 
 namespace fs = std::filesystem;
-using starling::testing::Process;
+using starling::Process;
 using starling::testing::run_cli;
 using namespace std::chrono_literals;
 

@@ -1,6 +1,6 @@
 // Tests of the network lab itself: shaped links deliver the configured bandwidth, and labs never
 // outlive their owner (normal teardown, teardown on exceptions, garbage collection after a crash).
-#include "../support/netlab.h"
+#include "starling/net/netlab.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -29,7 +29,7 @@
 #include <thread>
 #include <vector>
 
-namespace starling::testing {
+namespace starling::net {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -271,4 +271,4 @@ TEST(NetLabTest, CollectsLabsOfDeadOwners) {
 }
 
 }  // namespace
-}  // namespace starling::testing
+}  // namespace starling::net

@@ -11,15 +11,15 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "../support/netlab.h"
-#include "../support/process.h"
+#include "starling/net/netlab.h"
+#include "starling/common/process.h"
 #include "starling/net/keys.h"
 
 namespace fs = std::filesystem;
 namespace net = starling::net;
 using json = nlohmann::json;
-using starling::testing::NetLab;
-using starling::testing::Process;
+using starling::net::NetLab;
+using starling::Process;
 using namespace std::chrono_literals;
 
 namespace {

@@ -1,6 +1,11 @@
+#include <unistd.h>
+
+#include <filesystem>
 #include <iostream>
 
 #include "starling/cli/commands.h"
+#include "starling/common/error.h"
+#include "starling/strategy/local_swarm.h"
 #include "starling/train/trainer.h"
 
 namespace starling::cli {
@@ -8,10 +13,11 @@ namespace starling::cli {
 void add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "train a model from a TOML config (docs/config.md)");
   struct Args {
-    std::string config;
+    std::string config, link_rate;
     std::vector<std::string> sets;
     bool resume = false, quiet = false, list_keys = false;
     int64_t stop_at = -1;
+    int peers = 0;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("-c,--config", a->config, "config file (TOML)");
@@ -19,6 +25,13 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--resume", a->resume, "continue from the newest checkpoint in train.out_dir");
   cmd->add_option("--stop-at", a->stop_at,
                   "stop with a checkpoint after this step (the schedule still spans train.steps)");
+  cmd->add_option("--peers", a->peers,
+                  "train as a swarm of N local peer processes ([strategy] says how; "
+                  "docs/strategies.md)")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--link-rate", a->link_rate,
+                  "with --peers: put each peer in a network namespace behind a link of this rate, "
+                  "e.g. 20mbit (needs root)");
   cmd->add_flag("-q,--quiet", a->quiet, "no live progress line");
   cmd->add_flag("--list-keys", a->list_keys, "list every config key with its default and exit");
   cmd->callback([a] {
@@ -28,6 +41,32 @@ void add_train_command(CLI::App& app) {
     }
     if (a->config.empty()) throw CLI::RequiredError("--config");
     const auto config = train::load_run_config(a->config, a->sets);
+    if (!a->link_rate.empty() && a->peers == 0)
+      throw CLI::ValidationError("--link-rate", "needs --peers N");
+    if (a->peers > 0) {
+      strategy::LocalSwarmOptions o;
+      o.peers = a->peers;
+      o.link_rate = a->link_rate;
+      o.starling = std::filesystem::read_symlink("/proc/self/exe").string();
+      o.config_file = a->config;
+      o.overrides = a->sets;
+      o.resume = a->resume;
+      o.progress = !a->quiet;
+      o.stop_at = a->stop_at;
+      const auto r = strategy::run_local_swarm(config, o);
+      std::cout << "swarm of " << a->peers << " trained " << r.step << " steps";
+      if (r.val_loss >= 0) std::cout << ": val loss " << r.val_loss;
+      std::cout << ", " << static_cast<long>(r.tokens_per_s) << " tokens/s in total\n";
+      std::cout << "checkpoints: " << config.train.out_dir << "/peer-<i>/checkpoints\n";
+      if (!r.sample.empty()) std::cout << "sample:\n" << r.sample << "\n";
+      if (r.failed_peers > 0)
+        throw starling::Error(std::to_string(r.failed_peers) + " of " + std::to_string(a->peers) +
+                              " peers failed; see " + config.train.out_dir + "/peer-<i>.log");
+      return;
+    }
+    if (config.strategy.kind != "none")
+      std::cerr << "note: strategy.kind = \"" << config.strategy.kind
+                << "\" needs peers (--peers N, or `starling peer`); training one replica\n";
     const auto result =
         train::train(config, {.resume = a->resume, .progress = !a->quiet, .stop_at = a->stop_at});
     std::cout << "trained " << result.step << " steps: loss " << result.train_loss;

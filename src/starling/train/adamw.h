@@ -26,6 +26,8 @@ class AdamW {
   // without a gradient is left alone).
   void step(double lr);
   int64_t steps() const { return steps_; }
+  // Sets the update count used for bias correction (a peer adopting a swarm's state).
+  void set_steps(int64_t steps) { steps_ = steps; }
 
   // Checkpoint state: "exp_avg.<param>" and "exp_avg_sq.<param>" for every parameter.
   std::vector<std::pair<std::string, at::Tensor>> state() const;

@@ -42,14 +42,17 @@ std::string step_name(int64_t step) {
 }
 
 nlohmann::json meta_to_json(const CheckpointMeta& m) {
-  return {{"format", kFormat},
-          {"version", kVersion},
-          {"step", m.step},
-          {"tokens", m.tokens},
-          {"loader", m.loader},
-          {"tokenizer", {{"kind", m.tokenizer_kind}, {"vocab_size", m.data_vocab_size}}},
-          {"val_loss", m.val_loss},
-          {"config", m.config_toml}};
+  nlohmann::json j = {
+      {"format", kFormat},
+      {"version", kVersion},
+      {"step", m.step},
+      {"tokens", m.tokens},
+      {"loader", m.loader},
+      {"tokenizer", {{"kind", m.tokenizer_kind}, {"vocab_size", m.data_vocab_size}}},
+      {"val_loss", m.val_loss},
+      {"config", m.config_toml}};
+  if (!m.strategy.is_null()) j["strategy"] = m.strategy;
+  return j;
 }
 
 template <class T>
@@ -84,6 +87,11 @@ CheckpointMeta meta_from_json(const nlohmann::json& j, const std::string& where)
   m.data_vocab_size = field<uint32_t>(tok, "vocab_size", where + " tokenizer");
   m.val_loss = field<double>(j, "val_loss", where);
   m.config_toml = field<std::string>(j, "config", where);
+  if (j.contains("strategy")) {
+    if (!j["strategy"].is_object())
+      throw CheckpointError(where + ": field \"strategy\" must be an object");
+    m.strategy = j["strategy"];
+  }
   if (m.step < 0) throw CheckpointError(where + ": negative step");
   return m;
 }
@@ -130,6 +138,11 @@ fs::path save_checkpoint_unchecked(const fs::path& run_dir, const graph::ParamSt
 
   auto state = optimizer.state();
   state.emplace_back(kRngTensor, at::detail::getDefaultCPUGenerator().get_state());
+  for (const auto& [name, t] : options.strategy_tensors) {
+    if (name.rfind("strategy.", 0) != 0)
+      throw std::logic_error("strategy tensor \"" + name + "\" lacks the \"strategy.\" prefix");
+    state.emplace_back(name, t);
+  }
   write_safetensors(tmp / "optimizer.safetensors", state,
                     {{"optimizer", "adamw"}, {"steps", std::to_string(optimizer.steps())}});
   stage("optimizer");

@@ -29,6 +29,9 @@ struct CheckpointMeta {
   std::string tokenizer_kind;
   uint32_t data_vocab_size = 0;
   double val_loss = -1;  // last validation loss, -1 if none yet
+  // State of the strategy that trained the run (round, flags), null for a single replica. Its
+  // tensors live in optimizer.safetensors under the "strategy." prefix.
+  nlohmann::json strategy;
 };
 
 struct SaveOptions {
@@ -37,6 +40,8 @@ struct SaveOptions {
   // Called after each stage ("model", "optimizer", "meta", "renamed", "committed"): progress
   // reporting, and crash tests that kill the process between stages.
   std::function<void(const std::string& stage)> on_stage;
+  // Written beside the optimizer state in optimizer.safetensors (names start with "strategy.").
+  std::vector<std::pair<std::string, at::Tensor>> strategy_tensors;
 };
 
 // Saves into <run_dir>/checkpoints and returns the new checkpoint directory.

@@ -130,6 +130,30 @@ Key string_key(const char* table, const char* name, std::string* p, const char* 
           [=](toml::table& t) { t.insert_or_assign(name, *p); }};
 }
 
+Key string_list_key(const char* table, const char* name, std::vector<std::string>* p,
+                    const char* doc) {
+  return {table,
+          name,
+          "array of strings",
+          doc,
+          [=](const toml::node& n, const std::string& where) {
+            const auto* a = n.as_array();
+            if (!a) wrong_type(n, where, "an array of strings");
+            std::vector<std::string> v;
+            for (const auto& e : *a) {
+              if (!e.is_string())
+                wrong_type(e, where + "[" + std::to_string(v.size()) + "]", "a string");
+              v.push_back(e.as_string()->get());
+            }
+            *p = std::move(v);
+          },
+          [=](toml::table& t) {
+            toml::array a;
+            for (const auto& e : *p) a.push_back(e);
+            t.insert_or_assign(name, std::move(a));
+          }};
+}
+
 // Every key of a RunConfig, bound to its fields. model.preset is handled before the others
 // because it resets the whole model shape.
 std::vector<Key> bind(RunConfig& c) {
@@ -230,10 +254,63 @@ std::vector<Key> bind(RunConfig& c) {
   k.push_back(float_key("sample", "temperature", &s.temperature, 0, "0 = greedy"));
   k.push_back(int_key("sample", "top_k", &s.top_k, 0, "sample among the k likeliest; 0 = all"));
   k.push_back(seed_key("sample", "seed", &s.seed, "sampling seed"));
+
+  auto& st = c.strategy;
+  k.push_back(string_key("strategy", "kind", &st.kind,
+                         "how peers train together: \"none\" (one replica), \"ddp\", "
+                         "\"localsgd\", \"diloco\" or \"co2\" (docs/strategies.md)",
+                         {"none", "ddp", "localsgd", "diloco", "co2"}));
+  k.push_back(int_key("strategy", "local_steps", &st.local_steps, 1,
+                      "tau: local optimizer steps per round (localsgd, diloco, co2)"));
+  k.push_back(float_key("strategy", "outer_lr", &st.outer_lr, 0,
+                        "alpha: outer learning rate applied to the averaged update (diloco, co2)"));
+  k.push_back(float_key("strategy", "outer_momentum", &st.outer_momentum, 0,
+                        "beta: outer momentum (diloco: Nesterov, co2: heavy ball); < 1"));
+  k.push_back(float_key("strategy", "staleness_penalty", &st.staleness_penalty, 0,
+                        "gamma (co2): the stale update is divided by 1 + gamma * staleness gap"));
+  k.push_back(string_key("strategy", "clip", &st.clip,
+                         "co2 outer-momentum clipping: \"norm\" (global L2 norm), \"value\" "
+                         "(each element) or \"none\"",
+                         {"norm", "value", "none"}));
+  k.push_back(float_key("strategy", "clip_threshold", &st.clip_threshold, 0,
+                        "phi (co2): the largest momentum norm (clip = \"norm\") or |element| "
+                        "(clip = \"value\")"));
+  k.push_back(bool_key("strategy", "zero", &st.zero,
+                       "co2: each peer keeps 1/N of the anchor and outer momentum "
+                       "(reduce-scatter + all-gather instead of all-reduce)"));
+  k.push_back(string_key("strategy", "precision", &st.precision,
+                         "wire precision of the averaged tensors: \"fp32\", \"fp16\", \"bf16\" "
+                         "or \"int8\" (accumulation is always fp32)",
+                         {"fp32", "fp16", "bf16", "int8"}));
+
+  auto& n = c.net;
+  k.push_back(string_key("net", "name", &n.name, "this peer's name in status and logs"));
+  k.push_back(string_key("net", "listen", &n.listen,
+                         "address to listen on, tcp://HOST:PORT (port 0 picks a free port)"));
+  k.push_back(string_key("net", "advertise", &n.advertise,
+                         "host or IP others reach this peer at, when listening on 0.0.0.0"));
+  k.push_back(string_list_key("net", "join", &n.join,
+                              "entry points: any live member, tcp://HOST:PORT or "
+                              "KEY@tcp://HOST:PORT; [] = start a new swarm"));
+  k.push_back(string_key("net", "key", &n.key, "this peer's key file (`starling keygen`)"));
+  k.push_back(
+      string_key("net", "allow", &n.allow, "the swarm's allowlist: one public key per line"));
+  k.push_back(bool_key("net", "insecure", &n.insecure,
+                       "plain TCP without CURVE encryption (trusted networks only)"));
+  k.push_back(int_key("net", "heartbeat_ms", &n.heartbeat_ms, 10, "heartbeat interval"));
+  k.push_back(int_key("net", "peer_timeout_ms", &n.peer_timeout_ms, 100,
+                      "silence after which a peer counts as dead"));
+  k.push_back(int_key("net", "join_timeout_s", &n.join_timeout_s, 1,
+                      "how long joining waits for an entry point to answer"));
+  k.push_back(int_key("net", "collective_timeout_s", &n.collective_timeout_s, 1,
+                      "how long a round waits for every peer to reach it"));
+  k.push_back(int_key("net", "min_peers", &n.min_peers, 1,
+                      "peers (this one included) to wait for before the first step"));
   return k;
 }
 
-const std::vector<std::string> kTables = {"model", "data", "train", "optim", "sample"};
+const std::vector<std::string> kTables = {"model",  "data",     "train", "optim",
+                                          "sample", "strategy", "net"};
 
 std::string at_line(const std::string& source, const toml::node& n) {
   const auto line = n.source().begin.line;
@@ -349,6 +426,12 @@ RunConfig parse_run_config(std::string_view text, const std::string& source,
                       ") must not exceed optim.lr (" + std::to_string(config.optim.lr) + ")");
   if (config.optim.beta1 >= 1 || config.optim.beta2 >= 1)
     throw ConfigError(source + ": optim.beta1 and optim.beta2 must be < 1");
+  if (config.strategy.outer_momentum >= 1)
+    throw ConfigError(source + ": strategy.outer_momentum must be < 1");
+  if (config.net.peer_timeout_ms <= config.net.heartbeat_ms)
+    throw ConfigError(
+        source + ": net.peer_timeout_ms (" + std::to_string(config.net.peer_timeout_ms) +
+        ") must exceed net.heartbeat_ms (" + std::to_string(config.net.heartbeat_ms) + ")");
   return config;
 }
 

@@ -57,6 +57,35 @@ struct SampleConfig {
   uint64_t seed = 1;
 };
 
+// How peers train together ([strategy]; docs/strategies.md). "none" trains one replica.
+struct StrategyConfig {
+  std::string kind = "none";       // "none", "ddp", "localsgd", "diloco" or "co2"
+  int64_t local_steps = 16;        // tau: inner steps per round (localsgd, diloco, co2)
+  double outer_lr = 0.7;           // alpha: outer learning rate (diloco, co2)
+  double outer_momentum = 0.9;     // beta: outer momentum (diloco: Nesterov; co2: heavy ball)
+  double staleness_penalty = 1.0;  // gamma (co2): divide the stale update by 1 + gamma*gap
+  std::string clip = "norm";       // co2 outer-momentum clipping: "norm", "value" or "none"
+  double clip_threshold = 1.0;     // phi: max norm (clip = "norm") or max |m_i| ("value")
+  bool zero = false;               // co2: shard anchor and outer momentum across peers
+  std::string precision = "fp32";  // on the wire: "fp32", "fp16", "bf16" or "int8"
+};
+
+// How a peer reaches the swarm ([net]; docs/network.md).
+struct NetConfig {
+  std::string name;                          // shown in status and logs; "" = the key's name
+  std::string listen = "tcp://127.0.0.1:0";  // port 0 picks a free port
+  std::string advertise;                     // host others reach a 0.0.0.0 listener at
+  std::vector<std::string> join;             // entry points ("KEY@tcp://HOST:PORT" or tcp://..)
+  std::string key;                           // this peer's key file (`starling keygen`)
+  std::string allow;                         // the swarm's allowlist file
+  bool insecure = false;                     // plain TCP, no CURVE (trusted networks only)
+  int64_t heartbeat_ms = 500;
+  int64_t peer_timeout_ms = 5000;  // silence after which a peer counts as dead
+  int64_t join_timeout_s = 30;
+  int64_t collective_timeout_s = 600;  // how long a round waits for every peer to be ready
+  int64_t min_peers = 1;               // peers to wait for before the first step
+};
+
 struct RunConfig {
   std::string model_preset;  // the [model] preset the shape started from ("" = none)
   model::ModelConfig model;
@@ -64,6 +93,8 @@ struct RunConfig {
   TrainConfig train;
   OptimConfig optim;
   SampleConfig sample;
+  StrategyConfig strategy;
+  NetConfig net;
 };
 
 // Parses TOML text. `source` names the text in errors (a file path or "<checkpoint>").

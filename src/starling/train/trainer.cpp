@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 
 #include "starling/common/cpu_runtime.h"
 #include "starling/common/error.h"
@@ -22,6 +23,7 @@
 #include "starling/train/metrics.h"
 #include "starling/train/sampler.h"
 #include "starling/train/schedule.h"
+#include "starling/train/step_hooks.h"
 
 namespace starling::train {
 namespace fs = std::filesystem;
@@ -90,6 +92,14 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
+// " | 4 peers | sent 12.3 MB | net wait 4%" from a strategy's report, "" without one.
+std::string net_summary(const nlohmann::json& net) {
+  if (!net.is_object()) return "";
+  return " | " + std::to_string(net.value("peers", 0)) + " peers | sent " +
+         fmt("%.1f MB", net.value("bytes_sent", 0.0) / 1e6) + " | net wait " +
+         fmt("%.1fs", net.value("net_wait_s", 0.0));
+}
+
 }  // namespace
 
 TrainResult train(const RunConfig& c, const TrainOptions& options) {
@@ -122,15 +132,16 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   data::TokenLoader loader(ds.train_shards, {.seq_len = c.model.seq_len,
                                              .batch = c.train.batch_size,
                                              .seed = c.train.seed,
-                                             .rank = 0,
-                                             .world = 1,
+                                             .rank = options.data_rank,
+                                             .world = options.data_world,
                                              .shuffle = true});
 
   int64_t step = 0;
   uint64_t tokens = 0;
   double val_loss = -1;
+  std::optional<Checkpoint> ckpt_holder;
   if (options.resume && has_checkpoint) {
-    const Checkpoint ckpt = read_checkpoint(find_checkpoint(run_dir));
+    const Checkpoint& ckpt = ckpt_holder.emplace(read_checkpoint(find_checkpoint(run_dir)));
     const RunConfig saved =
         parse_run_config(ckpt.meta.config_toml, (ckpt.dir / "meta.json").string());
     if (model_signature(saved) != model_signature(c))
@@ -155,6 +166,15 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     progress.note("--resume: no checkpoint in " + run_dir.string() + ", starting fresh");
   }
   { std::ofstream(run_dir / "config.toml") << to_toml(c); }
+  auto emit = [&](const nlohmann::json& event) {
+    if (options.json_events) std::cout << event.dump() << std::endl;
+  };
+  Replica replica{c, dag->params(), optimizer, step, tokens};
+  if (options.hooks) {
+    options.hooks->start(replica, ckpt_holder ? ckpt_holder->meta.strategy : nlohmann::json(),
+                         ckpt_holder ? &ckpt_holder->optimizer : nullptr);
+    ckpt_holder.reset();
+  }
 
   const double peak_gflops =
       c.train.peak_tflops > 0 ? c.train.peak_tflops * 1e3 : measure_peak_gflops(c.train.device);
@@ -172,15 +192,21 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   MetricsLog metrics(run_dir, options.resume ? step : -1);
   std::string tokenizer_model = ds.tokenizer_model.empty() ? "" : ds.tokenizer_model.string();
   auto save = [&](int64_t at_step) {
+    std::vector<std::pair<std::string, at::Tensor>> strategy_tensors;
+    nlohmann::json strategy_state;
+    if (options.hooks) strategy_state = options.hooks->checkpoint_state(strategy_tensors);
     CheckpointMeta meta{.step = at_step,
                         .tokens = tokens,
                         .loader = loader.state(),
                         .config_toml = to_toml(c),
                         .tokenizer_kind = ds.tokenizer_kind,
                         .data_vocab_size = ds.vocab_size,
-                        .val_loss = val_loss};
+                        .val_loss = val_loss,
+                        .strategy = strategy_state};
     return save_checkpoint(run_dir, dag->params(), optimizer, meta,
-                           {.keep = c.train.keep_checkpoints, .tokenizer_model = tokenizer_model});
+                           {.keep = c.train.keep_checkpoints,
+                            .tokenizer_model = tokenizer_model,
+                            .strategy_tensors = std::move(strategy_tensors)});
   };
 
   StopSignals signals;
@@ -193,6 +219,8 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   fs::path last_ckpt;
   // A resumed run's starting step is already on disk; stopping at once must not rewrite it.
   int64_t saved_step = options.resume && has_checkpoint ? step : -1;
+  int64_t evaluated_step = step;
+  bool at_boundary = true;
   while (step < last && !g_stop.load()) {
     const double t0 = now_s();
     const double lr = learning_rate(c.optim, step, c.train.steps);
@@ -202,10 +230,14 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
       loss += exec.forward_backward(to_tensors(loader.next(), device),
                                     1.0 / static_cast<double>(c.train.grad_accum));
     loss /= static_cast<double>(c.train.grad_accum);
+    if (options.hooks) options.hooks->gradients_ready(replica);
     const double grad_norm = clip_grad_norm(dag->params(), c.optim.grad_clip);
     optimizer.step(lr);
     ++step;
     tokens += static_cast<uint64_t>(tokens_per_step);
+    // The strategy's round boundary: its communication time counts in the step's time.
+    // A signal stops only this peer (it leaves the swarm); `last` is the same on every peer.
+    at_boundary = options.hooks ? options.hooks->step_done(replica, step == last) : true;
     const double dt = now_s() - t0;
     compute_s += dt;
     window_s += dt;
@@ -221,46 +253,79 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     const double eta = (compute_s / static_cast<double>(run_tokens / tokens_per_step)) *
                        static_cast<double>(last - step);
     const bool milestone = step % c.train.log_every == 0 || step == last;
+    const nlohmann::json net = options.hooks ? options.hooks->report() : nlohmann::json();
+    emit({{"event", "step"},
+          {"step", step},
+          {"steps", c.train.steps},
+          {"loss", loss},
+          {"lr", lr},
+          {"tokens", tokens},
+          {"tokens_per_s", tps},
+          {"net", net},
+          {"elapsed_s", now_s() - run_start}});
     progress.update("step " + std::to_string(step) + "/" + std::to_string(c.train.steps) +
                         " | loss " + fmt("%.4f", loss) + " | lr " + fmt("%.2e", lr) + " | " +
                         fmt("%.0f", tps) + " tok/s | MFU " + fmt("%.1f%%", 100 * mfu) + " | " +
                         format_duration(now_s() - run_start) + " elapsed, eta " +
-                        format_duration(eta),
+                        format_duration(eta) + net_summary(net),
                     milestone);
     if (milestone) {
-      metrics.write({{"step", step},
-                     {"loss", loss},
-                     {"lr", lr},
-                     {"grad_norm", grad_norm},
-                     {"tokens", tokens},
-                     {"tokens_per_s", tps},
-                     {"mfu", mfu},
-                     {"elapsed_s", now_s() - run_start}});
+      nlohmann::json record = {{"step", step},     {"loss", loss},
+                               {"lr", lr},         {"grad_norm", grad_norm},
+                               {"tokens", tokens}, {"tokens_per_s", tps},
+                               {"mfu", mfu},       {"elapsed_s", now_s() - run_start}};
+      if (!net.is_null()) record["net"] = net;
+      metrics.write(record);
       window_s = 0;
       window_tokens = 0;
     }
     const bool final_step = step == c.train.steps;
-    if (have_val && ((c.train.eval_every > 0 && step % c.train.eval_every == 0) || final_step)) {
+    if (!at_boundary) continue;  // evaluation and checkpoints only see the shared model
+    // "Crossed a multiple" rather than "is a multiple": rounds of a strategy may step past it.
+    auto crossed = [&](int64_t every, int64_t since) {
+      return every > 0 && step / every > since / every;
+    };
+    if (have_val && (crossed(c.train.eval_every, evaluated_step) || final_step)) {
       val_loss = evaluate(exec, ds, c, device);
-      metrics.write({{"step", step}, {"val_loss", val_loss}, {"tokens", tokens}});
+      evaluated_step = step;
+      metrics.write({{"step", step},
+                     {"val_loss", val_loss},
+                     {"tokens", tokens},
+                     {"elapsed_s", now_s() - run_start}});
+      emit({{"event", "eval"},
+            {"step", step},
+            {"val_loss", val_loss},
+            {"tokens", tokens},
+            {"elapsed_s", now_s() - run_start}});
       progress.note("step " + std::to_string(step) + " | val loss " + fmt("%.4f", val_loss));
     }
-    if ((c.train.checkpoint_every > 0 && step % c.train.checkpoint_every == 0) || final_step) {
+    if (crossed(c.train.checkpoint_every, std::max<int64_t>(saved_step, 0)) || final_step) {
       last_ckpt = save(step);
       saved_step = step;
       progress.note("checkpoint " + last_ckpt.string());
     }
   }
   progress.finish();
+  if (options.hooks) {
+    options.hooks->finish(replica);
+    result.net_report = options.hooks->report().dump();
+  }
   result.step = step;
   result.val_loss = val_loss;
   result.tokens_per_s = compute_s > 0 ? static_cast<double>(run_tokens) / compute_s : 0;
   result.interrupted = step < c.train.steps;
-  if (result.interrupted && step > 0 && saved_step != step) {
+  // Between boundaries a strategy's parameters are local progress, not the shared model.
+  if (result.interrupted && step > 0 && saved_step != step && at_boundary) {
     // Stopped early (signal or stop_at): make sure the last step is on disk.
     last_ckpt = save(step);
     std::cerr << "stopped at step " << step << "; checkpoint " << last_ckpt.string()
               << "; continue with --resume\n";
+  } else if (result.interrupted && saved_step != step) {
+    std::cerr << "stopped at step " << step << " inside a round; "
+              << (saved_step > 0
+                      ? "the newest checkpoint is from step " + std::to_string(saved_step)
+                      : std::string("no checkpoint was taken yet"))
+              << "\n";
   }
   result.checkpoint = last_ckpt;
 

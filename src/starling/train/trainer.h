@@ -11,11 +11,17 @@
 
 namespace starling::train {
 
+class StepHooks;
+
 struct TrainOptions {
-  bool resume = false;   // continue from <out_dir>/checkpoints/latest
-  bool progress = true;  // live progress line on stderr
-  int64_t stop_at = -1;  // stop (with a checkpoint) after this step; the schedule still spans
-                         // train.steps, so a later --resume continues the same run
+  bool resume = false;         // continue from <out_dir>/checkpoints/latest
+  bool progress = true;        // live progress line on stderr
+  int64_t stop_at = -1;        // stop (with a checkpoint) after this step; the schedule still spans
+                               // train.steps, so a later --resume continues the same run
+  StepHooks* hooks = nullptr;  // a strategy (strategy/); nullptr trains one replica alone
+  int data_rank = 0;           // this replica's share of the training data: rank of world
+  int data_world = 1;
+  bool json_events = false;  // one JSON object per step and event on stdout (for a launcher)
 };
 
 struct TrainResult {
@@ -25,7 +31,8 @@ struct TrainResult {
   double tokens_per_s = 0;   // over the whole run (excluding eval and checkpoints)
   bool interrupted = false;  // stopped by SIGINT/SIGTERM or stop_at before train.steps
   std::filesystem::path checkpoint;
-  std::string sample;  // the end-of-training sample, if any
+  std::string sample;      // the end-of-training sample, if any
+  std::string net_report;  // a strategy's final counters as JSON (see StepHooks::report), or ""
 };
 
 // Runs training. Throws ConfigError/DataError/CheckpointError with a clear message on bad input.

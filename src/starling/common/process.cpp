@@ -1,4 +1,4 @@
-#include "process.h"
+#include "starling/common/process.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <thread>
 
-namespace starling::testing {
+namespace starling {
 
 Process::Process(const std::vector<std::string>& argv, const std::string& stderr_file) {
   int fds[2];
@@ -55,8 +55,8 @@ std::optional<std::string> Process::read_line(std::chrono::milliseconds timeout)
       return line;
     }
     if (eof_) return std::nullopt;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return std::nullopt;
     pollfd p{out_, POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
@@ -74,8 +74,8 @@ std::vector<std::string> Process::read_all(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::vector<std::string> lines;
   while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     auto line = read_line(std::max(left, std::chrono::milliseconds(0)));
     if (!line) break;
     lines.push_back(*line);
@@ -102,4 +102,4 @@ std::optional<int> Process::wait(std::chrono::milliseconds timeout) {
   }
 }
 
-}  // namespace starling::testing
+}  // namespace starling

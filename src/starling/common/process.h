@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace starling::testing {
+namespace starling {
 
 class Process {
  public:
@@ -30,6 +30,10 @@ class Process {
   // Exit code (or 128 + signal); nullopt if still running after `timeout`.
   std::optional<int> wait(std::chrono::milliseconds timeout);
   pid_t pid() const { return pid_; }
+  // The read end of the child's stdout, for poll() over several children.
+  int stdout_fd() const { return out_; }
+  // True once the child closed its stdout and every buffered line was read.
+  bool finished_output() const { return eof_ && buffer_.find('\n') == std::string::npos; }
 
  private:
   pid_t pid_ = -1;
@@ -39,4 +43,4 @@ class Process {
   std::optional<int> status_;
 };
 
-}  // namespace starling::testing
+}  // namespace starling

@@ -1,4 +1,4 @@
-#include "netlab.h"
+#include "starling/net/netlab.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -22,7 +22,7 @@
 
 extern char** environ;
 
-namespace starling::testing {
+namespace starling::net {
 namespace {
 
 struct RunResult {
@@ -186,4 +186,4 @@ std::string NetLab::ns(int i) const {
 
 std::vector<std::string> NetLab::exec_prefix(int i) const { return {"ip", "netns", "exec", ns(i)}; }
 
-}  // namespace starling::testing
+}  // namespace starling::net

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-namespace starling::testing {
+namespace starling::net {
 
 class NetLab {
  public:
@@ -66,4 +66,4 @@ class NetLab {
   std::vector<std::string> ips_;
 };
 
-}  // namespace starling::testing
+}  // namespace starling::net

@@ -1,0 +1,134 @@
+#include <sys/resource.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "starling/cli/commands.h"
+#include "starling/common/error.h"
+#include "starling/strategy/peer.h"
+
+namespace starling::cli {
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+int env_int(const char* name) {
+  const char* v = env(name);
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (end == v || *end != '\0' || n < 0 || n > 1'000'000)
+    throw ConfigError(std::string("environment variable ") + name + "=\"" + v +
+                      "\" is not a non-negative integer");
+  return static_cast<int>(n);
+}
+
+// torchrun / srun style launch: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Rank 0 listens on
+// MASTER_PORT; the others join it; everyone waits for WORLD_SIZE peers and trains on its share.
+void apply_cluster_env(train::RunConfig& c, int& rank, int& world, bool listen_given,
+                       bool join_given) {
+  if (!env("RANK") || !env("WORLD_SIZE") || !env("MASTER_ADDR") || !env("MASTER_PORT")) return;
+  rank = env_int("RANK");
+  world = env_int("WORLD_SIZE");
+  if (world < 1 || rank >= world)
+    throw ConfigError("RANK=" + std::to_string(rank) +
+                      " must be below WORLD_SIZE=" + std::to_string(world));
+  const std::string master = std::string("tcp://") + env("MASTER_ADDR") + ":" + env("MASTER_PORT");
+  if (rank == 0 && !listen_given) {
+    c.net.listen = std::string("tcp://0.0.0.0:") + env("MASTER_PORT");
+    c.net.advertise = env("MASTER_ADDR");
+  } else if (rank != 0 && !listen_given) {
+    c.net.listen = "tcp://0.0.0.0:0";
+  }
+  if (rank != 0 && !join_given) c.net.join = {master};
+  c.net.min_peers = std::max<int64_t>(c.net.min_peers, world);
+  if (c.net.name.empty()) c.net.name = "rank-" + std::to_string(rank);
+  // One key file per rank: "{rank}" in net.key stands for the rank.
+  if (const auto at = c.net.key.find("{rank}"); at != std::string::npos)
+    c.net.key.replace(at, 6, std::to_string(rank));
+}
+
+}  // namespace
+
+void add_peer_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "peer", "run one peer of a training swarm ([strategy] and [net] of the config)");
+  struct Args {
+    std::string config, listen, key, allow, name;
+    std::vector<std::string> sets, join;
+    bool resume = false, quiet = false, json = false, insecure = false;
+    int64_t stop_at = -1;
+    int data_rank = -1, data_world = -1;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("-c,--config", a->config, "config file (TOML)")->required();
+  cmd->add_option("--set", a->sets, "override a key, e.g. --set strategy.kind=co2 (repeatable)");
+  cmd->add_option("--listen", a->listen, "address to listen on (net.listen), tcp://HOST:PORT");
+  cmd->add_option("--join", a->join,
+                  "a live member to join through (net.join): tcp://HOST:PORT or KEY@tcp://...");
+  cmd->add_option("--key", a->key, "this peer's key file (net.key)");
+  cmd->add_option("--allow", a->allow, "the swarm's allowlist (net.allow)");
+  cmd->add_option("--name", a->name, "this peer's name (net.name)");
+  cmd->add_flag("--insecure", a->insecure, "plain TCP without CURVE (net.insecure)");
+  cmd->add_flag("--resume", a->resume, "continue from the newest checkpoint in train.out_dir");
+  cmd->add_option("--stop-at", a->stop_at, "stop with a checkpoint after this step");
+  cmd->add_option("--data-rank", a->data_rank,
+                  "this peer's share of the training data (default: RANK, else 0)");
+  cmd->add_option("--data-world", a->data_world,
+                  "how many shares the data is cut into (default: WORLD_SIZE, else 1)");
+  cmd->add_flag("-q,--quiet", a->quiet, "no live progress line");
+  cmd->add_flag("--json", a->json, "one JSON object per step and event on stdout");
+  cmd->callback([a] {
+    auto c = train::load_run_config(a->config, a->sets);
+    if (c.strategy.kind == "none")
+      throw ConfigError(a->config +
+                        ": strategy.kind must be ddp, localsgd, diloco or co2 for a peer");
+    if (!a->listen.empty()) c.net.listen = a->listen;
+    if (!a->join.empty()) c.net.join = a->join;
+    if (!a->key.empty()) c.net.key = a->key;
+    if (!a->allow.empty()) c.net.allow = a->allow;
+    if (!a->name.empty()) c.net.name = a->name;
+    if (a->insecure) c.net.insecure = true;
+    int rank = 0, world = 1;
+    apply_cluster_env(c, rank, world, !a->listen.empty(), !a->join.empty());
+    if (a->data_rank >= 0) rank = a->data_rank;
+    if (a->data_world >= 0) world = a->data_world;
+    if (world < 1 || rank < 0 || rank >= world)
+      throw ConfigError("--data-rank " + std::to_string(rank) + " must be in [0, --data-world " +
+                        std::to_string(world) + ")");
+    strategy::PeerOptions o;
+    o.train.resume = a->resume;
+    o.train.progress = !a->quiet;
+    o.train.stop_at = a->stop_at;
+    o.train.data_rank = rank;
+    o.train.data_world = world;
+    o.train.json_events = a->json;
+    const auto r = strategy::run_peer(c, o);
+    if (a->json) {
+      rusage usage{};
+      ::getrusage(RUSAGE_SELF, &usage);
+      std::cout << nlohmann::json{{"event", "done"},
+                                  {"peak_rss_mb", static_cast<double>(usage.ru_maxrss) / 1024.0},
+                                  {"net", r.net_report.empty()
+                                              ? nlohmann::json()
+                                              : nlohmann::json::parse(r.net_report)},
+                                  {"step", r.step},
+                                  {"loss", r.train_loss},
+                                  {"val_loss", r.val_loss},
+                                  {"tokens_per_s", r.tokens_per_s},
+                                  {"sample", r.sample}}
+                       .dump()
+                << std::endl;
+    } else {
+      std::cout << "trained " << r.step << " steps: loss " << r.train_loss;
+      if (r.val_loss >= 0) std::cout << ", val loss " << r.val_loss;
+      std::cout << ", " << static_cast<long>(r.tokens_per_s) << " tokens/s\n";
+      if (!r.sample.empty()) std::cout << "sample:\n" << r.sample << "\n";
+    }
+  });
+}
+
+}  // namespace starling::cli

@@ -1,0 +1,259 @@
+#include "starling/strategy/co2.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "starling/common/error.h"
+#include "starling/strategy/state_tensors.h"
+
+namespace starling::strategy {
+namespace {
+constexpr double kGapEps = 1e-8;
+}
+
+Co2::Co2(const train::RunConfig& config, net::Node& node) : SwarmStrategy(config, node) {}
+
+void Co2::allocate(train::Replica&) {
+  buffer_ = flat_->zeros();
+  shard_end_ = flat_->numel();
+  anchor_ = flat_->zeros();
+  flat_->gather(anchor_);
+  momentum_ = flat_->zeros();
+  previous_ = flat_->zeros();
+  average_ = buffer_;
+}
+
+void Co2::set_shard(const std::vector<net::PeerId>& ring) {
+  ring_ = ring;
+  if (!zero()) return;
+  const auto pos = std::find(ring.begin(), ring.end(), node_.id()) - ring.begin();
+  const net::Shard s = net::shard_of(static_cast<size_t>(flat_->numel()),
+                                     static_cast<int>(ring.size()), static_cast<int>(pos));
+  shard_begin_ = static_cast<int64_t>(s.begin);
+  shard_end_ = static_cast<int64_t>(s.end);
+  const int64_t n = shard_end_ - shard_begin_;
+  // The shard of the current parameters (the shared anchor at a boundary); momentum restarts.
+  at::Tensor params = flat_->zeros();
+  flat_->gather(params);
+  anchor_ = params.narrow(0, shard_begin_, n).clone();
+  momentum_ = at::zeros({n}, at::kFloat);
+  previous_ = at::zeros({n}, at::kFloat);
+  average_ = buffer_.narrow(0, shard_begin_, n);
+  has_previous_ = false;
+  has_average_ = false;
+}
+
+void Co2::started(const Agreement& a) {
+  if (zero() && (a.synced || a.ring != ring_)) set_shard(a.ring);
+  ring_ = a.ring;
+}
+
+double Co2::sum_over_shards(double local) {
+  if (!zero()) return local;
+  at::Tensor v = at::full({1}, static_cast<float>(local), at::kFloat);
+  if (!all_reduce(v, net::WirePrecision::fp32, "norm all-reduce")) return std::nan("");
+  return v.item<float>();
+}
+
+bool Co2::collect() {
+  if (has_average_) return true;  // collected before a checkpoint
+  if (!has_in_flight_) return false;
+  has_in_flight_ = false;
+  if (!wait(in_flight_, zero() ? "reduce-scatter of the update" : "all-reduce of the update"))
+    return false;
+  average_.div_(static_cast<double>(in_flight_contributors_));
+  // Zero sends e = x_{t+1} - y_t: the average of x_t - y_t is mean(e) + alpha*m.
+  if (zero() && in_flight_shifted_) average_.add_(momentum_, config_.strategy.outer_lr);
+  has_average_ = true;
+  return true;
+}
+
+double Co2::update_momentum() {
+  const auto& s = config_.strategy;
+  double gap = 0;
+  if (has_previous_) {
+    const double diff = sum_over_shards((average_ - previous_).pow(2).sum().item<double>());
+    const double prev = sum_over_shards(previous_.pow(2).sum().item<double>());
+    gap = std::sqrt(diff) / (std::sqrt(prev) + kGapEps);
+    if (!std::isfinite(gap)) gap = 0;  // a failed norm exchange: no penalty this round
+  }
+  momentum_.mul_(s.outer_momentum).add_(average_, 1.0 / (1.0 + s.staleness_penalty * gap));
+  if (s.clip == "value") {
+    momentum_.clamp_(-s.clip_threshold, s.clip_threshold);
+  } else if (s.clip == "norm") {
+    const double norm = std::sqrt(sum_over_shards(momentum_.pow(2).sum().item<double>()));
+    if (std::isfinite(norm) && norm > s.clip_threshold) momentum_.mul_(s.clip_threshold / norm);
+  }
+  previous_.copy_(average_);
+  has_previous_ = true;
+  has_average_ = false;
+  last_gap_ = gap;
+  return gap;
+}
+
+void Co2::move_anchor() {
+  anchor_.sub_(momentum_, config_.strategy.outer_lr);
+  ++version_;
+}
+
+bool Co2::gather_anchor() {
+  buffer_.narrow(0, shard_begin_, shard_end_ - shard_begin_).copy_(anchor_);
+  return wait(node_.all_gather(as_span(buffer_), options(net::WirePrecision::fp32)),
+              "all-gather of the anchor");
+}
+
+void Co2::launch(const Agreement& a, bool apply) {
+  if (!zero()) {
+    if (apply) update_momentum();            // reads Delta_{t-1} from buffer_ before it is reused
+    flat_->gather(buffer_);                  // y_t
+    at::sub_out(buffer_, anchor_, buffer_);  // delta_t = x_t - y_t
+    if (apply) move_anchor();                // x_{t+1}
+    flat_->scatter(anchor_);                 // the next tau steps start from x_{t+1}
+  } else {
+    if (apply) {
+      update_momentum();
+      move_anchor();
+    }
+    if (!gather_anchor()) {  // buffer_ = x_{t+1}
+      need_state_ = true;    // keep y; the next agreement hands out the root's state
+      return;
+    }
+    at::Tensor y = flat_->zeros();
+    flat_->gather(y);
+    flat_->scatter(buffer_);  // the next tau steps start from x_{t+1}
+    buffer_.sub_(y);          // e_t = x_{t+1} - y_t
+  }
+  if (!a.contribute) buffer_.zero_();
+  if (a.contributors == 0) return;
+  in_flight_contributors_ = a.contributors;
+  in_flight_shifted_ = apply;
+  net::CollectiveOptions o = options(precision_);
+  in_flight_ =
+      zero() ? node_.reduce_scatter(as_span(buffer_), o) : node_.all_reduce(as_span(buffer_), o);
+  has_in_flight_ = true;
+}
+
+bool Co2::step_done(train::Replica& r, bool last) {
+  if (!last && r.step % config_.strategy.local_steps != 0) return false;
+  collect();
+  Agreement a = agree(r);
+  if (zero() && a.ring != ring_ && !a.synced) {
+    // Membership changed: shard boundaries move, so every peer restarts its outer state from the
+    // root's parameters (each peer sees the same change, so all take this branch).
+    need_state_ = true;
+    a = agree(r);
+  }
+  if (zero() && (a.synced || a.ring != ring_)) set_shard(a.ring);
+  ring_ = a.ring;
+  const bool apply = has_average_ && a.previous_on_all;
+  has_average_ = has_average_ && apply;
+  launch(a, apply);
+  if (last && collect()) {
+    // Drain: the final round's average is applied at once, so the run ends on x_{T+1}.
+    update_momentum();
+    move_anchor();
+    if (!zero()) {
+      flat_->scatter(anchor_);
+    } else if (gather_anchor()) {
+      flat_->scatter(buffer_);
+    }
+  }
+  ++rounds_;
+  return true;
+}
+
+void Co2::finish(train::Replica&) {
+  if (has_in_flight_) wait(in_flight_, "the last update");  // a stopped peer leaves cleanly
+  has_in_flight_ = false;
+}
+
+int64_t Co2::state_numel() const { return zero() ? flat_->numel() : 4 * flat_->numel() + 2; }
+
+void Co2::pack_state(train::Replica&, at::Tensor& out) {
+  if (zero()) {  // the root's parameters become everyone's anchor; sharded state restarts
+    flat_->gather(out);
+    return;
+  }
+  const int64_t n = flat_->numel();
+  out.narrow(0, 0, n).copy_(anchor_);
+  out.narrow(0, n, n).copy_(momentum_);
+  out.narrow(0, 2 * n, n).copy_(previous_);
+  if (has_average_) out.narrow(0, 3 * n, n).copy_(average_);
+  out[4 * n] = has_previous_ ? 1.f : 0.f;
+  out[4 * n + 1] = has_average_ ? 1.f : 0.f;
+}
+
+void Co2::unpack_state(train::Replica&, const at::Tensor& in) {
+  if (zero()) {
+    flat_->scatter(in);
+    has_average_ = false;
+    has_previous_ = false;
+    return;  // set_shard() follows in step_done/started
+  }
+  const int64_t n = flat_->numel();
+  anchor_.copy_(in.narrow(0, 0, n));
+  momentum_.copy_(in.narrow(0, n, n));
+  previous_.copy_(in.narrow(0, 2 * n, n));
+  buffer_.copy_(in.narrow(0, 3 * n, n));
+  has_previous_ = in[4 * n].item<float>() != 0;
+  has_average_ = in[4 * n + 1].item<float>() != 0;
+  flat_->scatter(anchor_);
+}
+
+nlohmann::json Co2::checkpoint_state(std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  collect();  // what is in flight now would be lost on a restart: wait for it
+  tensors.emplace_back("strategy.anchor", anchor_);
+  tensors.emplace_back("strategy.momentum", momentum_);
+  tensors.emplace_back("strategy.previous", previous_);
+  tensors.emplace_back("strategy.average", average_.clone());
+  nlohmann::json ring = nlohmann::json::array();
+  for (net::PeerId id : ring_) ring.push_back(std::to_string(id));
+  return {{"kind", "co2"},
+          {"version", version_},
+          {"zero", zero()},
+          {"has_previous", has_previous_},
+          {"has_average", has_average_},
+          {"shard", {shard_begin_, shard_end_}},
+          {"ring", ring}};
+}
+
+void Co2::restore(train::Replica&, const nlohmann::json& state, const SafetensorsFile& tensors) {
+  if (state.value("zero", false) != zero())
+    throw CheckpointError(tensors.file.string() +
+                          ": the checkpoint's strategy.zero differs from the config's");
+  if (zero()) {
+    const auto shard = state.at("shard");
+    shard_begin_ = shard.at(0).get<int64_t>();
+    shard_end_ = shard.at(1).get<int64_t>();
+    const int64_t n = shard_end_ - shard_begin_;
+    if (shard_begin_ < 0 || n < 0 || shard_end_ > flat_->numel())
+      throw CheckpointError(tensors.file.string() + ": strategy shard is out of range");
+    anchor_ = at::zeros({n}, at::kFloat);
+    momentum_ = at::zeros({n}, at::kFloat);
+    previous_ = at::zeros({n}, at::kFloat);
+    average_ = buffer_.narrow(0, shard_begin_, n);
+    ring_.clear();
+    for (const auto& id : state.at("ring")) ring_.push_back(std::stoull(id.get<std::string>()));
+  }
+  load_state_tensor(tensors, "strategy.anchor", anchor_);
+  load_state_tensor(tensors, "strategy.momentum", momentum_);
+  load_state_tensor(tensors, "strategy.previous", previous_);
+  load_state_tensor(tensors, "strategy.average", average_);
+  has_previous_ = state.value("has_previous", false);
+  has_average_ = state.value("has_average", false);
+}
+
+int64_t Co2::state_bytes() const {
+  return 4 * (anchor_.numel() + momentum_.numel() + previous_.numel() + buffer_.numel());
+}
+
+nlohmann::json Co2::report() const {
+  nlohmann::json j = SwarmStrategy::report();
+  j["gap"] = last_gap_;
+  j["state_bytes"] = state_bytes();
+  return j;
+}
+
+}  // namespace starling::strategy

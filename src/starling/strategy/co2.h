@@ -1,0 +1,77 @@
+// co2: local updates whose averaging is fully overlapped by computation (DESIGN.md, CO2).
+//
+// Round t, at the boundary after tau inner AdamW steps from the anchor x_t reach y_t:
+//   - the average Delta_{t-1} launched one round ago is collected (it travelled while the tau
+//     steps computed);
+//   - delta_t = x_t - y_t is launched as a non-blocking all-reduce (sum over contributors);
+//   - the stale Delta_{t-1} is applied with the staleness gap penalty and momentum clipping:
+//       s = |Delta_{t-1} - Delta_{t-2}| / (|Delta_{t-2}| + eps)
+//       m <- beta*m + Delta_{t-1} / (1 + gamma*s);  m <- clip(m, phi);  x_{t+1} = x_t - alpha*m
+//   - the next tau steps start from x_{t+1} while delta_t is in flight.
+// The final boundary also waits for the last average and applies it, so no round is dropped.
+//
+// With zero = true each peer keeps only its shard (1/N, by peer id) of x, m and Delta_{t-2}: it
+// sends e_t = x_{t+1} - y_t by reduce-scatter, recovers its shard of the average as
+// mean(e_t) + alpha*m (since x_t - x_{t+1} = alpha*m), updates its shard, and the next anchor is
+// rebuilt by an all-gather. The all-gather is on the critical path; the reduce-scatter overlaps.
+// Norms for the gap and for clipping by norm are summed over shards with a two-float all-reduce.
+// A change of membership moves the shard boundaries: the outer momentum restarts then.
+#pragma once
+
+#include "starling/strategy/swarm_strategy.h"
+
+namespace starling::strategy {
+
+class Co2 final : public SwarmStrategy {
+ public:
+  Co2(const train::RunConfig& config, net::Node& node);
+  void gradients_ready(train::Replica&) override {}
+  bool step_done(train::Replica& r, bool last) override;
+  nlohmann::json checkpoint_state(
+      std::vector<std::pair<std::string, at::Tensor>>& tensors) override;
+  void finish(train::Replica& r) override;
+  nlohmann::json report() const override;
+
+  // Bytes of outer state this peer holds (anchor, momentum, previous average, send buffer).
+  int64_t state_bytes() const;
+
+ protected:
+  void allocate(train::Replica& r) override;
+  int64_t state_numel() const override;
+  void pack_state(train::Replica& r, at::Tensor& out) override;
+  void unpack_state(train::Replica& r, const at::Tensor& in) override;
+  bool has_previous() const override { return has_average_; }
+  void restore(train::Replica& r, const nlohmann::json& state,
+               const SafetensorsFile& tensors) override;
+  void started(const Agreement& a) override;
+
+ private:
+  bool zero() const { return config_.strategy.zero; }
+  // Collects the in-flight average into average_ (this peer's part of it); false if none.
+  bool collect();
+  // m <- beta*m + Delta/(1 + gamma*gap), clipped; previous <- Delta. Returns the gap.
+  double update_momentum();
+  // x <- x - alpha*m: one more average applied to the shared state.
+  void move_anchor();
+  // Launches this round's exchange from y (the parameters) and moves y to the new anchor.
+  void launch(const Agreement& a, bool contribute);
+  // Zero: rebuilds the full anchor into buffer_ by all-gather; false on failure.
+  bool gather_anchor();
+  void set_shard(const std::vector<net::PeerId>& ring);
+  double sum_over_shards(double local);
+
+  at::Tensor anchor_, momentum_, previous_;  // full, or this peer's shard with zero
+  at::Tensor buffer_;                        // the exchange in flight (always full size)
+  at::Tensor average_;                       // view: the part of buffer_ this peer owns
+  net::Work in_flight_;
+  bool has_in_flight_ = false;
+  bool has_average_ = false;   // average_ holds Delta_{t-1}, ready to apply
+  bool has_previous_ = false;  // previous_ holds Delta_{t-2}
+  int in_flight_contributors_ = 0;
+  bool in_flight_shifted_ = false;  // zero: the anchor moved by alpha*m when it was launched
+  int64_t shard_begin_ = 0, shard_end_ = 0;
+  std::vector<net::PeerId> ring_;
+  double last_gap_ = 0;
+};
+
+}  // namespace starling::strategy

@@ -1,0 +1,31 @@
+// diloco: tau local AdamW steps from the anchor x, a synchronous all-reduce of the
+// pseudo-gradient delta = x - y (mean over contributing peers), then outer Nesterov momentum:
+//   m <- beta*m + Delta;  x <- x - alpha*(Delta + beta*m);  every peer restarts from x.
+// A joiner adopts x, m and the step; the inner AdamW state stays local.
+#pragma once
+
+#include "starling/strategy/swarm_strategy.h"
+
+namespace starling::strategy {
+
+class DiLoCo final : public SwarmStrategy {
+ public:
+  DiLoCo(const train::RunConfig& config, net::Node& node);
+  void gradients_ready(train::Replica&) override {}
+  bool step_done(train::Replica& r, bool last) override;
+  nlohmann::json checkpoint_state(
+      std::vector<std::pair<std::string, at::Tensor>>& tensors) override;
+
+ protected:
+  void allocate(train::Replica& r) override;
+  int64_t state_numel() const override { return 2 * flat_->numel(); }
+  void pack_state(train::Replica& r, at::Tensor& out) override;
+  void unpack_state(train::Replica& r, const at::Tensor& in) override;
+  void restore(train::Replica& r, const nlohmann::json& state,
+               const SafetensorsFile& tensors) override;
+
+ private:
+  at::Tensor anchor_, momentum_, buffer_;
+};
+
+}  // namespace starling::strategy

@@ -1,0 +1,244 @@
+#include "starling/strategy/local_swarm.h"
+
+#include <poll.h>
+
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "starling/common/error.h"
+#include "starling/common/process.h"
+#include "starling/net/keys.h"
+#include "starling/net/netlab.h"
+#include "starling/train/metrics.h"
+
+namespace starling::strategy {
+namespace fs = std::filesystem;
+namespace {
+
+std::atomic<int> g_signal{0};
+extern "C" void on_swarm_signal(int sig) { g_signal.store(sig); }
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// Keys of a local swarm: made once per run directory, so a resumed swarm keeps its identities.
+std::vector<fs::path> ensure_keys(const fs::path& dir, int peers) {
+  fs::create_directories(dir);
+  std::vector<fs::path> files;
+  for (int i = 0; i < peers; ++i) {
+    const fs::path key = dir / ("peer-" + std::to_string(i) + ".key");
+    if (!fs::exists(key))
+      net::save_keypair(net::generate_keypair(), key, "peer-" + std::to_string(i));
+    files.push_back(key);
+  }
+  std::ofstream allow(dir / "allowlist");
+  for (int i = 0; i < peers; ++i)
+    allow << net::load_keypair(files[i]).public_key << " peer-" << i << "\n";
+  return files;
+}
+
+struct PeerView {
+  int64_t step = 0, steps = 0;
+  double loss = 0, tokens_per_s = 0, bytes_sent = 0, net_wait_s = 0, elapsed_s = 0;
+  uint64_t tokens = 0;
+  int swarm = 0;
+  bool running = true;
+  std::optional<int> exit_code;
+};
+
+}  // namespace
+
+LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwarmOptions& o) {
+  if (o.peers < 1 || o.peers > 64) throw ConfigError("--peers must be in [1, 64]");
+  if (config.strategy.kind == "none")
+    throw ConfigError(
+        "--peers needs a strategy: set strategy.kind to ddp, localsgd, diloco or co2");
+  const fs::path out = config.train.out_dir;
+  fs::create_directories(out);
+  const auto keys = ensure_keys(out / "keys", o.peers);
+
+  std::unique_ptr<net::NetLab> lab;
+  if (!o.link_rate.empty()) {
+    if (auto why = net::NetLab::unavailable_reason(); !why.empty())
+      throw ConfigError("--link-rate needs network namespaces: " + why);
+    lab = std::make_unique<net::NetLab>(o.peers, o.link_rate);
+    std::cerr << "swarm: " << o.peers << " namespaces on " << o.link_rate << " links\n";
+  }
+
+  auto argv_for = [&](int i, const std::string& join) {
+    std::vector<std::string> argv;
+    if (lab) argv = lab->exec_prefix(i);
+    argv.insert(argv.end(), {o.starling, "peer", "--json", "-q", "--data-rank", std::to_string(i),
+                             "--data-world", std::to_string(o.peers)});
+    if (!o.config_file.empty()) argv.insert(argv.end(), {"--config", o.config_file});
+    for (const auto& s : o.overrides) argv.insert(argv.end(), {"--set", s});
+    const fs::path dir = out / ("peer-" + std::to_string(i));
+    const std::string listen = lab ? "tcp://" + lab->ip(i) + ":0" : "tcp://127.0.0.1:0";
+    for (const std::string& s : std::vector<std::string>{
+             "train.out_dir=\"" + dir.string() + "\"", "net.key=\"" + keys[i].string() + "\"",
+             "net.allow=\"" + (out / "keys" / "allowlist").string() + "\"",
+             "net.name=\"peer-" + std::to_string(i) + "\"", "net.listen=\"" + listen + "\"",
+             std::string("net.insecure=false"), "net.min_peers=" + std::to_string(o.peers),
+             "net.join=[" + (join.empty() ? "" : "\"" + join + "\"") + "]"})
+      argv.insert(argv.end(), {"--set", s});
+    if (o.resume) argv.push_back("--resume");
+    if (o.stop_at >= 0) argv.insert(argv.end(), {"--stop-at", std::to_string(o.stop_at)});
+    return argv;
+  };
+
+  g_signal.store(0);
+  auto old_int = std::signal(SIGINT, on_swarm_signal);
+  auto old_term = std::signal(SIGTERM, on_swarm_signal);
+  struct Restore {
+    void (*i)(int);
+    void (*t)(int);
+    ~Restore() {
+      std::signal(SIGINT, i);
+      std::signal(SIGTERM, t);
+    }
+  } restore{old_int, old_term};
+
+  std::vector<Process> procs;
+  std::vector<PeerView> views(o.peers);
+  auto log_of = [&](int i) { return (out / ("peer-" + std::to_string(i) + ".log")).string(); };
+  for (int i = 0; i < o.peers; ++i) fs::remove(log_of(i));
+  procs.emplace_back(argv_for(0, ""), log_of(0));
+  std::string entry;
+  for (int tries = 0; tries < 600 && entry.empty(); ++tries) {
+    auto line = procs[0].read_line(std::chrono::milliseconds(100));
+    if (line) {
+      try {
+        const auto j = nlohmann::json::parse(*line);
+        if (j.value("event", "") == "listening") entry = j.value("endpoint", "");
+      } catch (const nlohmann::json::exception&) {
+      }
+    } else if (procs[0].finished_output() || g_signal.load() != 0) {
+      break;
+    }
+  }
+  if (entry.empty()) throw Error("peer 0 did not start; see " + log_of(0));
+  for (int i = 1; i < o.peers; ++i) procs.emplace_back(argv_for(i, entry), log_of(i));
+  std::cerr << "swarm: " << o.peers << " peers (" << config.strategy.kind << "), logs in "
+            << (out / "peer-<i>.log").string() << ", entry point " << entry << "\n";
+
+  train::ProgressLine progress(o.progress);
+  LocalSwarmResult result;
+  int forwarded = 0;
+  nlohmann::json done_events = nlohmann::json::array();
+  int64_t last_milestone = -1;
+  while (true) {
+    if (const int sig = g_signal.load(); sig != 0 && forwarded != sig) {
+      for (auto& p : procs) p.signal(SIGTERM);
+      forwarded = sig;
+      progress.note("swarm: stopping every peer (they checkpoint at their next round)");
+    }
+    std::vector<pollfd> fds;
+    for (auto& p : procs) fds.push_back({p.stdout_fd(), POLLIN, 0});
+    ::poll(fds.data(), fds.size(), 200);
+    bool any_running = false;
+    for (int i = 0; i < o.peers; ++i) {
+      PeerView& v = views[i];
+      while (auto line = procs[i].read_line(std::chrono::milliseconds(1))) {
+        nlohmann::json j;
+        try {
+          j = nlohmann::json::parse(*line);
+        } catch (const nlohmann::json::exception&) {
+          continue;
+        }
+        const std::string event = j.value("event", "");
+        if (event == "step") {
+          v.step = j.value("step", int64_t{0});
+          v.steps = j.value("steps", int64_t{0});
+          v.loss = j.value("loss", 0.0);
+          v.tokens = j.value("tokens", uint64_t{0});
+          v.tokens_per_s = j.value("tokens_per_s", 0.0);
+          v.elapsed_s = j.value("elapsed_s", 0.0);
+          if (j.contains("net") && j["net"].is_object()) {
+            v.bytes_sent = j["net"].value("bytes_sent", 0.0);
+            v.net_wait_s = j["net"].value("net_wait_s", 0.0);
+            v.swarm = j["net"].value("peers", 0);
+          }
+        } else if (event == "eval") {
+          result.val_loss = j.value("val_loss", -1.0);
+          progress.note("step " + std::to_string(j.value("step", int64_t{0})) + " | val loss " +
+                        fmt("%.4f", result.val_loss) + " (peer " + std::to_string(i) + ")");
+        } else if (event == "done") {
+          if (i == 0) result.sample = j.value("sample", "");
+          j["peer"] = i;
+          done_events.push_back(j);
+        }
+      }
+      if (v.running && procs[i].finished_output()) {
+        v.exit_code = procs[i].wait(std::chrono::seconds(30));
+        v.running = false;
+        if (v.exit_code.value_or(-1) != 0) {
+          ++result.failed_peers;
+          progress.note("swarm: peer " + std::to_string(i) + " exited with code " +
+                        std::to_string(v.exit_code.value_or(-1)) + "; see " + log_of(i));
+        }
+      }
+      any_running = any_running || v.running;
+    }
+    // The combined line: the slowest running peer's step, the swarm's throughput and traffic.
+    int64_t step = -1, steps = 0;
+    double lo = 1e30, hi = -1e30, tps = 0, sent = 0, wait = 0, elapsed = 0;
+    int live = 0;
+    for (const auto& v : views) {
+      if (v.step == 0) continue;
+      step = step < 0 ? v.step : std::min(step, v.step);
+      steps = std::max(steps, v.steps);
+      lo = std::min(lo, v.loss);
+      hi = std::max(hi, v.loss);
+      tps += v.running ? v.tokens_per_s : 0;
+      sent += v.bytes_sent;
+      wait = std::max(wait, v.net_wait_s);
+      elapsed = std::max(elapsed, v.elapsed_s);
+      live += v.running ? 1 : 0;
+    }
+    if (step > 0) {
+      result.step = std::max(result.step, step);
+      const bool milestone =
+          step / config.train.log_every > last_milestone / config.train.log_every;
+      if (milestone) last_milestone = step;
+      progress.update("step " + std::to_string(step) + "/" + std::to_string(steps) + " | loss " +
+                          fmt("%.4f", lo) + (hi - lo > 5e-5 ? ".." + fmt("%.4f", hi) : "") + " | " +
+                          fmt("%.0f", tps) + " tok/s | " + std::to_string(live) + "/" +
+                          std::to_string(o.peers) + " peers | sent " + fmt("%.1f MB", sent / 1e6) +
+                          " | net wait " + fmt("%.0f%%", elapsed > 0 ? 100 * wait / elapsed : 0) +
+                          " | " + train::format_duration(elapsed),
+                      milestone);
+    }
+    if (!any_running) break;
+  }
+  progress.finish();
+  double total_tokens = 0, longest = 0;
+  for (const auto& v : views) {
+    total_tokens += static_cast<double>(v.tokens);
+    longest = std::max(longest, v.elapsed_s);
+  }
+  result.tokens_per_s = longest > 0 ? total_tokens / longest : 0;
+  // The run's summary for scripts (bench/strategies, the demo's plot).
+  std::ofstream(out / "swarm.json") << nlohmann::json{{"peers", o.peers},
+                                                      {"strategy", config.strategy.kind},
+                                                      {"link_rate", o.link_rate},
+                                                      {"tokens", total_tokens},
+                                                      {"elapsed_s", longest},
+                                                      {"tokens_per_s", result.tokens_per_s},
+                                                      {"failed_peers", result.failed_peers},
+                                                      {"done", done_events}}
+                                           .dump(2)
+                                    << "\n";
+  return result;
+}
+
+}  // namespace starling::strategy

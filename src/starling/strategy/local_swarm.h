@@ -1,0 +1,37 @@
+// `starling train --peers N`: a whole swarm on this machine. Starts N `starling peer` processes
+// on loopback (or, with a link rate, each in its own network namespace behind a tbf-shaped link),
+// with ephemeral keys generated into <out_dir>/keys, each on its 1/N share of the data and
+// checkpointing into <out_dir>/peer-<i>; shows one combined progress line and forwards SIGINT
+// and SIGTERM to the peers (which checkpoint and leave).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "starling/train/config.h"
+
+namespace starling::strategy {
+
+struct LocalSwarmOptions {
+  int peers = 2;
+  std::string link_rate;               // "" = loopback; else a tc rate ("20mbit"): needs root
+  std::string starling;                // path of the starling binary to launch peers with
+  std::string config_file;             // passed on to each peer
+  std::vector<std::string> overrides;  // --set arguments, passed on to each peer
+  bool resume = false;
+  bool progress = true;
+  int64_t stop_at = -1;
+};
+
+struct LocalSwarmResult {
+  int failed_peers = 0;     // peers that exited with an error
+  int64_t step = 0;         // the furthest step any peer reached
+  double val_loss = -1;     // the last validation loss reported
+  double tokens_per_s = 0;  // the swarm's, over the run
+  std::string sample;       // peer 0's end-of-training sample
+};
+
+LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwarmOptions& options);
+
+}  // namespace starling::strategy

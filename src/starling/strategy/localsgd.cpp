@@ -1,0 +1,35 @@
+#include "starling/strategy/localsgd.h"
+
+#include <ATen/ATen.h>
+
+namespace starling::strategy {
+
+LocalSgd::LocalSgd(const train::RunConfig& config, net::Node& node) : SwarmStrategy(config, node) {}
+
+void LocalSgd::allocate(train::Replica&) { buffer_ = flat_->zeros(); }
+
+bool LocalSgd::step_done(train::Replica& r, bool last) {
+  if (!last && r.step % config_.strategy.local_steps != 0) return false;
+  const Agreement a = agree(r);
+  flat_->gather(buffer_);
+  if (!a.contribute) buffer_.zero_();
+  if (a.contributors > 0 && all_reduce(buffer_, precision_, "parameter averaging")) {
+    buffer_.div_(static_cast<double>(a.contributors));
+    flat_->scatter(buffer_);
+    ++version_;
+  }
+  // On failure each peer keeps its own parameters; the next agreement finds the versions apart
+  // only if some peer did average, and then hands everyone the root's.
+  ++rounds_;
+  return true;
+}
+
+void LocalSgd::pack_state(train::Replica&, at::Tensor& out) { flat_->gather(out); }
+
+void LocalSgd::unpack_state(train::Replica&, const at::Tensor& in) { flat_->scatter(in); }
+
+nlohmann::json LocalSgd::checkpoint_state(std::vector<std::pair<std::string, at::Tensor>>&) {
+  return {{"kind", "localsgd"}, {"version", version_}};
+}
+
+}  // namespace starling::strategy

@@ -1,0 +1,28 @@
+// localsgd: tau local AdamW steps on each peer, then synchronous averaging of the parameters.
+// The inner optimizer state stays local; a joiner adopts the parameters and step.
+#pragma once
+
+#include "starling/strategy/swarm_strategy.h"
+
+namespace starling::strategy {
+
+class LocalSgd final : public SwarmStrategy {
+ public:
+  LocalSgd(const train::RunConfig& config, net::Node& node);
+  void gradients_ready(train::Replica&) override {}
+  bool step_done(train::Replica& r, bool last) override;
+  nlohmann::json checkpoint_state(
+      std::vector<std::pair<std::string, at::Tensor>>& tensors) override;
+
+ protected:
+  void allocate(train::Replica& r) override;
+  int64_t state_numel() const override { return flat_->numel(); }
+  void pack_state(train::Replica& r, at::Tensor& out) override;
+  void unpack_state(train::Replica& r, const at::Tensor& in) override;
+  void restore(train::Replica&, const nlohmann::json&, const SafetensorsFile&) override {}
+
+ private:
+  at::Tensor buffer_;
+};
+
+}  // namespace starling::strategy

@@ -1,0 +1,32 @@
+// One peer of a training swarm: the node from [net], the strategy from [strategy], and the
+// training loop, in one call. `starling peer` runs it directly; `starling train --peers N`
+// launches N of them (strategy/local_swarm.h).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "starling/net/node.h"
+#include "starling/train/config.h"
+#include "starling/train/step_hooks.h"
+#include "starling/train/trainer.h"
+
+namespace starling::strategy {
+
+// The strategy named by config.strategy.kind (not "none"); ConfigError for an unknown kind.
+std::unique_ptr<train::StepHooks> make_strategy(const train::RunConfig& config, net::Node& node);
+
+// NodeOptions from [net]: keys and allowlist are read from their files (ConfigError naming the
+// key and file when they cannot be), timeouts converted.
+net::NodeOptions node_options(const train::NetConfig& net);
+
+struct PeerOptions {
+  train::TrainOptions train;  // resume, progress, stop_at, data share, json_events
+};
+
+// Joins (or starts) the swarm, waits for net.min_peers, trains with the strategy and leaves.
+// With train.json_events the first stdout line is {"event":"listening","endpoint":...}, the
+// address (with public key) other peers join through.
+train::TrainResult run_peer(const train::RunConfig& config, const PeerOptions& options);
+
+}  // namespace starling::strategy

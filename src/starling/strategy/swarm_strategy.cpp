@@ -1,0 +1,177 @@
+#include "starling/strategy/swarm_strategy.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <iostream>
+#include <limits>
+
+#include "starling/common/error.h"
+
+namespace starling::strategy {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Steps and versions travel as floats: split into two exact 20-bit halves.
+void put_int(float* at, int64_t v) {
+  at[0] = static_cast<float>(v >> 20);
+  at[1] = static_cast<float>(v & ((1 << 20) - 1));
+}
+int64_t get_int(const float* at) {
+  return (static_cast<int64_t>(at[0]) << 20) + static_cast<int64_t>(at[1]);
+}
+
+}  // namespace
+
+net::WirePrecision parse_precision(const std::string& name) {
+  if (name == "fp32") return net::WirePrecision::fp32;
+  if (name == "fp16") return net::WirePrecision::fp16;
+  if (name == "bf16") return net::WirePrecision::bf16;
+  if (name == "int8") return net::WirePrecision::int8;
+  throw ConfigError("strategy.precision: expected fp32, fp16, bf16 or int8, got \"" + name + "\"");
+}
+
+SwarmStrategy::SwarmStrategy(const train::RunConfig& config, net::Node& node)
+    : config_(config), node_(node), precision_(parse_precision(config.strategy.precision)) {}
+
+net::CollectiveOptions SwarmStrategy::options(net::WirePrecision precision) const {
+  net::CollectiveOptions o;
+  o.precision = precision;
+  o.op = net::ReduceOp::sum;
+  o.order = net::RingOrder::by_id;  // shards stay with the same peer from round to round
+  return o;
+}
+
+void SwarmStrategy::log(const std::string& line) const {
+  std::cerr << "[" << config_.strategy.kind << "] " << line << std::endl;
+}
+
+bool SwarmStrategy::wait(const net::Work& work, const char* what) {
+  const double t0 = now_s();
+  try {
+    work.wait();
+    net_wait_s_ += now_s() - t0;
+    return true;
+  } catch (const std::exception& e) {
+    net_wait_s_ += now_s() - t0;
+    log(std::string(what) + " failed: " + e.what());
+    return false;
+  }
+}
+
+bool SwarmStrategy::all_reduce(at::Tensor& flat, net::WirePrecision precision, const char* what) {
+  return wait(node_.all_reduce(as_span(flat), options(precision)), what);
+}
+
+Agreement SwarmStrategy::agree(train::Replica& r) {
+  for (int attempt = 0;; ++attempt) {
+    at::Tensor control = at::zeros({4}, at::kFloat);
+    float* c = control.data_ptr<float>();
+    c[0] = need_state_ ? 1.f : 0.f;
+    c[1] = 1.f;
+    c[2] = static_cast<float>(version_ % (1 << 20));  // compared as a sum: exact below 2^24/peers
+    c[3] = has_previous() ? 1.f : 0.f;
+    const double t0 = now_s();
+    net::CollectiveResult result;
+    try {
+      result = node_.all_reduce(as_span(control), options(net::WirePrecision::fp32)).wait();
+    } catch (const std::exception& e) {
+      net_wait_s_ += now_s() - t0;
+      if (attempt % 10 == 0) log(std::string("round agreement failed, retrying: ") + e.what());
+      need_state_ = true;  // whatever we missed, the next agreement's transfer repairs
+      continue;
+    }
+    net_wait_s_ += now_s() - t0;
+    Agreement a;
+    a.peers = static_cast<int>(c[1]);
+    a.ring = result.ring;
+    std::sort(a.ring.begin(), a.ring.end());
+    const int needing = static_cast<int>(c[0]);
+    const bool versions_agree = c[2] == static_cast<float>(a.peers) * (version_ % (1 << 20));
+    const int with_previous = static_cast<int>(c[3]);
+    a.previous_on_all = with_previous == a.peers;
+    peers_ = a.peers;
+    if (needing == 0 && versions_agree) {
+      a.contributors = a.peers;
+      a.contribute = true;
+      return a;
+    }
+    // Someone lacks the shared state: the longest-standing participant sends its own.
+    net::PeerId root = result.ring.front();
+    int64_t oldest = std::numeric_limits<int64_t>::max();
+    for (const auto& m : node_.members())
+      if (std::find(a.ring.begin(), a.ring.end(), m.info.id) != a.ring.end() &&
+          (m.info.joined_at_ms < oldest || (m.info.joined_at_ms == oldest && m.info.id < root))) {
+        oldest = m.info.joined_at_ms;
+        root = m.info.id;
+      }
+    at::Tensor state = at::zeros({kHeader + state_numel()}, at::kFloat);
+    if (root == node_.id()) {
+      put_int(state.data_ptr<float>(), r.step);
+      put_int(state.data_ptr<float>() + 2, version_);
+      at::Tensor body = state.narrow(0, kHeader, state_numel());  // a view: packed in place
+      pack_state(r, body);
+    }
+    net::CollectiveOptions o = options(net::WirePrecision::fp32);
+    o.root = root;
+    if (!wait(node_.broadcast(as_span(state), o), "state transfer")) {
+      need_state_ = true;
+      continue;
+    }
+    const int64_t root_step = get_int(state.data_ptr<float>());
+    const int64_t root_version = get_int(state.data_ptr<float>() + 2);
+    // Progress counts only if it was made from the same shared state the root holds.
+    a.contribute = !need_state_ && version_ == root_version && r.step == root_step;
+    if (need_state_ || r.step != root_step)
+      log("adopting the swarm's state from peer " + net::short_peer_id(root) + " (step " +
+          std::to_string(root_step) + ", round " + std::to_string(root_version) + ")");
+    r.step = root_step;
+    r.optimizer.set_steps(root_step);
+    version_ = root_version;
+    unpack_state(r, state.narrow(0, kHeader, state_numel()));
+    need_state_ = false;
+    a.synced = true;
+    // Agree on who contributes: one more tiny sum.
+    at::Tensor count = at::full({1}, a.contribute ? 1.f : 0.f, at::kFloat);
+    if (!all_reduce(count, net::WirePrecision::fp32, "contributor count")) {
+      need_state_ = true;
+      continue;
+    }
+    a.contributors = static_cast<int>(count.item<float>());
+    a.previous_on_all = has_previous();  // the root's, now everyone's
+    return a;
+  }
+}
+
+void SwarmStrategy::start(train::Replica& r, const nlohmann::json& state,
+                          const SafetensorsFile* tensors) {
+  // A peer restored from its checkpoint keeps its state if the swarm's agreement finds every
+  // other peer at the same step and round (a whole swarm resumed together); any other peer, and
+  // any disagreement, takes the root's state, so replicas always start identical.
+  flat_.emplace(r.params);
+  allocate(r);
+  need_state_ = true;
+  if (tensors != nullptr && state.is_object()) {
+    version_ = state.value("version", int64_t{0});
+    restore(r, state, *tensors);
+    need_state_ = false;
+  }
+  const Agreement a = agree(r);
+  started(a);
+  log("training with " + std::to_string(a.peers) + " peer" + (a.peers == 1 ? "" : "s") +
+      " from step " + std::to_string(r.step));
+}
+
+void SwarmStrategy::finish(train::Replica&) {}
+
+nlohmann::json SwarmStrategy::report() const {
+  return {{"peers", peers_},
+          {"bytes_sent", static_cast<double>(node_.counters().bytes_sent)},
+          {"net_wait_s", net_wait_s_},
+          {"round", version_}};
+}
+
+}  // namespace starling::strategy

@@ -1,0 +1,91 @@
+// What every data-parallel strategy shares: the peer it talks through, the agreement that opens
+// each round, the state transfer that lets a new or out-of-step peer adopt the swarm's state, and
+// the counters the progress display shows.
+//
+// Each round boundary opens with a tiny all-reduce (the agreement) of
+//   [needs state, 1, anchor version, has the previous round's average]
+// so every peer learns, from bit-identical sums, how many take part and whether all of them hold
+// the same shared state. If any peer lacks it (a joiner, a restarted swarm), or the versions
+// disagree (a peer missed an average when another died), the root, the longest-standing
+// participant, broadcasts its state and everyone adopts it; only peers whose own state matched
+// the root's contribute local progress to the round. A failed collective never stops the run: the
+// peer notes it, and the next agreement repairs whatever diverged.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "starling/net/node.h"
+#include "starling/strategy/flat.h"
+#include "starling/train/step_hooks.h"
+
+namespace starling::strategy {
+
+struct Agreement {
+  int peers = 0;                  // participants of the round
+  int contributors = 0;           // peers whose local progress counts this round
+  bool contribute = false;        // whether this peer's progress counts
+  bool synced = false;            // the root's state was broadcast and adopted
+  bool previous_on_all = false;   // every participant holds the previous round's average
+  std::vector<net::PeerId> ring;  // participants by id (shard order)
+};
+
+class SwarmStrategy : public train::StepHooks {
+ public:
+  SwarmStrategy(const train::RunConfig& config, net::Node& node);
+
+  nlohmann::json report() const override;
+  void start(train::Replica& r, const nlohmann::json& state,
+             const SafetensorsFile* tensors) override;
+  void finish(train::Replica& r) override;
+
+ protected:
+  // Allocates the strategy's buffers for the model (flat_ is set); called once, in start().
+  virtual void allocate(train::Replica& r) = 0;
+  // The shared state a joiner adopts, as one float vector: state_numel() elements that
+  // pack_state() writes on the root and unpack_state() reads on every peer.
+  virtual int64_t state_numel() const = 0;
+  virtual void pack_state(train::Replica& r, at::Tensor& out) = 0;
+  virtual void unpack_state(train::Replica& r, const at::Tensor& in) = 0;
+  // Whether this peer holds the previous round's average (co2 only).
+  virtual bool has_previous() const { return false; }
+  // Restores strategy tensors from a checkpoint (the strategy's own "strategy." names).
+  virtual void restore(train::Replica& r, const nlohmann::json& state,
+                       const SafetensorsFile& tensors) = 0;
+  // The opening agreement is done (co2 with zero notes its shard here).
+  virtual void started(const Agreement&) {}
+
+  // The round's agreement, with a state transfer when needed; retried until it succeeds.
+  Agreement agree(train::Replica& r);
+  // Waits for `work`, counting the time as network wait; false (logged) if it failed.
+  bool wait(const net::Work& work, const char* what);
+  // Launches and waits; false (logged) if it failed.
+  bool all_reduce(at::Tensor& flat, net::WirePrecision precision, const char* what);
+
+  net::CollectiveOptions options(net::WirePrecision precision) const;
+  void log(const std::string& line) const;
+
+  const train::RunConfig& config_;
+  net::Node& node_;
+  std::optional<Flat> flat_;  // the model's parameters as one vector (set in start())
+  net::WirePrecision precision_;
+  int64_t version_ = 0;     // averages applied to the shared state so far
+  bool need_state_ = true;  // this peer's shared state is not known to match the swarm's
+  int peers_ = 1;
+  int64_t rounds_ = 0;
+  double net_wait_s_ = 0;
+
+ private:
+  // Header fields packed before the strategy's state in a transfer.
+  static constexpr int64_t kHeader = 4;
+};
+
+// Reads strategy.precision.
+net::WirePrecision parse_precision(const std::string& name);
+
+}  // namespace starling::strategy

@@ -1,0 +1,61 @@
+// The seam between the training loop (train/trainer.cpp) and a strategy (strategy/): the loop
+// owns the model, optimizer, data, evaluation and checkpoints; hooks decide when replicas
+// exchange what. Nothing in train/ knows which strategy is plugged in.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "starling/common/safetensors.h"
+#include "starling/graph/param_store.h"
+#include "starling/train/adamw.h"
+#include "starling/train/config.h"
+
+namespace starling::train {
+
+// The replica a hook works on: references into the running loop.
+struct Replica {
+  const RunConfig& config;
+  graph::ParamStore& params;
+  AdamW& optimizer;
+  int64_t& step;     // optimizer steps completed (the schedule's position)
+  uint64_t& tokens;  // training tokens this replica consumed
+};
+
+class StepHooks {
+ public:
+  virtual ~StepHooks() = default;
+
+  // After the replica is built and, when resuming, restored with its checkpoint's tensors and
+  // `state` (see checkpoint_state), before the first step. A strategy agrees on the starting
+  // state with its peers here; a peer joining a running swarm adopts the swarm's parameters and
+  // step.
+  virtual void start(Replica& replica, const nlohmann::json& state,
+                     const SafetensorsFile* tensors) = 0;
+
+  // The step's gradients are accumulated in the parameters' .grad(), not yet clipped.
+  virtual void gradients_ready(Replica& replica) = 0;
+
+  // The optimizer step just made replica.step. `last` is true for the run's final step. Returns
+  // true at a round boundary, where the parameters are the swarm's shared model: only there are
+  // evaluation and checkpoints taken.
+  virtual bool step_done(Replica& replica, bool last) = 0;
+
+  // Extra checkpoint content at a boundary: JSON for meta.json and tensors whose names start with
+  // "strategy.". May wait for communication still in flight so nothing is lost on a restart.
+  virtual nlohmann::json checkpoint_state(
+      std::vector<std::pair<std::string, at::Tensor>>& tensors) = 0;
+
+  // Counters for progress and metrics: {"peers", "bytes_sent", "net_wait_s", "round"}.
+  virtual nlohmann::json report() const = 0;
+
+  // Training ended (or stopped): finish or abandon communication in flight, leave the swarm.
+  virtual void finish(Replica& replica) = 0;
+};
+
+}  // namespace starling::train
