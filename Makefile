@@ -4,7 +4,7 @@ BUILD_DIR ?= build
 JOBS ?= 2
 CMAKE_ARGS ?=
 
-.PHONY: all deps configure build test demo bench bench-allreduce format clean
+.PHONY: all deps configure build test demo bench bench-allreduce bench-strategies format clean
 
 all: build
 
@@ -32,6 +32,13 @@ bench: build
 bench-allreduce: build
 	/usr/bin/python3 bench/allreduce/run.py --peer $(BUILD_DIR)/starling_allreduce_peer \
 		--json $(BUILD_DIR)/bench/allreduce-results.json
+
+# ddp, localsgd, diloco, co2 (4 peers) on loopback, 100 and 10 Mbit, with torch DDP as the outside
+# baseline; then the figures in docs/img (bench/strategies/README.md: ~2.5 hours on 2 cores).
+bench-strategies: build
+	/usr/bin/python3 bench/strategies/run.py --starling $(BUILD_DIR)/starling \
+		--json $(BUILD_DIR)/bench/strategies-results.json
+	/usr/bin/python3 bench/strategies/plot.py --json $(BUILD_DIR)/bench/strategies-results.json
 
 format:
 	clang-format -i $$(git ls-files '*.cpp' '*.h')

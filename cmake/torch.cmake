@@ -73,6 +73,7 @@ add_executable(starling_tests
   tests/train/config_test.cpp
   tests/train/checkpoint_test.cpp
   tests/net/gloo_backend_test.cpp
+  tests/strategy/co2_test.cpp
 )
 target_link_libraries(starling_tests PRIVATE starling GTest::gtest_main)
 target_precompile_headers(starling_tests REUSE_FROM starling)
@@ -94,6 +95,7 @@ target_precompile_headers(starling_allreduce_peer REUSE_FROM starling)
 add_executable(starling_cli_tests
   tests/cli/cli_test.cpp
   tests/cli/net_cli_test.cpp
+  tests/cli/swarm_cli_test.cpp
 )
 target_link_libraries(starling_cli_tests PRIVATE starling_net GTest::gtest_main)
 target_compile_definitions(starling_cli_tests PRIVATE

@@ -15,6 +15,7 @@ PACKAGES=(
   libsentencepiece-dev sentencepiece
   libgtest-dev libgmock-dev
   python3-numpy                     # the oracle scripts and safetensors exchange
+  python3-matplotlib                # loss curves (scripts/plot_loss.py) and bench/strategies plots
   iproute2                          # network namespaces for bandwidth-limited tests
   libgloo-dev                       # headers for the c10d Gloo backend libtorch carries
 )

@@ -36,7 +36,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-NETLAB = os.path.join(ROOT, "scripts", "netlab.sh")
+sys.path.insert(0, os.path.dirname(HERE))  # bench/, for netlab.py
+from netlab import NETLAB, labs_unavailable, netlab  # noqa: E402  (bench/netlab.py)
 PEERS = 4
 # tbf counts Ethernet + IP + TCP headers: TCP goodput tops out at 1448/1514 of the rate.
 TBF_CEILING = 1448 / 1514
@@ -63,20 +64,6 @@ LINKS = {
 
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
-
-
-def netlab(*args, check=True):
-    p = subprocess.run([NETLAB, *args], capture_output=True, text=True)
-    if check and p.returncode != 0:
-        raise RuntimeError(f"netlab.sh {' '.join(args)} failed: {p.stderr.strip()}")
-    return p.stdout.strip()
-
-
-def labs_unavailable():
-    if not os.access(NETLAB, os.X_OK):
-        return f"{NETLAB} is missing or not executable"
-    p = subprocess.run([NETLAB, "check"], capture_output=True, text=True)
-    return "" if p.returncode == 0 else (p.stderr.strip() or p.stdout.strip())
 
 
 def expected_seconds(sizes, reps, rate_mbps):

@@ -202,6 +202,30 @@ TEST(RunConfigErrors, UnknownTable) {
   expect_error("[data]\ndir = \"d\"\n\n[trian]\nsteps = 3\n", {"run.toml:4", "[trian]"});
 }
 
+TEST(RunConfig, StrategyAndNetTables) {
+  const RunConfig c = parse_run_config(
+      "[data]\ndir = \"d\"\n[strategy]\nkind = \"co2\"\nlocal_steps = 8\nzero = true\n"
+      "precision = \"int8\"\n[net]\njoin = [\"tcp://10.0.0.1:7000\", \"tcp://10.0.0.2:7000\"]\n"
+      "peer_timeout_ms = 2000\n",
+      "run.toml", {"strategy.clip=value"});
+  EXPECT_EQ(c.strategy.kind, "co2");
+  EXPECT_EQ(c.strategy.local_steps, 8);
+  EXPECT_TRUE(c.strategy.zero);
+  EXPECT_EQ(c.strategy.precision, "int8");
+  EXPECT_EQ(c.strategy.clip, "value");
+  ASSERT_EQ(c.net.join.size(), 2u);
+  EXPECT_EQ(c.net.join[1], "tcp://10.0.0.2:7000");
+  EXPECT_EQ(parse_run_config(to_toml(c), "<to_toml>").net.join, c.net.join);
+  expect_error("[data]\ndir = \"d\"\n[strategy]\nkind = \"gossip\"\n",
+               {"run.toml:4", "strategy.kind", "co2"});
+  expect_error("[data]\ndir = \"d\"\n[net]\njoin = [\"a\", 3]\n",
+               {"run.toml:4", "net.join[1]", "a string"});
+  expect_error("[data]\ndir = \"d\"\n[strategy]\nouter_momentum = 1.0\n",
+               {"strategy.outer_momentum must be < 1"});
+  expect_error("[data]\ndir = \"d\"\n[net]\nheartbeat_ms = 900\npeer_timeout_ms = 800\n",
+               {"net.peer_timeout_ms (800) must exceed net.heartbeat_ms (900)"});
+}
+
 TEST(RunConfigErrors, WrongType) {
   expect_error("[data]\ndir = \"d\"\n[train]\nsteps = \"ten\"\n",
                {"run.toml:4", "train.steps", "integer"});
@@ -306,7 +330,13 @@ std::vector<std::string> all_keys() {
       {"optim",
        {"lr", "min_lr", "warmup_steps", "schedule", "weight_decay", "beta1", "beta2", "eps",
         "grad_clip"}},
-      {"sample", {"prompt", "max_tokens", "temperature", "top_k", "seed"}}};
+      {"sample", {"prompt", "max_tokens", "temperature", "top_k", "seed"}},
+      {"strategy",
+       {"kind", "local_steps", "outer_lr", "outer_momentum", "staleness_penalty", "clip",
+        "clip_threshold", "zero", "precision"}},
+      {"net",
+       {"name", "listen", "advertise", "join", "key", "allow", "insecure", "heartbeat_ms",
+        "peer_timeout_ms", "join_timeout_s", "collective_timeout_s", "min_peers"}}};
   std::vector<std::string> keys;
   for (const auto& [table, names] : tables)
     for (const auto& n : names) keys.push_back(table + "." + n);

@@ -64,6 +64,11 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
     throw ConfigError(
         "--peers needs a strategy: set strategy.kind to ddp, localsgd, diloco or co2");
   const fs::path out = config.train.out_dir;
+  // Each peer would refuse on its own; saying so here spares the others a join timeout.
+  if (!o.resume && fs::exists(out / "peer-0" / "checkpoints" / "latest"))
+    throw ConfigError(out.string() +
+                      " already holds a swarm's checkpoints; pass --resume to continue that run, "
+                      "or set train.out_dir to a new directory");
   fs::create_directories(out);
   const auto keys = ensure_keys(out / "keys", o.peers);
 

@@ -221,7 +221,9 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   int64_t saved_step = options.resume && has_checkpoint ? step : -1;
   int64_t evaluated_step = step;
   bool at_boundary = true;
-  while (step < last && !g_stop.load()) {
+  // A signal stops at the next round boundary (at once for a single replica), where the
+  // parameters are the shared model and a checkpoint can be taken.
+  while (step < last && !(g_stop.load() && at_boundary)) {
     const double t0 = now_s();
     const double lr = learning_rate(c.optim, step, c.train.steps);
     dag->params().zero_grad();
@@ -236,8 +238,9 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     ++step;
     tokens += static_cast<uint64_t>(tokens_per_step);
     // The strategy's round boundary: its communication time counts in the step's time.
-    // A signal stops only this peer (it leaves the swarm); `last` is the same on every peer.
-    at_boundary = options.hooks ? options.hooks->step_done(replica, step == last) : true;
+    // A signal stops only this peer (it leaves the swarm); train.steps is the same on every peer.
+    // --stop-at ends this run but not training: a round boundary, not the end of the schedule.
+    at_boundary = options.hooks ? options.hooks->step_done(replica, step == c.train.steps) : true;
     const double dt = now_s() - t0;
     compute_s += dt;
     window_s += dt;
@@ -254,15 +257,16 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
                        static_cast<double>(last - step);
     const bool milestone = step % c.train.log_every == 0 || step == last;
     const nlohmann::json net = options.hooks ? options.hooks->report() : nlohmann::json();
-    emit({{"event", "step"},
-          {"step", step},
-          {"steps", c.train.steps},
-          {"loss", loss},
-          {"lr", lr},
-          {"tokens", tokens},
-          {"tokens_per_s", tps},
-          {"net", net},
-          {"elapsed_s", now_s() - run_start}});
+    if (milestone)
+      emit({{"event", "step"},
+            {"step", step},
+            {"steps", c.train.steps},
+            {"loss", loss},
+            {"lr", lr},
+            {"tokens", tokens},
+            {"tokens_per_s", tps},
+            {"net", net},
+            {"elapsed_s", now_s() - run_start}});
     progress.update("step " + std::to_string(step) + "/" + std::to_string(c.train.steps) +
                         " | loss " + fmt("%.4f", loss) + " | lr " + fmt("%.2e", lr) + " | " +
                         fmt("%.0f", tps) + " tok/s | MFU " + fmt("%.1f%%", 100 * mfu) + " | " +

@@ -37,7 +37,8 @@ struct TrainResult {
 
 // Runs training. Throws ConfigError/DataError/CheckpointError with a clear message on bad input.
 // Without `resume`, refuses to start in an out_dir that already holds a checkpoint (so a run is
-// never overwritten by mistake). SIGINT/SIGTERM finish the current step, checkpoint, and return.
+// never overwritten by mistake). SIGINT/SIGTERM finish the current step (with a strategy: the
+// current round), checkpoint, and return.
 TrainResult train(const RunConfig& config, const TrainOptions& options);
 
 }  // namespace starling::train

@@ -1,0 +1,313 @@
+// Swarms of real `starling peer` processes on loopback (and, where namespaces work, behind a
+// shaped link): every strategy keeps its replicas identical, a peer killed with SIGKILL costs the
+// others one timeout, a joiner adopts the running swarm's state, a stopped swarm resumes exactly,
+// and the torchrun-style environment finds the peers.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "run_cli.h"
+#include "starling/common/process.h"
+#include "starling/net/netlab.h"
+
+namespace fs = std::filesystem;
+using starling::Process;
+using starling::testing::run_cli;
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Every JSON line of a metrics file.
+std::vector<json> metrics(const fs::path& run) {
+  std::vector<json> out;
+  std::ifstream in(run / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) out.push_back(json::parse(line));
+  return out;
+}
+
+// step -> validation loss, from a peer's metrics.
+std::map<int64_t, double> val_losses(const fs::path& run) {
+  std::map<int64_t, double> out;
+  for (const auto& m : metrics(run))
+    if (m.contains("val_loss")) out[m["step"].get<int64_t>()] = m["val_loss"].get<double>();
+  return out;
+}
+
+std::string final_model(const fs::path& run, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
+  return read_file(run / "checkpoints" / name / "model.safetensors");
+}
+
+// Reads a peer's stdout events until one satisfies `pred` or `timeout` passes.
+std::optional<json> wait_event(Process& p, const std::function<bool(const json&)>& pred,
+                               std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto line = p.read_line(200ms);
+    if (!line) {
+      if (p.finished_output()) return std::nullopt;
+      continue;
+    }
+    try {
+      json j = json::parse(*line);
+      if (pred(j)) return j;
+    } catch (const json::exception&) {
+    }
+  }
+  return std::nullopt;
+}
+
+class SwarmCliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = fs::temp_directory_path() / ("starling_swarm_test_" + std::to_string(::getpid()));
+    fs::remove_all(root_);
+    fs::create_directories(root_ / "text");
+    std::mt19937 rng(11);
+    const char* words[] = {"the",    "jury",   "said", "city", "election", "was",   "of",   "and",
+                           "report", "county", "that", "it",   "new",      "court", "judge"};
+    for (int d = 0; d < 16; ++d) {
+      std::ofstream out(root_ / "text" / ("doc" + std::to_string(d) + ".txt"));
+      for (int s = 0; s < 80; ++s)
+        for (int w = 0; w < 12; ++w) out << words[rng() % 15] << (w == 11 ? ".\n" : " ");
+    }
+    const auto prep = run_cli("data prepare " + (root_ / "text").string() + " --out " +
+                              (root_ / "data").string() + " --val-fraction 0.2");
+    ASSERT_EQ(prep.code, 0) << prep.output;
+  }
+  static void TearDownTestSuite() { fs::remove_all(root_); }
+
+  // A one-layer model: a step takes milliseconds, so a swarm's runs are dominated by its rounds.
+  static fs::path write_config(const std::string& name, const std::string& strategy,
+                               int64_t steps = 16, int64_t log_every = 1) {
+    const fs::path path = root_ / (name + ".toml");
+    std::ofstream(path) << "[model]\npreset = \"gpt2-tiny\"\nn_layer = 1\nd_model = 32\n"
+                           "n_head = 2\nseq_len = 32\n"
+                        << "[data]\ndir = \"" << (root_ / "data").string() << "\"\n"
+                        << "[train]\nsteps = " << steps
+                        << "\nbatch_size = 4\nthreads = 1\nlog_every = " << log_every
+                        << "\n"
+                           "eval_every = 8\neval_batches = 2\ncheckpoint_every = 4\n"
+                           "sample_at_end = false\nout_dir = \""
+                        << (root_ / ("run_" + name)).string() << "\"\n"
+                        << "[optim]\nlr = 1e-2\nwarmup_steps = 2\n"
+                        << "[strategy]\n"
+                        << strategy << "\n"
+                        << "[net]\nheartbeat_ms = 100\npeer_timeout_ms = 1500\n";
+    return path;
+  }
+  static fs::path run_dir(const std::string& name) { return root_ / ("run_" + name); }
+
+  // argv of one `starling peer` (insecure, on loopback) of config `name`.
+  static std::vector<std::string> peer_argv(const std::string& name, int rank, int world,
+                                            const std::string& join, int64_t min_peers) {
+    std::vector<std::string> argv = {
+        STARLING_CLI_PATH,
+        "peer",
+        "--json",
+        "-q",
+        "--insecure",
+        "--config",
+        (root_ / (name + ".toml")).string(),
+        "--data-rank",
+        std::to_string(rank),
+        "--data-world",
+        std::to_string(world),
+        "--set",
+        "train.out_dir=\"" + (run_dir(name) / ("peer-" + std::to_string(rank))).string() + "\"",
+        "--set",
+        "net.min_peers=" + std::to_string(min_peers)};
+    if (!join.empty()) argv.insert(argv.end(), {"--join", join});
+    return argv;
+  }
+
+  static fs::path root_;
+};
+fs::path SwarmCliTest::root_;
+
+// Replicas must agree wherever the shared model is defined: every evaluation and the final
+// checkpoint are bit-identical across peers, for every strategy.
+TEST_F(SwarmCliTest, EveryStrategyKeepsReplicasIdentical) {
+  std::map<std::string, double> final_val;
+  for (const std::string kind : {"ddp", "localsgd", "diloco", "co2", "co2-zero"}) {
+    SCOPED_TRACE(kind);
+    const std::string strategy = kind == "co2-zero" ? "kind = \"co2\"\nlocal_steps = 4\nzero = true"
+                                                    : "kind = \"" + kind + "\"\nlocal_steps = 4";
+    const fs::path config = write_config("same_" + kind, strategy);
+    const auto r = run_cli("train -q --peers 3 --config " + config.string());
+    ASSERT_EQ(r.code, 0) << r.output << read_file(run_dir("same_" + kind) / "peer-0.log");
+    const auto reference = val_losses(run_dir("same_" + kind) / "peer-0");
+    ASSERT_EQ(reference.size(), 2u) << "evaluations at steps 8 and 16";
+    const std::string model = final_model(run_dir("same_" + kind) / "peer-0", 16);
+    ASSERT_FALSE(model.empty());
+    for (int i = 1; i < 3; ++i) {
+      const fs::path peer = run_dir("same_" + kind) / ("peer-" + std::to_string(i));
+      EXPECT_EQ(val_losses(peer), reference) << "peer " << i;
+      EXPECT_TRUE(final_model(peer, 16) == model) << "peer " << i << "'s final model differs";
+    }
+    final_val[kind] = reference.rbegin()->second;
+    const json summary = json::parse(read_file(run_dir("same_" + kind) / "swarm.json"));
+    EXPECT_EQ(summary["failed_peers"], 0);
+    EXPECT_GT(summary["done"][0]["net"]["bytes_sent"].get<double>(), 0);
+  }
+  // zero changes where the outer state lives, not the arithmetic (up to rounding).
+  EXPECT_NEAR(final_val["co2-zero"], final_val["co2"], 1e-3 * final_val["co2"]);
+  // Every strategy learns: below the loss of a uniform guess over the 256 byte values.
+  for (const auto& [kind, v] : final_val) EXPECT_LT(v, std::log(256.0)) << kind;
+  // zero keeps 1/3 of anchor, momentum and previous average (plus the full send buffer):
+  // 3/3 + 1 = 2 copies of the model against 4.
+  const auto state_bytes = [&](const std::string& kind) {
+    const json s = json::parse(read_file(run_dir("same_" + kind) / "swarm.json"));
+    return s["done"][0]["net"]["state_bytes"].get<double>();
+  };
+  EXPECT_NEAR(state_bytes("co2-zero") / state_bytes("co2"), 2.0 / 4.0, 0.01);
+}
+
+TEST_F(SwarmCliTest, KilledPeerCostsTheOthersOneTimeout) {
+  // Step events only every 20 steps: a peer whose stdout nobody reads yet must not fill its pipe.
+  write_config("kill", "kind = \"co2\"\nlocal_steps = 4", 400, 20);
+  fs::create_directories(run_dir("kill"));
+  std::vector<Process> peers;
+  peers.emplace_back(peer_argv("kill", 0, 3, "", 3), (run_dir("kill") / "p0.log").string());
+  auto listening = wait_event(
+      peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
+  ASSERT_TRUE(listening);
+  const std::string entry = (*listening)["endpoint"];
+  for (int i = 1; i < 3; ++i)
+    peers.emplace_back(peer_argv("kill", i, 3, entry, 3),
+                       (run_dir("kill") / ("p" + std::to_string(i) + ".log")).string());
+  ASSERT_TRUE(wait_event(
+      peers[2], [](const json& j) { return j["event"] == "step" && j["step"] >= 10; }, 60s));
+  ::kill(peers[2].pid(), SIGKILL);
+  peers[2].wait(5s);
+  for (int i = 0; i < 2; ++i) {
+    auto done = wait_event(
+        peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
+    ASSERT_TRUE(done) << "peer " << i << " did not finish: "
+                      << read_file(run_dir("kill") / ("p" + std::to_string(i) + ".log"));
+    EXPECT_EQ((*done)["step"], 400);
+    EXPECT_EQ((*done)["net"]["peers"], 2) << "the survivors train on as two";
+    EXPECT_EQ(peers[i].wait(30s), 0);
+  }
+  EXPECT_TRUE(final_model(run_dir("kill") / "peer-0", 400) ==
+              final_model(run_dir("kill") / "peer-1", 400));
+}
+
+TEST_F(SwarmCliTest, JoinerAdoptsTheRunningSwarmsState) {
+  write_config("join", "kind = \"co2\"\nlocal_steps = 4", 300, 20);
+  fs::create_directories(run_dir("join"));
+  std::vector<Process> peers;
+  peers.emplace_back(peer_argv("join", 0, 3, "", 2), (run_dir("join") / "p0.log").string());
+  auto listening = wait_event(
+      peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
+  ASSERT_TRUE(listening);
+  const std::string entry = (*listening)["endpoint"];
+  peers.emplace_back(peer_argv("join", 1, 3, entry, 2), (run_dir("join") / "p1.log").string());
+  ASSERT_TRUE(wait_event(
+      peers[1], [](const json& j) { return j["event"] == "step" && j["step"] >= 40; }, 60s));
+  peers.emplace_back(peer_argv("join", 2, 3, entry, 1), (run_dir("join") / "p2.log").string());
+  auto first = wait_event(
+      peers[2], [](const json& j) { return j["event"] == "step"; }, 60s);
+  ASSERT_TRUE(first) << read_file(run_dir("join") / "p2.log");
+  EXPECT_GT((*first)["step"].get<int64_t>(), 40) << "the joiner starts at the swarm's step";
+  for (int i = 0; i < 3; ++i) {
+    auto done = wait_event(
+        peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
+    ASSERT_TRUE(done) << "peer " << i;
+    EXPECT_EQ((*done)["net"]["peers"], 3);
+  }
+  const std::string log = read_file(run_dir("join") / "p2.log");
+  EXPECT_NE(log.find("adopting the swarm's state"), std::string::npos) << log;
+  const std::string model = final_model(run_dir("join") / "peer-0", 300);
+  EXPECT_TRUE(final_model(run_dir("join") / "peer-1", 300) == model);
+  EXPECT_TRUE(final_model(run_dir("join") / "peer-2", 300) == model);
+}
+
+// Two peers, so every sum is a + b and bit-identical whichever peer adds: a stopped and resumed
+// swarm must end exactly where a straight run ends.
+TEST_F(SwarmCliTest, StoppedSwarmResumesExactly) {
+  const auto straight =
+      run_cli("train -q --peers 2 --config " +
+              write_config("straight", "kind = \"co2\"\nlocal_steps = 4").string());
+  ASSERT_EQ(straight.code, 0) << straight.output;
+  const fs::path split = write_config("split", "kind = \"co2\"\nlocal_steps = 4");
+  const auto first = run_cli("train -q --peers 2 --stop-at 8 --config " + split.string());
+  ASSERT_EQ(first.code, 0) << first.output;
+  const auto again = run_cli("train -q --peers 2 --config " + split.string());
+  EXPECT_NE(again.code, 0) << "a swarm refuses to overwrite its run without --resume";
+  const auto second = run_cli("train -q --peers 2 --resume --config " + split.string());
+  ASSERT_EQ(second.code, 0) << second.output;
+  EXPECT_NE(read_file(run_dir("split") / "peer-1.log").find("resumed from"), std::string::npos);
+  for (int i = 0; i < 2; ++i) {
+    const std::string peer = "peer-" + std::to_string(i);
+    EXPECT_TRUE(final_model(run_dir("straight") / peer, 16) ==
+                final_model(run_dir("split") / peer, 16))
+        << peer << ": 8 steps + resume + 8 differs from 16 straight";
+  }
+}
+
+TEST_F(SwarmCliTest, TorchrunEnvironmentFindsThePeers) {
+  write_config("torchrun", "kind = \"diloco\"\nlocal_steps = 4");
+  const std::string port = std::to_string(20000 + ::getpid() % 20000);
+  std::vector<Process> peers;
+  for (int rank = 0; rank < 2; ++rank)
+    peers.emplace_back(
+        std::vector<std::string>{
+            "/usr/bin/env", "RANK=" + std::to_string(rank), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+            "MASTER_PORT=" + port, STARLING_CLI_PATH, "peer", "--json", "-q", "--insecure",
+            "--config", (root_ / "torchrun.toml").string(), "--set",
+            "train.out_dir=\"" + (run_dir("torchrun") / std::to_string(rank)).string() + "\""},
+        (root_ / ("torchrun" + std::to_string(rank) + ".log")).string());
+  for (int rank = 0; rank < 2; ++rank) {
+    auto done = wait_event(
+        peers[rank], [](const json& j) { return j["event"] == "done"; }, 120s);
+    ASSERT_TRUE(done) << read_file(root_ / ("torchrun" + std::to_string(rank) + ".log"));
+    EXPECT_EQ((*done)["net"]["peers"], 2);
+  }
+  EXPECT_TRUE(final_model(run_dir("torchrun") / "0", 16) ==
+              final_model(run_dir("torchrun") / "1", 16));
+}
+
+TEST_F(SwarmCliTest, SwarmOnShapedLinks) {
+  if (auto why = starling::net::NetLab::unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
+  const fs::path config =
+      write_config("shaped", "kind = \"co2\"\nlocal_steps = 4\nprecision = \"int8\"");
+  const auto r = run_cli("train -q --peers 2 --link-rate 20mbit --config " + config.string());
+  ASSERT_EQ(r.code, 0) << r.output << read_file(run_dir("shaped") / "peer-0.log");
+  EXPECT_NE(r.output.find("namespaces on 20mbit"), std::string::npos) << r.output;
+  EXPECT_EQ(val_losses(run_dir("shaped") / "peer-0"), val_losses(run_dir("shaped") / "peer-1"));
+}
+
+TEST_F(SwarmCliTest, BadSwarmArgumentsAreClearErrors) {
+  const fs::path none = write_config("none", "kind = \"none\"");
+  auto r = run_cli("train --peers 2 --config " + none.string());
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("--peers needs a strategy"), std::string::npos) << r.output;
+  r = run_cli("peer --config " + write_config("nokey", "kind = \"co2\"").string());
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("net.key and net.allow are required"), std::string::npos) << r.output;
+  r = run_cli("train --link-rate 10mbit --config " + none.string());
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("needs --peers"), std::string::npos) << r.output;
+  r = run_cli("train --peers 2 --config " + write_config("badkind", "kind = \"gossip\"").string());
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("strategy.kind"), std::string::npos) << r.output;
+}
+
+}  // namespace
