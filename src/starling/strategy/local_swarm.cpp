@@ -94,6 +94,9 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
              "net.allow=\"" + (out / "keys" / "allowlist").string() + "\"",
              "net.name=\"peer-" + std::to_string(i) + "\"", "net.listen=\"" + listen + "\"",
              std::string("net.insecure=false"), "net.min_peers=" + std::to_string(o.peers),
+             // N libtorch processes starting at once on a busy machine can take a while.
+             "net.join_timeout_s=" +
+                 std::to_string(std::max<int64_t>(config.net.join_timeout_s, 120)),
              "net.join=[" + (join.empty() ? "" : "\"" + join + "\"") + "]"})
       argv.insert(argv.end(), {"--set", s});
     if (o.resume) argv.push_back("--resume");
