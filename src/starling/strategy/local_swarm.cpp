@@ -144,6 +144,7 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
   int forwarded = 0;
   nlohmann::json done_events = nlohmann::json::array();
   int64_t last_milestone = -1;
+  int64_t last_eval_step = -1;
   while (true) {
     if (const int sig = g_signal.load(); sig != 0 && forwarded != sig) {
       for (auto& p : procs) p.signal(SIGTERM);
@@ -177,9 +178,13 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
             v.swarm = j["net"].value("peers", 0);
           }
         } else if (event == "eval") {
+          // Every peer evaluates the same shared model: show each evaluation once.
           result.val_loss = j.value("val_loss", -1.0);
-          progress.note("step " + std::to_string(j.value("step", int64_t{0})) + " | val loss " +
-                        fmt("%.4f", result.val_loss) + " (peer " + std::to_string(i) + ")");
+          const int64_t at = j.value("step", int64_t{0});
+          if (at > last_eval_step)
+            progress.note("step " + std::to_string(at) + " | val loss " +
+                          fmt("%.4f", result.val_loss));
+          last_eval_step = std::max(last_eval_step, at);
         } else if (event == "done") {
           if (i == 0) result.sample = j.value("sample", "");
           j["peer"] = i;
