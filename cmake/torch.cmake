@@ -10,6 +10,7 @@ endif()
 add_library(starling STATIC
   src/starling/common/safetensors.cpp
   src/starling/common/cpu_runtime.cpp
+  src/starling/common/device.cpp
   src/starling/model/config.cpp
   src/starling/model/build.cpp
   src/starling/model/describe.cpp
@@ -20,11 +21,14 @@ add_library(starling STATIC
   src/starling/model/ops/loss.cpp
   src/starling/model/ops/mlp.cpp
   src/starling/model/ops/norm.cpp
+  src/starling/graph/autocast.cpp
   src/starling/graph/dag.cpp
   src/starling/graph/executor.cpp
   src/starling/graph/param_store.cpp
   src/starling/train/config.cpp
   src/starling/train/adamw.cpp
+  src/starling/train/loss_scaler.cpp
+  src/starling/train/precision.cpp
   src/starling/train/schedule.cpp
   src/starling/train/checkpoint.cpp
   src/starling/train/metrics.cpp
@@ -46,6 +50,18 @@ add_library(starling STATIC
 target_link_libraries(starling PUBLIC starling_data starling_net ${TORCH_LIBRARIES}
                       tomlplusplus::tomlplusplus)
 target_compile_options(starling PUBLIC ${TORCH_CXX_FLAGS})
+# A CUDA libtorch (pip's torch, or the libtorch archive) brings torch_cuda; only then does
+# common/device.cpp compile its CUDA branch (synchronisation, memory statistics).
+if(TARGET torch_cuda OR "${TORCH_LIBRARIES}" MATCHES "torch_cuda")
+  message(STATUS "Starling: CUDA libtorch ${Torch_VERSION}")
+  set_source_files_properties(src/starling/common/device.cpp PROPERTIES
+    COMPILE_DEFINITIONS STARLING_WITH_CUDA=1)
+  if(CUDAToolkit_INCLUDE_DIRS)
+    target_include_directories(starling PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+  endif()
+else()
+  message(STATUS "Starling: CPU libtorch ${Torch_VERSION}")
+endif()
 # libtorch's headers cost ~15 s per translation unit on these machines; one precompiled header
 # shared by every torch target brings that to a couple of seconds.
 target_precompile_headers(starling PRIVATE src/starling/common/torch_pch.h)
@@ -74,16 +90,26 @@ add_executable(starling_tests
   tests/train/checkpoint_test.cpp
   tests/net/gloo_backend_test.cpp
   tests/strategy/co2_test.cpp
+  tests/train/precision_test.cpp
+  tests/train/cuda_test.cpp
 )
 target_link_libraries(starling_tests PRIVATE starling GTest::gtest_main)
 target_precompile_headers(starling_tests REUSE_FROM starling)
 target_compile_definitions(starling_tests PRIVATE
   STARLING_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
   STARLING_CLI_PATH="$<TARGET_FILE:starling_cli>"
-  STARLING_PYTHON="/usr/bin/python3")
+  STARLING_PYTHON="${STARLING_PYTHON}")
 add_dependencies(starling_tests starling_cli)
 gtest_discover_tests(starling_tests DISCOVERY_TIMEOUT 120
   PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=2")
+
+# No binary may take a C++ standard library symbol from libtorch (see add_link_options in
+# CMakeLists.txt).
+add_test(NAME bindings.starling
+  COMMAND ${CMAKE_SOURCE_DIR}/scripts/check-bindings.sh $<TARGET_FILE:starling_cli> --version)
+add_test(NAME bindings.starling_tests
+  COMMAND ${CMAKE_SOURCE_DIR}/scripts/check-bindings.sh $<TARGET_FILE:starling_tests>
+          --gtest_list_tests)
 
 # Bus bandwidth of Starling's all-reduce against Gloo's (bench/allreduce/run.py drives it). Built
 # by default so `make bench-allreduce` needs nothing more than `make build`.

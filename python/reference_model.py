@@ -240,6 +240,9 @@ class Attention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
+        # False: the materialised nanoGPT form (the oracle). True: torch's fused
+        # scaled_dot_product_attention, for the benchmark's fast modes (use_sdpa()).
+        self.sdpa = False
         bias = cfg.arch == "gpt2"
         self.norm = _norm(cfg)
         self.qkv = nn.Linear(cfg.d_model, (cfg.n_head + 2 * cfg.kv_heads) * cfg.head_dim,
@@ -273,10 +276,14 @@ class Attention(nn.Module):
         if kv != h:
             k = k.repeat_interleave(h // kv, dim=1)
             v = v.repeat_interleave(h // kv, dim=1)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
-        att = att.masked_fill(~self.mask[:T, :T], float("-inf"))
-        att = F.softmax(att, dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, h * hd)
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+            att = att.masked_fill(~self.mask[:T, :T], float("-inf"))
+            att = F.softmax(att, dim=-1)
+            y = att @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, h * hd)
         return x + self.proj(y)
 
 
@@ -404,15 +411,25 @@ def load_weights(model, tensors, where="weights"):
             p.copy_(torch.as_tensor(tensors[name]).to(p.dtype))
 
 
-def make_adamw(model, lr=6e-4, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8):
+def use_sdpa(model, on=True):
+    """Switches every attention block to F.scaled_dot_product_attention (flash/memory-efficient
+    kernels on GPUs) or back to the materialised form."""
+    for m in model.modules():
+        if isinstance(m, Attention):
+            m.sdpa = on
+
+
+def make_adamw(model, lr=6e-4, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8, fused=None):
     """torch.optim.AdamW with two groups: weight decay for matrices and embeddings (dim >= 2),
     none for norm gains and biases, the same split as Starling's ParamStore decay flags.
-    Implementation left at torch's default (foreach where available, never fused)."""
+    Implementation left at torch's default (foreach where available) unless `fused` is given."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
+    if fused is None:
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
 
 
 def train_step(model, optimizer, tokens, targets, grad_clip=0.0):

@@ -4,6 +4,8 @@
     python3 bench/compute/run.py                       # what `make bench` runs
     python3 bench/compute/run.py --presets gpt2-mini --threads 1 --repeats 3 --steps 3
     python3 bench/compute/run.py --only-torch          # without a built starling binary
+    python3 bench/compute/run.py --device cuda --presets gpt2-124m,llama-125m --threads 1 \\
+        --starling build-cuda/starling                 # a GPU: fp32 and bf16 against torch's modes
 
 For every preset and thread count it runs, R times and alternating which goes first,
   build/starling bench compute --preset P --batch B --threads N --steps S --warmup W --json
@@ -13,6 +15,10 @@ prints a table of medians over the R repeats and the ratio starling/torch of the
 (> 1: Starling is faster), and writes every run plus the table to build/bench/compute-results.json.
 Both sides time the same work: forward, backward, gradient clipping and an AdamW step on a fixed
 batch of random tokens. See bench/compute/README.md for how to read the numbers.
+
+With --device cuda the sides are Starling fp32 and bf16 (train.dtype) and PyTorch's three usual
+modes (torch_baseline.py --mode eager, eager-bf16, compile-bf16), and the table adds TFLOP/s and
+peak GPU memory; ratios compare Starling bf16 with PyTorch eager bf16 and torch.compile.
 """
 
 import argparse
@@ -66,6 +72,12 @@ def commands(a, preset, threads):
         torch += ["--seq-len", str(a.seq_len)]
     # The same Starling step on libtorch's default CPU allocator: shows how much of the ratio is
     # the caching allocator (page faults avoided) and how much is the rest.
+    if a.device != "cpu":
+        starling += ["--device", a.device]
+        torch += ["--device", a.device]
+        return {"starling": starling, "starling-bf16": starling + ["--dtype", "bf16"],
+                "torch": torch, "torch-eager-bf16": torch + ["--mode", "eager-bf16"],
+                "torch-compile-bf16": torch + ["--mode", "compile-bf16"]}
     system = starling + ["--system-allocator"]
     return {"starling": starling, "starling-sysalloc": system, "torch": torch}
 
@@ -77,6 +89,8 @@ def summarize(runs, impl):
     med = lambda key: statistics.median(r[key] for r in mine)  # noqa: E731
     return {"n": len(mine), "tokens_per_s": med("tokens_per_s"), "step_ms": med("step_ms"),
             "mfu": med("mfu"), "peak_gflops": med("peak_gflops"),
+            "tflops": med("tflops") if all("tflops" in r for r in mine) else None,
+            "peak_memory_mb": max(r.get("peak_memory_mb", 0) for r in mine),
             "tokens_per_s_min": min(r["tokens_per_s"] for r in mine),
             "tokens_per_s_max": max(r["tokens_per_s"] for r in mine)}
 
@@ -103,6 +117,29 @@ def print_table(rows):
     print("sys ratio = the same with Starling on libtorch's default CPU allocator")
 
 
+GPU_RATIOS = [("starling", "torch"), ("starling-bf16", "torch-eager-bf16"),
+              ("starling-bf16", "torch-compile-bf16")]
+
+
+def print_gpu_table(rows):
+    head = (f"{'preset':<12}{'batch':>6}{'seq':>6}  {'implementation':<20}{'tok/s':>10}"
+            f"{'TFLOP/s':>9}{'MFU':>8}{'peak GB':>9}")
+    print(head)
+    print("-" * len(head))
+    for row in rows:
+        for impl, x in row["impls"].items():
+            if not x:
+                continue
+            print(f"{row['preset']:<12}{row['batch']:>6}{row['seq_len']:>6}  {impl:<20}"
+                  f"{x['tokens_per_s']:>10.0f}{x['tflops'] or 0:>9.1f}{100 * x['mfu']:>7.1f}%"
+                  f"{x['peak_memory_mb'] / 1e3:>9.2f}")
+        for (a, b), r in zip(GPU_RATIOS, row["ratios"]):
+            if r is not None:
+                print(f"{'':<26}ratio {a} / {b}: {r:.2f}")
+    print("medians over repeats; MFU against the measured matmul peak of each side's dtype "
+          "(bf16 tensor cores for bf16); ratio > 1: Starling faster")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  epilog=__doc__.split("\n\n", 1)[1],
@@ -114,6 +151,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps per run")
     ap.add_argument("--repeats", type=int, default=5, help="runs per implementation and row")
     ap.add_argument("--seq-len", type=int, default=0, help="override the presets' seq_len")
+    ap.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     ap.add_argument("--starling", default=os.path.join(ROOT, "build", "starling"),
                     help="the starling binary (default: build/starling)")
     ap.add_argument("--python", default=sys.executable,
@@ -124,7 +162,12 @@ def main(argv=None):
                     help="where to write all runs and the table (JSON)")
     a = ap.parse_args(argv)
 
-    impls = ["torch"] if a.only_torch else ["starling", "starling-sysalloc", "torch"]
+    if a.device != "cpu":
+        impls = ["starling", "starling-bf16", "torch", "torch-eager-bf16", "torch-compile-bf16"]
+        if a.only_torch:
+            impls = [i for i in impls if i.startswith("torch")]
+    else:
+        impls = ["torch"] if a.only_torch else ["starling", "starling-sysalloc", "torch"]
     if "starling" in impls and not os.access(a.starling, os.X_OK):
         ap.error(f"no starling binary at {a.starling}: build it (cmake --build build) or pass "
                  "--starling PATH, or run the torch side alone with --only-torch")
@@ -144,6 +187,15 @@ def main(argv=None):
                     print(f"  {preset} threads={threads} repeat {rep + 1}/{a.repeats} {impl}: "
                           f"{r['tokens_per_s']:.0f} tokens/s, {r['step_ms']:.1f} ms/step",
                           file=sys.stderr, flush=True)
+            if a.device != "cpu":
+                summary = {i: summarize(row_runs, i) for i in impls}
+                ratios = [summary[x]["tokens_per_s"] / summary[y]["tokens_per_s"]
+                          if summary.get(x) and summary.get(y) else None for x, y in GPU_RATIOS]
+                rows.append({"preset": preset, "threads": threads, "batch": a.batch,
+                             "seq_len": row_runs[0]["seq_len"], "impls": summary,
+                             "ratios": ratios})
+                runs += row_runs
+                continue
             s, t = summarize(row_runs, "starling"), summarize(row_runs, "torch")
             sa = summarize(row_runs, "starling-sysalloc")
             rows.append({"preset": preset, "threads": threads, "batch": a.batch,
@@ -154,7 +206,7 @@ def main(argv=None):
                          else None})
             runs += row_runs
 
-    print_table(rows)
+    print_gpu_table(rows) if a.device != "cpu" else print_table(rows)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     report = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),

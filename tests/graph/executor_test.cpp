@@ -55,7 +55,7 @@ TEST_P(ExecutorTest, MatchesMonolithicAutograd) {
 
   auto dag = model::build_model(c, 42);
   graph::Executor exec(*dag, {.recompute = recompute});
-  const double loss = exec.forward_backward(in);
+  const double loss = exec.forward_backward(in).item<double>();
   auto got = grads(*dag);
 
   EXPECT_NEAR(loss, ref_loss, 1e-6);
@@ -94,7 +94,7 @@ TEST(Executor, ForwardMatchesTrainingLoss) {
   auto dag = model::build_model(c, 5);
   graph::Executor exec(*dag);
   const double eval = exec.forward(in).item<double>();
-  const double train = exec.forward_backward(in);
+  const double train = exec.forward_backward(in).item<double>();
   EXPECT_NEAR(eval, train, 1e-6);
   auto logits = exec.forward({in[0], at::Tensor()}, model::logits_node(*dag));
   EXPECT_EQ(logits.sizes(), (at::IntArrayRef{2, c.seq_len, c.vocab_size}));

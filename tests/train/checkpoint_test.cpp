@@ -494,17 +494,17 @@ TEST(ClipGradNorm, HandComputedNormAndScaling) {
   };
   set();
   // sqrt(9 + 16 + 144) = 13; clipping to 6.5 halves every gradient (up to torch's 1e-6).
-  EXPECT_NEAR(clip_grad_norm(ps, 6.5), 13.0, 1e-5);
+  EXPECT_NEAR(clip_grad_norm(ps, 6.5).item<double>(), 13.0, 1e-5);
   const double coef = 6.5 / (13.0 + 1e-6);
   const auto a = values(ps.get("a").value.grad());
   EXPECT_NEAR(a[0], 3.0 * coef, 1e-6);
   EXPECT_NEAR(a[1], -4.0 * coef, 1e-6);
   EXPECT_NEAR(values(ps.get("b").value.grad())[0], 12.0 * coef, 1e-6);
   EXPECT_FALSE(ps.get("c").value.grad().defined());
-  EXPECT_NEAR(clip_grad_norm(ps, 0), 6.5, 1e-5);  // 0 = off: just the norm
+  EXPECT_NEAR(clip_grad_norm(ps, 0).item<double>(), 6.5, 1e-5);  // 0 = off: just the norm
 
   set();
-  EXPECT_NEAR(clip_grad_norm(ps, 20.0), 13.0, 1e-5);  // under the limit: untouched
+  EXPECT_NEAR(clip_grad_norm(ps, 20.0).item<double>(), 13.0, 1e-5);  // under the limit: untouched
   EXPECT_EQ(values(ps.get("a").value.grad()), (std::vector<double>{3.0, -4.0}));
   EXPECT_EQ(values(ps.get("b").value.grad()), (std::vector<double>{12.0}));
 }

@@ -16,10 +16,11 @@ void add_bench_command(CLI::App& app) {
   struct Args {
     std::string preset = "gpt2-mini";
     std::string device = "cpu";
+    std::string dtype = "fp32";
     std::vector<std::string> sets;
     int64_t batch = 8, steps = 10, warmup = 3;
     int threads = 0;
-    bool recompute = false, json = false, system_allocator = false;
+    bool recompute = false, json = false, system_allocator = false, no_tf32 = false;
   };
   auto a = std::make_shared<Args>();
   compute->add_option("--preset", a->preset, "model preset")->capture_default_str();
@@ -31,6 +32,10 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   compute->add_flag("--recompute", a->recompute, "per-node activation recomputation");
   compute->add_option("--device", a->device, "cpu, cuda or cuda:N")->capture_default_str();
+  compute->add_option("--dtype", a->dtype, "compute precision (as train.dtype)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+  compute->add_flag("--no-tf32", a->no_tf32, "CUDA: keep fp32 matrix products in full fp32");
   compute->add_flag("--json", a->json, "print one JSON line");
   compute->add_flag("--system-allocator", a->system_allocator,
                     "libtorch's default CPU allocator instead of Starling's caching one");
@@ -38,26 +43,34 @@ void add_bench_command(CLI::App& app) {
     const int threads = setup_cpu_runtime(a->threads, a->system_allocator);
     std::string text = "[model]\npreset = \"" + a->preset + "\"\n[data]\ndir = \"-\"\n";
     const auto config = train::parse_run_config(text, "--preset", a->sets);
-    const auto r = train::run_compute_bench(config.model, a->batch, a->steps, a->warmup,
-                                            a->recompute, a->device);
+    const auto r = train::run_compute_bench(config.model, {.batch = a->batch,
+                                                           .steps = a->steps,
+                                                           .warmup = a->warmup,
+                                                           .recompute = a->recompute,
+                                                           .device = a->device,
+                                                           .dtype = a->dtype,
+                                                           .tf32 = !a->no_tf32});
     if (a->json) {
       std::printf(
           "{\"impl\": \"starling\", \"preset\": \"%s\", \"batch\": %lld, \"seq_len\": %lld, "
-          "\"device\": \"%s\", \"allocator\": \"%s\", \"threads\": %d, \"tokens_per_s\": %.1f, "
-          "\"step_ms\": %.2f, "
-          "\"mfu\": %.4f, "
-          "\"peak_gflops\": %.1f}\n",
+          "\"device\": \"%s\", \"dtype\": \"%s\", \"allocator\": \"%s\", \"threads\": %d, "
+          "\"tokens_per_s\": %.1f, \"step_ms\": %.2f, \"tflops\": %.3f, \"mfu\": %.4f, "
+          "\"peak_gflops\": %.1f, \"peak_memory_mb\": %.1f, \"fused_adamw\": %s}\n",
           a->preset.c_str(), static_cast<long long>(a->batch),
-          static_cast<long long>(config.model.seq_len), a->device.c_str(),
-          a->system_allocator ? "system" : "caching", threads, r.tokens_per_s, r.step_ms, r.mfu,
-          r.peak_gflops);
+          static_cast<long long>(config.model.seq_len), a->device.c_str(), a->dtype.c_str(),
+          a->system_allocator ? "system" : "caching", threads, r.tokens_per_s, r.step_ms, r.tflops,
+          r.mfu, r.peak_gflops, static_cast<double>(r.peak_memory) / 1e6,
+          r.fused_adamw ? "true" : "false");
     } else {
       std::printf(
-          "%s batch %lld x %lld, %d threads: %.0f tokens/s, %.1f ms/step, MFU %.1f%% "
-          "(peak %.1f GFLOP/s)\n",
+          "%s batch %lld x %lld on %s (%s), %d threads: %.0f tokens/s, %.1f ms/step, "
+          "%.2f TFLOP/s, MFU %.1f%% (peak %.1f GFLOP/s)",
           a->preset.c_str(), static_cast<long long>(a->batch),
-          static_cast<long long>(config.model.seq_len), threads, r.tokens_per_s, r.step_ms,
-          100 * r.mfu, r.peak_gflops);
+          static_cast<long long>(config.model.seq_len), a->device.c_str(), a->dtype.c_str(),
+          threads, r.tokens_per_s, r.step_ms, r.tflops, 100 * r.mfu, r.peak_gflops);
+      if (r.peak_memory > 0)
+        std::printf(", peak memory %.2f GiB", static_cast<double>(r.peak_memory) / (1 << 30));
+      std::printf("\n");
     }
   });
 }

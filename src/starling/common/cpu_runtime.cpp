@@ -5,6 +5,7 @@
 #include <sched.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <new>
@@ -63,7 +64,31 @@ constexpr size_t kAlignment = 64;  // what libtorch's own CPU allocator guarante
 
 class CachingCpuAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t n) const override {
+  // libtorch declares allocate() const up to 2.2 and non-const from 2.3 on, when it also made
+  // copy_data() pure virtual. Defining both overloads (without `override`) overrides whichever
+  // the libtorch at hand declares, so one source builds against every version.
+  c10::DataPtr allocate(size_t n) const { return allocate_block(n); }
+  c10::DataPtr allocate(size_t n) { return allocate_block(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const {
+    std::memcpy(dest, src, count);
+  }
+
+  // raw_allocate()/raw_deallocate() (used by parts of libtorch 2.x) need a deleter that takes
+  // only the pointer; release() recognises small blocks by their absence from the size table.
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+
+  CpuCacheStats stats() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+
+  static CachingCpuAllocator& instance() {
+    static CachingCpuAllocator* a = new CachingCpuAllocator();  // lives until exit, by design
+    return *a;
+  }
+
+ private:
+  c10::DataPtr allocate_block(size_t n) const {
     if (n < kMinCached) {
       void* p = system_alloc(n == 0 ? 1 : n);
       return {p, p, &system_free, c10::Device(c10::DeviceType::CPU)};
@@ -90,19 +115,6 @@ class CachingCpuAllocator final : public c10::Allocator {
     return {p, p, &release, c10::Device(c10::DeviceType::CPU)};
   }
 
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
-
-  CpuCacheStats stats() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return stats_;
-  }
-
-  static CachingCpuAllocator& instance() {
-    static CachingCpuAllocator* a = new CachingCpuAllocator();  // lives until exit, by design
-    return *a;
-  }
-
- private:
   static void* system_alloc(size_t n) {
     void* p = nullptr;
     if (posix_memalign(&p, kAlignment, n) != 0) throw std::bad_alloc();
@@ -113,7 +125,12 @@ class CachingCpuAllocator final : public c10::Allocator {
   static void release(void* p) {
     auto& self = instance();
     std::lock_guard<std::mutex> lock(self.mutex_);
-    const size_t size = self.sizes_.at(p);
+    const auto it = self.sizes_.find(p);
+    if (it == self.sizes_.end()) {  // a small block from system_alloc()
+      std::free(p);
+      return;
+    }
+    const size_t size = it->second;
     self.free_[size].push_back(p);
     self.stats_.cached_bytes += size;
   }

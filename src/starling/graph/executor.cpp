@@ -3,9 +3,22 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <optional>
 #include <stdexcept>
 
+#include "starling/graph/autocast.h"
+
 namespace starling::graph {
+namespace {
+
+// Autocast follows the data: the device of the first tensor input (tokens for a whole model).
+c10::DeviceType input_device(const std::vector<at::Tensor>& inputs) {
+  for (const auto& t : inputs)
+    if (t.defined()) return t.device().type();
+  return c10::DeviceType::CPU;
+}
+
+}  // namespace
 
 Executor::Executor(OpDag& dag, ExecutorOptions options) : dag_(dag), options_(options) {
   if (dag_.size() == 0) throw std::logic_error("Executor: empty OpDag");
@@ -30,12 +43,14 @@ std::vector<at::Tensor> Executor::gather_inputs(int node,
   return ins;
 }
 
-double Executor::forward_backward(const std::vector<at::Tensor>& inputs, double loss_scale) {
+at::Tensor Executor::forward_backward(const std::vector<at::Tensor>& inputs, double loss_scale) {
   const int n = dag_.size();
   auto& nodes = dag_.nodes();
+  const c10::DeviceType device = input_device(inputs);
   std::vector<at::Tensor> outputs(n);
   std::vector<std::vector<at::Tensor>> node_inputs(n);
 
+  std::optional<AutocastScope> autocast(std::in_place, device, options_.autocast);
   for (int i = 0; i < n; ++i) {
     if (hook_) hook_(i, false);
     if (options_.recompute) {
@@ -48,10 +63,11 @@ double Executor::forward_backward(const std::vector<at::Tensor>& inputs, double 
       outputs[i] = nodes[i].op->forward(node_inputs[i]);
     }
   }
+  autocast.reset();  // backward runs in the dtypes the forward chose
   if (outputs[n - 1].numel() != 1)
     throw std::logic_error("Executor: the last node (" + nodes[n - 1].name +
                            ") must be a scalar loss");
-  const double loss = outputs[n - 1].item<double>();
+  at::Tensor loss = outputs[n - 1].detach().reshape({});
 
   std::vector<at::Tensor> grads(n);
   grads[n - 1] = at::full({}, loss_scale, outputs[n - 1].options());
@@ -64,6 +80,7 @@ double Executor::forward_backward(const std::vector<at::Tensor>& inputs, double 
       at::AutoGradMode grad(true);
       for (auto& t : ins)
         if (t.defined() && t.is_floating_point()) t = t.detach().requires_grad_(true);
+      AutocastScope recompute_autocast(device, options_.autocast);
       out = nodes[i].op->forward(ins);
     }
     if (out.requires_grad()) torch::autograd::backward({out}, {grads[i]});
@@ -95,6 +112,7 @@ at::Tensor Executor::forward(const std::vector<at::Tensor>& inputs, int last) {
       if (s.kind == Source::Kind::kNode) last_use[s.index] = i;
 
   at::NoGradGuard no_grad;
+  AutocastScope autocast(input_device(inputs), options_.autocast);
   std::vector<at::Tensor> outputs(n);
   for (int i = 0; i <= last; ++i) {
     if (hook_) hook_(i, false);

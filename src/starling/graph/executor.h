@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 
 #include <functional>
 #include <vector>
@@ -18,6 +19,9 @@ struct ExecutorOptions {
   // Keep only each node's inputs in the forward pass and rerun the node before its backward:
   // activation memory drops to the edge tensors at the cost of one more forward.
   bool recompute = false;
+  // Forward passes (and recomputation) run under autocast to this dtype on the inputs' device;
+  // kFloat runs them in fp32. Parameters stay fp32 either way (see autocast.h).
+  c10::ScalarType autocast = c10::ScalarType::Float;
 };
 
 // Called before a node runs (forward, recompute, or backward). Swapping hooks in here.
@@ -28,9 +32,11 @@ class Executor {
   Executor(OpDag& dag, ExecutorOptions options = {});
 
   // Forward and backward of one micro-batch. The last node's output must be a scalar loss; its
-  // gradient is seeded with `loss_scale` (1/accumulation steps when accumulating). Parameter
-  // gradients accumulate into each parameter's .grad(). Returns the unscaled loss.
-  double forward_backward(const std::vector<at::Tensor>& inputs, double loss_scale = 1.0);
+  // gradient is seeded with `loss_scale` (1/accumulation steps when accumulating, times the fp16
+  // loss scale). Parameter gradients accumulate into each parameter's .grad(). Returns the
+  // unscaled loss as a detached 0-dim tensor on the model's device: reading it (.item()) waits for
+  // the device, so callers read it only when they report it.
+  at::Tensor forward_backward(const std::vector<at::Tensor>& inputs, double loss_scale = 1.0);
 
   // Forward without autograd up to and including node `last` (-1 = the last node); returns its
   // output. Used for evaluation and sampling.

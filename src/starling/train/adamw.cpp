@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "starling/common/error.h"
+#include "starling/common/torch_version.h"
 
 namespace starling::train {
 
@@ -13,11 +14,51 @@ AdamW::AdamW(graph::ParamStore& params, AdamWOptions options) : params_(params),
     exp_avg_.push_back(at::zeros_like(p.value));
     exp_avg_sq_.push_back(at::zeros_like(p.value));
   }
+#if STARLING_TORCH_AT_LEAST(2, 1)
+  const auto& params_list = params_.params();
+  fused_ = options_.fused && !params_list.empty();
+  for (const auto& p : params_list)
+    fused_ = fused_ && p.value.is_cuda() && p.value.scalar_type() == at::kFloat;
+#endif
 }
 
 void AdamW::step(double lr) {
   at::NoGradGuard no_grad;
   ++steps_;
+  if (fused_)
+    step_fused(lr);
+  else
+    step_single(lr);
+}
+
+void AdamW::step_fused(double lr) {
+#if STARLING_TORCH_AT_LEAST(2, 1)
+  // Two calls, one per weight-decay group; the kernel reads the step count from a tensor per
+  // parameter (on the device, so bias correction needs no host round trip).
+  const at::Tensor step_count =
+      at::full({}, static_cast<double>(steps_), exp_avg_.front().options());
+  auto& params = params_.params();
+  for (const bool decay : {true, false}) {
+    std::vector<at::Tensor> w, g, m, v, s;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].decay != decay || !params[i].value.grad().defined()) continue;
+      w.push_back(params[i].value);
+      g.push_back(params[i].value.grad());
+      m.push_back(exp_avg_[i]);
+      v.push_back(exp_avg_sq_[i]);
+      s.push_back(step_count);
+    }
+    if (w.empty()) continue;
+    at::_fused_adamw_(w, g, m, v, /*max_exp_avg_sqs=*/{}, s, lr, options_.beta1, options_.beta2,
+                      decay ? options_.weight_decay : 0.0, options_.eps, /*amsgrad=*/false,
+                      /*maximize=*/false);
+  }
+#else
+  step_single(lr);
+#endif
+}
+
+void AdamW::step_single(double lr) {
   const double b1 = options_.beta1, b2 = options_.beta2;
   const double bias1 = 1.0 - std::pow(b1, static_cast<double>(steps_));
   const double bias2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(steps_)));
@@ -61,18 +102,23 @@ void AdamW::load_state(const SafetensorsFile& file, int64_t steps) {
   steps_ = steps;
 }
 
-double clip_grad_norm(graph::ParamStore& params, double max_norm) {
+at::Tensor clip_grad_norm(graph::ParamStore& params, double max_norm) {
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> norms;
+  std::vector<at::Tensor> grads;
   for (const auto& p : params.params())
-    if (p.value.grad().defined()) norms.push_back(p.value.grad().norm(2));
-  if (norms.empty()) return 0.0;
-  const double total = at::stack(norms).norm(2).item<double>();
+    if (p.value.grad().defined()) grads.push_back(p.value.grad());
+  if (grads.empty()) return at::zeros({}, at::kFloat);
+  // One multi-tensor kernel for all the norms on a GPU (a per-tensor loop on CPUs).
+  const at::Tensor total = at::stack(at::_foreach_norm(grads, 2)).norm(2);
   if (max_norm > 0) {
-    const double coef = max_norm / (total + 1e-6);
-    if (coef < 1.0)
-      for (auto& p : params.params())
-        if (p.value.grad().defined()) p.value.mutable_grad().mul_(coef);
+    // min(1, max_norm / (norm + 1e-6)) on the device: multiplying by exactly 1 leaves a gradient
+    // under the limit bit-identical, so no host decision is needed.
+    const at::Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+#if STARLING_TORCH_AT_LEAST(2, 1)
+    at::_foreach_mul_(grads, coef);
+#else
+    for (auto& g : grads) g.mul_(coef);
+#endif
   }
   return total;
 }

@@ -1,6 +1,12 @@
-// AdamW with decoupled weight decay, step for step the same arithmetic as torch.optim.AdamW
-// (non-foreach), with its state held by parameter name so checkpoints and (later) sharded outer
-// optimizers can address it. Weight decay skips parameters marked decay=false (norms, biases).
+// AdamW with decoupled weight decay, step for step the same arithmetic as torch.optim.AdamW, with
+// its state held by parameter name so checkpoints and sharded outer optimizers can address it.
+// Weight decay skips parameters marked decay=false (norms, biases). State is fp32, like the
+// parameters (the master weights under mixed precision).
+//
+// Kernels: on CUDA with libtorch >= 2.1 one fused multi-tensor kernel per decay group
+// (torch.optim.AdamW(fused=True)), which launches a handful of kernels for the whole model instead
+// of five per parameter; elsewhere the per-parameter ops of torch's single-tensor AdamW, bit for
+// bit (on CPUs libtorch's foreach ops are the same per-tensor loop, so nothing is lost there).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -16,6 +22,7 @@ namespace starling::train {
 
 struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  bool fused = true;  // the fused multi-tensor kernel where available (false: per-parameter ops)
 };
 
 class AdamW {
@@ -23,8 +30,10 @@ class AdamW {
   AdamW(graph::ParamStore& params, AdamWOptions options);
 
   // One update with learning rate `lr` from the parameters' current .grad() (a parameter
-  // without a gradient is left alone).
+  // without a gradient is left alone). Queues device work only: nothing waits for the device.
   void step(double lr);
+  // Whether step() uses the fused multi-tensor kernel.
+  bool fused() const { return fused_; }
   int64_t steps() const { return steps_; }
   // Sets the update count used for bias correction (a peer adopting a swarm's state).
   void set_steps(int64_t steps) { steps_ = steps; }
@@ -36,14 +45,20 @@ class AdamW {
   void load_state(const SafetensorsFile& file, int64_t steps);
 
  private:
+  void step_fused(double lr);
+  void step_single(double lr);
+
   graph::ParamStore& params_;
   AdamWOptions options_;
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
   int64_t steps_ = 0;
+  bool fused_ = false;
 };
 
 // Scales all gradients so their global L2 norm is at most max_norm (if max_norm > 0), as
-// torch.nn.utils.clip_grad_norm_. Returns the norm before clipping.
-double clip_grad_norm(graph::ParamStore& params, double max_norm);
+// torch.nn.utils.clip_grad_norm_ does: the scale is computed on the device, so nothing waits for
+// it. Returns the norm before clipping as a 0-dim fp32 tensor (0 without gradients); .item() it
+// only when it is reported.
+at::Tensor clip_grad_norm(graph::ParamStore& params, double max_norm);
 
 }  // namespace starling::train

@@ -6,10 +6,13 @@
 #include <algorithm>
 #include <chrono>
 
+#include "starling/common/device.h"
 #include "starling/common/error.h"
 #include "starling/graph/executor.h"
 #include "starling/model/build.h"
 #include "starling/train/adamw.h"
+#include "starling/train/loss_scaler.h"
+#include "starling/train/precision.h"
 
 namespace starling::train {
 namespace {
@@ -33,58 +36,46 @@ void check_device(const std::string& device, const std::string& what) {
   }
 }
 
-double measure_peak_gflops(const std::string& device) {
-  at::NoGradGuard no_grad;
-  const c10::Device d(device);
-  // A GPU needs larger matmuls to reach its peak; a CPU reaches it at 1024.
-  const int64_t n = d.is_cuda() ? 4096 : 1024;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
-  at::Tensor a = at::randn({n, n}, gen).to(d), b = at::randn({n, n}, gen).to(d);
-  at::Tensor c = at::empty({n, n}, a.options());
-  // Reading one element back waits for the device, so the timing covers the whole matmul.
-  auto sync = [&] { return c[0][0].item<float>(); };
-  at::mm_out(c, a, b);  // warm up the BLAS pool / GPU kernels
-  sync();
-  double best = 0;
-  const double start = now_s();
-  while (now_s() - start < 0.3) {
-    const double t0 = now_s();
-    at::mm_out(c, a, b);
-    sync();
-    best = std::max(best, 2.0 * n * n * n / (now_s() - t0) / 1e9);
-  }
-  return best;
-}
-
-ComputeBenchResult run_compute_bench(const model::ModelConfig& config, int64_t batch, int64_t steps,
-                                     int64_t warmup, bool recompute, const std::string& device) {
-  check_device(device, "--device");
-  const c10::Device d(device);
+ComputeBenchResult run_compute_bench(const model::ModelConfig& config,
+                                     const ComputeBenchOptions& o) {
+  check_device(o.device, "--device");
+  check_dtype(o.device, o.dtype, "--dtype");
+  configure_matmul_precision(o.device, o.tf32);
+  const c10::Device d(o.device);
   auto dag = model::build_model(config, 1337, d);
-  graph::Executor exec(*dag, {.recompute = recompute});
+  graph::Executor exec(*dag,
+                       {.recompute = o.recompute, .autocast = parse_dtype(o.dtype, "--dtype")});
   AdamW opt(dag->params(), {});
+  LossScaler scaler;
+  const bool fp16 = o.dtype == "fp16";
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
   at::Tensor tokens =
-      at::randint(config.vocab_size, {batch, config.seq_len + 1}, gen, at::kLong).to(d);
+      at::randint(config.vocab_size, {o.batch, config.seq_len + 1}, gen, at::kLong).to(d);
   std::vector<at::Tensor> in{tokens.narrow(1, 0, config.seq_len).contiguous(),
                              tokens.narrow(1, 1, config.seq_len).contiguous()};
+  // The step of train::train(): nothing here waits for the device except fp16's overflow check.
   auto step = [&] {
     dag->params().zero_grad();
-    exec.forward_backward(in);
+    exec.forward_backward(in, fp16 ? scaler.scale() : 1.0);
+    if (fp16 && scaler.update(scaler.unscale(dag->params()))) return;
     clip_grad_norm(dag->params(), 1.0);
     opt.step(1e-4);
-    // The optimizer's last update must have finished before the clock is read.
-    dag->params().params().back().value.sum().item<float>();
   };
-  for (int64_t i = 0; i < warmup; ++i) step();
+  for (int64_t i = 0; i < o.warmup; ++i) step();
+  synchronize(d);
+  reset_peak_memory(d);
   const double t0 = now_s();
-  for (int64_t i = 0; i < steps; ++i) step();
-  const double dt = (now_s() - t0) / static_cast<double>(std::max<int64_t>(steps, 1));
+  for (int64_t i = 0; i < o.steps; ++i) step();
+  synchronize(d);  // the last update must have finished before the clock is read
+  const double dt = (now_s() - t0) / static_cast<double>(std::max<int64_t>(o.steps, 1));
   ComputeBenchResult r;
   r.step_ms = dt * 1e3;
-  r.tokens_per_s = static_cast<double>(batch * config.seq_len) / dt;
-  r.peak_gflops = measure_peak_gflops(device);
-  r.mfu = r.tokens_per_s * config.train_flops_per_token() / (r.peak_gflops * 1e9);
+  r.tokens_per_s = static_cast<double>(o.batch * config.seq_len) / dt;
+  r.peak_memory = peak_memory_bytes(d);
+  r.fused_adamw = opt.fused();
+  r.peak_gflops = measure_peak_gflops(o.device, o.dtype);
+  r.tflops = r.tokens_per_s * config.train_flops_per_token() / 1e12;
+  r.mfu = r.tflops * 1e3 / r.peak_gflops;
   return r;
 }
 

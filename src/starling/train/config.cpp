@@ -215,6 +215,12 @@ std::vector<Key> bind(RunConfig& c) {
                          "\"caching\" keeps freed tensor memory for reuse (no page faults per "
                          "step); \"system\" returns it to the OS",
                          {"caching", "system"}));
+  k.push_back(string_key("train", "dtype", &t.dtype,
+                         "compute precision: \"fp32\", \"bf16\" or \"fp16\" (autocast with fp32 "
+                         "master weights; fp16 adds dynamic loss scaling; checkpoints stay fp32)",
+                         {"fp32", "bf16", "fp16"}));
+  k.push_back(
+      bool_key("train", "tf32", &t.tf32, "CUDA: let fp32 matrix products use TF32 tensor cores"));
   k.push_back(bool_key("train", "recompute", &t.recompute,
                        "recompute each node's activations in backward (saves memory)"));
   k.push_back(int_key("train", "log_every", &t.log_every, 1, "steps between metric lines"));

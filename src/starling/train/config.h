@@ -25,12 +25,15 @@ struct TrainConfig {
   int threads = 0;             // intra-op threads; 0 = one per physical core
   std::string device = "cpu";  // "cpu", "cuda" or "cuda:N" (needs a libtorch built with CUDA)
   std::string cpu_allocator = "caching";  // "caching" (keep freed large blocks) or "system"
-  bool recompute = false;                 // per-node activation recomputation
-  int64_t log_every = 10;                 // steps between metric lines
-  int64_t eval_every = 200;               // steps between validation passes; 0 = only at the end
-  int64_t eval_batches = 20;              // micro-batches per validation pass
-  int64_t checkpoint_every = 500;         // steps between checkpoints; 0 = only at the end
-  int keep_checkpoints = 2;               // newest checkpoints kept in out_dir
+  std::string dtype = "fp32";  // compute precision: "fp32", "bf16" or "fp16" (autocast; fp32 master
+                               // weights and optimizer state; fp16 adds dynamic loss scaling)
+  bool tf32 = true;            // CUDA: fp32 matrix products may use TF32 tensor cores
+  bool recompute = false;      // per-node activation recomputation
+  int64_t log_every = 10;      // steps between metric lines
+  int64_t eval_every = 200;    // steps between validation passes; 0 = only at the end
+  int64_t eval_batches = 20;   // micro-batches per validation pass
+  int64_t checkpoint_every = 500;  // steps between checkpoints; 0 = only at the end
+  int keep_checkpoints = 2;        // newest checkpoints kept in out_dir
   std::string out_dir = "runs/default";
   double peak_tflops = 0;     // device peak for MFU; 0 = measure with a matmul probe
   std::string init_from;      // Hugging Face GPT-2 model.safetensors to start from

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "starling/common/cpu_runtime.h"
+#include "starling/common/device.h"
 #include "starling/common/error.h"
 #include "starling/data/dataset.h"
 #include "starling/data/loader.h"
@@ -20,7 +21,9 @@
 #include "starling/train/adamw.h"
 #include "starling/train/checkpoint.h"
 #include "starling/train/compute_bench.h"
+#include "starling/train/loss_scaler.h"
 #include "starling/train/metrics.h"
+#include "starling/train/precision.h"
 #include "starling/train/sampler.h"
 #include "starling/train/schedule.h"
 #include "starling/train/step_hooks.h"
@@ -56,7 +59,11 @@ double now_s() {
 
 std::vector<at::Tensor> to_tensors(const data::Batch& b, const c10::Device& device) {
   auto make = [&](const std::vector<int64_t>& v) {
-    return at::tensor(at::ArrayRef<int64_t>(v), at::kLong).view({b.batch, b.seq_len}).to(device);
+    at::Tensor host = at::tensor(at::ArrayRef<int64_t>(v), at::kLong).view({b.batch, b.seq_len});
+    if (!device.is_cuda()) return host;
+    // A copy from pageable memory waits for everything queued on the GPU; from pinned memory it
+    // is queued behind the previous step instead, and the host runs ahead to the next batch.
+    return host.pin_memory().to(device, /*non_blocking=*/true);
   };
   return {make(b.inputs), make(b.targets)};
 }
@@ -80,10 +87,10 @@ double evaluate(graph::Executor& exec, const data::DatasetInfo& ds, const RunCon
                            .world = 1,
                            .shuffle = false};
   data::TokenLoader val(ds.val_shards, opts);
-  double total = 0;
+  at::Tensor total = at::zeros({}, at::TensorOptions(at::kDouble).device(device));
   for (int64_t i = 0; i < c.train.eval_batches; ++i)
-    total += exec.forward(to_tensors(val.next(), device)).item<double>();
-  return total / static_cast<double>(c.train.eval_batches);
+    total += exec.forward(to_tensors(val.next(), device));
+  return total.item<double>() / static_cast<double>(c.train.eval_batches);
 }
 
 std::string fmt(const char* f, double v) {
@@ -105,6 +112,8 @@ std::string net_summary(const nlohmann::json& net) {
 TrainResult train(const RunConfig& c, const TrainOptions& options) {
   const int threads = setup_cpu_runtime(c.train.threads, c.train.cpu_allocator == "system");
   check_device(c.train.device, "train.device");
+  check_dtype(c.train.device, c.train.dtype, "train.dtype");
+  configure_matmul_precision(c.train.device, c.train.tf32);
   const c10::Device device(c.train.device);
   const data::DatasetInfo ds = data::open_dataset(c.data.dir);
   if (ds.vocab_size > static_cast<uint64_t>(c.model.vocab_size))
@@ -124,7 +133,10 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
 
   ProgressLine progress(options.progress);
   auto dag = model::build_model(c.model, c.train.seed, device);
-  graph::Executor exec(*dag, {.recompute = c.train.recompute});
+  graph::Executor exec(*dag, {.recompute = c.train.recompute,
+                              .autocast = parse_dtype(c.train.dtype, "train.dtype")});
+  const bool fp16 = c.train.dtype == "fp16";
+  LossScaler scaler;
   AdamW optimizer(dag->params(), {.beta1 = c.optim.beta1,
                                   .beta2 = c.optim.beta2,
                                   .eps = c.optim.eps,
@@ -176,8 +188,9 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     ckpt_holder.reset();
   }
 
-  const double peak_gflops =
-      c.train.peak_tflops > 0 ? c.train.peak_tflops * 1e3 : measure_peak_gflops(c.train.device);
+  const double peak_gflops = c.train.peak_tflops > 0
+                                 ? c.train.peak_tflops * 1e3
+                                 : measure_peak_gflops(c.train.device, c.train.dtype);
   const double flops_per_token = c.model.train_flops_per_token();
   const int64_t tokens_per_step = c.train.batch_size * c.train.grad_accum * c.model.seq_len;
   progress.note("model " + (c.model_preset.empty() ? c.model.name : c.model_preset) + " (" +
@@ -185,9 +198,9 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
                 fmt("%.2fM", static_cast<double>(c.model.num_params()) / 1e6) + " params) | data " +
                 ds.dir.string() + " (" + ds.tokenizer_kind + ", " +
                 fmt("%.2fM", static_cast<double>(ds.train_tokens) / 1e6) + " train tokens) | " +
-                std::to_string(tokens_per_step) + " tokens/step | " + c.train.device + ", " +
-                std::to_string(threads) + " threads | peak " + fmt("%.1f", peak_gflops) +
-                " GFLOP/s");
+                std::to_string(tokens_per_step) + " tokens/step | " + c.train.device + " " +
+                c.train.dtype + ", " + std::to_string(threads) + " threads | peak " +
+                fmt("%.1f", peak_gflops) + " GFLOP/s");
 
   MetricsLog metrics(run_dir, options.resume ? step : -1);
   std::string tokenizer_model = ds.tokenizer_model.empty() ? "" : ds.tokenizer_model.string();
@@ -221,41 +234,57 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   int64_t saved_step = options.resume && has_checkpoint ? step : -1;
   int64_t evaluated_step = step;
   bool at_boundary = true;
+  double loss = 0;  // the last loss read back from the device
   // A signal stops at the next round boundary (at once for a single replica), where the
   // parameters are the shared model and a checkpoint can be taken.
   while (step < last && !(g_stop.load() && at_boundary)) {
     const double t0 = now_s();
     const double lr = learning_rate(c.optim, step, c.train.steps);
     dag->params().zero_grad();
-    double loss = 0;
-    for (int64_t m = 0; m < c.train.grad_accum; ++m)
-      loss += exec.forward_backward(to_tensors(loader.next(), device),
-                                    1.0 / static_cast<double>(c.train.grad_accum));
-    loss /= static_cast<double>(c.train.grad_accum);
+    // The loss and the gradient norm stay on the device until they are reported: reading them
+    // every step would make the host wait for the GPU and leave it idle between steps.
+    at::Tensor loss_sum;
+    for (int64_t m = 0; m < c.train.grad_accum; ++m) {
+      at::Tensor l = exec.forward_backward(
+          to_tensors(loader.next(), device),
+          (fp16 ? scaler.scale() : 1.0) / static_cast<double>(c.train.grad_accum));
+      loss_sum = loss_sum.defined() ? loss_sum + l : l;
+    }
+    const bool skip = fp16 && scaler.update(scaler.unscale(dag->params()));
+    if (skip)
+      progress.note("step " + std::to_string(step + 1) +
+                    ": fp16 gradients overflowed; update skipped, loss scale now " +
+                    fmt("%.0f", scaler.scale()));
     if (options.hooks) options.hooks->gradients_ready(replica);
-    const double grad_norm = clip_grad_norm(dag->params(), c.optim.grad_clip);
-    optimizer.step(lr);
+    const at::Tensor grad_norm = clip_grad_norm(dag->params(), c.optim.grad_clip);
+    if (!skip) optimizer.step(lr);
     ++step;
     tokens += static_cast<uint64_t>(tokens_per_step);
     // The strategy's round boundary: its communication time counts in the step's time.
     // A signal stops only this peer (it leaves the swarm); train.steps is the same on every peer.
     // --stop-at ends this run but not training: a round boundary, not the end of the schedule.
     at_boundary = options.hooks ? options.hooks->step_done(replica, step == c.train.steps) : true;
+    const bool milestone = step % c.train.log_every == 0 || step == last;
+    // On a CPU the value is there already; a GPU is waited for only at milestones (which also
+    // makes the window's wall-clock time cover the device work it queued).
+    if (milestone || !device.is_cuda()) {
+      loss = loss_sum.item<double>() / static_cast<double>(c.train.grad_accum);
+      result.train_loss = loss;
+      if (!std::isfinite(loss))
+        throw Error("training diverged: loss is " + std::to_string(loss) + " at step " +
+                    std::to_string(step) + "; lower optim.lr or raise optim.warmup_steps");
+    }
     const double dt = now_s() - t0;
     compute_s += dt;
     window_s += dt;
     window_tokens += tokens_per_step;
     run_tokens += tokens_per_step;
-    result.train_loss = loss;
-    if (!std::isfinite(loss))
-      throw Error("training diverged: loss is " + std::to_string(loss) + " at step " +
-                  std::to_string(step) + "; lower optim.lr or raise optim.warmup_steps");
 
     const double tps = static_cast<double>(window_tokens) / window_s;
-    const double mfu = tps * flops_per_token / (peak_gflops * 1e9);
+    const double tflops = tps * flops_per_token / 1e12;
+    const double mfu = tflops * 1e3 / peak_gflops;
     const double eta = (compute_s / static_cast<double>(run_tokens / tokens_per_step)) *
                        static_cast<double>(last - step);
-    const bool milestone = step % c.train.log_every == 0 || step == last;
     const nlohmann::json net = options.hooks ? options.hooks->report() : nlohmann::json();
     if (milestone)
       emit({{"event", "step"},
@@ -269,15 +298,21 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
             {"elapsed_s", now_s() - run_start}});
     progress.update("step " + std::to_string(step) + "/" + std::to_string(c.train.steps) +
                         " | loss " + fmt("%.4f", loss) + " | lr " + fmt("%.2e", lr) + " | " +
-                        fmt("%.0f", tps) + " tok/s | MFU " + fmt("%.1f%%", 100 * mfu) + " | " +
-                        format_duration(now_s() - run_start) + " elapsed, eta " +
-                        format_duration(eta) + net_summary(net),
+                        fmt("%.0f", tps) + " tok/s | " + fmt("%.1f", tflops) + " TFLOP/s | MFU " +
+                        fmt("%.1f%%", 100 * mfu) + " | " + format_duration(now_s() - run_start) +
+                        " elapsed, eta " + format_duration(eta) + net_summary(net),
                     milestone);
     if (milestone) {
-      nlohmann::json record = {{"step", step},     {"loss", loss},
-                               {"lr", lr},         {"grad_norm", grad_norm},
-                               {"tokens", tokens}, {"tokens_per_s", tps},
-                               {"mfu", mfu},       {"elapsed_s", now_s() - run_start}};
+      nlohmann::json record = {{"step", step},
+                               {"loss", loss},
+                               {"lr", lr},
+                               {"grad_norm", grad_norm.item<double>()},
+                               {"tokens", tokens},
+                               {"tokens_per_s", tps},
+                               {"tflops", tflops},
+                               {"mfu", mfu},
+                               {"elapsed_s", now_s() - run_start}};
+      if (fp16) record["loss_scale"] = scaler.scale();
       if (!net.is_null()) record["net"] = net;
       metrics.write(record);
       window_s = 0;

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include "starling/common/torch_version.h"
+
 namespace starling::model {
 
 AttentionOp::AttentionOp(const ModelConfig& config, AttentionWeights weights)
@@ -64,16 +66,25 @@ at::Tensor AttentionOp::forward(const std::vector<at::Tensor>& inputs) {
     k = k.repeat_interleave(h / kv, 2);
     v = v.repeat_interleave(h / kv, 2);
   }
-  // [B*h, T, hd] batches for bmm.
+  at::Tensor y;
+#if STARLING_TORCH_AT_LEAST(2, 0)
+  // libtorch 2.x: one fused kernel (flash or memory-efficient attention on GPUs) that never
+  // materialises the [T, T] scores, so activation memory grows with T instead of T^2.
+  y = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true)
+          .transpose(1, 2)
+          .reshape({b, t, h * hd});
+#else
+  // libtorch 1.13: the materialised form. [B*h, T, hd] batches for bmm.
   q = q.transpose(1, 2).reshape({b * h, t, hd});
   k = k.transpose(1, 2).reshape({b * h, t, hd});
   v = v.transpose(1, 2).reshape({b * h, t, hd});
-
   // scores = mask + scale * q k^T in one kernel; the mask is -inf above the diagonal.
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   at::Tensor scores = at::baddbmm(causal_bias(t, q), q, k.transpose(1, 2), 1.0, scale);
   at::Tensor att = at::softmax(scores, -1);
-  at::Tensor y = at::bmm(att, v).view({b, h, t, hd}).transpose(1, 2).reshape({b, t, h * hd});
+  y = at::bmm(att, v).view({b, h, t, hd}).transpose(1, 2).reshape({b, t, h * hd});
+#endif
   return x + at::linear(y, w_.proj, w_.proj_bias);
 }
 

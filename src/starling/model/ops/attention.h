@@ -4,6 +4,8 @@
 // positions on q and k (rotate-half convention), grouped-query attention.
 // Weights: qkv [(n_head + 2*kv_heads)*head_dim, d_model] with q, k, v stacked in that order;
 // proj [d_model, d_model]. Input/output: [B, T, d_model].
+// The attention itself is at::scaled_dot_product_attention (fused kernels) with libtorch 2.x and
+// the materialised masked softmax with 1.13; both compute the same function.
 #pragma once
 
 #include "starling/graph/op.h"

@@ -1,0 +1,62 @@
+#include "starling/common/device.h"
+
+#ifdef STARLING_WITH_CUDA
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+namespace starling {
+#ifdef STARLING_WITH_CUDA
+namespace {
+// The caching allocator's per-device state exists only once CUDA is initialised; its statistics
+// calls reject a device before that. Any allocation on the device initialises it.
+int cuda_index(const c10::Device& device) {
+  (void)at::empty({0}, at::TensorOptions().device(device));
+  return device.has_index() ? device.index() : c10::cuda::current_device();
+}
+}  // namespace
+#endif
+
+bool built_with_cuda() {
+#ifdef STARLING_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+void synchronize(const c10::Device& device) {
+#ifdef STARLING_WITH_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDAGuard guard(device);
+    c10::cuda::device_synchronize();
+  }
+#else
+  (void)device;
+#endif
+}
+
+int64_t peak_memory_bytes(const c10::Device& device) {
+#ifdef STARLING_WITH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(cuda_index(device));
+    return stats.allocated_bytes[0].peak;  // [0]: the aggregate over small and large pools
+  }
+#else
+  (void)device;
+#endif
+  return 0;
+}
+
+void reset_peak_memory(const c10::Device& device) {
+#ifdef STARLING_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(cuda_index(device));
+}
+#else
+  (void)device;
+#endif
+}
+
+}  // namespace starling

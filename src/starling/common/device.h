@@ -1,0 +1,23 @@
+// Device-side facts and waits that libtorch exposes only through its CUDA headers. Starling's
+// sources include this instead, so they build unchanged against a CPU-only libtorch: there these
+// are no-ops (CPU work is synchronous) and memory figures are 0.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+
+namespace starling {
+
+// Whether this build was compiled against a CUDA libtorch (STARLING_WITH_CUDA).
+bool built_with_cuda();
+
+// Waits until all work queued on `device` has finished (a no-op on CPUs).
+void synchronize(const c10::Device& device);
+
+// Peak bytes held by libtorch's CUDA caching allocator on `device` since the last reset (0 on
+// CPUs), and the reset.
+int64_t peak_memory_bytes(const c10::Device& device);
+void reset_peak_memory(const c10::Device& device);
+
+}  // namespace starling

@@ -1,0 +1,34 @@
+#include "starling/train/loss_scaler.h"
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+namespace starling::train {
+
+bool LossScaler::unscale(graph::ParamStore& params) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  for (auto& p : params.params())
+    if (p.value.grad().defined()) grads.push_back(p.value.grad());
+  if (grads.empty()) return true;
+  at::_foreach_mul_(grads, 1.0 / scale_);
+  // The sum of the norms is finite exactly when every gradient element is.
+  return at::stack(at::_foreach_norm(grads, 2)).sum().isfinite().item<bool>();
+}
+
+bool LossScaler::update(bool finite) {
+  if (!finite) {
+    scale_ *= 0.5;
+    good_steps_ = 0;
+    ++skipped_;
+    return true;
+  }
+  if (++good_steps_ >= growth_interval_) {
+    scale_ *= 2.0;
+    good_steps_ = 0;
+  }
+  return false;
+}
+
+}  // namespace starling::train

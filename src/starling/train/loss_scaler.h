@@ -1,0 +1,40 @@
+// Dynamic loss scaling for fp16 training (torch.cuda.amp.GradScaler's rule). fp16 has a narrow
+// exponent range: small gradients underflow to zero unless the loss is multiplied by a large scale
+// before backward. The gradients are divided by it again before clipping and the optimizer; a
+// step whose gradients overflowed (inf/NaN) is skipped and the scale halved, and after
+// `growth_interval` clean steps in a row the scale doubles. bf16 and fp32 need none of this.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+#include "starling/graph/param_store.h"
+
+namespace starling::train {
+
+class LossScaler {
+ public:
+  explicit LossScaler(double initial_scale = 65536.0, int64_t growth_interval = 2000)
+      : scale_(initial_scale), growth_interval_(growth_interval) {}
+
+  // The factor to seed backward with (times 1/grad_accum).
+  double scale() const { return scale_; }
+
+  // Divides every gradient by scale() and reports whether all of them are finite. Reading that
+  // answer waits for the device: fp16 pays one synchronisation per step for it.
+  bool unscale(graph::ParamStore& params);
+
+  // After unscale(): grows or backs off the scale. Returns true when the step must be skipped.
+  bool update(bool finite);
+
+  int64_t skipped() const { return skipped_; }
+
+ private:
+  double scale_;
+  int64_t growth_interval_;
+  int64_t good_steps_ = 0;
+  int64_t skipped_ = 0;
+};
+
+}  // namespace starling::train

@@ -1,0 +1,26 @@
+// The numeric side of a run's device: compute dtype (train.dtype), TF32 (train.tf32), and the peak
+// that MFU is measured against.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <string>
+
+namespace starling::train {
+
+// "fp32" -> Float, "bf16" -> BFloat16, "fp16" -> Half; ConfigError naming `what` otherwise.
+c10::ScalarType parse_dtype(const std::string& name, const std::string& what);
+
+// ConfigError (naming `what`) unless this libtorch can autocast `dtype` on `device`.
+void check_dtype(const std::string& device, const std::string& dtype, const std::string& what);
+
+// CUDA only: lets fp32 matrix products use TF32 tensor cores (torch.backends.cuda.matmul.
+// allow_tf32) or forbids it. CPUs are left alone.
+void configure_matmul_precision(const std::string& device, bool tf32);
+
+// Sustained matmul GFLOP/s of `device` in `dtype` (a ~0.3 s probe of square matmuls, best
+// repetition): the "peak" MFU is measured against. fp32 on a CPU is what its BLAS reaches with
+// this process's threads; bf16/fp16 on a GPU is the tensor-core rate (n = 8192).
+double measure_peak_gflops(const std::string& device = "cpu", const std::string& dtype = "fp32");
+
+}  // namespace starling::train
