@@ -53,7 +53,6 @@ int64_t peak_memory_bytes(const c10::Device& device) {
 void reset_peak_memory(const c10::Device& device) {
 #ifdef STARLING_WITH_CUDA
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(cuda_index(device));
-}
 #else
   (void)device;
 #endif
