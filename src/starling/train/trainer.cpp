@@ -11,7 +11,6 @@
 #include <optional>
 
 #include "starling/common/cpu_runtime.h"
-#include "starling/common/device.h"
 #include "starling/common/error.h"
 #include "starling/data/dataset.h"
 #include "starling/data/loader.h"
