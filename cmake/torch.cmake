@@ -36,8 +36,10 @@ add_library(starling STATIC
   src/starling/train/sampler.cpp
   src/starling/train/sample_checkpoint.cpp
   src/starling/train/compute_bench.cpp
+  src/starling/train/trace_profiler.cpp
   src/starling/net/gloo_backend.cpp
   src/starling/strategy/flat.cpp
+  src/starling/strategy/staging.cpp
   src/starling/strategy/state_tensors.cpp
   src/starling/strategy/swarm_strategy.cpp
   src/starling/strategy/ddp.cpp

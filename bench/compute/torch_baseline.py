@@ -87,7 +87,7 @@ def measure_peak_gflops(device, dtype=torch.float32, seconds=0.3):
     return best
 
 
-def run(cfg, batch, steps, warmup, device, mode):
+def run(cfg, batch, steps, warmup, device, mode, profile=None):
     dtype, sdpa, fused, compiled = MODES[mode]
     model = rm.ReferenceModel(cfg, seed=MODEL_SEED).to(device)
     rm.use_sdpa(model, sdpa)
@@ -115,11 +115,21 @@ def run(cfg, batch, steps, warmup, device, mode):
     sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    trace = None
+    if profile:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        trace = torch.profiler.profile(activities=activities)
+        trace.__enter__()
     t0 = time.perf_counter()
     for _ in range(steps):
         loss = step()
     sync(device)
     dt = (time.perf_counter() - t0) / max(steps, 1)
+    if trace is not None:
+        trace.__exit__(None, None, None)
+        trace.export_chrome_trace(profile)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
     return dt, loss.item(), peak
 
@@ -138,6 +148,8 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     ap.add_argument("--mode", default="eager", choices=sorted(MODES), help="see above")
     ap.add_argument("--no-tf32", action="store_true", help="GPU fp32 matmuls in full fp32")
+    ap.add_argument("--profile", metavar="FILE",
+                    help="write a Chrome trace of the timed steps (compare with trace_summary.py)")
     a = ap.parse_args(argv)
     device = torch.device(a.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -157,7 +169,7 @@ def main(argv=None):
     except ValueError as e:
         ap.error(str(e))
 
-    dt, loss, peak_memory = run(cfg, a.batch, a.steps, a.warmup, device, a.mode)
+    dt, loss, peak_memory = run(cfg, a.batch, a.steps, a.warmup, device, a.mode, a.profile)
     dtype = MODES[a.mode][0] or torch.float32
     peak = measure_peak_gflops(device, dtype)
     tokens_per_s = a.batch * cfg.seq_len / dt

@@ -1,6 +1,8 @@
 // The co2 outer update, step by step, against the formulas of DESIGN.md computed here by hand.
 // A one-peer swarm (a real node on loopback) makes every average equal the peer's own delta, so
-// the expected anchors follow from the deltas the test plants between boundaries.
+// the expected anchors follow from the deltas the test plants between boundaries. The same checks
+// run with the parameters on a GPU when there is one: the outer state then lives on the device
+// and the exchange goes through pinned staging on a side stream.
 #include "starling/strategy/co2.h"
 
 #include <ATen/ATen.h>
@@ -25,7 +27,7 @@ struct Harness {
   std::unique_ptr<strategy::Co2> co2;
   std::unique_ptr<train::Replica> replica;
 
-  explicit Harness(const std::string& clip, double threshold, bool zero) {
+  Harness(const std::string& clip, double threshold, bool zero, const std::string& device = "cpu") {
     config.strategy.kind = "co2";
     config.strategy.local_steps = 2;
     config.strategy.outer_lr = 0.5;
@@ -34,8 +36,8 @@ struct Harness {
     config.strategy.clip = clip;
     config.strategy.clip_threshold = threshold;
     config.strategy.zero = zero;
-    params.add("w", at::tensor({1.0f, -2.0f, 0.5f, 3.0f}), true);
-    params.add("b", at::tensor({0.25f, -0.75f}), false);
+    params.add("w", at::tensor({1.0f, -2.0f, 0.5f, 3.0f}).to(c10::Device(device)), true);
+    params.add("b", at::tensor({0.25f, -0.75f}).to(c10::Device(device)), false);
     optimizer = std::make_unique<train::AdamW>(params, train::AdamWOptions{});
     net::NodeOptions o;
     o.insecure = true;
@@ -48,13 +50,15 @@ struct Harness {
   }
 
   at::Tensor flat() {
-    return at::cat({params.get("w").value.detach().flatten(), params.get("b").value.detach()});
+    return at::cat({params.get("w").value.detach().flatten(), params.get("b").value.detach()})
+        .cpu();
   }
   // Plays tau inner steps that move the parameters by -delta, then the boundary.
   void round(const at::Tensor& delta, bool last = false) {
     at::NoGradGuard g;
-    params.get("w").value.sub_(delta.narrow(0, 0, 4));
-    params.get("b").value.sub_(delta.narrow(0, 4, 2));
+    const at::Tensor d = delta.to(params.get("w").value.device());
+    params.get("w").value.sub_(d.narrow(0, 0, 4));
+    params.get("b").value.sub_(d.narrow(0, 4, 2));
     step += config.strategy.local_steps;
     EXPECT_TRUE(co2->step_done(*replica, last));
   }
@@ -69,9 +73,10 @@ at::Tensor clip(const at::Tensor& m, const std::string& mode, double phi) {
   return m;
 }
 
-void check_against_formulas(const std::string& mode, double phi, bool zero) {
-  SCOPED_TRACE(mode + (zero ? " zero" : ""));
-  Harness h(mode, phi, zero);
+void check_against_formulas(const std::string& mode, double phi, bool zero,
+                            const std::string& device = "cpu") {
+  SCOPED_TRACE(mode + (zero ? " zero" : "") + " on " + device);
+  Harness h(mode, phi, zero, device);
   const auto& s = h.config.strategy;
   at::Tensor x = h.flat();
   at::Tensor m = at::zeros_like(x);
@@ -108,6 +113,14 @@ TEST(Co2Test, OuterUpdateFollowsTheFormulas) {
 TEST(Co2Test, ZeroShardingGivesTheSameAnchors) {
   check_against_formulas("none", 0, true);
   check_against_formulas("norm", 0.25, true);
+}
+
+TEST(Co2Test, OuterStateOnTheGpuFollowsTheFormulas) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA: this libtorch has no CUDA support or no GPU";
+  check_against_formulas("none", 0, false, "cuda");
+  check_against_formulas("norm", 0.25, false, "cuda");
+  check_against_formulas("value", 0.1, false, "cuda");
+  check_against_formulas("norm", 0.25, true, "cuda");
 }
 
 TEST(Co2Test, ZeroKeepsOnlyShardsOfTheOuterState) {

@@ -17,6 +17,7 @@ void add_bench_command(CLI::App& app) {
     std::string preset = "gpt2-mini";
     std::string device = "cpu";
     std::string dtype = "fp32";
+    std::string profile;
     std::vector<std::string> sets;
     int64_t batch = 8, steps = 10, warmup = 3;
     int threads = 0;
@@ -37,6 +38,9 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   compute->add_flag("--no-tf32", a->no_tf32, "CUDA: keep fp32 matrix products in full fp32");
   compute->add_flag("--json", a->json, "print one JSON line");
+  compute->add_option(
+      "--profile", a->profile,
+      "write a Chrome trace of the timed steps to this file (libtorch with Kineto)");
   compute->add_flag("--system-allocator", a->system_allocator,
                     "libtorch's default CPU allocator instead of Starling's caching one");
   compute->callback([a] {
@@ -49,7 +53,8 @@ void add_bench_command(CLI::App& app) {
                                                            .recompute = a->recompute,
                                                            .device = a->device,
                                                            .dtype = a->dtype,
-                                                           .tf32 = !a->no_tf32});
+                                                           .tf32 = !a->no_tf32,
+                                                           .profile = a->profile});
     if (a->json) {
       std::printf(
           "{\"impl\": \"starling\", \"preset\": \"%s\", \"batch\": %lld, \"seq_len\": %lld, "

@@ -38,7 +38,7 @@ int64_t ParamStore::bytes() const {
 
 void ParamStore::zero_grad() {
   for (auto& p : params_) {
-    if (p.value.grad().defined()) p.value.mutable_grad().zero_();
+    if (p.value.grad().defined()) p.value.mutable_grad().reset();
   }
 }
 

@@ -16,13 +16,13 @@ constexpr double kGapEps = 1e-8;
 Co2::Co2(const train::RunConfig& config, net::Node& node) : SwarmStrategy(config, node) {}
 
 void Co2::allocate(train::Replica&) {
-  buffer_ = flat_->zeros();
+  exchange_.emplace(flat_->device(), flat_->numel());
   shard_end_ = flat_->numel();
   anchor_ = flat_->zeros();
   flat_->gather(anchor_);
   momentum_ = flat_->zeros();
   previous_ = flat_->zeros();
-  average_ = buffer_;
+  average_ = exchange_->device();
 }
 
 void Co2::set_shard(const std::vector<net::PeerId>& ring) {
@@ -38,9 +38,9 @@ void Co2::set_shard(const std::vector<net::PeerId>& ring) {
   at::Tensor params = flat_->zeros();
   flat_->gather(params);
   anchor_ = params.narrow(0, shard_begin_, n).clone();
-  momentum_ = at::zeros({n}, at::kFloat);
-  previous_ = at::zeros({n}, at::kFloat);
-  average_ = buffer_.narrow(0, shard_begin_, n);
+  momentum_ = at::zeros({n}, anchor_.options());
+  previous_ = at::zeros({n}, anchor_.options());
+  average_ = exchange_->device().narrow(0, shard_begin_, n);
   has_previous_ = false;
   has_average_ = false;
 }
@@ -50,19 +50,43 @@ void Co2::started(const Agreement& a) {
   ring_ = a.ring;
 }
 
-double Co2::sum_over_shards(double local) {
+at::Tensor Co2::sum_over_shards(const at::Tensor& local) {
   if (!zero()) return local;
-  at::Tensor v = at::full({1}, static_cast<float>(local), at::kFloat);
-  if (!all_reduce(v, net::WirePrecision::fp32, "norm all-reduce")) return std::nan("");
-  return v.item<float>();
+  at::Tensor v = local.detach().to(at::kCPU, at::kFloat).reshape({1}).contiguous();
+  if (!all_reduce(v, net::WirePrecision::fp32, "norm all-reduce"))
+    return at::full({}, std::nan(""), local.options());
+  return v.reshape({}).to(local.device());
+}
+
+void Co2::advance() {
+  if (pending_launch_ && exchange_->download_done()) {
+    pending_launch_ = false;
+    net::CollectiveOptions o = options(precision_);
+    std::span<float> data = as_span(exchange_->host());
+    in_flight_ = zero() ? node_.reduce_scatter(data, o) : node_.all_reduce(data, o);
+    has_in_flight_ = true;
+    uploading_ = false;
+  }
+  // The average is back: send this peer's part to the device now, while the round still computes.
+  if (has_in_flight_ && !uploading_ && exchange_->separate() && in_flight_.test()) {
+    exchange_->upload(shard_begin_, shard_end_ - shard_begin_);
+    uploading_ = true;
+  }
 }
 
 bool Co2::collect() {
   if (has_average_) return true;  // collected before a checkpoint
+  if (pending_launch_) {
+    exchange_->wait_download();
+    advance();
+  }
   if (!has_in_flight_) return false;
   has_in_flight_ = false;
   if (!wait(in_flight_, zero() ? "reduce-scatter of the update" : "all-reduce of the update"))
     return false;
+  if (!uploading_) exchange_->upload(shard_begin_, shard_end_ - shard_begin_);
+  uploading_ = false;
+  exchange_->use_upload();
   average_.div_(static_cast<double>(in_flight_contributors_));
   // Zero sends e = x_{t+1} - y_t: the average of x_t - y_t is mean(e) + alpha*m.
   if (zero() && in_flight_shifted_) average_.add_(momentum_, config_.strategy.outer_lr);
@@ -70,27 +94,29 @@ bool Co2::collect() {
   return true;
 }
 
-double Co2::update_momentum() {
+void Co2::update_momentum() {
+  // Scalars stay 0-dim device tensors: nothing here waits for the device (without zero).
   const auto& s = config_.strategy;
-  double gap = 0;
+  at::Tensor gap = at::zeros({}, momentum_.options());
   if (has_previous_) {
-    const double diff = sum_over_shards((average_ - previous_).pow(2).sum().item<double>());
-    const double prev = sum_over_shards(previous_.pow(2).sum().item<double>());
-    gap = std::sqrt(diff) / (std::sqrt(prev) + kGapEps);
-    if (!std::isfinite(gap)) gap = 0;  // a failed norm exchange: no penalty this round
+    const at::Tensor diff = sum_over_shards((average_ - previous_).pow(2).sum());
+    const at::Tensor prev = sum_over_shards(previous_.pow(2).sum());
+    gap = diff.sqrt() / (prev.sqrt() + kGapEps);
+    gap = at::where(at::isfinite(gap), gap, at::zeros_like(gap));  // a failed norm exchange
   }
-  momentum_.mul_(s.outer_momentum).add_(average_, 1.0 / (1.0 + s.staleness_penalty * gap));
+  momentum_.mul_(s.outer_momentum)
+      .addcmul_(average_, (gap * s.staleness_penalty + 1.0).reciprocal());
   if (s.clip == "value") {
     momentum_.clamp_(-s.clip_threshold, s.clip_threshold);
   } else if (s.clip == "norm") {
-    const double norm = std::sqrt(sum_over_shards(momentum_.pow(2).sum().item<double>()));
-    if (std::isfinite(norm) && norm > s.clip_threshold) momentum_.mul_(s.clip_threshold / norm);
+    const at::Tensor norm = sum_over_shards(momentum_.pow(2).sum()).sqrt();
+    const at::Tensor over = at::isfinite(norm).logical_and(norm > s.clip_threshold);
+    momentum_.mul_(at::where(over, norm.reciprocal() * s.clip_threshold, at::ones_like(norm)));
   }
   previous_.copy_(average_);
   has_previous_ = true;
   has_average_ = false;
-  last_gap_ = gap;
-  return gap;
+  gap_.set(gap);
 }
 
 void Co2::move_anchor() {
@@ -99,43 +125,51 @@ void Co2::move_anchor() {
 }
 
 bool Co2::gather_anchor() {
-  buffer_.narrow(0, shard_begin_, shard_end_ - shard_begin_).copy_(anchor_);
-  return wait(node_.all_gather(as_span(buffer_), options(net::WirePrecision::fp32)),
-              "all-gather of the anchor");
+  const int64_t n = shard_end_ - shard_begin_;
+  exchange_->device().narrow(0, shard_begin_, n).copy_(anchor_);
+  exchange_->download(shard_begin_, n);
+  exchange_->wait_download();
+  if (!wait(node_.all_gather(as_span(exchange_->host()), options(net::WirePrecision::fp32)),
+            "all-gather of the anchor"))
+    return false;
+  exchange_->upload();
+  exchange_->use_upload();
+  return true;
 }
 
 void Co2::launch(const Agreement& a, bool apply) {
+  at::Tensor& buffer = exchange_->device();
   if (!zero()) {
-    if (apply) update_momentum();            // reads Delta_{t-1} from buffer_ before it is reused
-    flat_->gather(buffer_);                  // y_t
-    at::sub_out(buffer_, anchor_, buffer_);  // delta_t = x_t - y_t
-    if (apply) move_anchor();                // x_{t+1}
-    flat_->scatter(anchor_);                 // the next tau steps start from x_{t+1}
+    if (apply) update_momentum();          // reads Delta_{t-1} from buffer before it is reused
+    flat_->gather(buffer);                 // y_t
+    at::sub_out(buffer, anchor_, buffer);  // delta_t = x_t - y_t
+    if (apply) move_anchor();              // x_{t+1}
+    flat_->scatter(anchor_);               // the next tau steps start from x_{t+1}
   } else {
     if (apply) {
       update_momentum();
       move_anchor();
     }
-    if (!gather_anchor()) {  // buffer_ = x_{t+1}
+    if (!gather_anchor()) {  // buffer = x_{t+1}
       need_state_ = true;    // keep y; the next agreement hands out the root's state
       return;
     }
     at::Tensor y = flat_->zeros();
     flat_->gather(y);
-    flat_->scatter(buffer_);  // the next tau steps start from x_{t+1}
-    buffer_.sub_(y);          // e_t = x_{t+1} - y_t
+    flat_->scatter(buffer);  // the next tau steps start from x_{t+1}
+    buffer.sub_(y);          // e_t = x_{t+1} - y_t
   }
-  if (!a.contribute) buffer_.zero_();
+  if (!a.contribute) buffer.zero_();
   if (a.contributors == 0) return;
   in_flight_contributors_ = a.contributors;
   in_flight_shifted_ = apply;
-  net::CollectiveOptions o = options(precision_);
-  in_flight_ =
-      zero() ? node_.reduce_scatter(as_span(buffer_), o) : node_.all_reduce(as_span(buffer_), o);
-  has_in_flight_ = true;
+  exchange_->download();
+  pending_launch_ = true;
+  advance();  // on a CPU the exchange starts here
 }
 
 bool Co2::step_done(train::Replica& r, bool last) {
+  advance();
   if (!last && r.step % config_.strategy.local_steps != 0) return false;
   collect();
   Agreement a = agree(r);
@@ -157,7 +191,7 @@ bool Co2::step_done(train::Replica& r, bool last) {
     if (!zero()) {
       flat_->scatter(anchor_);
     } else if (gather_anchor()) {
-      flat_->scatter(buffer_);
+      flat_->scatter(exchange_->device());
     }
   }
   ++rounds_;
@@ -165,6 +199,10 @@ bool Co2::step_done(train::Replica& r, bool last) {
 }
 
 void Co2::finish(train::Replica&) {
+  if (pending_launch_) {  // the peers expect this exchange: take part, then leave
+    exchange_->wait_download();
+    advance();
+  }
   if (has_in_flight_) wait(in_flight_, "the last update");  // a stopped peer leaves cleanly
   has_in_flight_ = false;
 }
@@ -196,7 +234,7 @@ void Co2::unpack_state(train::Replica&, const at::Tensor& in) {
   anchor_.copy_(in.narrow(0, 0, n));
   momentum_.copy_(in.narrow(0, n, n));
   previous_.copy_(in.narrow(0, 2 * n, n));
-  buffer_.copy_(in.narrow(0, 3 * n, n));
+  exchange_->device().copy_(in.narrow(0, 3 * n, n));
   has_previous_ = in[4 * n].item<float>() != 0;
   has_average_ = in[4 * n + 1].item<float>() != 0;
   flat_->scatter(anchor_);
@@ -230,10 +268,11 @@ void Co2::restore(train::Replica&, const nlohmann::json& state, const Safetensor
     const int64_t n = shard_end_ - shard_begin_;
     if (shard_begin_ < 0 || n < 0 || shard_end_ > flat_->numel())
       throw CheckpointError(tensors.file.string() + ": strategy shard is out of range");
-    anchor_ = at::zeros({n}, at::kFloat);
-    momentum_ = at::zeros({n}, at::kFloat);
-    previous_ = at::zeros({n}, at::kFloat);
-    average_ = buffer_.narrow(0, shard_begin_, n);
+    const auto on_device = at::TensorOptions().dtype(at::kFloat).device(flat_->device());
+    anchor_ = at::zeros({n}, on_device);
+    momentum_ = at::zeros({n}, on_device);
+    previous_ = at::zeros({n}, on_device);
+    average_ = exchange_->device().narrow(0, shard_begin_, n);
     ring_.clear();
     for (const auto& id : state.at("ring")) ring_.push_back(std::stoull(id.get<std::string>()));
   }
@@ -246,12 +285,12 @@ void Co2::restore(train::Replica&, const nlohmann::json& state, const Safetensor
 }
 
 int64_t Co2::state_bytes() const {
-  return 4 * (anchor_.numel() + momentum_.numel() + previous_.numel() + buffer_.numel());
+  return 4 * (anchor_.numel() + momentum_.numel() + previous_.numel() + exchange_->numel());
 }
 
 nlohmann::json Co2::report() const {
   nlohmann::json j = SwarmStrategy::report();
-  j["gap"] = last_gap_;
+  j["gap"] = gap_.value();
   j["state_bytes"] = state_bytes();
   return j;
 }

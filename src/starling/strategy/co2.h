@@ -16,6 +16,12 @@
 // rebuilt by an all-gather. The all-gather is on the critical path; the reduce-scatter overlaps.
 // Norms for the gap and for clipping by norm are summed over shards with a two-float all-reduce.
 // A change of membership moves the shard boundaries: the outer momentum restarts then.
+//
+// On a GPU the outer state and the math stay on the device; only the exchange crosses to pinned
+// host memory (staging.h). The download of delta_t is started at the boundary and the all-reduce
+// launched from a later step once it has landed, and the average is uploaded as soon as it has
+// arrived, so neither the host nor the compute stream waits for a copy (ZeRO's norm sums and its
+// all-gather still do).
 #pragma once
 
 #include "starling/strategy/swarm_strategy.h"
@@ -25,7 +31,7 @@ namespace starling::strategy {
 class Co2 final : public SwarmStrategy {
  public:
   Co2(const train::RunConfig& config, net::Node& node);
-  void gradients_ready(train::Replica&) override {}
+  void gradients_ready(train::Replica&) override { advance(); }
   bool step_done(train::Replica& r, bool last) override;
   nlohmann::json checkpoint_state(
       std::vector<std::pair<std::string, at::Tensor>>& tensors) override;
@@ -49,8 +55,11 @@ class Co2 final : public SwarmStrategy {
   bool zero() const { return config_.strategy.zero; }
   // Collects the in-flight average into average_ (this peer's part of it); false if none.
   bool collect();
-  // m <- beta*m + Delta/(1 + gamma*gap), clipped; previous <- Delta. Returns the gap.
-  double update_momentum();
+  // Moves the exchange on without waiting: launches the all-reduce once the download has landed,
+  // and starts the upload once the average has arrived. Called every step.
+  void advance();
+  // m <- beta*m + Delta/(1 + gamma*gap), clipped; previous <- Delta.
+  void update_momentum();
   // x <- x - alpha*m: one more average applied to the shared state.
   void move_anchor();
   // Launches this round's exchange from y (the parameters) and moves y to the new anchor.
@@ -58,20 +67,23 @@ class Co2 final : public SwarmStrategy {
   // Zero: rebuilds the full anchor into buffer_ by all-gather; false on failure.
   bool gather_anchor();
   void set_shard(const std::vector<net::PeerId>& ring);
-  double sum_over_shards(double local);
+  // A 0-dim device sum over every peer's shard (itself without zero; NaN if the exchange fails).
+  at::Tensor sum_over_shards(const at::Tensor& local);
 
-  at::Tensor anchor_, momentum_, previous_;  // full, or this peer's shard with zero
-  at::Tensor buffer_;                        // the exchange in flight (always full size)
-  at::Tensor average_;                       // view: the part of buffer_ this peer owns
+  at::Tensor anchor_, momentum_, previous_;  // full, or this peer's shard with zero (device)
+  std::optional<Staging> exchange_;          // the exchange in flight (always full size)
+  at::Tensor average_;                       // view: the part of exchange_->device() we own
   net::Work in_flight_;
+  bool pending_launch_ = false;  // downloading; the collective starts once it has landed
   bool has_in_flight_ = false;
+  bool uploading_ = false;     // the in-flight result has arrived and is on its way to the device
   bool has_average_ = false;   // average_ holds Delta_{t-1}, ready to apply
   bool has_previous_ = false;  // previous_ holds Delta_{t-2}
   int in_flight_contributors_ = 0;
   bool in_flight_shifted_ = false;  // zero: the anchor moved by alpha*m when it was launched
   int64_t shard_begin_ = 0, shard_end_ = 0;
   std::vector<net::PeerId> ring_;
-  double last_gap_ = 0;
+  mutable LazyScalar gap_;
 };
 
 }  // namespace starling::strategy

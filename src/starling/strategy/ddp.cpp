@@ -6,22 +6,23 @@ namespace starling::strategy {
 
 Ddp::Ddp(const train::RunConfig& config, net::Node& node) : SwarmStrategy(config, node) {}
 
-void Ddp::allocate(train::Replica&) { grads_ = flat_->zeros(); }
+void Ddp::allocate(train::Replica&) { grads_.emplace(flat_->device(), flat_->numel()); }
 
 void Ddp::gradients_ready(train::Replica& r) {
   const Agreement a = agree(r);
-  flat_->gather_grads(grads_);
+  at::Tensor& grads = grads_->device();
+  flat_->gather_grads(grads);
   // A peer that just adopted the swarm's parameters computed its gradients on other ones.
-  if (!a.contribute) grads_.zero_();
-  if (a.contributors > 0 && all_reduce(grads_, precision_, "gradient all-reduce")) {
-    grads_.div_(static_cast<double>(a.contributors));
+  if (!a.contribute) grads.zero_();
+  if (a.contributors > 0 && all_reduce(*grads_, precision_, "gradient all-reduce")) {
+    grads.div_(static_cast<double>(a.contributors));
   } else {
     // No average this step: every peer that got here without one skips the update, and the
     // next agreement brings any peer whose step went through differently back in line.
-    grads_.zero_();
+    grads.zero_();
     need_state_ = true;
   }
-  flat_->scatter_grads(grads_);
+  flat_->scatter_grads(grads);
   ++rounds_;
 }
 

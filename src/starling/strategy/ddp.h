@@ -23,7 +23,7 @@ class Ddp final : public SwarmStrategy {
   void restore(train::Replica&, const nlohmann::json&, const SafetensorsFile&) override {}
 
  private:
-  at::Tensor grads_;
+  std::optional<Staging> grads_;
 };
 
 }  // namespace starling::strategy

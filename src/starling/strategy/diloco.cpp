@@ -11,21 +11,22 @@ DiLoCo::DiLoCo(const train::RunConfig& config, net::Node& node) : SwarmStrategy(
 void DiLoCo::allocate(train::Replica&) {
   anchor_ = flat_->zeros();
   momentum_ = flat_->zeros();
-  buffer_ = flat_->zeros();
+  delta_.emplace(flat_->device(), flat_->numel());
   flat_->gather(anchor_);
 }
 
 bool DiLoCo::step_done(train::Replica& r, bool last) {
   if (!last && r.step % config_.strategy.local_steps != 0) return false;
   const Agreement a = agree(r);
-  flat_->gather(buffer_);                  // y
-  at::sub_out(buffer_, anchor_, buffer_);  // delta = x - y
-  if (!a.contribute) buffer_.zero_();
-  if (a.contributors > 0 && all_reduce(buffer_, precision_, "pseudo-gradient all-reduce")) {
-    buffer_.div_(static_cast<double>(a.contributors));  // Delta
+  at::Tensor& delta = delta_->device();
+  flat_->gather(delta);                // y
+  at::sub_out(delta, anchor_, delta);  // delta = x - y
+  if (!a.contribute) delta.zero_();
+  if (a.contributors > 0 && all_reduce(*delta_, precision_, "pseudo-gradient all-reduce")) {
+    delta.div_(static_cast<double>(a.contributors));  // Delta
     const double beta = config_.strategy.outer_momentum;
-    momentum_.mul_(beta).add_(buffer_);
-    anchor_.sub_(buffer_.add_(momentum_, beta), config_.strategy.outer_lr);  // Nesterov
+    momentum_.mul_(beta).add_(delta);
+    anchor_.sub_(delta.add_(momentum_, beta), config_.strategy.outer_lr);  // Nesterov
     ++version_;
     flat_->scatter(anchor_);
   }

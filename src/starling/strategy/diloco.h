@@ -25,7 +25,8 @@ class DiLoCo final : public SwarmStrategy {
                const SafetensorsFile& tensors) override;
 
  private:
-  at::Tensor anchor_, momentum_, buffer_;
+  at::Tensor anchor_, momentum_;
+  std::optional<Staging> delta_;  // this round's pseudo-gradient, then the average
 };
 
 }  // namespace starling::strategy

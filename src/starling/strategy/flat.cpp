@@ -2,57 +2,82 @@
 
 #include <ATen/ATen.h>
 
+#include <stdexcept>
+#include <vector>
+
 namespace starling::strategy {
+namespace {
 
-Flat::Flat(graph::ParamStore& params) : params_(params), numel_(params.numel()) {}
+c10::Device params_device(graph::ParamStore& params) {
+  return params.params().empty() ? c10::Device(c10::kCPU) : params.params().front().value.device();
+}
 
-at::Tensor Flat::zeros() const { return at::zeros({numel_}, at::kFloat); }
+// One concatenation into `flat` (a single kernel on a GPU), through a temporary on the pieces'
+// device when `flat` lives elsewhere.
+void concatenate(const std::vector<at::Tensor>& pieces, at::Tensor& flat, c10::Device device) {
+  if (pieces.empty()) return;
+  if (flat.device() == device) {
+    at::cat_out(flat, pieces, 0);
+  } else {
+    flat.copy_(at::cat(pieces, 0));
+  }
+}
+
+}  // namespace
+
+Flat::Flat(graph::ParamStore& params)
+    : params_(params), numel_(params.numel()), device_(params_device(params)) {}
+
+at::Tensor Flat::zeros() const {
+  return at::zeros({numel_}, at::TensorOptions().dtype(at::kFloat).device(device_));
+}
 
 void Flat::gather(at::Tensor& flat) const {
   at::NoGradGuard no_grad;
-  int64_t offset = 0;
-  for (const auto& p : params_.params()) {
-    const int64_t n = p.value.numel();
-    flat.narrow(0, offset, n).copy_(p.value.reshape({n}));
-    offset += n;
-  }
+  std::vector<at::Tensor> pieces;
+  pieces.reserve(params_.params().size());
+  for (const auto& p : params_.params()) pieces.push_back(p.value.detach().reshape({-1}));
+  concatenate(pieces, flat, device_);
 }
 
 void Flat::gather_grads(at::Tensor& flat) const {
   at::NoGradGuard no_grad;
-  int64_t offset = 0;
+  std::vector<at::Tensor> pieces;
+  pieces.reserve(params_.params().size());
   for (const auto& p : params_.params()) {
-    const int64_t n = p.value.numel();
-    if (p.value.grad().defined())
-      flat.narrow(0, offset, n).copy_(p.value.grad().reshape({n}));
-    else
-      flat.narrow(0, offset, n).zero_();
-    offset += n;
+    const at::Tensor& g = p.value.grad();
+    pieces.push_back(g.defined() ? g.reshape({-1})
+                                 : at::zeros({p.value.numel()}, p.value.options()));
   }
+  concatenate(pieces, flat, device_);
 }
 
 void Flat::scatter(const at::Tensor& flat) {
   at::NoGradGuard no_grad;
+  const at::Tensor src = flat.to(device_);  // one transfer, then device-local copies
   int64_t offset = 0;
   for (auto& p : params_.params()) {
     const int64_t n = p.value.numel();
-    p.value.copy_(flat.narrow(0, offset, n).view(p.value.sizes()));
+    p.value.copy_(src.narrow(0, offset, n).view(p.value.sizes()));
     offset += n;
   }
 }
 
 void Flat::scatter_grads(const at::Tensor& flat) {
   at::NoGradGuard no_grad;
+  const at::Tensor src = flat.to(device_);
   int64_t offset = 0;
   for (auto& p : params_.params()) {
     const int64_t n = p.value.numel();
     if (!p.value.grad().defined()) p.value.mutable_grad() = at::zeros_like(p.value);
-    p.value.mutable_grad().copy_(flat.narrow(0, offset, n).view(p.value.sizes()));
+    p.value.mutable_grad().copy_(src.narrow(0, offset, n).view(p.value.sizes()));
     offset += n;
   }
 }
 
 std::span<float> as_span(at::Tensor& flat) {
+  if (!flat.device().is_cpu() || flat.scalar_type() != at::kFloat || !flat.is_contiguous())
+    throw std::logic_error("as_span: the network sends contiguous float32 host vectors only");
   return {flat.data_ptr<float>(), static_cast<size_t>(flat.numel())};
 }
 

@@ -1,9 +1,12 @@
-// A model's parameters (or gradients) as one flat float32 vector: what the collectives send.
-// Copying in and out costs one pass over the parameters per exchange, negligible next to a round
-// of local steps, and leaves the model's own tensors untouched.
+// A model's parameters (or gradients) as one flat float32 vector: what the strategies average.
+// The vector lives where the model lives (flattening on a GPU is one device-side concatenation,
+// with no host pass); Staging (staging.h) moves it to host memory for the network. Copying in and
+// out costs one pass over the parameters per exchange, negligible next to a round of local steps,
+// and leaves the model's own tensors untouched.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <span>
@@ -16,18 +19,22 @@ class Flat {
  public:
   explicit Flat(graph::ParamStore& params);
   int64_t numel() const { return numel_; }
-  // A new zeroed CPU float32 vector of numel() elements.
+  // The parameters' device: where zeros() allocates and where the strategies' math runs.
+  c10::Device device() const { return device_; }
+  // A new zeroed float32 vector of numel() elements on device().
   at::Tensor zeros() const;
-  // flat <- parameters (or their gradients; a missing gradient reads as zero).
+  // flat <- parameters (or their gradients; a missing gradient reads as zero). `flat` may live on
+  // another device (a host buffer for a state transfer): it is then filled with one copy.
   void gather(at::Tensor& flat) const;
   void gather_grads(at::Tensor& flat) const;
-  // parameters (or gradients) <- flat.
+  // parameters (or gradients) <- flat, from any device.
   void scatter(const at::Tensor& flat);
   void scatter_grads(const at::Tensor& flat);
 
  private:
   graph::ParamStore& params_;
   int64_t numel_ = 0;
+  c10::Device device_;
 };
 
 // The span a collective reads and writes; the tensor must be a contiguous CPU float32 vector.

@@ -6,16 +6,17 @@ namespace starling::strategy {
 
 LocalSgd::LocalSgd(const train::RunConfig& config, net::Node& node) : SwarmStrategy(config, node) {}
 
-void LocalSgd::allocate(train::Replica&) { buffer_ = flat_->zeros(); }
+void LocalSgd::allocate(train::Replica&) { buffer_.emplace(flat_->device(), flat_->numel()); }
 
 bool LocalSgd::step_done(train::Replica& r, bool last) {
   if (!last && r.step % config_.strategy.local_steps != 0) return false;
   const Agreement a = agree(r);
-  flat_->gather(buffer_);
-  if (!a.contribute) buffer_.zero_();
-  if (a.contributors > 0 && all_reduce(buffer_, precision_, "parameter averaging")) {
-    buffer_.div_(static_cast<double>(a.contributors));
-    flat_->scatter(buffer_);
+  at::Tensor& params = buffer_->device();
+  flat_->gather(params);
+  if (!a.contribute) params.zero_();
+  if (a.contributors > 0 && all_reduce(*buffer_, precision_, "parameter averaging")) {
+    params.div_(static_cast<double>(a.contributors));
+    flat_->scatter(params);
     ++version_;
   }
   // On failure each peer keeps its own parameters; the next agreement finds the versions apart

@@ -22,7 +22,7 @@ class LocalSgd final : public SwarmStrategy {
   void restore(train::Replica&, const nlohmann::json&, const SafetensorsFile&) override {}
 
  private:
-  at::Tensor buffer_;
+  std::optional<Staging> buffer_;
 };
 
 }  // namespace starling::strategy

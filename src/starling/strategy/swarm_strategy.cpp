@@ -66,6 +66,15 @@ bool SwarmStrategy::all_reduce(at::Tensor& flat, net::WirePrecision precision, c
   return wait(node_.all_reduce(as_span(flat), options(precision)), what);
 }
 
+bool SwarmStrategy::all_reduce(Staging& staged, net::WirePrecision precision, const char* what) {
+  staged.download();
+  staged.wait_download();
+  if (!all_reduce(staged.host(), precision, what)) return false;
+  staged.upload();
+  staged.use_upload();
+  return true;
+}
+
 Agreement SwarmStrategy::agree(train::Replica& r) {
   for (int attempt = 0;; ++attempt) {
     at::Tensor control = at::zeros({4}, at::kFloat);

@@ -22,6 +22,7 @@
 
 #include "starling/net/node.h"
 #include "starling/strategy/flat.h"
+#include "starling/strategy/staging.h"
 #include "starling/train/step_hooks.h"
 
 namespace starling::strategy {
@@ -66,6 +67,8 @@ class SwarmStrategy : public train::StepHooks {
   bool wait(const net::Work& work, const char* what);
   // Launches and waits; false (logged) if it failed.
   bool all_reduce(at::Tensor& flat, net::WirePrecision precision, const char* what);
+  // The same for a staged vector: its device copy is summed (through the host copy on a GPU).
+  bool all_reduce(Staging& staged, net::WirePrecision precision, const char* what);
 
   net::CollectiveOptions options(net::WirePrecision precision) const;
   void log(const std::string& line) const;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "starling/common/device.h"
 #include "starling/common/error.h"
@@ -13,6 +14,7 @@
 #include "starling/train/adamw.h"
 #include "starling/train/loss_scaler.h"
 #include "starling/train/precision.h"
+#include "starling/train/trace_profiler.h"
 
 namespace starling::train {
 namespace {
@@ -64,9 +66,12 @@ ComputeBenchResult run_compute_bench(const model::ModelConfig& config,
   for (int64_t i = 0; i < o.warmup; ++i) step();
   synchronize(d);
   reset_peak_memory(d);
+  std::optional<TraceProfiler> trace;
+  if (!o.profile.empty()) trace.emplace(d.is_cuda());
   const double t0 = now_s();
   for (int64_t i = 0; i < o.steps; ++i) step();
   synchronize(d);  // the last update must have finished before the clock is read
+  if (trace) trace->save(o.profile);
   const double dt = (now_s() - t0) / static_cast<double>(std::max<int64_t>(o.steps, 1));
   ComputeBenchResult r;
   r.step_ms = dt * 1e3;

@@ -17,6 +17,7 @@ struct ComputeBenchOptions {
   std::string device = "cpu";  // "cpu", "cuda" or "cuda:N"
   std::string dtype = "fp32";  // "fp32", "bf16" or "fp16" (as train.dtype)
   bool tf32 = true;            // as train.tf32
+  std::string profile;         // when set, a Chrome trace of the timed steps goes to this file
 };
 
 struct ComputeBenchResult {
@@ -31,7 +32,7 @@ struct ComputeBenchResult {
 
 // Trains `config` for warmup + steps steps of batch x seq_len random tokens; times the last
 // `steps` together (one wait for the device at the end, as a training run would). Uses the
-// current thread setting.
+// current thread setting. With `profile`, the timed steps are also traced (which slows them).
 ComputeBenchResult run_compute_bench(const model::ModelConfig& config,
                                      const ComputeBenchOptions& options);
 

@@ -17,9 +17,12 @@ AttentionOp::AttentionOp(const ModelConfig& config, AttentionWeights weights)
     at::Tensor inv_freq =
         at::pow(config_.rope_theta, -at::arange(0, hd, 2, opts) / static_cast<double>(hd));
     at::Tensor angles = at::outer(at::arange(config_.seq_len, opts), inv_freq);  // [T, hd/2]
-    angles = at::cat({angles, angles}, -1);                                      // [T, hd]
-    cos_ = angles.cos().to(w_.qkv.scalar_type()).to(w_.qkv.device());
-    sin_ = angles.sin().to(w_.qkv.scalar_type()).to(w_.qkv.device());
+    // rotate_half(x) * sin = [x2, x1] * [-sin, sin]: the sign lives in the table, so rotating
+    // costs no negation pass.
+    cos_ = at::cat({angles, angles}, -1).cos();  // [T, hd]
+    sin_ = at::cat({-angles, angles}, -1).sin();
+    cos_ = cos_.to(w_.qkv.scalar_type()).to(w_.qkv.device());
+    sin_ = sin_.to(w_.qkv.scalar_type()).to(w_.qkv.device());
   }
 }
 
@@ -43,8 +46,8 @@ at::Tensor AttentionOp::rotate(const at::Tensor& x, int64_t t) {
   const int64_t half = x.size(-1) / 2;
   at::Tensor cos = cos_.narrow(0, 0, t).unsqueeze(1);  // [T, 1, hd] broadcasts over heads
   at::Tensor sin = sin_.narrow(0, 0, t).unsqueeze(1);
-  at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  return x * cos + rotated * sin;
+  at::Tensor swapped = at::cat({x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return at::addcmul(x * cos, swapped, sin);
 }
 
 at::Tensor AttentionOp::forward(const std::vector<at::Tensor>& inputs) {
@@ -54,13 +57,16 @@ at::Tensor AttentionOp::forward(const std::vector<at::Tensor>& inputs) {
 
   at::Tensor normed = apply_norm(config_.arch, w_.norm, x, config_.norm_eps);
   at::Tensor qkv = at::linear(normed, w_.qkv, w_.qkv_bias);  // [B, T, (h + 2kv) * hd]
-  auto parts = qkv.split_with_sizes({h * hd, kv * hd, kv * hd}, -1);
-  at::Tensor q = parts[0].view({b, t, h, hd});
-  at::Tensor k = parts[1].view({b, t, kv, hd});
-  at::Tensor v = parts[2].view({b, t, kv, hd});
+  at::Tensor q, k;
+  at::Tensor v = qkv.narrow(-1, (h + kv) * hd, kv * hd).view({b, t, kv, hd});
   if (config_.arch == Arch::kLlama) {
-    q = rotate(q, t);
-    k = rotate(k, t);
+    // q and k rotate together: half the kernels of rotating each.
+    at::Tensor qk = rotate(qkv.narrow(-1, 0, (h + kv) * hd).view({b, t, h + kv, hd}), t);
+    q = qk.narrow(2, 0, h);
+    k = qk.narrow(2, h, kv);
+  } else {
+    q = qkv.narrow(-1, 0, h * hd).view({b, t, h, hd});
+    k = qkv.narrow(-1, h * hd, kv * hd).view({b, t, kv, hd});
   }
   if (kv != h) {  // grouped-query attention: each k/v head serves h/kv query heads
     k = k.repeat_interleave(h / kv, 2);
