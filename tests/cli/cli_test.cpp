@@ -242,6 +242,24 @@ TEST_F(CliTest, BadCommandLinesAreUsageErrors) {
   EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
 }
 
+TEST_F(CliTest, BenchProfileWritesATraceOrSaysWhyNot) {
+  // A libtorch with Kineto writes a Chrome trace; one without (Debian's) must say so up front,
+  // as a configuration error, not die with a libtorch backtrace after the run.
+  const fs::path trace = root_ / "trace.json";
+  const Result r =
+      run("bench compute --preset gpt2-tiny --batch 1 --steps 1 --warmup 0 "
+          "--threads 1 --profile " +
+          trace.string());
+  if (r.code == 0) {
+    EXPECT_NE(read_file(trace).find("traceEvents"), std::string::npos);
+  } else {
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find("--profile"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("frame #"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(trace));
+  }
+}
+
 TEST_F(CliTest, ListKeysAndModelShow) {
   Result r = run("train --list-keys");
   ASSERT_EQ(r.code, 0);

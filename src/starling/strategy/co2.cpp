@@ -82,11 +82,14 @@ bool Co2::collect() {
   }
   if (!has_in_flight_) return false;
   has_in_flight_ = false;
-  if (!wait(in_flight_, zero() ? "reduce-scatter of the update" : "all-reduce of the update"))
-    return false;
-  if (!uploading_) exchange_->upload(shard_begin_, shard_end_ - shard_begin_);
+  const bool ok =
+      wait(in_flight_, zero() ? "reduce-scatter of the update" : "all-reduce of the update");
+  if (ok && !uploading_) exchange_->upload(shard_begin_, shard_end_ - shard_begin_);
   uploading_ = false;
+  // Even after a failure an upload may have started (advance() saw the exchange end): the compute
+  // stream must not write the buffer again before it lands.
   exchange_->use_upload();
+  if (!ok) return false;
   average_.div_(static_cast<double>(in_flight_contributors_));
   // Zero sends e = x_{t+1} - y_t: the average of x_t - y_t is mean(e) + alpha*m.
   if (zero() && in_flight_shifted_) average_.add_(momentum_, config_.strategy.outer_lr);

@@ -2,8 +2,11 @@
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <set>
+#include <string>
 
 #include "starling/common/error.h"
 
@@ -14,18 +17,33 @@ namespace prof = torch::profiler::impl;
 
 prof::ProfilerConfig trace_config() { return prof::ProfilerConfig(prof::ProfilerState::KINETO); }
 
+void start(const std::set<prof::ActivityType>& activities) {
+  torch::autograd::profiler::prepareProfiler(trace_config(), activities);
+  torch::autograd::profiler::enableProfiler(trace_config(), activities);
+}
+
+ConfigError cannot_trace(const c10::Error& e) {
+  return ConfigError(std::string("--profile: this libtorch cannot write traces (built without the "
+                                 "Kineto profiler?): ") +
+                     e.what_without_backtrace());
+}
+
 }  // namespace
 
 TraceProfiler::TraceProfiler(bool cuda) {
   std::set<prof::ActivityType> activities{prof::ActivityType::CPU};
   if (cuda) activities.insert(prof::ActivityType::CUDA);
   try {
-    torch::autograd::profiler::prepareProfiler(trace_config(), activities);
-    torch::autograd::profiler::enableProfiler(trace_config(), activities);
+    // A libtorch without Kineto records without complaint and fails only when saving: find out
+    // now, before the user waits for the run.
+    start(activities);
+    const auto probe = std::filesystem::temp_directory_path() /
+                       ("starling-trace-probe-" + std::to_string(::getpid()) + ".json");
+    torch::autograd::profiler::disableProfiler()->save(probe.string());
+    std::filesystem::remove(probe);
+    start(activities);
   } catch (const c10::Error& e) {
-    throw ConfigError(std::string("--profile: this libtorch cannot record traces (built without "
-                                  "the Kineto profiler?): ") +
-                      e.what_without_backtrace());
+    throw cannot_trace(e);
   }
   running_ = true;
 }
@@ -37,8 +55,11 @@ TraceProfiler::~TraceProfiler() {
 void TraceProfiler::save(const std::string& path) {
   if (!running_) return;
   running_ = false;
-  auto result = torch::autograd::profiler::disableProfiler();
-  result->save(path);
+  try {
+    torch::autograd::profiler::disableProfiler()->save(path);
+  } catch (const c10::Error& e) {
+    throw Error("--profile " + path + ": could not write the trace: " + e.what_without_backtrace());
+  }
 }
 
 }  // namespace starling::train
