@@ -42,6 +42,16 @@ std::vector<at::Tensor> grads(graph::OpDag& dag) {
   return g;
 }
 
+void expect_same_grads(graph::OpDag& got, const std::vector<at::Tensor>& want,
+                       const std::string& what) {
+  const auto g = grads(got);
+  ASSERT_EQ(g.size(), want.size());
+  for (size_t i = 0; i < g.size(); ++i)
+    EXPECT_TRUE(at::allclose(g[i], want[i], 1e-5, 1e-7))
+        << what << ": " << got.params().params()[i].name << " max diff "
+        << (g[i] - want[i]).abs().max().item<double>();
+}
+
 class ExecutorTest : public ::testing::TestWithParam<std::tuple<model::Arch, bool>> {};
 
 TEST_P(ExecutorTest, MatchesMonolithicAutograd) {
@@ -56,15 +66,8 @@ TEST_P(ExecutorTest, MatchesMonolithicAutograd) {
   auto dag = model::build_model(c, 42);
   graph::Executor exec(*dag, {.recompute = recompute});
   const double loss = exec.forward_backward(in).item<double>();
-  auto got = grads(*dag);
-
   EXPECT_NEAR(loss, ref_loss, 1e-6);
-  ASSERT_EQ(got.size(), ref_grads.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_TRUE(at::allclose(got[i], ref_grads[i], 1e-5, 1e-7))
-        << dag->params().params()[i].name << " max diff "
-        << (got[i] - ref_grads[i]).abs().max().item<double>();
-  }
+  expect_same_grads(*dag, ref_grads, "node by node");
 }
 
 TEST_P(ExecutorTest, LossScaleScalesGradientsAndAccumulates) {
@@ -78,9 +81,91 @@ TEST_P(ExecutorTest, LossScaleScalesGradientsAndAccumulates) {
   dag->params().zero_grad();
   exec.forward_backward(in, 0.5);
   exec.forward_backward(in, 0.5);
-  auto twice_half = grads(*dag);
-  for (size_t i = 0; i < once.size(); ++i)
-    EXPECT_TRUE(at::allclose(once[i], twice_half[i], 1e-5, 1e-7)) << dag->params().params()[i].name;
+  expect_same_grads(*dag, once, "two halves");
+}
+
+TEST_P(ExecutorTest, StagesRunAloneGiveTheWholeDagsGradients) {
+  // A two-stage pipeline in one process: stage A's outputs are stage B's incoming activations,
+  // and the gradients B hands back are A's output gradients.
+  const auto [arch, recompute] = GetParam();
+  const auto c = tiny(arch);
+  auto in = batch(c, 2, 11);
+  auto whole = model::build_model(c, 3);
+  graph::Executor reference(*whole, {.recompute = recompute});
+  const double want_loss = reference.forward_backward(in).item<double>();
+  const auto want = grads(*whole);
+  const int n = whole->size();
+  for (int cut : {1, n / 2, n - 1}) {
+    auto dag = model::build_model(c, 3);
+    graph::Executor exec(*dag, {.recompute = recompute});
+    graph::MicroBatch a = exec.forward_stage(in, {0, cut - 1});
+    graph::MicroBatch b = exec.forward_stage(in, {cut, n - 1}, a.outputs());
+    EXPECT_NEAR(b.outputs().at(n - 1).item<double>(), want_loss, 1e-6) << "cut " << cut;
+    const graph::EdgeTensors back = exec.backward_stage(b, {{n - 1, at::ones({})}});
+    for (const auto& [producer, t] : a.outputs())
+      EXPECT_TRUE(back.count(producer)) << "no gradient for the activation of node " << producer;
+    EXPECT_TRUE(exec.backward_stage(a, back).empty());  // the first stage has no incoming edges
+    expect_same_grads(*dag, want, "cut " + std::to_string(cut));
+  }
+}
+
+TEST_P(ExecutorTest, TwoMicroBatchesInFlight) {
+  const auto [arch, recompute] = GetParam();
+  const auto c = tiny(arch);
+  auto in1 = batch(c, 2, 21), in2 = batch(c, 2, 22);
+  auto sequential = model::build_model(c, 4);
+  graph::Executor one_by_one(*sequential, {.recompute = recompute});
+  one_by_one.forward_backward(in1, 0.5);
+  one_by_one.forward_backward(in2, 0.5);
+  const auto want = grads(*sequential);
+
+  auto dag = model::build_model(c, 4);
+  graph::Executor exec(*dag, {.recompute = recompute});
+  const int last = dag->size() - 1;
+  graph::MicroBatch m1 = exec.forward_stage(in1, {});
+  graph::MicroBatch m2 = exec.forward_stage(in2, {});
+  exec.backward_stage(m2, {{last, at::full({}, 0.5)}});  // in the other order: 1F1B's cool-down
+  exec.backward_stage(m1, {{last, at::full({}, 0.5)}});
+  expect_same_grads(*dag, want, "two in flight");
+  EXPECT_THROW(exec.backward_stage(m1, {{last, at::ones({})}}), std::logic_error);
+}
+
+struct Recorder : graph::NodeObserver {
+  std::vector<std::string> events;
+  void before(int node, graph::Phase p) override { add("+", node, p); }
+  void after(int node, graph::Phase p) override { add("-", node, p); }
+  void add(const char* edge, int node, graph::Phase p) {
+    events.push_back(std::string(edge) + graph::phase_name(p) + " " + std::to_string(node));
+  }
+};
+
+TEST_P(ExecutorTest, ObserverSeesEveryEventInOrder) {
+  const auto [arch, recompute] = GetParam();
+  const auto c = tiny(arch);
+  auto dag = model::build_model(c, 5);
+  graph::Executor exec(*dag, {.recompute = recompute});
+  Recorder r;
+  exec.add_observer(&r);
+  exec.forward_backward(batch(c, 1, 2));
+  std::vector<std::string> want;
+  auto both = [&](const char* phase, int i) {
+    want.push_back(std::string("+") + phase + " " + std::to_string(i));
+    want.push_back(std::string("-") + phase + " " + std::to_string(i));
+  };
+  for (int i = 0; i < dag->size(); ++i) both("forward", i);
+  for (int i = dag->size() - 1; i >= 0; --i) {
+    if (recompute) both("recompute", i);
+    both("backward", i);
+  }
+  EXPECT_EQ(r.events, want);
+}
+
+TEST(Executor, StageInputsMustBeHandedIn) {
+  const auto c = tiny(model::Arch::kGpt2);
+  auto dag = model::build_model(c, 5);
+  graph::Executor exec(*dag);
+  EXPECT_THROW(exec.forward_stage(batch(c, 1, 2), {2, -1}), std::invalid_argument);
+  EXPECT_THROW(exec.forward_stage(batch(c, 1, 2), {3, 1}), std::out_of_range);
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, ExecutorTest,
@@ -107,6 +192,11 @@ TEST(Executor, TiedEmbeddingGetsGradientFromBothReaders) {
   const int embed = dag->find("embed"), head = dag->find("head");
   EXPECT_EQ(dag->nodes()[embed].op->param_names()[0], "embed.tok.weight");
   EXPECT_EQ(dag->nodes()[head].op->param_names()[0], "embed.tok.weight");
+  const auto tied = dag->tied_params();
+  ASSERT_EQ(tied.size(), 1u);
+  EXPECT_EQ(tied[0].name, "embed.tok.weight");
+  EXPECT_EQ(tied[0].nodes, (std::vector<int>{embed, head}));
+  EXPECT_TRUE(model::build_model(tiny(model::Arch::kLlama), 5)->tied_params().empty());
 }
 
 }  // namespace

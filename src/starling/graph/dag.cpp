@@ -1,5 +1,6 @@
 #include "starling/graph/dag.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 #include <stdexcept>
@@ -30,6 +31,24 @@ int64_t OpDag::node_param_bytes(int node) const {
     bytes += t.numel() * static_cast<int64_t>(t.element_size());
   }
   return bytes;
+}
+
+std::vector<TiedParam> OpDag::tied_params() const {
+  std::vector<TiedParam> readers;
+  for (int i = 0; i < size(); ++i)
+    for (const auto& name : nodes_[i].op->param_names()) {
+      auto it = std::find_if(readers.begin(), readers.end(),
+                             [&](const TiedParam& t) { return t.name == name; });
+      if (it == readers.end()) {
+        readers.push_back({name, {i}});
+      } else if (it->nodes.back() != i) {
+        it->nodes.push_back(i);
+      }
+    }
+  std::vector<TiedParam> tied;
+  for (auto& t : readers)
+    if (t.nodes.size() > 1) tied.push_back(std::move(t));
+  return tied;
 }
 
 std::string OpDag::describe(int64_t batch, int64_t seq_len) const {

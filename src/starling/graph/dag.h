@@ -19,6 +19,13 @@ struct Source {
   int index;  // graph input index or node index
 };
 
+// A parameter that more than one node reads (GPT-2's token embedding: the embedding and the
+// head). Its gradient is the sum over its readers, so stages that split them must add theirs.
+struct TiedParam {
+  std::string name;
+  std::vector<int> nodes;  // readers, in node order
+};
+
 struct Node {
   std::string name;  // e.g. "layers.3.attn"
   std::unique_ptr<Op> op;
@@ -44,6 +51,8 @@ class OpDag {
 
   // Bytes of the parameters a node reads (a shared parameter counts for each reader).
   int64_t node_param_bytes(int node) const;
+  // Every parameter read by more than one node.
+  std::vector<TiedParam> tied_params() const;
 
   // One line per node: name, kind, inputs, output shape, parameter bytes, GFLOPs per token.
   std::string describe(int64_t batch, int64_t seq_len) const;

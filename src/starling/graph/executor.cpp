@@ -5,14 +5,18 @@
 
 #include <optional>
 #include <stdexcept>
+#include <string>
 
 #include "starling/graph/autocast.h"
 
 namespace starling::graph {
 namespace {
 
-// Autocast follows the data: the device of the first tensor input (tokens for a whole model).
-c10::DeviceType input_device(const std::vector<at::Tensor>& inputs) {
+// Autocast follows the data: the device of the first tensor input (tokens for a whole model, the
+// incoming activation for a later stage).
+c10::DeviceType input_device(const std::vector<at::Tensor>& inputs, const EdgeTensors& incoming) {
+  for (const auto& [producer, t] : incoming)
+    if (t.defined()) return t.device().type();
   for (const auto& t : inputs)
     if (t.defined()) return t.device().type();
   return c10::DeviceType::CPU;
@@ -20,8 +24,34 @@ c10::DeviceType input_device(const std::vector<at::Tensor>& inputs) {
 
 }  // namespace
 
+const char* phase_name(Phase phase) {
+  switch (phase) {
+    case Phase::kForward:
+      return "forward";
+    case Phase::kRecompute:
+      return "recompute";
+    case Phase::kBackward:
+      return "backward";
+  }
+  return "?";
+}
+
 Executor::Executor(OpDag& dag, ExecutorOptions options) : dag_(dag), options_(options) {
   if (dag_.size() == 0) throw std::logic_error("Executor: empty OpDag");
+}
+
+void Executor::notify(int node, Phase phase, bool after) {
+  for (NodeObserver* o : observers_) after ? o->after(node, phase) : o->before(node, phase);
+}
+
+StageRange Executor::resolve(StageRange range) const {
+  const int n = dag_.size();
+  if (range.last < 0) range.last = n - 1;
+  if (range.first < 0 || range.first > range.last || range.last >= n)
+    throw std::out_of_range("Executor: stage [" + std::to_string(range.first) + ", " +
+                            std::to_string(range.last) + "] is not a node range of a " +
+                            std::to_string(n) + "-node DAG");
+  return range;
 }
 
 std::vector<at::Tensor> Executor::gather_inputs(int node,
@@ -31,7 +61,8 @@ std::vector<at::Tensor> Executor::gather_inputs(int node,
   std::vector<at::Tensor> ins;
   for (const auto& s : dag_.nodes()[node].inputs) {
     if (s.kind == Source::Kind::kGraphInput) {
-      ins.push_back(graph_inputs.at(s.index));
+      ins.push_back(s.index < static_cast<int>(graph_inputs.size()) ? graph_inputs[s.index]
+                                                                    : at::Tensor());
       continue;
     }
     // A fresh leaf cuts the autograd graph at the edge: the producer's history stays with the
@@ -43,60 +74,122 @@ std::vector<at::Tensor> Executor::gather_inputs(int node,
   return ins;
 }
 
-at::Tensor Executor::forward_backward(const std::vector<at::Tensor>& inputs, double loss_scale) {
+MicroBatch Executor::forward_stage(const std::vector<at::Tensor>& inputs, StageRange range,
+                                   const EdgeTensors& incoming) {
   const int n = dag_.size();
   auto& nodes = dag_.nodes();
-  const c10::DeviceType device = input_device(inputs);
-  std::vector<at::Tensor> outputs(n);
-  std::vector<std::vector<at::Tensor>> node_inputs(n);
+  MicroBatch mb;
+  mb.range_ = resolve(range);
+  const auto [first, last] = mb.range_;
+  mb.device_ = input_device(inputs, incoming);
+  mb.graph_inputs_ = inputs;
+  mb.outputs_.resize(n);
+  mb.node_inputs_.resize(n);
+  for (int i = first; i <= last; ++i)
+    for (const auto& s : nodes[i].inputs) {
+      if (s.kind != Source::Kind::kNode || s.index >= first) continue;
+      auto it = incoming.find(s.index);
+      if (it == incoming.end() || !it->second.defined())
+        throw std::invalid_argument("Executor: node " + nodes[i].name + " reads node " +
+                                    nodes[s.index].name + ", which is before the stage [" +
+                                    std::to_string(first) + ", " + std::to_string(last) +
+                                    "] and was not handed in");
+      mb.outputs_[s.index] = it->second;
+    }
 
-  std::optional<AutocastScope> autocast(std::in_place, device, options_.autocast);
-  for (int i = 0; i < n; ++i) {
-    if (hook_) hook_(i, false);
+  std::optional<AutocastScope> autocast(std::in_place, mb.device_, options_.autocast);
+  for (int i = first; i <= last; ++i) {
+    notify(i, Phase::kForward, false);
     if (options_.recompute) {
       at::NoGradGuard no_grad;
-      node_inputs[i] = gather_inputs(i, inputs, outputs, /*as_leaves=*/false);
-      outputs[i] = nodes[i].op->forward(node_inputs[i]);
+      mb.node_inputs_[i] = gather_inputs(i, inputs, mb.outputs_, /*as_leaves=*/false);
+      mb.outputs_[i] = nodes[i].op->forward(mb.node_inputs_[i]);
     } else {
       at::AutoGradMode grad(true);
-      node_inputs[i] = gather_inputs(i, inputs, outputs, /*as_leaves=*/true);
-      outputs[i] = nodes[i].op->forward(node_inputs[i]);
+      mb.node_inputs_[i] = gather_inputs(i, inputs, mb.outputs_, /*as_leaves=*/true);
+      mb.outputs_[i] = nodes[i].op->forward(mb.node_inputs_[i]);
     }
+    notify(i, Phase::kForward, true);
   }
-  autocast.reset();  // backward runs in the dtypes the forward chose
-  if (outputs[n - 1].numel() != 1)
-    throw std::logic_error("Executor: the last node (" + nodes[n - 1].name +
-                           ") must be a scalar loss");
-  at::Tensor loss = outputs[n - 1].detach().reshape({});
+  autocast.reset();
 
+  // What leaves the stage: outputs read after it, and the loss if the stage ends the DAG.
+  for (int j = last + 1; j < n; ++j)
+    for (const auto& s : nodes[j].inputs)
+      if (s.kind == Source::Kind::kNode && s.index >= first && s.index <= last)
+        mb.boundary_[s.index] = mb.outputs_[s.index].detach();
+  if (last == n - 1) mb.boundary_[last] = mb.outputs_[last].detach();
+  return mb;
+}
+
+EdgeTensors Executor::backward_stage(MicroBatch& mb, const EdgeTensors& output_grads) {
+  if (mb.done_) throw std::logic_error("Executor: this micro-batch already ran backward");
+  mb.done_ = true;
+  const int n = dag_.size();
+  auto& nodes = dag_.nodes();
+  const auto [first, last] = mb.range_;
   std::vector<at::Tensor> grads(n);
-  grads[n - 1] = at::full({}, loss_scale, outputs[n - 1].options());
-  for (int i = n - 1; i >= 0; --i) {
+  std::vector<bool> owned(n, false);  // whether grads[j] may be added to in place
+  for (const auto& [producer, g] : output_grads) {
+    if (!mb.boundary_.count(producer))
+      throw std::invalid_argument("Executor: a gradient for node " + nodes.at(producer).name +
+                                  ", which is not an output of this stage");
+    const at::Tensor& out = mb.outputs_[producer];
+    grads[producer] = g.sizes() == out.sizes() ? g : g.reshape(out.sizes());
+  }
+
+  for (int i = last; i >= first; --i) {
     if (!grads[i].defined()) continue;
-    if (hook_) hook_(i, true);
-    at::Tensor out = outputs[i];
-    std::vector<at::Tensor>& ins = node_inputs[i];
+    at::Tensor out = mb.outputs_[i];
+    std::vector<at::Tensor>& ins = mb.node_inputs_[i];
     if (options_.recompute) {
+      notify(i, Phase::kRecompute, false);
       at::AutoGradMode grad(true);
       for (auto& t : ins)
         if (t.defined() && t.is_floating_point()) t = t.detach().requires_grad_(true);
-      AutocastScope recompute_autocast(device, options_.autocast);
+      AutocastScope recompute_autocast(mb.device_, options_.autocast);
       out = nodes[i].op->forward(ins);
+      notify(i, Phase::kRecompute, true);
     }
+    notify(i, Phase::kBackward, false);
     if (out.requires_grad()) torch::autograd::backward({out}, {grads[i]});
     const auto& sources = nodes[i].inputs;
     for (size_t k = 0; k < sources.size(); ++k) {
       if (sources[k].kind != Source::Kind::kNode || !ins[k].defined()) continue;
       at::Tensor g = ins[k].grad();
       if (!g.defined()) continue;
-      auto& acc = grads[sources[k].index];
-      acc = acc.defined() ? acc.add_(g) : g;
+      const int j = sources[k].index;
+      if (!grads[j].defined()) {
+        grads[j] = g;
+      } else {
+        grads[j] = owned[j] ? grads[j].add_(g) : grads[j] + g;
+      }
+      owned[j] = true;
     }
     // This node is done: drop its activations and edge tensors as early as possible.
-    outputs[i].reset();
+    mb.outputs_[i].reset();
     ins.clear();
     grads[i].reset();
+    notify(i, Phase::kBackward, true);
   }
+
+  EdgeTensors incoming_grads;
+  for (int j = 0; j < first; ++j)
+    if (grads[j].defined()) incoming_grads[j] = grads[j];
+  mb.outputs_.clear();
+  mb.node_inputs_.clear();
+  return incoming_grads;
+}
+
+at::Tensor Executor::forward_backward(const std::vector<at::Tensor>& inputs, double loss_scale) {
+  const int n = dag_.size();
+  MicroBatch mb = forward_stage(inputs, {0, n - 1});
+  const at::Tensor& out = mb.outputs().at(n - 1);
+  if (out.numel() != 1)
+    throw std::logic_error("Executor: the last node (" + dag_.nodes()[n - 1].name +
+                           ") must be a scalar loss");
+  at::Tensor loss = out.reshape({});
+  backward_stage(mb, {{n - 1, at::full({}, loss_scale, out.options())}});
   return loss;
 }
 
@@ -112,11 +205,12 @@ at::Tensor Executor::forward(const std::vector<at::Tensor>& inputs, int last) {
       if (s.kind == Source::Kind::kNode) last_use[s.index] = i;
 
   at::NoGradGuard no_grad;
-  AutocastScope autocast(input_device(inputs), options_.autocast);
+  AutocastScope autocast(input_device(inputs, {}), options_.autocast);
   std::vector<at::Tensor> outputs(n);
   for (int i = 0; i <= last; ++i) {
-    if (hook_) hook_(i, false);
+    notify(i, Phase::kForward, false);
     outputs[i] = nodes[i].op->forward(gather_inputs(i, inputs, outputs, /*as_leaves=*/false));
+    notify(i, Phase::kForward, true);
     for (const auto& s : nodes[i].inputs)
       if (s.kind == Source::Kind::kNode && last_use[s.index] == i && s.index != last)
         outputs[s.index].reset();

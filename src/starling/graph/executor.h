@@ -3,12 +3,17 @@
 // the gradient of every edge is handed explicitly to its producer. Nothing in a node's autograd
 // graph reaches past its own inputs, which is what lets an edge become a network link, a node be
 // swapped out, or a node be recomputed.
+//
+// A micro-batch's state lives in a MicroBatch the caller owns, so several can be in flight, and
+// any contiguous range of nodes (a pipeline stage) can run forward or backward alone: the
+// activations it reads from earlier nodes come in explicitly, and their gradients go out.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
-#include <functional>
+#include <map>
 #include <vector>
 
 #include "starling/graph/dag.h"
@@ -24,34 +29,86 @@ struct ExecutorOptions {
   c10::ScalarType autocast = c10::ScalarType::Float;
 };
 
-// Called before a node runs (forward, recompute, or backward). Swapping hooks in here.
-using NodeHook = std::function<void(int node, bool backward)>;
+// Nodes [first, last] of the DAG, in order; last = -1 means through the last node.
+struct StageRange {
+  int first = 0;
+  int last = -1;
+};
+
+// Activations crossing a stage boundary, keyed by the index of the node that produced them.
+using EdgeTensors = std::map<int, at::Tensor>;
+
+enum class Phase { kForward, kRecompute, kBackward };
+const char* phase_name(Phase phase);
+
+// Told before and after each node runs, in the order the executor runs them: timing for a
+// planner, load and evict for swapping. Observers are not owned and must outlive the executor's
+// use of them.
+class NodeObserver {
+ public:
+  virtual ~NodeObserver() = default;
+  virtual void before(int /*node*/, Phase /*phase*/) {}
+  virtual void after(int /*node*/, Phase /*phase*/) {}
+};
+
+// One micro-batch in flight through a stage: the edge tensors and what backward needs. Made by
+// Executor::forward_stage, consumed by Executor::backward_stage.
+class MicroBatch {
+ public:
+  const StageRange& range() const { return range_; }
+  // The activations later stages read (producer index -> tensor, detached), and for a stage that
+  // ends with the loss node, the loss under that node's index.
+  const EdgeTensors& outputs() const { return boundary_; }
+
+ private:
+  friend class Executor;
+  StageRange range_;
+  c10::DeviceType device_ = c10::DeviceType::CPU;
+  std::vector<at::Tensor> graph_inputs_;
+  std::vector<at::Tensor> outputs_;                   // per node; incoming edges included
+  std::vector<std::vector<at::Tensor>> node_inputs_;  // per node of the range
+  EdgeTensors boundary_;
+  bool done_ = false;
+};
 
 class Executor {
  public:
   Executor(OpDag& dag, ExecutorOptions options = {});
 
-  // Forward and backward of one micro-batch. The last node's output must be a scalar loss; its
-  // gradient is seeded with `loss_scale` (1/accumulation steps when accumulating, times the fp16
-  // loss scale). Parameter gradients accumulate into each parameter's .grad(). Returns the
-  // unscaled loss as a detached 0-dim tensor on the model's device: reading it (.item()) waits for
-  // the device, so callers read it only when they report it.
+  // Forward and backward of one micro-batch through the whole DAG. The last node's output must be
+  // a scalar loss; its gradient is seeded with `loss_scale` (1/accumulation steps when
+  // accumulating, times the fp16 loss scale). Parameter gradients accumulate into each
+  // parameter's .grad(). Returns the unscaled loss as a detached 0-dim tensor on the model's
+  // device: reading it (.item()) waits for the device, so callers read it only when they report it.
   at::Tensor forward_backward(const std::vector<at::Tensor>& inputs, double loss_scale = 1.0);
+
+  // Forward of the nodes in `range`, keeping what their backward needs. `inputs` are the graph
+  // inputs (tokens, targets; undefined where the stage reads none); `incoming` holds every
+  // activation the range reads from nodes before it. std::invalid_argument names a missing one.
+  MicroBatch forward_stage(const std::vector<at::Tensor>& inputs, StageRange range,
+                           const EdgeTensors& incoming = {});
+  // Backward of a micro-batch's stage. `output_grads` holds the gradient of each of its outputs()
+  // (for the loss node: the seed, e.g. a 0-dim tensor of the loss scale); an output without one
+  // gets no gradient. Parameter gradients accumulate; returns the gradients of `incoming`
+  // (producer index -> gradient; absent where none flowed). A MicroBatch runs backward once.
+  EdgeTensors backward_stage(MicroBatch& mb, const EdgeTensors& output_grads);
 
   // Forward without autograd up to and including node `last` (-1 = the last node); returns its
   // output. Used for evaluation and sampling.
   at::Tensor forward(const std::vector<at::Tensor>& inputs, int last = -1);
 
-  void set_hook(NodeHook hook) { hook_ = std::move(hook); }
+  void add_observer(NodeObserver* observer) { observers_.push_back(observer); }
   const ExecutorOptions& options() const { return options_; }
 
  private:
+  StageRange resolve(StageRange range) const;
   std::vector<at::Tensor> gather_inputs(int node, const std::vector<at::Tensor>& graph_inputs,
                                         const std::vector<at::Tensor>& outputs, bool as_leaves);
+  void notify(int node, Phase phase, bool after);
 
   OpDag& dag_;
   ExecutorOptions options_;
-  NodeHook hook_;
+  std::vector<NodeObserver*> observers_;
 };
 
 }  // namespace starling::graph
