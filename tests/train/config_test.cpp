@@ -17,7 +17,7 @@ namespace starling::train {
 namespace {
 
 // parse_run_config must throw ConfigError whose message contains every one of `parts`.
-void expect_error(const std::string& text, std::initializer_list<std::string> parts,
+void expect_error(const std::string& text, const std::vector<std::string>& parts,
                   const std::vector<std::string>& overrides = {}) {
   try {
     parse_run_config(text, "run.toml", overrides);
@@ -199,7 +199,8 @@ TEST(RunConfigErrors, UnknownKey) {
 }
 
 TEST(RunConfigErrors, UnknownTable) {
-  expect_error("[data]\ndir = \"d\"\n\n[trian]\nsteps = 3\n", {"run.toml:4", "[trian]"});
+  expect_error("[data]\ndir = \"d\"\n\n[trian]\nsteps = 3\n",
+               {"run.toml:4", "[trian]", "strategy", "net"});
 }
 
 TEST(RunConfig, StrategyAndNetTables) {
@@ -254,6 +255,10 @@ TEST(RunConfigErrors, BadEnum) {
                {"run.toml:2", "model.arch", "bert"});
   expect_error("[model]\npreset = \"gpt2-huge\"\n[data]\ndir = \"d\"\n",
                {"gpt2-huge", "gpt2-tiny"});
+  // The strategy kinds come from the one list (swarm_strategy_kinds).
+  std::vector<std::string> kinds = {"strategy.kind", "\"none\""};
+  for (const auto& k : swarm_strategy_kinds()) kinds.push_back("\"" + k + "\"");
+  expect_error("[data]\ndir = \"d\"\n[strategy]\nkind = \"gossip\"\n", kinds);
 }
 
 TEST(RunConfigErrors, MissingDataDir) {

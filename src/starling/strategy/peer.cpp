@@ -17,8 +17,8 @@ std::unique_ptr<train::StepHooks> make_strategy(const train::RunConfig& config, 
   if (kind == "localsgd") return std::make_unique<LocalSgd>(config, node);
   if (kind == "diloco") return std::make_unique<DiLoCo>(config, node);
   if (kind == "co2") return std::make_unique<Co2>(config, node);
-  throw ConfigError("strategy.kind = \"" + kind +
-                    "\" does not train with peers; use ddp, localsgd, diloco or co2");
+  throw ConfigError("strategy.kind = \"" + kind + "\" does not train with peers; use " +
+                    train::swarm_strategy_list());
 }
 
 net::NodeOptions node_options(const train::NetConfig& net) {

@@ -111,7 +111,7 @@ Key bool_key(const char* table, const char* name, bool* p, const char* doc) {
           [=](toml::table& t) { t.insert_or_assign(name, *p); }};
 }
 
-Key string_key(const char* table, const char* name, std::string* p, const char* doc,
+Key string_key(const char* table, const char* name, std::string* p, const std::string& doc,
                std::vector<std::string> allowed = {}) {
   return {table,
           name,
@@ -262,10 +262,12 @@ std::vector<Key> bind(RunConfig& c) {
   k.push_back(seed_key("sample", "seed", &s.seed, "sampling seed"));
 
   auto& st = c.strategy;
+  std::vector<std::string> kinds{"none"};
+  kinds.insert(kinds.end(), swarm_strategy_kinds().begin(), swarm_strategy_kinds().end());
   k.push_back(string_key("strategy", "kind", &st.kind,
-                         "how peers train together: \"none\" (one replica), \"ddp\", "
-                         "\"localsgd\", \"diloco\" or \"co2\" (docs/strategies.md)",
-                         {"none", "ddp", "localsgd", "diloco", "co2"}));
+                         "how peers train together: \"none\" (one replica), or with peers " +
+                             swarm_strategy_list() + " (docs/strategies.md)",
+                         kinds));
   k.push_back(int_key("strategy", "local_steps", &st.local_steps, 1,
                       "tau: local optimizer steps per round (localsgd, diloco, co2)"));
   k.push_back(float_key("strategy", "outer_lr", &st.outer_lr, 0,
@@ -396,8 +398,10 @@ RunConfig parse_run_config(std::string_view text, const std::string& source,
   for (const auto& [table_name, node] : root) {
     const std::string table(table_name.str());
     if (std::find(kTables.begin(), kTables.end(), table) == kTables.end()) {
+      std::string known;
+      for (const auto& t : kTables) known += (known.empty() ? "" : ", ") + t;
       throw ConfigError(at_line(source, node) + ": unknown table [" + table +
-                        "]; known tables: model, data, train, optim, sample");
+                        "]; known tables: " + known);
     }
     const auto* tbl = node.as_table();
     if (!tbl) throw ConfigError(at_line(source, node) + ": \"" + table + "\" must be a table");
@@ -483,6 +487,19 @@ std::string describe_keys() {
     out << k.full() << "  " << k.type << "  " << v << "  " << k.doc << "\n";
   }
   return out.str();
+}
+
+const std::vector<std::string>& swarm_strategy_kinds() {
+  static const std::vector<std::string> kinds = {"ddp", "localsgd", "diloco", "co2"};
+  return kinds;
+}
+
+std::string swarm_strategy_list() {
+  const auto& kinds = swarm_strategy_kinds();
+  std::string list;
+  for (size_t i = 0; i < kinds.size(); ++i)
+    list += (i == 0 ? "" : i + 1 == kinds.size() ? " or " : ", ") + kinds[i];
+  return list;
 }
 
 }  // namespace starling::train

@@ -60,6 +60,12 @@ struct SampleConfig {
   uint64_t seed = 1;
 };
 
+// The strategies a swarm trains with (strategy.kind besides "none"); every list of them in
+// messages and checks comes from here.
+const std::vector<std::string>& swarm_strategy_kinds();
+// The same list for messages: "ddp, localsgd, diloco or co2".
+std::string swarm_strategy_list();
+
 // How peers train together ([strategy]; docs/strategies.md). "none" trains one replica.
 struct StrategyConfig {
   std::string kind = "none";       // "none", "ddp", "localsgd", "diloco" or "co2"
