@@ -47,7 +47,6 @@ add_library(starling STATIC
   src/starling/strategy/diloco.cpp
   src/starling/strategy/co2.cpp
   src/starling/strategy/peer.cpp
-  src/starling/strategy/local_swarm.cpp
 )
 target_link_libraries(starling PUBLIC starling_data starling_net ${TORCH_LIBRARIES}
                       tomlplusplus::tomlplusplus)
@@ -77,6 +76,7 @@ add_executable(starling_cli
   src/starling/cli/bench_command.cpp
   src/starling/cli/net_command.cpp
   src/starling/cli/peer_command.cpp
+  src/starling/cli/local_swarm.cpp
 )
 set_target_properties(starling_cli PROPERTIES OUTPUT_NAME starling)
 target_link_libraries(starling_cli PRIVATE starling CLI11::CLI11)

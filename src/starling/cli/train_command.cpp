@@ -4,8 +4,8 @@
 #include <iostream>
 
 #include "starling/cli/commands.h"
+#include "starling/cli/local_swarm.h"
 #include "starling/common/error.h"
-#include "starling/strategy/local_swarm.h"
 #include "starling/train/trainer.h"
 
 namespace starling::cli {
@@ -44,7 +44,7 @@ void add_train_command(CLI::App& app) {
     if (!a->link_rate.empty() && a->peers == 0)
       throw CLI::ValidationError("--link-rate", "needs --peers N");
     if (a->peers > 0) {
-      strategy::LocalSwarmOptions o;
+      LocalSwarmOptions o;
       o.peers = a->peers;
       o.link_rate = a->link_rate;
       o.starling = std::filesystem::read_symlink("/proc/self/exe").string();
@@ -53,7 +53,7 @@ void add_train_command(CLI::App& app) {
       o.resume = a->resume;
       o.progress = !a->quiet;
       o.stop_at = a->stop_at;
-      const auto r = strategy::run_local_swarm(config, o);
+      const auto r = run_local_swarm(config, o);
       std::cout << "swarm of " << a->peers << " trained " << r.step << " steps";
       if (r.val_loss >= 0) std::cout << ": val loss " << r.val_loss;
       std::cout << ", " << static_cast<long>(r.tokens_per_s) << " tokens/s in total\n";

@@ -1,6 +1,6 @@
 // One peer of a training swarm: the node from [net], the strategy from [strategy], and the
 // training loop, in one call. `starling peer` runs it directly; `starling train --peers N`
-// launches N of them (strategy/local_swarm.h).
+// launches N of them (cli/local_swarm.h).
 #pragma once
 
 #include <memory>

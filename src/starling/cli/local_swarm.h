@@ -2,7 +2,8 @@
 // on loopback (or, with a link rate, each in its own network namespace behind a tbf-shaped link),
 // with ephemeral keys generated into <out_dir>/keys, each on its 1/N share of the data and
 // checkpointing into <out_dir>/peer-<i>; shows one combined progress line and forwards SIGINT
-// and SIGTERM to the peers (which checkpoint and leave).
+// and SIGTERM to the peers (which checkpoint and leave). A process supervisor, so it lives with the
+// command line rather than with the strategies the peers run.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +12,7 @@
 
 #include "starling/train/config.h"
 
-namespace starling::strategy {
+namespace starling::cli {
 
 struct LocalSwarmOptions {
   int peers = 2;
@@ -34,4 +35,4 @@ struct LocalSwarmResult {
 
 LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwarmOptions& options);
 
-}  // namespace starling::strategy
+}  // namespace starling::cli

@@ -1,4 +1,4 @@
-#include "starling/strategy/local_swarm.h"
+#include "starling/cli/local_swarm.h"
 
 #include <poll.h>
 
@@ -18,7 +18,7 @@
 #include "starling/net/netlab.h"
 #include "starling/train/metrics.h"
 
-namespace starling::strategy {
+namespace starling::cli {
 namespace fs = std::filesystem;
 namespace {
 
@@ -254,4 +254,4 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
   return result;
 }
 
-}  // namespace starling::strategy
+}  // namespace starling::cli
