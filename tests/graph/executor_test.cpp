@@ -166,6 +166,7 @@ TEST(Executor, StageInputsMustBeHandedIn) {
   graph::Executor exec(*dag);
   EXPECT_THROW(exec.forward_stage(batch(c, 1, 2), {2, -1}), std::invalid_argument);
   EXPECT_THROW(exec.forward_stage(batch(c, 1, 2), {3, 1}), std::out_of_range);
+  EXPECT_THROW(exec.forward_stage({batch(c, 1, 2)[0]}, {}), std::invalid_argument);  // no targets
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, ExecutorTest,

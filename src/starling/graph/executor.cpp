@@ -61,8 +61,11 @@ std::vector<at::Tensor> Executor::gather_inputs(int node,
   std::vector<at::Tensor> ins;
   for (const auto& s : dag_.nodes()[node].inputs) {
     if (s.kind == Source::Kind::kGraphInput) {
-      ins.push_back(s.index < static_cast<int>(graph_inputs.size()) ? graph_inputs[s.index]
-                                                                    : at::Tensor());
+      if (s.index >= static_cast<int>(graph_inputs.size()))
+        throw std::invalid_argument("Executor: node " + dag_.nodes()[node].name +
+                                    " reads graph input \"" + dag_.graph_inputs()[s.index] +
+                                    "\", which was not handed in");
+      ins.push_back(graph_inputs[s.index]);
       continue;
     }
     // A fresh leaf cuts the autograd graph at the edge: the producer's history stays with the

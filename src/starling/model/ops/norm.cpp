@@ -8,11 +8,12 @@ namespace starling::model {
 
 at::Tensor apply_norm(Arch arch, const NormWeights& w, const at::Tensor& x, double eps) {
   if (arch == Arch::kGpt2) return at::layer_norm(x, {x.size(-1)}, w.weight, w.bias, eps);
-    // RMSNorm: x / sqrt(mean(x^2) + eps) * weight.
 #if STARLING_TORCH_AT_LEAST(2, 4)
-  // One fused kernel each way on GPUs (libtorch's own RMSNorm) instead of six passes.
+  // RMSNorm, x / sqrt(mean(x^2) + eps) * weight: libtorch's own, one fused kernel each way on
+  // GPUs instead of six passes.
   return at::rms_norm(x, {x.size(-1)}, w.weight, eps);
 #else
+  // RMSNorm: x / sqrt(mean(x^2) + eps) * weight.
   return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true).add_(eps)) * w.weight;
 #endif
 }
