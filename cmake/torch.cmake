@@ -37,7 +37,9 @@ add_library(starling STATIC
   src/starling/train/sample_checkpoint.cpp
   src/starling/train/compute_bench.cpp
   src/starling/train/trace_profiler.cpp
+  src/starling/net/c10d_group.cpp
   src/starling/net/gloo_backend.cpp
+  src/starling/net/nccl_backend.cpp
   src/starling/strategy/flat.cpp
   src/starling/strategy/staging.cpp
   src/starling/strategy/state_tensors.cpp
@@ -59,6 +61,15 @@ if(TARGET torch_cuda OR "${TORCH_LIBRARIES}" MATCHES "torch_cuda")
     COMPILE_DEFINITIONS STARLING_WITH_CUDA=1)
   if(CUDAToolkit_INCLUDE_DIRS)
     target_include_directories(starling PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+  endif()
+  # c10d's NCCL process group, where the libtorch ships it (pip's CUDA torch does): the `nccl`
+  # collective backend (net/nccl_backend.cpp; without it, asking for it is a clear error).
+  find_file(STARLING_NCCL_HEADER torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp
+            PATHS ${TORCH_INCLUDE_DIRS} NO_DEFAULT_PATH)
+  if(STARLING_NCCL_HEADER)
+    message(STATUS "Starling: NCCL collective backend")
+    set_source_files_properties(src/starling/net/nccl_backend.cpp PROPERTIES
+      COMPILE_DEFINITIONS STARLING_WITH_NCCL=1)
   endif()
 else()
   message(STATUS "Starling: CPU libtorch ${Torch_VERSION}")
@@ -91,6 +102,7 @@ add_executable(starling_tests
   tests/train/config_test.cpp
   tests/train/checkpoint_test.cpp
   tests/net/gloo_backend_test.cpp
+  tests/net/nccl_backend_test.cpp
   tests/strategy/co2_test.cpp
   tests/train/precision_test.cpp
   tests/train/cuda_test.cpp

@@ -284,6 +284,44 @@ TEST_F(SwarmCliTest, TorchrunEnvironmentFindsThePeers) {
               final_model(run_dir("torchrun") / "1", 16));
 }
 
+// The same strategies over a fixed c10d Gloo group instead of the swarm: launched by the local
+// swarm (co2 with zero: reduce-scatter, all-gather with shards of unequal size, broadcast) and
+// by torchrun's environment (diloco), replicas stay bit-identical.
+TEST_F(SwarmCliTest, GlooGroupTrainsLikeTheSwarm) {
+  write_config("gloo", "kind = \"co2\"\nlocal_steps = 4\nzero = true");
+  auto r = run_cli("train -q --peers 3 --config " + (root_ / "gloo.toml").string() +
+                   " --set net.backend=gloo");
+  ASSERT_EQ(r.code, 0) << r.output << read_file(run_dir("gloo") / "peer-0.log");
+  const std::string model = final_model(run_dir("gloo") / "peer-0", 16);
+  ASSERT_FALSE(model.empty());
+  for (int i = 1; i < 3; ++i)
+    EXPECT_TRUE(final_model(run_dir("gloo") / ("peer-" + std::to_string(i)), 16) == model) << i;
+  const json summary = json::parse(read_file(run_dir("gloo") / "swarm.json"));
+  EXPECT_EQ(summary["done"][0]["net"]["peers"], 3);
+  EXPECT_GT(summary["done"][0]["net"]["bytes_sent"].get<double>(), 0);
+  EXPECT_LT(val_losses(run_dir("gloo") / "peer-0").rbegin()->second, std::log(256.0));
+
+  write_config("gloo_torchrun", "kind = \"diloco\"\nlocal_steps = 4");
+  const std::string port = std::to_string(20000 + (::getpid() + 7919) % 20000);
+  std::vector<Process> ranks;
+  for (int rank = 0; rank < 2; ++rank)
+    ranks.emplace_back(
+        std::vector<std::string>{
+            "/usr/bin/env", "RANK=" + std::to_string(rank), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+            "MASTER_PORT=" + port, STARLING_CLI_PATH, "peer", "--json", "-q", "--config",
+            (root_ / "gloo_torchrun.toml").string(), "--set", "net.backend=gloo", "--set",
+            "train.out_dir=\"" + (run_dir("gloo_torchrun") / std::to_string(rank)).string() + "\""},
+        (root_ / ("gloo_torchrun" + std::to_string(rank) + ".log")).string());
+  for (int rank = 0; rank < 2; ++rank) {
+    auto done = wait_event(
+        ranks[rank], [](const json& j) { return j["event"] == "done"; }, 120s);
+    ASSERT_TRUE(done) << read_file(root_ / ("gloo_torchrun" + std::to_string(rank) + ".log"));
+    EXPECT_EQ((*done)["net"]["peers"], 2);
+  }
+  EXPECT_TRUE(final_model(run_dir("gloo_torchrun") / "0", 16) ==
+              final_model(run_dir("gloo_torchrun") / "1", 16));
+}
+
 TEST_F(SwarmCliTest, SwarmOnShapedLinks) {
   if (auto why = starling::net::NetLab::unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
   const fs::path config =
@@ -308,6 +346,18 @@ TEST_F(SwarmCliTest, BadSwarmArgumentsAreClearErrors) {
   r = run_cli("train --peers 2 --config " + write_config("badkind", "kind = \"gossip\"").string());
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("strategy.kind"), std::string::npos) << r.output;
+  // A fixed group needs to know its rank, size and store.
+  r = run_cli("peer --config " + write_config("norank", "kind = \"ddp\"").string() +
+              " --set net.backend=gloo");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("needs net.rank, net.world_size and net.store"), std::string::npos)
+      << r.output;
+  // NCCL runs on GPUs only (or, in a build without it, says it is missing).
+  r = run_cli("peer --config " + (root_ / "norank.toml").string() +
+              " --set net.backend=nccl --set net.rank=0 --set net.world_size=1 --set "
+              "net.store=127.0.0.1:0");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("nccl"), std::string::npos) << r.output;
 }
 
 }  // namespace

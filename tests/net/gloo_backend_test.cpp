@@ -150,6 +150,20 @@ TEST(GlooBackend, RefusesWhatGlooCannotDo) {
   });
 }
 
+TEST(GlooBackend, IsAFixedGroupOfRanks) {
+  run_ranks([](GlooBackend& b) {
+    EXPECT_EQ(b.self(), static_cast<PeerId>(b.rank()));
+    EXPECT_FALSE(b.elastic());
+    EXPECT_EQ(b.buffers(), BufferPlace::host);
+    EXPECT_EQ(b.longest_standing({2, 1}), 1u);  // rank order stands for seniority
+    EXPECT_EQ(b.bytes_sent(), 0u);
+    std::vector<float> data(300, 1.0f);
+    b.all_reduce(data, {}).wait();
+    // A ring all-reduce sends 2 (n-1)/n of the buffer: 2 * 2/3 * 1200 bytes.
+    EXPECT_EQ(b.bytes_sent(), 1600u);
+  });
+}
+
 TEST(GlooBackend, RejectsBadOptions) {
   GlooOptions o;
   o.rank = 3;

@@ -10,6 +10,7 @@
 
 #include <cmath>
 
+#include "starling/net/nccl_backend.h"
 #include "starling/net/node.h"
 #include "starling/train/adamw.h"
 
@@ -23,11 +24,13 @@ struct Harness {
   std::unique_ptr<train::AdamW> optimizer;
   int64_t step = 0;
   uint64_t tokens = 0;
-  std::unique_ptr<net::Node> node;
+  std::unique_ptr<net::Collectives> net;
   std::unique_ptr<strategy::Co2> co2;
   std::unique_ptr<train::Replica> replica;
 
-  Harness(const std::string& clip, double threshold, bool zero, const std::string& device = "cpu") {
+  // backend "starling": a one-peer swarm; "nccl": a one-rank NCCL group (buffers on the GPU).
+  Harness(const std::string& clip, double threshold, bool zero, const std::string& device = "cpu",
+          const std::string& backend = "starling") {
     config.strategy.kind = "co2";
     config.strategy.local_steps = 2;
     config.strategy.outer_lr = 0.5;
@@ -39,11 +42,17 @@ struct Harness {
     params.add("w", at::tensor({1.0f, -2.0f, 0.5f, 3.0f}).to(c10::Device(device)), true);
     params.add("b", at::tensor({0.25f, -0.75f}).to(c10::Device(device)), false);
     optimizer = std::make_unique<train::AdamW>(params, train::AdamWOptions{});
-    net::NodeOptions o;
-    o.insecure = true;
-    o.log = [](const std::string&) {};
-    node = std::make_unique<net::Node>(o);
-    co2 = std::make_unique<strategy::Co2>(config, *node);
+    if (backend == "nccl") {
+      net::NcclOptions o;
+      o.timeout = std::chrono::seconds(60);
+      net = net::make_nccl_backend(o);
+    } else {
+      net::NodeOptions o;
+      o.insecure = true;
+      o.log = [](const std::string&) {};
+      net = std::make_unique<net::Node>(o);
+    }
+    co2 = std::make_unique<strategy::Co2>(config, *net);
     replica =
         std::make_unique<train::Replica>(train::Replica{config, params, *optimizer, step, tokens});
     co2->start(*replica, nlohmann::json(), nullptr);
@@ -74,9 +83,10 @@ at::Tensor clip(const at::Tensor& m, const std::string& mode, double phi) {
 }
 
 void check_against_formulas(const std::string& mode, double phi, bool zero,
-                            const std::string& device = "cpu") {
-  SCOPED_TRACE(mode + (zero ? " zero" : "") + " on " + device);
-  Harness h(mode, phi, zero, device);
+                            const std::string& device = "cpu",
+                            const std::string& backend = "starling") {
+  SCOPED_TRACE(mode + (zero ? " zero" : "") + " on " + device + " over " + backend);
+  Harness h(mode, phi, zero, device, backend);
   const auto& s = h.config.strategy;
   at::Tensor x = h.flat();
   at::Tensor m = at::zeros_like(x);
@@ -121,6 +131,15 @@ TEST(Co2Test, OuterStateOnTheGpuFollowsTheFormulas) {
   check_against_formulas("norm", 0.25, false, "cuda");
   check_against_formulas("value", 0.1, false, "cuda");
   check_against_formulas("norm", 0.25, true, "cuda");
+}
+
+// The exchange straight from device memory: no host staging, NCCL on the GPU's vectors.
+TEST(Co2Test, OuterStateOverNcclFollowsTheFormulas) {
+  if (!net::nccl_available()) GTEST_SKIP() << "this libtorch has no NCCL";
+  if (!at::hasCUDA()) GTEST_SKIP() << "no GPU";
+  check_against_formulas("none", 0, false, "cuda", "nccl");
+  check_against_formulas("norm", 0.25, false, "cuda", "nccl");
+  check_against_formulas("norm", 0.25, true, "cuda", "nccl");
 }
 
 TEST(Co2Test, ZeroKeepsOnlyShardsOfTheOuterState) {

@@ -221,6 +221,8 @@ TEST(RunConfig, StrategyAndNetTables) {
                {"run.toml:4", "strategy.kind", "co2"});
   expect_error("[data]\ndir = \"d\"\n[net]\njoin = [\"a\", 3]\n",
                {"run.toml:4", "net.join[1]", "a string"});
+  expect_error("[data]\ndir = \"d\"\n[net]\nbackend = \"mpi\"\n",
+               {"run.toml:4", "net.backend", "\"gloo\"", "\"nccl\""});
   expect_error("[data]\ndir = \"d\"\n[strategy]\nouter_momentum = 1.0\n",
                {"strategy.outer_momentum must be < 1"});
   expect_error("[data]\ndir = \"d\"\n[net]\nheartbeat_ms = 900\npeer_timeout_ms = 800\n",
@@ -340,8 +342,9 @@ std::vector<std::string> all_keys() {
        {"kind", "local_steps", "outer_lr", "outer_momentum", "staleness_penalty", "clip",
         "clip_threshold", "zero", "precision"}},
       {"net",
-       {"name", "listen", "advertise", "join", "key", "allow", "insecure", "heartbeat_ms",
-        "peer_timeout_ms", "join_timeout_s", "collective_timeout_s", "min_peers"}}};
+       {"backend", "rank", "world_size", "store", "interface", "name", "listen", "advertise",
+        "join", "key", "allow", "insecure", "heartbeat_ms", "peer_timeout_ms", "join_timeout_s",
+        "collective_timeout_s", "min_peers"}}};
   std::vector<std::string> keys;
   for (const auto& [table, names] : tables)
     for (const auto& n : names) keys.push_back(table + "." + n);

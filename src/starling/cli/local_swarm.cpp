@@ -72,8 +72,13 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
   fs::create_directories(out);
   const auto keys = ensure_keys(out / "keys", o.peers);
 
+  // A fixed c10d group: rank 0 hosts the store on a free port and says which; the others meet it.
+  const bool group = config.net.backend != "starling";
   std::unique_ptr<net::NetLab> lab;
   if (!o.link_rate.empty()) {
+    if (group)
+      throw ConfigError("--link-rate runs the Starling swarm (net.backend = \"starling\"), not \"" +
+                        config.net.backend + "\"");
     if (auto why = net::NetLab::unavailable_reason(); !why.empty())
       throw ConfigError("--link-rate needs network namespaces: " + why);
     lab = std::make_unique<net::NetLab>(o.peers, o.link_rate);
@@ -88,17 +93,24 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
     if (!o.config_file.empty()) argv.insert(argv.end(), {"--config", o.config_file});
     for (const auto& s : o.overrides) argv.insert(argv.end(), {"--set", s});
     const fs::path dir = out / ("peer-" + std::to_string(i));
-    const std::string listen = lab ? "tcp://" + lab->ip(i) + ":0" : "tcp://127.0.0.1:0";
-    for (const std::string& s : std::vector<std::string>{
-             "train.out_dir=\"" + dir.string() + "\"", "net.key=\"" + keys[i].string() + "\"",
-             "net.allow=\"" + (out / "keys" / "allowlist").string() + "\"",
-             "net.name=\"peer-" + std::to_string(i) + "\"", "net.listen=\"" + listen + "\"",
-             std::string("net.insecure=false"), "net.min_peers=" + std::to_string(o.peers),
-             // N libtorch processes starting at once on a busy machine can take a while.
-             "net.join_timeout_s=" +
-                 std::to_string(std::max<int64_t>(config.net.join_timeout_s, 120)),
-             "net.join=[" + (join.empty() ? "" : "\"" + join + "\"") + "]"})
-      argv.insert(argv.end(), {"--set", s});
+    std::vector<std::string> sets;
+    if (group) {
+      sets = {"train.out_dir=\"" + dir.string() + "\"", "net.rank=" + std::to_string(i),
+              "net.world_size=" + std::to_string(o.peers),
+              "net.store=\"" + (join.empty() ? std::string("127.0.0.1:0") : join) + "\"",
+              "net.interface=\"127.0.0.1\""};
+    } else {
+      const std::string listen = lab ? "tcp://" + lab->ip(i) + ":0" : "tcp://127.0.0.1:0";
+      sets = {
+          "train.out_dir=\"" + dir.string() + "\"", "net.key=\"" + keys[i].string() + "\"",
+          "net.allow=\"" + (out / "keys" / "allowlist").string() + "\"",
+          "net.name=\"peer-" + std::to_string(i) + "\"", "net.listen=\"" + listen + "\"",
+          std::string("net.insecure=false"), "net.min_peers=" + std::to_string(o.peers),
+          // N libtorch processes starting at once on a busy machine can take a while.
+          "net.join_timeout_s=" + std::to_string(std::max<int64_t>(config.net.join_timeout_s, 120)),
+          "net.join=[" + (join.empty() ? "" : "\"" + join + "\"") + "]"};
+    }
+    for (const std::string& s : sets) argv.insert(argv.end(), {"--set", s});
     if (o.resume) argv.push_back("--resume");
     if (o.stop_at >= 0) argv.insert(argv.end(), {"--stop-at", std::to_string(o.stop_at)});
     return argv;

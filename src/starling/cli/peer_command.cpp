@@ -51,6 +51,23 @@ void apply_cluster_env(train::RunConfig& c, int& rank, int& world, bool listen_g
     c.net.key.replace(at, 6, std::to_string(rank));
 }
 
+// net.backend = "gloo" or "nccl": a fixed group. Keys left unset come from the launcher's
+// environment (RANK, WORLD_SIZE, MASTER_ADDR:MASTER_PORT); under torchrun, whose agent hosts the
+// store itself, rank 0 connects to it rather than hosting its own. With NCCL each rank takes the
+// GPU LOCAL_RANK names when train.device is plain "cuda".
+void apply_group_env(train::RunConfig& c, int& rank, int& world, bool& store_hosted_elsewhere) {
+  if (c.net.rank < 0 && env("RANK")) c.net.rank = env_int("RANK");
+  if (c.net.world_size == 0 && env("WORLD_SIZE")) c.net.world_size = env_int("WORLD_SIZE");
+  if (c.net.store.empty() && env("MASTER_ADDR") && env("MASTER_PORT"))
+    c.net.store = std::string(env("MASTER_ADDR")) + ":" + env("MASTER_PORT");
+  const char* agent_store = env("TORCHELASTIC_USE_AGENT_STORE");
+  store_hosted_elsewhere = agent_store != nullptr && std::string(agent_store) == "True";
+  if (c.net.backend == "nccl" && c.train.device == "cuda" && env("LOCAL_RANK"))
+    c.train.device = "cuda:" + std::to_string(env_int("LOCAL_RANK"));
+  if (c.net.rank >= 0) rank = static_cast<int>(c.net.rank);
+  if (c.net.world_size > 0) world = static_cast<int>(c.net.world_size);
+}
+
 }  // namespace
 
 void add_peer_command(CLI::App& app) {
@@ -93,13 +110,16 @@ void add_peer_command(CLI::App& app) {
     if (!a->name.empty()) c.net.name = a->name;
     if (a->insecure) c.net.insecure = true;
     int rank = 0, world = 1;
-    apply_cluster_env(c, rank, world, !a->listen.empty(), !a->join.empty());
+    strategy::PeerOptions o;
+    if (c.net.backend == "starling")
+      apply_cluster_env(c, rank, world, !a->listen.empty(), !a->join.empty());
+    else
+      apply_group_env(c, rank, world, o.store_hosted_elsewhere);
     if (a->data_rank >= 0) rank = a->data_rank;
     if (a->data_world >= 0) world = a->data_world;
     if (world < 1 || rank < 0 || rank >= world)
       throw ConfigError("--data-rank " + std::to_string(rank) + " must be in [0, --data-world " +
                         std::to_string(world) + ")");
-    strategy::PeerOptions o;
     o.train.resume = a->resume;
     o.train.progress = !a->quiet;
     o.train.stop_at = a->stop_at;

@@ -1,8 +1,9 @@
 // The collective operations every backend offers (Starling's own ring over ZeroMQ, and c10d's
-// Gloo), with asynchronous handles so a training loop can overlap them with computation.
+// Gloo and NCCL), with asynchronous handles so a training loop can overlap them with computation.
 //
-// Buffers are float32 spans owned by the caller; they must stay alive and untouched from launch
-// until wait() returns. Results are bit-identical on every participant.
+// Buffers are float32 spans owned by the caller, in the memory buffers() names; they must stay
+// alive and untouched from launch until wait() returns. Results are bit-identical on every
+// participant.
 #pragma once
 
 #include <chrono>
@@ -26,6 +27,9 @@ enum class ReduceOp : uint8_t { sum, mean };
 // How participants are arranged in the ring: by measured link bandwidth (the slowest link in the
 // ring as fast as possible), or by peer id (stable, so shards stay with the same peer).
 enum class RingOrder : uint8_t { measured, by_id };
+// Where a backend's buffers live: host memory, or the memory of the compute device the backend
+// was made for (NCCL: the span points into a CUDA tensor and the operation runs on the GPU).
+enum class BufferPlace : uint8_t { host, device };
 
 std::string to_string(CollectiveKind kind);
 
@@ -100,6 +104,23 @@ class Collectives {
   }
 
   virtual std::string backend_name() const = 0;
+
+  // This participant's id, as CollectiveResult::ring names it (a peer id, or a rank).
+  virtual PeerId self() const = 0;
+  // Of `participants` (ids from a CollectiveResult::ring), the one that has been a member the
+  // longest (ties: the smallest id); every participant computes the same answer. A rank-based
+  // backend answers the smallest rank.
+  virtual PeerId longest_standing(const std::vector<PeerId>& participants) const = 0;
+  // Whether the participants may change: true when a failed operation can be retried among the
+  // survivors and newcomers join later (Starling's swarm). False for a fixed group, where a
+  // failed operation means a rank is gone and the run cannot go on (the torchrun model: the
+  // launcher restarts the job from its checkpoint).
+  virtual bool elastic() const = 0;
+  // Where the spans handed to the operations must live.
+  virtual BufferPlace buffers() const { return BufferPlace::host; }
+  // Bytes this participant has put on the network so far. Backends that do not report their
+  // traffic (c10d's) count what a ring algorithm sends for the operations launched.
+  virtual uint64_t bytes_sent() const = 0;
 
  protected:
   // Each backend implements one entry point for all four operations.

@@ -9,24 +9,18 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
 #include "starling/common/error.h"
+#include "starling/net/c10d_group.h"
 
 namespace starling::net {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// c10::Error's what() carries a C++ backtrace; users need the message.
-std::string message_of(const std::exception& e) {
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e))
-    return c10_error->what_without_backtrace();
-  return e.what();
-}
 
 at::Tensor view_of(float* data, size_t count) {
   return torch::from_blob(data, {static_cast<int64_t>(count)}, torch::kFloat32);
@@ -46,6 +40,7 @@ class GlooBackend::Impl {
 
   int rank() const { return options_.rank; }
   int world_size() const { return options_.world_size; }
+  uint64_t bytes_sent() const { return bytes_sent_; }
 
  private:
   GlooOptions options_;
@@ -55,39 +50,13 @@ class GlooBackend::Impl {
   // rank's order well defined.
   std::mutex launch_mutex_;
   uint64_t next_op_id_ = 1;
+  std::atomic<uint64_t> bytes_sent_{0};
 };
 
 GlooBackend::Impl::Impl(GlooOptions options) : options_(std::move(options)) {
-  if (options_.world_size < 1 || options_.rank < 0 || options_.rank >= options_.world_size)
-    throw ConfigError("gloo: rank " + std::to_string(options_.rank) + " is not in 0.." +
-                      std::to_string(options_.world_size - 1));
-  const auto colon = options_.store.rfind(':');
-  const std::string port_text = colon == std::string::npos ? "" : options_.store.substr(colon + 1);
-  if (colon == 0 || port_text.empty() || port_text.size() > 5 ||
-      port_text.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoul(port_text) > 65535)
-    throw ConfigError("gloo: store address '" + options_.store + "' is not HOST:PORT");
-  const std::string host = options_.store.substr(0, colon);
-  const auto port = static_cast<uint16_t>(std::stoul(port_text));
-  if (options_.rank != 0 && port == 0)
-    throw ConfigError("gloo: rank " + std::to_string(options_.rank) +
-                      " needs the store's real port, not 0");
   if (options_.interface.empty()) throw ConfigError("gloo: no local interface address given");
-
+  store_ = connect_store(options_, "gloo");
   try {
-    c10d::TCPStoreOptions store_options;
-    store_options.port = port;
-    store_options.isServer = options_.rank == 0;
-    store_options.numWorkers = static_cast<size_t>(options_.world_size);
-    // The process group's own rendezvous waits for every rank; waiting here too would block
-    // rank 0 before it can report the port it picked.
-    store_options.waitWorkers = false;
-    store_options.timeout = options_.timeout;
-    auto store = c10::make_intrusive<c10d::TCPStore>(host, store_options);
-    if (options_.rank == 0 && options_.on_store_listening)
-      options_.on_store_listening(store->getPort());
-    store_ = store;
-
     auto group_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
     group_options->devices.push_back(
         c10d::ProcessGroupGloo::createDeviceForHostname(options_.interface));
@@ -103,14 +72,8 @@ GlooBackend::Impl::Impl(GlooOptions options) : options_(std::move(options)) {
 Work GlooBackend::Impl::launch(CollectiveKind kind, std::span<float> data,
                                const CollectiveOptions& options) {
   const std::string what = "gloo " + to_string(kind);
-  if (options.precision != WirePrecision::fp32)
-    throw NetError(what + ": wire precision " +
-                   std::string(compress::to_string(options.precision)) +
-                   " is not available (Gloo only sends fp32)");
   const int world = options_.world_size, rank = options_.rank;
-  if (kind == CollectiveKind::broadcast && options.root >= static_cast<PeerId>(world))
-    throw NetError(what + ": root " + std::to_string(options.root) +
-                   " is not a rank (the group has " + std::to_string(world) + ")");
+  check_launch(what, kind, options, world);
 
   auto state = std::make_shared<Work::State>();
   const auto launched = Clock::now();
@@ -125,6 +88,7 @@ Work GlooBackend::Impl::launch(CollectiveKind kind, std::span<float> data,
 
   std::lock_guard lock(launch_mutex_);
   result.op_id = next_op_id_++;
+  bytes_sent_ += ring_bytes(kind, count, world);
   if (count == 0) {  // every rank passes the same count, so every rank skips it alike
     state->finish(result, "");
     return Work(state);
@@ -217,6 +181,11 @@ GlooBackend::GlooBackend(GlooOptions options) : impl_(std::make_unique<Impl>(std
 GlooBackend::~GlooBackend() = default;
 int GlooBackend::rank() const { return impl_->rank(); }
 int GlooBackend::world_size() const { return impl_->world_size(); }
+uint64_t GlooBackend::bytes_sent() const { return impl_->bytes_sent(); }
+PeerId GlooBackend::longest_standing(const std::vector<PeerId>& participants) const {
+  return participants.empty() ? self()
+                              : *std::min_element(participants.begin(), participants.end());
+}
 
 Work GlooBackend::launch(CollectiveKind kind, std::span<float> data,
                          const CollectiveOptions& options) {

@@ -5,6 +5,8 @@
 // no tolerance of a peer that dies (every survivor's operation fails after `timeout`).
 //
 // Differences from net::Node a caller must know:
+//   - elastic() is false: after a failed operation the group is unusable, and a strategy ends
+//     the run rather than retrying (see SwarmStrategy).
 //   - Peer ids are ranks: CollectiveResult::ring is {0, 1, ..., world_size-1}, position is this
 //     rank, and CollectiveOptions::root of a broadcast is the root's rank.
 //   - Gloo puts float32 on the wire and nothing else: a WirePrecision other than fp32 throws
@@ -25,31 +27,20 @@
 //     the same way.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "starling/net/collective.h"
+#include "starling/net/group_options.h"
 
 namespace starling::net {
 
-struct GlooOptions {
-  int rank = 0;
-  int world_size = 1;
-  // "HOST:PORT" of the rendezvous store. Rank 0 listens on PORT (all interfaces; 0 picks a free
-  // port, reported through on_store_listening); the other ranks connect to HOST:PORT, retrying
-  // until `timeout`.
-  std::string store = "127.0.0.1:0";
+struct GlooOptions : GroupOptions {
   // The local address (IP or host name) Gloo binds its connections to, and which the other ranks
   // use to reach this one; on a multi-homed host it picks the network the collectives use.
   std::string interface = "127.0.0.1";
-  // Rendezvous, connection set-up and each collective must finish within this.
-  std::chrono::milliseconds timeout{300000};
-  // Rank 0 only: called once its store listens, with the port, before the constructor waits for
-  // the other ranks (so a test can hand port 0's pick to them without racing for a free port).
-  std::function<void(uint16_t port)> on_store_listening;
 };
 
 class GlooBackend : public Collectives {
@@ -67,6 +58,10 @@ class GlooBackend : public Collectives {
   int world_size() const;
 
   std::string backend_name() const override { return "gloo"; }
+  PeerId self() const override { return static_cast<PeerId>(rank()); }
+  PeerId longest_standing(const std::vector<PeerId>& participants) const override;
+  bool elastic() const override { return false; }
+  uint64_t bytes_sent() const override;
 
   class Impl;
 

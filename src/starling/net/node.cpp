@@ -4,6 +4,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -992,6 +993,20 @@ bool Node::wait_for_members(size_t count, milliseconds timeout) const {
 void Node::set_active(bool active) { impl_->set_active(active); }
 void Node::leave() { impl_->stop(true); }
 Node::Counters Node::counters() const { return impl_->counters(); }
+PeerId Node::self() const { return id(); }
+uint64_t Node::bytes_sent() const { return counters().bytes_sent; }
+
+PeerId Node::longest_standing(const std::vector<PeerId>& participants) const {
+  PeerId best = participants.empty() ? id() : participants.front();
+  int64_t oldest = std::numeric_limits<int64_t>::max();
+  for (const auto& m : members())
+    if (std::find(participants.begin(), participants.end(), m.info.id) != participants.end() &&
+        (m.info.joined_at_ms < oldest || (m.info.joined_at_ms == oldest && m.info.id < best))) {
+      oldest = m.info.joined_at_ms;
+      best = m.info.id;
+    }
+  return best;
+}
 
 Work Node::launch(CollectiveKind kind, std::span<float> data, const CollectiveOptions& options) {
   return impl_->launch(kind, data, options);

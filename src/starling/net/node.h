@@ -75,6 +75,11 @@ class Node : public Collectives {
   void leave();
 
   std::string backend_name() const override { return "starling"; }
+  PeerId self() const override;
+  // By the join times the members announced (members() agree on them everywhere).
+  PeerId longest_standing(const std::vector<PeerId>& participants) const override;
+  bool elastic() const override { return true; }
+  uint64_t bytes_sent() const override;
 
   struct Counters {
     uint64_t rejected_messages = 0;    // malformed or unauthenticated messages dropped

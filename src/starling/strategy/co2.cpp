@@ -13,10 +13,10 @@ namespace {
 constexpr double kGapEps = 1e-8;
 }
 
-Co2::Co2(const train::RunConfig& config, net::Node& node) : SwarmStrategy(config, node) {}
+Co2::Co2(const train::RunConfig& config, net::Collectives& net) : SwarmStrategy(config, net) {}
 
 void Co2::allocate(train::Replica&) {
-  exchange_.emplace(flat_->device(), flat_->numel());
+  exchange_.emplace(flat_->device(), flat_->numel(), through_host());
   shard_end_ = flat_->numel();
   anchor_ = flat_->zeros();
   flat_->gather(anchor_);
@@ -28,7 +28,7 @@ void Co2::allocate(train::Replica&) {
 void Co2::set_shard(const std::vector<net::PeerId>& ring) {
   ring_ = ring;
   if (!zero()) return;
-  const auto pos = std::find(ring.begin(), ring.end(), node_.id()) - ring.begin();
+  const auto pos = std::find(ring.begin(), ring.end(), net_.self()) - ring.begin();
   const net::Shard s = net::shard_of(static_cast<size_t>(flat_->numel()),
                                      static_cast<int>(ring.size()), static_cast<int>(pos));
   shard_begin_ = static_cast<int64_t>(s.begin);
@@ -52,7 +52,7 @@ void Co2::started(const Agreement& a) {
 
 at::Tensor Co2::sum_over_shards(const at::Tensor& local) {
   if (!zero()) return local;
-  at::Tensor v = local.detach().to(at::kCPU, at::kFloat).reshape({1}).contiguous();
+  at::Tensor v = local.detach().to(net_device(), at::kFloat).reshape({1}).contiguous();
   if (!all_reduce(v, net::WirePrecision::fp32, "norm all-reduce"))
     return at::full({}, std::nan(""), local.options());
   return v.reshape({}).to(local.device());
@@ -63,7 +63,7 @@ void Co2::advance() {
     pending_launch_ = false;
     net::CollectiveOptions o = options(precision_);
     std::span<float> data = as_span(exchange_->host());
-    in_flight_ = zero() ? node_.reduce_scatter(data, o) : node_.all_reduce(data, o);
+    in_flight_ = zero() ? net_.reduce_scatter(data, o) : net_.all_reduce(data, o);
     has_in_flight_ = true;
     uploading_ = false;
   }
@@ -132,7 +132,7 @@ bool Co2::gather_anchor() {
   exchange_->device().narrow(0, shard_begin_, n).copy_(anchor_);
   exchange_->download(shard_begin_, n);
   exchange_->wait_download();
-  if (!wait(node_.all_gather(as_span(exchange_->host()), options(net::WirePrecision::fp32)),
+  if (!wait(net_.all_gather(as_span(exchange_->host()), options(net::WirePrecision::fp32)),
             "all-gather of the anchor"))
     return false;
   exchange_->upload();

@@ -30,7 +30,7 @@ namespace starling::strategy {
 
 class Co2 final : public SwarmStrategy {
  public:
-  Co2(const train::RunConfig& config, net::Node& node);
+  Co2(const train::RunConfig& config, net::Collectives& net);
   void gradients_ready(train::Replica&) override { advance(); }
   bool step_done(train::Replica& r, bool last) override;
   nlohmann::json checkpoint_state(

@@ -4,9 +4,11 @@
 
 namespace starling::strategy {
 
-Ddp::Ddp(const train::RunConfig& config, net::Node& node) : SwarmStrategy(config, node) {}
+Ddp::Ddp(const train::RunConfig& config, net::Collectives& net) : SwarmStrategy(config, net) {}
 
-void Ddp::allocate(train::Replica&) { grads_.emplace(flat_->device(), flat_->numel()); }
+void Ddp::allocate(train::Replica&) {
+  grads_.emplace(flat_->device(), flat_->numel(), through_host());
+}
 
 void Ddp::gradients_ready(train::Replica& r) {
   const Agreement a = agree(r);

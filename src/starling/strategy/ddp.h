@@ -9,7 +9,7 @@ namespace starling::strategy {
 
 class Ddp final : public SwarmStrategy {
  public:
-  Ddp(const train::RunConfig& config, net::Node& node);
+  Ddp(const train::RunConfig& config, net::Collectives& net);
   void gradients_ready(train::Replica& r) override;
   bool step_done(train::Replica& r, bool last) override;
   nlohmann::json checkpoint_state(

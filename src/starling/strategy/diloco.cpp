@@ -6,12 +6,13 @@
 
 namespace starling::strategy {
 
-DiLoCo::DiLoCo(const train::RunConfig& config, net::Node& node) : SwarmStrategy(config, node) {}
+DiLoCo::DiLoCo(const train::RunConfig& config, net::Collectives& net)
+    : SwarmStrategy(config, net) {}
 
 void DiLoCo::allocate(train::Replica&) {
   anchor_ = flat_->zeros();
   momentum_ = flat_->zeros();
-  delta_.emplace(flat_->device(), flat_->numel());
+  delta_.emplace(flat_->device(), flat_->numel(), through_host());
   flat_->gather(anchor_);
 }
 

@@ -10,7 +10,7 @@ namespace starling::strategy {
 
 class DiLoCo final : public SwarmStrategy {
  public:
-  DiLoCo(const train::RunConfig& config, net::Node& node);
+  DiLoCo(const train::RunConfig& config, net::Collectives& net);
   void gradients_ready(train::Replica&) override {}
   bool step_done(train::Replica& r, bool last) override;
   nlohmann::json checkpoint_state(

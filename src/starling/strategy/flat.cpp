@@ -76,8 +76,8 @@ void Flat::scatter_grads(const at::Tensor& flat) {
 }
 
 std::span<float> as_span(at::Tensor& flat) {
-  if (!flat.device().is_cpu() || flat.scalar_type() != at::kFloat || !flat.is_contiguous())
-    throw std::logic_error("as_span: the network sends contiguous float32 host vectors only");
+  if (flat.scalar_type() != at::kFloat || !flat.is_contiguous())
+    throw std::logic_error("as_span: the network sends contiguous float32 vectors only");
   return {flat.data_ptr<float>(), static_cast<size_t>(flat.numel())};
 }
 

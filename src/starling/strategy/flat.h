@@ -37,7 +37,8 @@ class Flat {
   c10::Device device_;
 };
 
-// The span a collective reads and writes; the tensor must be a contiguous CPU float32 vector.
+// The span a collective reads and writes; the tensor must be a contiguous float32 vector in the
+// memory the backend works in (Collectives::buffers(): host memory, or the model's GPU).
 std::span<float> as_span(at::Tensor& flat);
 
 }  // namespace starling::strategy

@@ -4,9 +4,12 @@
 
 namespace starling::strategy {
 
-LocalSgd::LocalSgd(const train::RunConfig& config, net::Node& node) : SwarmStrategy(config, node) {}
+LocalSgd::LocalSgd(const train::RunConfig& config, net::Collectives& net)
+    : SwarmStrategy(config, net) {}
 
-void LocalSgd::allocate(train::Replica&) { buffer_.emplace(flat_->device(), flat_->numel()); }
+void LocalSgd::allocate(train::Replica&) {
+  buffer_.emplace(flat_->device(), flat_->numel(), through_host());
+}
 
 bool LocalSgd::step_done(train::Replica& r, bool last) {
   if (!last && r.step % config_.strategy.local_steps != 0) return false;

@@ -8,7 +8,7 @@ namespace starling::strategy {
 
 class LocalSgd final : public SwarmStrategy {
  public:
-  LocalSgd(const train::RunConfig& config, net::Node& node);
+  LocalSgd(const train::RunConfig& config, net::Collectives& net);
   void gradients_ready(train::Replica&) override {}
   bool step_done(train::Replica& r, bool last) override;
   nlohmann::json checkpoint_state(

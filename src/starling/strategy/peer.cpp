@@ -1,9 +1,14 @@
 #include "starling/strategy/peer.h"
 
+#include <c10/core/Device.h>
+
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "starling/common/error.h"
+#include "starling/net/gloo_backend.h"
+#include "starling/net/nccl_backend.h"
+#include "starling/net/node.h"
 #include "starling/strategy/co2.h"
 #include "starling/strategy/ddp.h"
 #include "starling/strategy/diloco.h"
@@ -11,16 +16,16 @@
 
 namespace starling::strategy {
 
-std::unique_ptr<train::StepHooks> make_strategy(const train::RunConfig& config, net::Node& node) {
+std::unique_ptr<train::StepHooks> make_strategy(const train::RunConfig& config,
+                                                net::Collectives& net) {
   const std::string& kind = config.strategy.kind;
-  if (kind == "ddp") return std::make_unique<Ddp>(config, node);
-  if (kind == "localsgd") return std::make_unique<LocalSgd>(config, node);
-  if (kind == "diloco") return std::make_unique<DiLoCo>(config, node);
-  if (kind == "co2") return std::make_unique<Co2>(config, node);
+  if (kind == "ddp") return std::make_unique<Ddp>(config, net);
+  if (kind == "localsgd") return std::make_unique<LocalSgd>(config, net);
+  if (kind == "diloco") return std::make_unique<DiLoCo>(config, net);
+  if (kind == "co2") return std::make_unique<Co2>(config, net);
   throw ConfigError("strategy.kind = \"" + kind + "\" does not train with peers; use " +
                     train::swarm_strategy_list());
 }
-
 net::NodeOptions node_options(const train::NetConfig& net) {
   net::NodeOptions o;
   o.name = net.name;
@@ -43,7 +48,17 @@ net::NodeOptions node_options(const train::NetConfig& net) {
   return o;
 }
 
-train::TrainResult run_peer(const train::RunConfig& config, const PeerOptions& options) {
+namespace {
+
+train::TrainResult train_with(const train::RunConfig& config, const PeerOptions& options,
+                              net::Collectives& net) {
+  auto hooks = make_strategy(config, net);
+  train::TrainOptions t = options.train;
+  t.hooks = hooks.get();
+  return train::train(config, t);
+}
+
+train::TrainResult run_swarm_peer(const train::RunConfig& config, const PeerOptions& options) {
   net::NodeOptions node_opts = node_options(config.net);
   net::Node node(node_opts);
   const std::string entry =
@@ -59,12 +74,63 @@ train::TrainResult run_peer(const train::RunConfig& config, const PeerOptions& o
                      std::to_string(min_peers) + " peers arrived within net.join_timeout_s = " +
                      std::to_string(config.net.join_timeout_s) + " s");
   }
-  auto hooks = make_strategy(config, node);
-  train::TrainOptions t = options.train;
-  t.hooks = hooks.get();
-  train::TrainResult result = train::train(config, t);
+  train::TrainResult result = train_with(config, options, node);
   node.leave();
   return result;
+}
+
+// A rank of a fixed c10d group (net.backend = "gloo" or "nccl").
+train::TrainResult run_group_rank(const train::RunConfig& config, const PeerOptions& options) {
+  const train::NetConfig& n = config.net;
+  if (n.rank < 0 || n.world_size < 1 || n.store.empty())
+    throw ConfigError("net.backend = \"" + n.backend +
+                      "\" needs net.rank, net.world_size and net.store, or RANK, WORLD_SIZE, "
+                      "MASTER_ADDR and MASTER_PORT from a launcher such as torchrun");
+  if (n.rank >= n.world_size)
+    throw ConfigError("net.rank = " + std::to_string(n.rank) +
+                      " must be below net.world_size = " + std::to_string(n.world_size));
+  std::unique_ptr<net::Collectives> group;
+  const auto fill = [&](net::GroupOptions& g) {
+    g.rank = static_cast<int>(n.rank);
+    g.world_size = static_cast<int>(n.world_size);
+    g.store = n.store;
+    g.store_hosted_elsewhere = options.store_hosted_elsewhere;
+    g.timeout = std::chrono::seconds(n.collective_timeout_s);
+    // Rank 0 says where its store listens (port 0 picks one), as a swarm peer says its endpoint.
+    if (options.train.json_events)
+      g.on_store_listening = [host = n.store.substr(0, n.store.rfind(':'))](uint16_t port) {
+        std::cout << nlohmann::json{{"event", "listening"},
+                                    {"endpoint", host + ":" + std::to_string(port)}}
+                         .dump()
+                  << std::endl;
+      };
+  };
+  std::cerr << "rank " << n.rank << " of " << n.world_size << " joining the " << n.backend
+            << " group at " << n.store << "...\n";
+  if (n.backend == "gloo") {
+    net::GlooOptions g;
+    fill(g);
+    g.interface = n.interface;
+    group = std::make_unique<net::GlooBackend>(g);
+  } else {
+    const c10::Device device(config.train.device);
+    if (!device.is_cuda())
+      throw ConfigError(
+          "net.backend = \"nccl\" needs train.device = \"cuda\" (or \"cuda:N\"), not \"" +
+          config.train.device + "\"; use net.backend = \"gloo\" on CPUs");
+    net::NcclOptions g;
+    fill(g);
+    g.device_index = device.has_index() ? device.index() : 0;
+    group = net::make_nccl_backend(g);
+  }
+  return train_with(config, options, *group);
+}
+
+}  // namespace
+
+train::TrainResult run_peer(const train::RunConfig& config, const PeerOptions& options) {
+  if (config.net.backend == "starling") return run_swarm_peer(config, options);
+  return run_group_rank(config, options);
 }
 
 }  // namespace starling::strategy

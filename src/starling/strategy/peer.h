@@ -1,6 +1,7 @@
-// One peer of a training swarm: the node from [net], the strategy from [strategy], and the
-// training loop, in one call. `starling peer` runs it directly; `starling train --peers N`
-// launches N of them (cli/local_swarm.h).
+// One peer of a training swarm: the collectives from [net] (Starling's swarm node, or a rank of a
+// fixed Gloo/NCCL group), the strategy from [strategy], and the training loop, in one call.
+// `starling peer` runs it directly; `starling train --peers N` launches N of them
+// (cli/local_swarm.h).
 #pragma once
 
 #include <memory>
@@ -14,7 +15,8 @@
 namespace starling::strategy {
 
 // The strategy named by config.strategy.kind (not "none"); ConfigError for an unknown kind.
-std::unique_ptr<train::StepHooks> make_strategy(const train::RunConfig& config, net::Node& node);
+std::unique_ptr<train::StepHooks> make_strategy(const train::RunConfig& config,
+                                                net::Collectives& net);
 
 // NodeOptions from [net]: keys and allowlist are read from their files (ConfigError naming the
 // key and file when they cannot be), timeouts converted.
@@ -22,11 +24,18 @@ net::NodeOptions node_options(const train::NetConfig& net);
 
 struct PeerOptions {
   train::TrainOptions train;  // resume, progress, stop_at, data share, json_events
+  // gloo/nccl: a launcher already hosts the rendezvous store at net.store (torchrun's agent).
+  bool store_hosted_elsewhere = false;
 };
 
-// Joins (or starts) the swarm, waits for net.min_peers, trains with the strategy and leaves.
-// With train.json_events the first stdout line is {"event":"listening","endpoint":...}, the
-// address (with public key) other peers join through.
+// net.backend = "starling": joins (or starts) the swarm, waits for net.min_peers, trains with
+// the strategy and leaves. With train.json_events the first stdout line is
+// {"event":"listening","endpoint":...}, the address (with public key) other peers join through.
+// net.backend = "gloo" or "nccl": forms the group (with train.json_events, rank 0 hosting the
+// store first prints {"event":"listening","endpoint":"HOST:PORT"}, the store's address) of
+// net.world_size ranks at net.store (ConfigError when net.rank, net.world_size or net.store is
+// unset, or nccl without a CUDA train.device), then trains; a rank that fails ends every rank's run
+// with a NetError.
 train::TrainResult run_peer(const train::RunConfig& config, const PeerOptions& options);
 
 }  // namespace starling::strategy

@@ -14,10 +14,10 @@ c10::Stream current_stream(c10::Device device) {
 
 }  // namespace
 
-Staging::Staging(c10::Device device, int64_t numel) {
+Staging::Staging(c10::Device device, int64_t numel, bool through_host) {
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   device_ = at::zeros({numel}, f32.device(device));
-  if (device.is_cpu()) {
+  if (device.is_cpu() || !through_host) {
     host_ = device_;
     return;
   }

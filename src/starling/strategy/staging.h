@@ -7,6 +7,9 @@
 // queued after use_upload(). Neither blocks the host except wait_download(), so a strategy can
 // start a download at a round boundary, keep training, and hand the host copy to the network once
 // download_done() says it is there.
+//
+// A backend that works on device memory itself (NCCL) needs no host copy: made with
+// through_host = false, host() is device() and every copy is skipped, as on a CPU.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -21,8 +24,9 @@ namespace starling::strategy {
 
 class Staging {
  public:
-  // Zeroed vectors of `numel` float32 elements on `device` and on the host.
-  Staging(c10::Device device, int64_t numel);
+  // Zeroed vectors of `numel` float32 elements on `device` and, when `through_host` and the
+  // device is not the CPU, on the host.
+  Staging(c10::Device device, int64_t numel, bool through_host = true);
   ~Staging();
   Staging(const Staging&) = delete;
   Staging& operator=(const Staging&) = delete;
@@ -30,7 +34,7 @@ class Staging {
   at::Tensor& device() { return device_; }
   at::Tensor& host() { return host_; }
   int64_t numel() const { return device_.numel(); }
-  // False on a CPU: host() and device() are the same tensor.
+  // False on a CPU or without a host copy: host() and device() are the same tensor.
   bool separate() const { return side_.has_value(); }
 
   // host[begin, begin+n) <- device[...] (n = -1: to the end), after the work queued so far on

@@ -34,8 +34,12 @@ net::WirePrecision parse_precision(const std::string& name) {
   throw ConfigError("strategy.precision: expected fp32, fp16, bf16 or int8, got \"" + name + "\"");
 }
 
-SwarmStrategy::SwarmStrategy(const train::RunConfig& config, net::Node& node)
-    : config_(config), node_(node), precision_(parse_precision(config.strategy.precision)) {}
+SwarmStrategy::SwarmStrategy(const train::RunConfig& config, net::Collectives& net)
+    : config_(config), net_(net), precision_(parse_precision(config.strategy.precision)) {}
+
+c10::Device SwarmStrategy::net_device() const {
+  return through_host() ? c10::Device(c10::kCPU) : flat_->device();
+}
 
 net::CollectiveOptions SwarmStrategy::options(net::WirePrecision precision) const {
   net::CollectiveOptions o;
@@ -57,13 +61,16 @@ bool SwarmStrategy::wait(const net::Work& work, const char* what) {
     return true;
   } catch (const std::exception& e) {
     net_wait_s_ += now_s() - t0;
+    if (!net_.elastic())
+      throw NetError(std::string(what) + " failed on the " + net_.backend_name() +
+                     " group, which cannot go on without a rank: " + e.what());
     log(std::string(what) + " failed: " + e.what());
     return false;
   }
 }
 
 bool SwarmStrategy::all_reduce(at::Tensor& flat, net::WirePrecision precision, const char* what) {
-  return wait(node_.all_reduce(as_span(flat), options(precision)), what);
+  return wait(net_.all_reduce(as_span(flat), options(precision)), what);
 }
 
 bool SwarmStrategy::all_reduce(Staging& staged, net::WirePrecision precision, const char* what) {
@@ -86,9 +93,14 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     const double t0 = now_s();
     net::CollectiveResult result;
     try {
-      result = node_.all_reduce(as_span(control), options(net::WirePrecision::fp32)).wait();
+      at::Tensor sent = control.to(net_device());
+      result = net_.all_reduce(as_span(sent), options(net::WirePrecision::fp32)).wait();
+      if (!sent.is_same(control)) control.copy_(sent);
     } catch (const std::exception& e) {
       net_wait_s_ += now_s() - t0;
+      if (!net_.elastic())
+        throw NetError("the round agreement failed on the " + net_.backend_name() +
+                       " group, which cannot go on without a rank: " + e.what());
       if (attempt % 10 == 0) log(std::string("round agreement failed, retrying: ") + e.what());
       need_state_ = true;  // whatever we missed, the next agreement's transfer repairs
       continue;
@@ -109,29 +121,26 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
       return a;
     }
     // Someone lacks the shared state: the longest-standing participant sends its own.
-    net::PeerId root = result.ring.front();
-    int64_t oldest = std::numeric_limits<int64_t>::max();
-    for (const auto& m : node_.members())
-      if (std::find(a.ring.begin(), a.ring.end(), m.info.id) != a.ring.end() &&
-          (m.info.joined_at_ms < oldest || (m.info.joined_at_ms == oldest && m.info.id < root))) {
-        oldest = m.info.joined_at_ms;
-        root = m.info.id;
-      }
-    at::Tensor state = at::zeros({kHeader + state_numel()}, at::kFloat);
-    if (root == node_.id()) {
-      put_int(state.data_ptr<float>(), r.step);
-      put_int(state.data_ptr<float>() + 2, version_);
+    const net::PeerId root = net_.longest_standing(a.ring);
+    at::Tensor state = at::zeros({kHeader + state_numel()},
+                                 at::TensorOptions().dtype(at::kFloat).device(net_device()));
+    at::Tensor header = at::zeros({kHeader}, at::kFloat);
+    if (root == net_.self()) {
+      put_int(header.data_ptr<float>(), r.step);
+      put_int(header.data_ptr<float>() + 2, version_);
+      state.narrow(0, 0, kHeader).copy_(header);
       at::Tensor body = state.narrow(0, kHeader, state_numel());  // a view: packed in place
       pack_state(r, body);
     }
     net::CollectiveOptions o = options(net::WirePrecision::fp32);
     o.root = root;
-    if (!wait(node_.broadcast(as_span(state), o), "state transfer")) {
+    if (!wait(net_.broadcast(as_span(state), o), "state transfer")) {
       need_state_ = true;
       continue;
     }
-    const int64_t root_step = get_int(state.data_ptr<float>());
-    const int64_t root_version = get_int(state.data_ptr<float>() + 2);
+    header.copy_(state.narrow(0, 0, kHeader));
+    const int64_t root_step = get_int(header.data_ptr<float>());
+    const int64_t root_version = get_int(header.data_ptr<float>() + 2);
     // Progress counts only if it was made from the same shared state the root holds.
     a.contribute = !need_state_ && version_ == root_version && r.step == root_step;
     if (need_state_ || r.step != root_step)
@@ -144,7 +153,8 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     need_state_ = false;
     a.synced = true;
     // Agree on who contributes: one more tiny sum.
-    at::Tensor count = at::full({1}, a.contribute ? 1.f : 0.f, at::kFloat);
+    at::Tensor count = at::full({1}, a.contribute ? 1.f : 0.f,
+                                at::TensorOptions().dtype(at::kFloat).device(net_device()));
     if (!all_reduce(count, net::WirePrecision::fp32, "contributor count")) {
       need_state_ = true;
       continue;
@@ -178,7 +188,7 @@ void SwarmStrategy::finish(train::Replica&) {}
 
 nlohmann::json SwarmStrategy::report() const {
   return {{"peers", peers_},
-          {"bytes_sent", static_cast<double>(node_.counters().bytes_sent)},
+          {"bytes_sent", static_cast<double>(net_.bytes_sent())},
           {"net_wait_s", net_wait_s_},
           {"round", version_}};
 }

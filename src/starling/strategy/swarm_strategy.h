@@ -1,4 +1,5 @@
-// What every data-parallel strategy shares: the peer it talks through, the agreement that opens
+// What every data-parallel strategy shares: the collectives it talks through (Starling's swarm, or
+// a fixed c10d group: see net/collective.h), the agreement that opens
 // each round, the state transfer that lets a new or out-of-step peer adopt the swarm's state, and
 // the counters the progress display shows.
 //
@@ -9,7 +10,8 @@
 // disagree (a peer missed an average when another died), the root, the longest-standing
 // participant, broadcasts its state and everyone adopts it; only peers whose own state matched
 // the root's contribute local progress to the round. A failed collective never stops the run: the
-// peer notes it, and the next agreement repairs whatever diverged.
+// peer notes it, and the next agreement repairs whatever diverged. On a fixed group (not elastic)
+// there is nothing to repair: a failed collective ends the run with a NetError.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -20,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "starling/net/node.h"
+#include "starling/net/collective.h"
 #include "starling/strategy/flat.h"
 #include "starling/strategy/staging.h"
 #include "starling/train/step_hooks.h"
@@ -38,7 +40,7 @@ struct Agreement {
 
 class SwarmStrategy : public train::StepHooks {
  public:
-  SwarmStrategy(const train::RunConfig& config, net::Node& node);
+  SwarmStrategy(const train::RunConfig& config, net::Collectives& net);
 
   nlohmann::json report() const override;
   void start(train::Replica& r, const nlohmann::json& state,
@@ -71,10 +73,14 @@ class SwarmStrategy : public train::StepHooks {
   bool all_reduce(Staging& staged, net::WirePrecision precision, const char* what);
 
   net::CollectiveOptions options(net::WirePrecision precision) const;
+  // Where the vectors handed to the collectives live: the CPU, or the model's device for a
+  // backend that works on device memory (then Staging keeps no host copy).
+  c10::Device net_device() const;
+  bool through_host() const { return net_.buffers() == net::BufferPlace::host; }
   void log(const std::string& line) const;
 
   const train::RunConfig& config_;
-  net::Node& node_;
+  net::Collectives& net_;
   std::optional<Flat> flat_;  // the model's parameters as one vector (set in start())
   net::WirePrecision precision_;
   int64_t version_ = 0;     // averages applied to the shared state so far

@@ -292,6 +292,20 @@ std::vector<Key> bind(RunConfig& c) {
                          {"fp32", "fp16", "bf16", "int8"}));
 
   auto& n = c.net;
+  k.push_back(string_key("net", "backend", &n.backend,
+                         "collectives: \"starling\" (the elastic, encrypted swarm), or a fixed "
+                         "c10d group: \"gloo\" (CPU) or \"nccl\" (GPUs in one datacenter; needs "
+                         "a CUDA libtorch)",
+                         {"starling", "gloo", "nccl"}));
+  k.push_back(int_key("net", "rank", &n.rank, -1,
+                      "gloo/nccl: this process's rank; -1 = $RANK (torchrun sets it)"));
+  k.push_back(int_key("net", "world_size", &n.world_size, 0,
+                      "gloo/nccl: ranks in the group; 0 = $WORLD_SIZE"));
+  k.push_back(string_key("net", "store", &n.store,
+                         "gloo/nccl: HOST:PORT of the rendezvous store rank 0 hosts; \"\" = "
+                         "$MASTER_ADDR:$MASTER_PORT"));
+  k.push_back(string_key("net", "interface", &n.interface,
+                         "gloo: the local address (IP or host name) its connections use"));
   k.push_back(string_key("net", "name", &n.name, "this peer's name in status and logs"));
   k.push_back(string_key("net", "listen", &n.listen,
                          "address to listen on, tcp://HOST:PORT (port 0 picks a free port)"));

@@ -81,7 +81,15 @@ struct StrategyConfig {
 
 // How a peer reaches the swarm ([net]; docs/network.md).
 struct NetConfig {
-  std::string name;                          // shown in status and logs; "" = the key's name
+  // "starling": the elastic, encrypted swarm (every key below `interface`); "gloo" or "nccl": a
+  // fixed c10d group of `world_size` ranks meeting at `store` (torchrun's model: no encryption,
+  // and a rank that fails stops the run).
+  std::string backend = "starling";
+  int64_t rank = -1;                    // gloo/nccl: this process's rank (-1 = $RANK)
+  int64_t world_size = 0;               // gloo/nccl: ranks in the group (0 = $WORLD_SIZE)
+  std::string store;                    // gloo/nccl: HOST:PORT ("" = $MASTER_ADDR:$MASTER_PORT)
+  std::string interface = "127.0.0.1";  // gloo: the local address its connections use
+  std::string name;                     // shown in status and logs; "" = the key's name
   std::string listen = "tcp://127.0.0.1:0";  // port 0 picks a free port
   std::string advertise;                     // host others reach a 0.0.0.0 listener at
   std::vector<std::string> join;             // entry points ("KEY@tcp://HOST:PORT" or tcp://..)
