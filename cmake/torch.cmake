@@ -32,6 +32,10 @@ add_library(starling STATIC
   src/starling/train/schedule.cpp
   src/starling/train/checkpoint.cpp
   src/starling/train/metrics.cpp
+  src/starling/train/session.cpp
+  src/starling/train/evaluate.cpp
+  src/starling/train/step_runner.cpp
+  src/starling/train/step_reporter.cpp
   src/starling/train/trainer.cpp
   src/starling/train/sampler.cpp
   src/starling/train/sample_checkpoint.cpp
@@ -90,7 +94,7 @@ add_executable(starling_cli
   src/starling/cli/local_swarm.cpp
 )
 set_target_properties(starling_cli PROPERTIES OUTPUT_NAME starling)
-target_link_libraries(starling_cli PRIVATE starling CLI11::CLI11)
+target_link_libraries(starling_cli PRIVATE starling starling_netlab CLI11::CLI11)
 
 add_executable(starling_tests
   tests/graph/executor_test.cpp
@@ -137,7 +141,7 @@ add_executable(starling_cli_tests
   tests/cli/net_cli_test.cpp
   tests/cli/swarm_cli_test.cpp
 )
-target_link_libraries(starling_cli_tests PRIVATE starling_net GTest::gtest_main)
+target_link_libraries(starling_cli_tests PRIVATE starling_net starling_netlab GTest::gtest_main)
 target_compile_definitions(starling_cli_tests PRIVATE
   STARLING_CLI_PATH="$<TARGET_FILE:starling_cli>"
   STARLING_NET_WORKER="$<TARGET_FILE:starling_net_worker>")

@@ -284,22 +284,29 @@ TEST_F(SwarmCliTest, TorchrunEnvironmentFindsThePeers) {
               final_model(run_dir("torchrun") / "1", 16));
 }
 
-// The same strategies over a fixed c10d Gloo group instead of the swarm: launched by the local
-// swarm (co2 with zero: reduce-scatter, all-gather with shards of unequal size, broadcast) and
-// by torchrun's environment (diloco), replicas stay bit-identical.
+// The same strategies over a fixed c10d Gloo group instead of the swarm: a 4-rank group of each
+// strategy launched by the local swarm (co2 with zero: reduce-scatter, all-gather of unequal
+// shards, broadcast), and a group found through torchrun's environment (diloco). Replicas stay
+// bit-identical and learn.
 TEST_F(SwarmCliTest, GlooGroupTrainsLikeTheSwarm) {
-  write_config("gloo", "kind = \"co2\"\nlocal_steps = 4\nzero = true");
-  auto r = run_cli("train -q --peers 3 --config " + (root_ / "gloo.toml").string() +
-                   " --set net.backend=gloo");
-  ASSERT_EQ(r.code, 0) << r.output << read_file(run_dir("gloo") / "peer-0.log");
-  const std::string model = final_model(run_dir("gloo") / "peer-0", 16);
-  ASSERT_FALSE(model.empty());
-  for (int i = 1; i < 3; ++i)
-    EXPECT_TRUE(final_model(run_dir("gloo") / ("peer-" + std::to_string(i)), 16) == model) << i;
-  const json summary = json::parse(read_file(run_dir("gloo") / "swarm.json"));
-  EXPECT_EQ(summary["done"][0]["net"]["peers"], 3);
-  EXPECT_GT(summary["done"][0]["net"]["bytes_sent"].get<double>(), 0);
-  EXPECT_LT(val_losses(run_dir("gloo") / "peer-0").rbegin()->second, std::log(256.0));
+  for (const std::string kind : {"ddp", "localsgd", "diloco", "co2-zero"}) {
+    SCOPED_TRACE(kind);
+    const std::string name = "gloo_" + kind;
+    const std::string strategy = kind == "co2-zero" ? "kind = \"co2\"\nlocal_steps = 4\nzero = true"
+                                                    : "kind = \"" + kind + "\"\nlocal_steps = 4";
+    const fs::path config = write_config(name, strategy);
+    const auto r =
+        run_cli("train -q --peers 4 --config " + config.string() + " --set net.backend=gloo");
+    ASSERT_EQ(r.code, 0) << r.output << read_file(run_dir(name) / "peer-0.log");
+    const std::string model = final_model(run_dir(name) / "peer-0", 16);
+    ASSERT_FALSE(model.empty());
+    for (int i = 1; i < 4; ++i)
+      EXPECT_TRUE(final_model(run_dir(name) / ("peer-" + std::to_string(i)), 16) == model) << i;
+    const json summary = json::parse(read_file(run_dir(name) / "swarm.json"));
+    EXPECT_EQ(summary["done"][0]["net"]["peers"], 4);
+    EXPECT_GT(summary["done"][0]["net"]["bytes_sent"].get<double>(), 0);
+    EXPECT_LT(val_losses(run_dir(name) / "peer-0").rbegin()->second, std::log(256.0));
+  }
 
   write_config("gloo_torchrun", "kind = \"diloco\"\nlocal_steps = 4");
   const std::string port = std::to_string(20000 + (::getpid() + 7919) % 20000);

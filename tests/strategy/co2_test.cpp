@@ -22,8 +22,6 @@ struct Harness {
   train::RunConfig config;
   graph::ParamStore params;
   std::unique_ptr<train::AdamW> optimizer;
-  int64_t step = 0;
-  uint64_t tokens = 0;
   std::unique_ptr<net::Collectives> net;
   std::unique_ptr<strategy::Co2> co2;
   std::unique_ptr<train::Replica> replica;
@@ -53,8 +51,7 @@ struct Harness {
       net = std::make_unique<net::Node>(o);
     }
     co2 = std::make_unique<strategy::Co2>(config, *net);
-    replica =
-        std::make_unique<train::Replica>(train::Replica{config, params, *optimizer, step, tokens});
+    replica = std::make_unique<train::Replica>(train::Replica{config, params, *optimizer});
     co2->start(*replica, nlohmann::json(), nullptr);
   }
 
@@ -68,7 +65,7 @@ struct Harness {
     const at::Tensor d = delta.to(params.get("w").value.device());
     params.get("w").value.sub_(d.narrow(0, 0, 4));
     params.get("b").value.sub_(d.narrow(0, 4, 2));
-    step += config.strategy.local_steps;
+    replica->step += config.strategy.local_steps;
     EXPECT_TRUE(co2->step_done(*replica, last));
   }
 };

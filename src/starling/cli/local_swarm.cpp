@@ -16,20 +16,17 @@
 #include "starling/common/process.h"
 #include "starling/net/keys.h"
 #include "starling/net/netlab.h"
+#include "starling/train/events.h"
 #include "starling/train/metrics.h"
 
 namespace starling::cli {
 namespace fs = std::filesystem;
 namespace {
 
+using train::fmt;
+
 std::atomic<int> g_signal{0};
 extern "C" void on_swarm_signal(int sig) { g_signal.store(sig); }
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
 
 // Keys of a local swarm: made once per run directory, so a resumed swarm keeps its identities.
 std::vector<fs::path> ensure_keys(const fs::path& dir, int peers) {
@@ -185,9 +182,10 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
           v.tokens_per_s = j.value("tokens_per_s", 0.0);
           v.elapsed_s = j.value("elapsed_s", 0.0);
           if (j.contains("net") && j["net"].is_object()) {
-            v.bytes_sent = j["net"].value("bytes_sent", 0.0);
-            v.net_wait_s = j["net"].value("net_wait_s", 0.0);
-            v.swarm = j["net"].value("peers", 0);
+            const auto net = j["net"].get<train::StrategyReport>();
+            v.bytes_sent = net.bytes_sent;
+            v.net_wait_s = net.net_wait_s;
+            v.swarm = net.peers;
           }
         } else if (event == "eval") {
           // Every peer evaluates the same shared model: show each evaluation once.

@@ -7,6 +7,7 @@
 #include "starling/cli/commands.h"
 #include "starling/common/error.h"
 #include "starling/strategy/peer.h"
+#include "starling/train/events.h"
 
 namespace starling::cli {
 namespace {
@@ -130,16 +131,14 @@ void add_peer_command(CLI::App& app) {
     if (a->json) {
       rusage usage{};
       ::getrusage(RUSAGE_SELF, &usage);
-      std::cout << nlohmann::json{{"event", "done"},
-                                  {"peak_rss_mb", static_cast<double>(usage.ru_maxrss) / 1024.0},
-                                  {"net", r.net_report.empty()
-                                              ? nlohmann::json()
-                                              : nlohmann::json::parse(r.net_report)},
-                                  {"step", r.step},
-                                  {"loss", r.train_loss},
-                                  {"val_loss", r.val_loss},
-                                  {"tokens_per_s", r.tokens_per_s},
-                                  {"sample", r.sample}}
+      std::cout << train::events::done(
+                       {.step = r.step,
+                        .loss = r.train_loss,
+                        .val_loss = r.val_loss,
+                        .tokens_per_s = r.tokens_per_s,
+                        .peak_rss_mb = static_cast<double>(usage.ru_maxrss) / 1024.0,
+                        .sample = r.sample},
+                       r.net)
                        .dump()
                 << std::endl;
     } else {

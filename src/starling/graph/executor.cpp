@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -38,6 +39,26 @@ const char* phase_name(Phase phase) {
 
 Executor::Executor(OpDag& dag, ExecutorOptions options) : dag_(dag), options_(options) {
   if (dag_.size() == 0) throw std::logic_error("Executor: empty OpDag");
+  const auto& all = dag_.params().params();
+  for (const auto& node : dag_.nodes()) {
+    std::vector<size_t>& slots = param_slots_.emplace_back();
+    for (const auto& name : node.op->param_names()) {
+      const auto it =
+          std::find_if(all.begin(), all.end(), [&](const Param& p) { return p.name == name; });
+      if (it == all.end())
+        throw std::logic_error("Executor: node " + node.name + " reads parameter " + name +
+                               ", which the ParamStore lacks");
+      slots.push_back(static_cast<size_t>(it - all.begin()));
+    }
+  }
+}
+
+std::vector<at::Tensor> Executor::params_of(int node) const {
+  const auto& all = dag_.params().params();
+  std::vector<at::Tensor> out;
+  out.reserve(param_slots_[node].size());
+  for (size_t slot : param_slots_[node]) out.push_back(all[slot].value);
+  return out;
 }
 
 void Executor::notify(int node, Phase phase, bool after) {
@@ -106,11 +127,11 @@ MicroBatch Executor::forward_stage(const std::vector<at::Tensor>& inputs, StageR
     if (options_.recompute) {
       at::NoGradGuard no_grad;
       mb.node_inputs_[i] = gather_inputs(i, inputs, mb.outputs_, /*as_leaves=*/false);
-      mb.outputs_[i] = nodes[i].op->forward(mb.node_inputs_[i]);
+      mb.outputs_[i] = nodes[i].op->forward(mb.node_inputs_[i], params_of(i));
     } else {
       at::AutoGradMode grad(true);
       mb.node_inputs_[i] = gather_inputs(i, inputs, mb.outputs_, /*as_leaves=*/true);
-      mb.outputs_[i] = nodes[i].op->forward(mb.node_inputs_[i]);
+      mb.outputs_[i] = nodes[i].op->forward(mb.node_inputs_[i], params_of(i));
     }
     notify(i, Phase::kForward, true);
   }
@@ -151,7 +172,7 @@ EdgeTensors Executor::backward_stage(MicroBatch& mb, const EdgeTensors& output_g
       for (auto& t : ins)
         if (t.defined() && t.is_floating_point()) t = t.detach().requires_grad_(true);
       AutocastScope recompute_autocast(mb.device_, options_.autocast);
-      out = nodes[i].op->forward(ins);
+      out = nodes[i].op->forward(ins, params_of(i));
       notify(i, Phase::kRecompute, true);
     }
     notify(i, Phase::kBackward, false);
@@ -212,7 +233,8 @@ at::Tensor Executor::forward(const std::vector<at::Tensor>& inputs, int last) {
   std::vector<at::Tensor> outputs(n);
   for (int i = 0; i <= last; ++i) {
     notify(i, Phase::kForward, false);
-    outputs[i] = nodes[i].op->forward(gather_inputs(i, inputs, outputs, /*as_leaves=*/false));
+    outputs[i] =
+        nodes[i].op->forward(gather_inputs(i, inputs, outputs, /*as_leaves=*/false), params_of(i));
     notify(i, Phase::kForward, true);
     for (const auto& s : nodes[i].inputs)
       if (s.kind == Source::Kind::kNode && last_use[s.index] == i && s.index != last)

@@ -105,8 +105,12 @@ class Executor {
   std::vector<at::Tensor> gather_inputs(int node, const std::vector<at::Tensor>& graph_inputs,
                                         const std::vector<at::Tensor>& outputs, bool as_leaves);
   void notify(int node, Phase phase, bool after);
+  // The node's parameters as the ParamStore holds them now (after the `before` observers ran:
+  // one may just have brought them in).
+  std::vector<at::Tensor> params_of(int node) const;
 
   OpDag& dag_;
+  std::vector<std::vector<size_t>> param_slots_;  // per node: indices into dag_.params()
   ExecutorOptions options_;
   std::vector<NodeObserver*> observers_;
 };

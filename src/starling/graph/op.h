@@ -19,9 +19,14 @@ class Op {
   // "head", "loss".
   virtual std::string kind() const = 0;
 
-  // Computes the output. Inputs arrive in the order of the node's edges. Must be deterministic:
-  // recomputation and resumed runs depend on it.
-  virtual at::Tensor forward(const std::vector<at::Tensor>& inputs) = 0;
+  // Computes the output. Inputs arrive in the order of the node's edges; `params` are the
+  // parameters named by param_names(), in that order, as they are placed when the node runs: the
+  // executor looks them up in the ParamStore at that moment, so where a parameter lives (which
+  // device, or brought in from the host or disk just before) is decided outside the op. An op
+  // holds no parameter tensors. Must be deterministic: recomputation and resumed runs depend on
+  // it.
+  virtual at::Tensor forward(const std::vector<at::Tensor>& inputs,
+                             const std::vector<at::Tensor>& params) = 0;
 
   // Names (in the DAG's ParamStore) of the parameters this op reads. A parameter may be read by
   // more than one op (tied embeddings); its gradient is then the sum over readers.
@@ -32,6 +37,20 @@ class Op {
 
   // Output shape for a micro-batch of `batch` sequences of `seq_len` tokens.
   virtual std::vector<int64_t> output_shape(int64_t batch, int64_t seq_len) const = 0;
+};
+
+// Reads an op's `params` in param_names() order, where some parameters are optional (biases a
+// model variant lacks): next() for one that is always there, next_if(present) for an optional one
+// (an undefined tensor when absent). The op's param_names() must list them in the same order.
+class ParamReader {
+ public:
+  explicit ParamReader(const std::vector<at::Tensor>& params) : params_(params) {}
+  const at::Tensor& next() { return params_.at(next_++); }
+  at::Tensor next_if(bool present) { return present ? next() : at::Tensor(); }
+
+ private:
+  const std::vector<at::Tensor>& params_;
+  size_t next_ = 0;
 };
 
 }  // namespace starling::graph

@@ -16,88 +16,85 @@
 namespace starling::model {
 namespace {
 
-// Creates parameters in a fixed order from one seeded generator.
+// Creates parameters in a fixed order from one seeded generator, each where the placement says.
 class Initializer {
  public:
-  Initializer(graph::ParamStore& store, uint64_t seed, c10::Device device)
-      : store_(store), gen_(at::make_generator<at::CPUGeneratorImpl>(seed)), device_(device) {}
+  Initializer(graph::ParamStore& store, uint64_t seed, const graph::Placement& placement)
+      : store_(store),
+        gen_(at::make_generator<at::CPUGeneratorImpl>(seed)),
+        placement_(placement) {}
 
-  at::Tensor normal(const std::string& name, at::IntArrayRef shape, double std) {
+  std::string normal(const std::string& name, at::IntArrayRef shape, double std) {
     at::Tensor t = at::empty(shape, at::kFloat);
     t.normal_(0.0, std, gen_);
-    return store_.add(name, t.to(device_), /*decay=*/true);
+    store_.add(name, t.to(placement_.device_of(name)), /*decay=*/true);
+    return name;
   }
-  at::Tensor constant(const std::string& name, at::IntArrayRef shape, double value) {
+  std::string constant(const std::string& name, at::IntArrayRef shape, double value) {
     // Norm gains and biases: no weight decay.
-    return store_.add(name, at::full(shape, value, at::TensorOptions(at::kFloat).device(device_)),
-                      /*decay=*/false);
+    store_.add(
+        name,
+        at::full(shape, value, at::TensorOptions(at::kFloat).device(placement_.device_of(name))),
+        /*decay=*/false);
+    return name;
   }
 
  private:
   graph::ParamStore& store_;
   at::Generator gen_;
-  c10::Device device_;
+  const graph::Placement& placement_;
 };
 
-NormWeights make_norm(Initializer& init, const ModelConfig& c, const std::string& prefix) {
-  NormWeights w;
-  w.weight_name = prefix + ".weight";
-  w.weight = init.constant(w.weight_name, {c.d_model}, 1.0);
-  if (c.arch == Arch::kGpt2) {
-    w.bias_name = prefix + ".bias";
-    w.bias = init.constant(w.bias_name, {c.d_model}, 0.0);
-  }
-  return w;
+NormParams make_norm(Initializer& init, const ModelConfig& c, const std::string& prefix) {
+  NormParams p;
+  p.weight_name = init.constant(prefix + ".weight", {c.d_model}, 1.0);
+  if (c.arch == Arch::kGpt2) p.bias_name = init.constant(prefix + ".bias", {c.d_model}, 0.0);
+  return p;
 }
 
 }  // namespace
 
 std::unique_ptr<graph::OpDag> build_model(const ModelConfig& c, uint64_t seed, c10::Device device) {
+  return build_model(c, seed, graph::OnDevice(device));
+}
+
+std::unique_ptr<graph::OpDag> build_model(const ModelConfig& c, uint64_t seed,
+                                          const graph::Placement& placement) {
   c.validate();
   using graph::Source;
   auto dag = std::make_unique<graph::OpDag>(std::vector<std::string>{"tokens", "targets"});
-  Initializer init(dag->params(), seed, device);
+  Initializer init(dag->params(), seed, placement);
   const bool gpt2 = c.arch == Arch::kGpt2;
   const double std = c.init_std;
   const double out_std = std / std::sqrt(2.0 * static_cast<double>(c.n_layer));
   const int64_t d = c.d_model, f = c.ff_dim(), hd = c.head_dim();
 
-  at::Tensor tok = init.normal("embed.tok.weight", {c.vocab_size, d}, std);
-  at::Tensor pos;
-  if (gpt2) pos = init.normal("embed.pos.weight", {c.seq_len, d}, std);
-  int prev = dag->add_node("embed",
-                           std::make_unique<EmbeddingOp>(c, "embed.tok.weight", tok,
-                                                         gpt2 ? "embed.pos.weight" : "", pos),
+  const std::string tok = init.normal("embed.tok.weight", {c.vocab_size, d}, std);
+  const std::string pos = gpt2 ? init.normal("embed.pos.weight", {c.seq_len, d}, std) : "";
+  int prev = dag->add_node("embed", std::make_unique<EmbeddingOp>(c, tok, pos),
                            {{Source::Kind::kGraphInput, kTokensInput}});
 
   for (int64_t i = 0; i < c.n_layer; ++i) {
     const std::string layer = "layers." + std::to_string(i);
-    AttentionWeights a;
+    AttentionParams a;
     a.norm = make_norm(init, c, layer + ".attn.norm");
-    a.qkv_name = layer + ".attn.qkv.weight";
-    a.qkv = init.normal(a.qkv_name, {(c.n_head + 2 * c.kv_heads()) * hd, d}, std);
-    a.proj_name = layer + ".attn.proj.weight";
-    a.proj = init.normal(a.proj_name, {d, c.n_head * hd}, out_std);
+    a.qkv_name =
+        init.normal(layer + ".attn.qkv.weight", {(c.n_head + 2 * c.kv_heads()) * hd, d}, std);
+    a.proj_name = init.normal(layer + ".attn.proj.weight", {d, c.n_head * hd}, out_std);
     if (gpt2) {
-      a.qkv_bias_name = layer + ".attn.qkv.bias";
-      a.qkv_bias = init.constant(a.qkv_bias_name, {3 * d}, 0.0);
-      a.proj_bias_name = layer + ".attn.proj.bias";
-      a.proj_bias = init.constant(a.proj_bias_name, {d}, 0.0);
+      a.qkv_bias_name = init.constant(layer + ".attn.qkv.bias", {3 * d}, 0.0);
+      a.proj_bias_name = init.constant(layer + ".attn.proj.bias", {d}, 0.0);
     }
     prev = dag->add_node(layer + ".attn", std::make_unique<AttentionOp>(c, std::move(a)),
                          {{Source::Kind::kNode, prev}});
 
-    MlpWeights m;
+    MlpParams m;
     m.norm = make_norm(init, c, layer + ".mlp.norm");
-    m.fc_name = layer + ".mlp.fc.weight";
-    m.fc = init.normal(m.fc_name, {gpt2 ? f : 2 * f, d}, std);
-    m.proj_name = layer + ".mlp.proj.weight";
-    m.proj = init.normal(m.proj_name, {d, f}, out_std);
+    m.fc_name = init.normal(layer + ".mlp.fc.weight", {gpt2 ? f : 2 * f, d}, std);
+    m.proj_name = init.normal(layer + ".mlp.proj.weight", {d, f}, out_std);
     if (gpt2) {
-      m.fc_bias_name = layer + ".mlp.fc.bias";
-      m.fc_bias = init.constant(m.fc_bias_name, {f}, 0.0);
-      m.proj_bias_name = layer + ".mlp.proj.bias";
-      m.proj_bias = init.constant(m.proj_bias_name, {d}, 0.0);
+      m.fc_bias_name = init.constant(layer + ".mlp.fc.bias", {f}, 0.0);
+      m.proj_bias_name = init.constant(layer + ".mlp.proj.bias", {d}, 0.0);
     }
     prev = dag->add_node(layer + ".mlp", std::make_unique<MlpOp>(c, std::move(m)),
                          {{Source::Kind::kNode, prev}});
@@ -106,14 +103,9 @@ std::unique_ptr<graph::OpDag> build_model(const ModelConfig& c, uint64_t seed, c
   prev = dag->add_node("final_norm",
                        std::make_unique<FinalNormOp>(c, make_norm(init, c, "final_norm")),
                        {{Source::Kind::kNode, prev}});
-  std::string head_name = "embed.tok.weight";
-  at::Tensor head = tok;
-  if (!c.tie_embeddings) {
-    head_name = "head.weight";
-    head = init.normal(head_name, {c.vocab_size, d}, std);
-  }
-  prev = dag->add_node("head", std::make_unique<HeadOp>(c, head_name, head),
-                       {{Source::Kind::kNode, prev}});
+  const std::string head =
+      c.tie_embeddings ? tok : init.normal("head.weight", {c.vocab_size, d}, std);
+  prev = dag->add_node("head", std::make_unique<HeadOp>(c, head), {{Source::Kind::kNode, prev}});
   dag->add_node("loss", std::make_unique<LossOp>(c),
                 {{Source::Kind::kNode, prev}, {Source::Kind::kGraphInput, kTargetsInput}});
   return dag;

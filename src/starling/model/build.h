@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "starling/graph/dag.h"
+#include "starling/graph/placement.h"
 #include "starling/model/config.h"
 
 namespace starling::model {
@@ -23,7 +24,11 @@ inline constexpr int kTargetsInput = 1;
 
 // Weights: normal(0, init_std) for matrices and embeddings, output projections scaled by
 // 1/sqrt(2*n_layer), zero biases, unit norm gains; drawn from a generator seeded with `seed` so
-// the same (config, seed) always gives the same model.
+// the same (config, seed) always gives the same model, wherever `placement` puts each parameter
+// (values are drawn on the host, then moved).
+std::unique_ptr<graph::OpDag> build_model(const ModelConfig& config, uint64_t seed,
+                                          const graph::Placement& placement);
+// Every parameter on `device`.
 std::unique_ptr<graph::OpDag> build_model(const ModelConfig& config, uint64_t seed,
                                           c10::Device device = c10::kCPU);
 

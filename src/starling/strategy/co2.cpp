@@ -291,11 +291,11 @@ int64_t Co2::state_bytes() const {
   return 4 * (anchor_.numel() + momentum_.numel() + previous_.numel() + exchange_->numel());
 }
 
-nlohmann::json Co2::report() const {
-  nlohmann::json j = SwarmStrategy::report();
-  j["gap"] = gap_.value();
-  j["state_bytes"] = state_bytes();
-  return j;
+train::StrategyReport Co2::report() const {
+  train::StrategyReport r = SwarmStrategy::report();
+  r.figures["gap"] = gap_.value();
+  r.figures["state_bytes"] = static_cast<double>(state_bytes());
+  return r;
 }
 
 }  // namespace starling::strategy

@@ -36,7 +36,7 @@ class Co2 final : public SwarmStrategy {
   nlohmann::json checkpoint_state(
       std::vector<std::pair<std::string, at::Tensor>>& tensors) override;
   void finish(train::Replica& r) override;
-  nlohmann::json report() const override;
+  train::StrategyReport report() const override;
 
   // Bytes of outer state this peer holds (anchor, momentum, previous average, send buffer).
   int64_t state_bytes() const;

@@ -13,6 +13,7 @@
 #include "starling/strategy/ddp.h"
 #include "starling/strategy/diloco.h"
 #include "starling/strategy/localsgd.h"
+#include "starling/train/events.h"
 
 namespace starling::strategy {
 
@@ -63,8 +64,7 @@ train::TrainResult run_swarm_peer(const train::RunConfig& config, const PeerOpti
   net::Node node(node_opts);
   const std::string entry =
       node_opts.insecure ? node.endpoint() : node_opts.keys.public_key + "@" + node.endpoint();
-  if (options.train.json_events)
-    std::cout << nlohmann::json{{"event", "listening"}, {"endpoint", entry}}.dump() << std::endl;
+  if (options.train.json_events) std::cout << train::events::listening(entry).dump() << std::endl;
   std::cerr << "peer " << net::short_peer_id(node.id()) << " listening at " << entry << "\n";
   const auto min_peers = static_cast<size_t>(config.net.min_peers);
   if (min_peers > 1) {
@@ -99,9 +99,7 @@ train::TrainResult run_group_rank(const train::RunConfig& config, const PeerOpti
     // Rank 0 says where its store listens (port 0 picks one), as a swarm peer says its endpoint.
     if (options.train.json_events)
       g.on_store_listening = [host = n.store.substr(0, n.store.rfind(':'))](uint16_t port) {
-        std::cout << nlohmann::json{{"event", "listening"},
-                                    {"endpoint", host + ":" + std::to_string(port)}}
-                         .dump()
+        std::cout << train::events::listening(host + ":" + std::to_string(port)).dump()
                   << std::endl;
       };
   };

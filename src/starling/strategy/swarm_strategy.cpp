@@ -7,13 +7,12 @@
 #include <limits>
 
 #include "starling/common/error.h"
+#include "starling/train/metrics.h"
 
 namespace starling::strategy {
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+using train::now_s;
 
 // Steps and versions travel as floats: split into two exact 20-bit halves.
 void put_int(float* at, int64_t v) {
@@ -186,11 +185,11 @@ void SwarmStrategy::start(train::Replica& r, const nlohmann::json& state,
 
 void SwarmStrategy::finish(train::Replica&) {}
 
-nlohmann::json SwarmStrategy::report() const {
-  return {{"peers", peers_},
-          {"bytes_sent", static_cast<double>(net_.bytes_sent())},
-          {"net_wait_s", net_wait_s_},
-          {"round", version_}};
+train::StrategyReport SwarmStrategy::report() const {
+  return {.peers = peers_,
+          .bytes_sent = static_cast<double>(net_.bytes_sent()),
+          .net_wait_s = net_wait_s_,
+          .round = version_};
 }
 
 }  // namespace starling::strategy

@@ -42,7 +42,7 @@ class SwarmStrategy : public train::StepHooks {
  public:
   SwarmStrategy(const train::RunConfig& config, net::Collectives& net);
 
-  nlohmann::json report() const override;
+  train::StrategyReport report() const override;
   void start(train::Replica& r, const nlohmann::json& state,
              const SafetensorsFile* tensors) override;
   void finish(train::Replica& r) override;

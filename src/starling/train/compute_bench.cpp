@@ -15,13 +15,9 @@
 #include "starling/train/loss_scaler.h"
 #include "starling/train/precision.h"
 #include "starling/train/trace_profiler.h"
+#include "starling/train/metrics.h"
 
 namespace starling::train {
-namespace {
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-}  // namespace
 
 void check_device(const std::string& device, const std::string& what) {
   const c10::Device d(device);

@@ -15,16 +15,18 @@
 #include "starling/graph/param_store.h"
 #include "starling/train/adamw.h"
 #include "starling/train/config.h"
+#include "starling/train/strategy_report.h"
 
 namespace starling::train {
 
-// The replica a hook works on: references into the running loop.
+// The replica a hook works on: its model, optimizer and where it stands. The loop and the hooks
+// share this one object; a strategy that adopts the swarm's state sets `step` here.
 struct Replica {
   const RunConfig& config;
   graph::ParamStore& params;
   AdamW& optimizer;
-  int64_t& step;     // optimizer steps completed (the schedule's position)
-  uint64_t& tokens;  // training tokens this replica consumed
+  int64_t step = 0;     // optimizer steps completed (the schedule's position)
+  uint64_t tokens = 0;  // training tokens this replica consumed
 };
 
 class StepHooks {
@@ -51,8 +53,8 @@ class StepHooks {
   virtual nlohmann::json checkpoint_state(
       std::vector<std::pair<std::string, at::Tensor>>& tensors) = 0;
 
-  // Counters for progress and metrics: {"peers", "bytes_sent", "net_wait_s", "round"}.
-  virtual nlohmann::json report() const = 0;
+  // Counters for progress, metrics and the launcher.
+  virtual StrategyReport report() const = 0;
 
   // Training ended (or stopped): finish or abandon communication in flight, leave the swarm.
   virtual void finish(Replica& replica) = 0;

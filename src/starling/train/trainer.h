@@ -1,13 +1,17 @@
-// The single-replica training loop: build the model DAG, stream batches, forward/backward through
-// the executor, clip, AdamW step on the warmup+cosine schedule, evaluate, checkpoint, report.
+// The training loop: the session (session.h) builds the replica, a step runner (step_runner.h)
+// produces each step's gradients, the strategy's hooks (step_hooks.h) exchange what it decides,
+// then clipping and the AdamW step on the warmup+cosine schedule; evaluation and checkpoints at
+// round boundaries, progress and metrics through step_reporter.h.
 // Torch-free header so the CLI does not pull in libtorch.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "starling/train/config.h"
+#include "starling/train/strategy_report.h"
 
 namespace starling::train {
 
@@ -31,8 +35,8 @@ struct TrainResult {
   double tokens_per_s = 0;   // over the whole run (excluding eval and checkpoints)
   bool interrupted = false;  // stopped by SIGINT/SIGTERM or stop_at before train.steps
   std::filesystem::path checkpoint;
-  std::string sample;      // the end-of-training sample, if any
-  std::string net_report;  // a strategy's final counters as JSON (see StepHooks::report), or ""
+  std::string sample;                 // the end-of-training sample, if any
+  std::optional<StrategyReport> net;  // a strategy's final counters; none when training alone
 };
 
 // Runs training. Throws ConfigError/DataError/CheckpointError with a clear message on bad input.

@@ -9,8 +9,8 @@
 
 namespace starling::model {
 
-AttentionOp::AttentionOp(const ModelConfig& config, AttentionWeights weights)
-    : config_(config), w_(std::move(weights)) {
+AttentionOp::AttentionOp(const ModelConfig& config, AttentionParams params)
+    : config_(config), p_(std::move(params)) {
   if (config_.arch == Arch::kLlama) {
     const int64_t hd = config_.head_dim();
     auto opts = at::TensorOptions().dtype(at::kDouble);
@@ -19,10 +19,9 @@ AttentionOp::AttentionOp(const ModelConfig& config, AttentionWeights weights)
     at::Tensor angles = at::outer(at::arange(config_.seq_len, opts), inv_freq);  // [T, hd/2]
     // rotate_half(x) * sin = [x2, x1] * [-sin, sin]: the sign lives in the table, so rotating
     // costs no negation pass.
+    // Built in double on the host; rotate() moves them to the activations' device and dtype.
     cos_ = at::cat({angles, angles}, -1).cos();  // [T, hd]
     sin_ = at::cat({-angles, angles}, -1).sin();
-    cos_ = cos_.to(w_.qkv.scalar_type()).to(w_.qkv.device());
-    sin_ = sin_.to(w_.qkv.scalar_type()).to(w_.qkv.device());
   }
 }
 
@@ -38,7 +37,7 @@ at::Tensor AttentionOp::causal_bias(int64_t t, const at::Tensor& like) {
 }
 
 at::Tensor AttentionOp::rotate(const at::Tensor& x, int64_t t) {
-  // The tables follow the activations (a swapped-in layer, a model cast to another dtype).
+  // The tables follow the activations (their device, and the dtype autocast computes in).
   if (cos_.device() != x.device() || cos_.scalar_type() != x.scalar_type()) {
     cos_ = cos_.to(x.options());
     sin_ = sin_.to(x.options());
@@ -50,13 +49,18 @@ at::Tensor AttentionOp::rotate(const at::Tensor& x, int64_t t) {
   return at::addcmul(x * cos, swapped, sin);
 }
 
-at::Tensor AttentionOp::forward(const std::vector<at::Tensor>& inputs) {
+at::Tensor AttentionOp::forward(const std::vector<at::Tensor>& inputs,
+                                const std::vector<at::Tensor>& params) {
+  graph::ParamReader p(params);  // in param_names() order
+  const at::Tensor norm_weight = p.next(), norm_bias = p.next_if(!p_.norm.bias_name.empty());
+  const at::Tensor qkv_weight = p.next(), qkv_bias = p.next_if(!p_.qkv_bias_name.empty());
+  const at::Tensor proj = p.next(), proj_bias = p.next_if(!p_.proj_bias_name.empty());
   const at::Tensor& x = inputs.at(0);
   const int64_t b = x.size(0), t = x.size(1);
   const int64_t h = config_.n_head, kv = config_.kv_heads(), hd = config_.head_dim();
 
-  at::Tensor normed = apply_norm(config_.arch, w_.norm, x, config_.norm_eps);
-  at::Tensor qkv = at::linear(normed, w_.qkv, w_.qkv_bias);  // [B, T, (h + 2kv) * hd]
+  at::Tensor normed = apply_norm(config_.arch, norm_weight, norm_bias, x, config_.norm_eps);
+  at::Tensor qkv = at::linear(normed, qkv_weight, qkv_bias);  // [B, T, (h + 2kv) * hd]
   at::Tensor q, k;
   at::Tensor v = qkv.narrow(-1, (h + kv) * hd, kv * hd).view({b, t, kv, hd});
   if (config_.arch == Arch::kLlama) {
@@ -91,13 +95,12 @@ at::Tensor AttentionOp::forward(const std::vector<at::Tensor>& inputs) {
   at::Tensor att = at::softmax(scores, -1);
   y = at::bmm(att, v).view({b, h, t, hd}).transpose(1, 2).reshape({b, t, h * hd});
 #endif
-  return x + at::linear(y, w_.proj, w_.proj_bias);
+  return x + at::linear(y, proj, proj_bias);
 }
 
 std::vector<std::string> AttentionOp::param_names() const {
-  std::vector<std::string> names{w_.norm.weight_name};
-  for (const auto* n :
-       {&w_.norm.bias_name, &w_.qkv_name, &w_.qkv_bias_name, &w_.proj_name, &w_.proj_bias_name})
+  std::vector<std::string> names = p_.norm.names();
+  for (const auto* n : {&p_.qkv_name, &p_.qkv_bias_name, &p_.proj_name, &p_.proj_bias_name})
     if (!n->empty()) names.push_back(*n);
   return names;
 }

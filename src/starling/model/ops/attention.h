@@ -14,17 +14,18 @@
 
 namespace starling::model {
 
-struct AttentionWeights {
-  NormWeights norm;
+// The names of the block's parameters in the ParamStore.
+struct AttentionParams {
+  NormParams norm;
   std::string qkv_name, qkv_bias_name, proj_name, proj_bias_name;  // bias names empty for llama
-  at::Tensor qkv, qkv_bias, proj, proj_bias;
 };
 
 class AttentionOp : public graph::Op {
  public:
-  AttentionOp(const ModelConfig& config, AttentionWeights weights);
+  AttentionOp(const ModelConfig& config, AttentionParams params);
   std::string kind() const override { return "attention"; }
-  at::Tensor forward(const std::vector<at::Tensor>& inputs) override;
+  at::Tensor forward(const std::vector<at::Tensor>& inputs,
+                     const std::vector<at::Tensor>& params) override;
   std::vector<std::string> param_names() const override;
   double forward_flops_per_token(int64_t seq_len) const override;
   std::vector<int64_t> output_shape(int64_t batch, int64_t seq_len) const override;
@@ -34,9 +35,9 @@ class AttentionOp : public graph::Op {
   at::Tensor rotate(const at::Tensor& x, int64_t t);  // x: [B, T, heads, head_dim]
 
   ModelConfig config_;
-  AttentionWeights w_;
+  AttentionParams p_;
   at::Tensor mask_;       // [seq_len, seq_len] additive causal mask, built once
-  at::Tensor cos_, sin_;  // [seq_len, head_dim] rotary tables (llama)
+  at::Tensor cos_, sin_;  // [seq_len, head_dim] rotary tables (llama), where activations are
 };
 
 }  // namespace starling::model

@@ -6,22 +6,20 @@
 
 namespace starling::model {
 
-EmbeddingOp::EmbeddingOp(const ModelConfig& config, std::string tok_name, at::Tensor tok_weight,
-                         std::string pos_name, at::Tensor pos_weight)
-    : config_(config),
-      tok_name_(std::move(tok_name)),
-      pos_name_(std::move(pos_name)),
-      tok_(std::move(tok_weight)),
-      pos_(std::move(pos_weight)) {}
+EmbeddingOp::EmbeddingOp(const ModelConfig& config, std::string tok_name, std::string pos_name)
+    : config_(config), tok_name_(std::move(tok_name)), pos_name_(std::move(pos_name)) {}
 
-at::Tensor EmbeddingOp::forward(const std::vector<at::Tensor>& inputs) {
+at::Tensor EmbeddingOp::forward(const std::vector<at::Tensor>& inputs,
+                                const std::vector<at::Tensor>& params) {
+  graph::ParamReader p(params);
+  const at::Tensor tok = p.next(), pos = p.next_if(!pos_name_.empty());
   const at::Tensor& tokens = inputs.at(0);
   const int64_t t = tokens.size(1);
   if (t > config_.seq_len)
     throw std::invalid_argument("embedding: sequence of " + std::to_string(t) +
                                 " tokens exceeds model.seq_len " + std::to_string(config_.seq_len));
-  at::Tensor x = at::embedding(tok_, tokens);
-  if (pos_.defined()) x = x + pos_.narrow(0, 0, t);
+  at::Tensor x = at::embedding(tok, tokens);
+  if (pos.defined()) x = x + pos.narrow(0, 0, t);
   return x;
 }
 
@@ -31,7 +29,7 @@ std::vector<std::string> EmbeddingOp::param_names() const {
 }
 
 double EmbeddingOp::forward_flops_per_token(int64_t) const {
-  return pos_.defined() ? static_cast<double>(config_.d_model) : 0.0;
+  return pos_name_.empty() ? 0.0 : static_cast<double>(config_.d_model);
 }
 
 std::vector<int64_t> EmbeddingOp::output_shape(int64_t batch, int64_t seq_len) const {

@@ -9,11 +9,11 @@ namespace starling::model {
 
 class EmbeddingOp : public graph::Op {
  public:
-  // pos_weight is undefined for llama.
-  EmbeddingOp(const ModelConfig& config, std::string tok_name, at::Tensor tok_weight,
-              std::string pos_name, at::Tensor pos_weight);
+  // pos_name is empty for llama.
+  EmbeddingOp(const ModelConfig& config, std::string tok_name, std::string pos_name);
   std::string kind() const override { return "embedding"; }
-  at::Tensor forward(const std::vector<at::Tensor>& inputs) override;
+  at::Tensor forward(const std::vector<at::Tensor>& inputs,
+                     const std::vector<at::Tensor>& params) override;
   std::vector<std::string> param_names() const override;
   double forward_flops_per_token(int64_t seq_len) const override;
   std::vector<int64_t> output_shape(int64_t batch, int64_t seq_len) const override;
@@ -21,7 +21,6 @@ class EmbeddingOp : public graph::Op {
  private:
   ModelConfig config_;
   std::string tok_name_, pos_name_;
-  at::Tensor tok_, pos_;
 };
 
 }  // namespace starling::model

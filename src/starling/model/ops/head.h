@@ -9,9 +9,10 @@ namespace starling::model {
 
 class HeadOp : public graph::Op {
  public:
-  HeadOp(const ModelConfig& config, std::string weight_name, at::Tensor weight);
+  HeadOp(const ModelConfig& config, std::string weight_name);
   std::string kind() const override { return "head"; }
-  at::Tensor forward(const std::vector<at::Tensor>& inputs) override;
+  at::Tensor forward(const std::vector<at::Tensor>& inputs,
+                     const std::vector<at::Tensor>& params) override;
   std::vector<std::string> param_names() const override { return {weight_name_}; }
   double forward_flops_per_token(int64_t seq_len) const override;
   std::vector<int64_t> output_shape(int64_t batch, int64_t seq_len) const override;
@@ -19,7 +20,6 @@ class HeadOp : public graph::Op {
  private:
   ModelConfig config_;
   std::string weight_name_;
-  at::Tensor weight_;
 };
 
 }  // namespace starling::model

@@ -4,26 +4,30 @@
 
 namespace starling::model {
 
-MlpOp::MlpOp(const ModelConfig& config, MlpWeights weights)
-    : config_(config), w_(std::move(weights)) {}
+MlpOp::MlpOp(const ModelConfig& config, MlpParams params)
+    : config_(config), p_(std::move(params)) {}
 
-at::Tensor MlpOp::forward(const std::vector<at::Tensor>& inputs) {
+at::Tensor MlpOp::forward(const std::vector<at::Tensor>& inputs,
+                          const std::vector<at::Tensor>& params) {
+  graph::ParamReader p(params);  // in param_names() order
+  const at::Tensor norm_weight = p.next(), norm_bias = p.next_if(!p_.norm.bias_name.empty());
+  const at::Tensor fc = p.next(), fc_bias = p.next_if(!p_.fc_bias_name.empty());
+  const at::Tensor proj = p.next(), proj_bias = p.next_if(!p_.proj_bias_name.empty());
   const at::Tensor& x = inputs.at(0);
-  at::Tensor normed = apply_norm(config_.arch, w_.norm, x, config_.norm_eps);
-  at::Tensor hidden = at::linear(normed, w_.fc, w_.fc_bias);
+  at::Tensor normed = apply_norm(config_.arch, norm_weight, norm_bias, x, config_.norm_eps);
+  at::Tensor hidden = at::linear(normed, fc, fc_bias);
   if (config_.arch == Arch::kGpt2) {
     hidden = at::gelu(hidden, "tanh");
   } else {
     auto gate_up = hidden.chunk(2, -1);
     hidden = at::silu(gate_up[0]) * gate_up[1];
   }
-  return x + at::linear(hidden, w_.proj, w_.proj_bias);
+  return x + at::linear(hidden, proj, proj_bias);
 }
 
 std::vector<std::string> MlpOp::param_names() const {
-  std::vector<std::string> names{w_.norm.weight_name};
-  for (const auto* n :
-       {&w_.norm.bias_name, &w_.fc_name, &w_.fc_bias_name, &w_.proj_name, &w_.proj_bias_name})
+  std::vector<std::string> names = p_.norm.names();
+  for (const auto* n : {&p_.fc_name, &p_.fc_bias_name, &p_.proj_name, &p_.proj_bias_name})
     if (!n->empty()) names.push_back(*n);
   return names;
 }

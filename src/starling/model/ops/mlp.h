@@ -10,24 +10,25 @@
 
 namespace starling::model {
 
-struct MlpWeights {
-  NormWeights norm;
+// The names of the block's parameters in the ParamStore.
+struct MlpParams {
+  NormParams norm;
   std::string fc_name, fc_bias_name, proj_name, proj_bias_name;  // bias names empty for llama
-  at::Tensor fc, fc_bias, proj, proj_bias;
 };
 
 class MlpOp : public graph::Op {
  public:
-  MlpOp(const ModelConfig& config, MlpWeights weights);
+  MlpOp(const ModelConfig& config, MlpParams params);
   std::string kind() const override { return "mlp"; }
-  at::Tensor forward(const std::vector<at::Tensor>& inputs) override;
+  at::Tensor forward(const std::vector<at::Tensor>& inputs,
+                     const std::vector<at::Tensor>& params) override;
   std::vector<std::string> param_names() const override;
   double forward_flops_per_token(int64_t seq_len) const override;
   std::vector<int64_t> output_shape(int64_t batch, int64_t seq_len) const override;
 
  private:
   ModelConfig config_;
-  MlpWeights w_;
+  MlpParams p_;
 };
 
 }  // namespace starling::model

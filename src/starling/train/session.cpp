@@ -1,0 +1,127 @@
+#include "starling/train/session.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <fstream>
+#include <iostream>
+
+#include "starling/common/cpu_runtime.h"
+#include "starling/common/error.h"
+#include "starling/model/build.h"
+#include "starling/model/hf_gpt2.h"
+#include "starling/train/compute_bench.h"
+#include "starling/train/precision.h"
+
+namespace starling::train {
+namespace fs = std::filesystem;
+namespace {
+
+// The model table of a config as TOML: equal strings mean the same architecture and shape.
+std::string model_signature(const RunConfig& c) {
+  RunConfig only;
+  only.model = c.model;
+  const std::string text = to_toml(only);
+  const auto begin = text.find("[model]");
+  const auto end = text.find("\n[", begin + 1);
+  return text.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+}
+
+void restore(Session& s, const Checkpoint& ckpt) {
+  const RunConfig saved =
+      parse_run_config(ckpt.meta.config_toml, (ckpt.dir / "meta.json").string());
+  if (model_signature(saved) != model_signature(s.config))
+    throw ConfigError("--resume: the model in " + ckpt.dir.string() +
+                      " differs from the config's [model]:\n" + model_signature(saved) +
+                      "\nversus\n" + model_signature(s.config));
+  load_params(ckpt.model, s.dag->params());
+  s.optimizer->load_state(ckpt.optimizer, ckpt.meta.step);
+  s.loader->restore(ckpt.meta.loader);
+  if (ckpt.optimizer.contains(kRngTensor)) {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();  // a handle to the global one
+    gen.set_state(ckpt.optimizer.at(kRngTensor));
+  }
+  s.replica->step = ckpt.meta.step;
+  s.replica->tokens = ckpt.meta.tokens;
+  s.val_loss = ckpt.meta.val_loss;
+  s.resumed = true;
+}
+
+}  // namespace
+
+std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& options,
+                                      ProgressLine& progress) {
+  const int threads = setup_cpu_runtime(c.train.threads, c.train.cpu_allocator == "system");
+  check_device(c.train.device, "train.device");
+  check_dtype(c.train.device, c.train.dtype, "train.dtype");
+  configure_matmul_precision(c.train.device, c.train.tf32);
+  auto s = std::make_unique<Session>(c, c10::Device(c.train.device));
+  s->threads = threads;
+  s->dataset = data::open_dataset(c.data.dir);
+  const data::DatasetInfo& ds = s->dataset;
+  if (ds.vocab_size > static_cast<uint64_t>(c.model.vocab_size))
+    throw ConfigError("model.vocab_size (" + std::to_string(c.model.vocab_size) +
+                      ") is smaller than the vocabulary of the data in " + ds.dir.string() + " (" +
+                      ds.tokenizer_kind + ", " + std::to_string(ds.vocab_size) +
+                      "); set model.vocab_size = " + std::to_string(ds.vocab_size));
+
+  const fs::path run_dir = c.train.out_dir;
+  fs::create_directories(run_dir);
+  const bool has_checkpoint = fs::exists(run_dir / "checkpoints" / "latest");
+  if (has_checkpoint && !options.resume)
+    throw ConfigError(run_dir.string() +
+                      " already holds a checkpoint; pass --resume to continue "
+                      "that run, or set train.out_dir to a new directory");
+
+  s->dag = model::build_model(c.model, c.train.seed, s->device);
+  s->executor = std::make_unique<graph::Executor>(
+      *s->dag, graph::ExecutorOptions{.recompute = c.train.recompute,
+                                      .autocast = parse_dtype(c.train.dtype, "train.dtype")});
+  s->optimizer =
+      std::make_unique<AdamW>(s->dag->params(), AdamWOptions{.beta1 = c.optim.beta1,
+                                                             .beta2 = c.optim.beta2,
+                                                             .eps = c.optim.eps,
+                                                             .weight_decay = c.optim.weight_decay});
+  s->loader = std::make_unique<data::TokenLoader>(ds.train_shards,
+                                                  data::LoaderOptions{.seq_len = c.model.seq_len,
+                                                                      .batch = c.train.batch_size,
+                                                                      .seed = c.train.seed,
+                                                                      .rank = options.data_rank,
+                                                                      .world = options.data_world,
+                                                                      .shuffle = true});
+  s->replica = std::make_unique<Replica>(Replica{c, s->dag->params(), *s->optimizer});
+
+  if (options.resume && has_checkpoint) {
+    const Checkpoint& ckpt = s->restored.emplace(read_checkpoint(find_checkpoint(run_dir)));
+    restore(*s, ckpt);
+    std::cerr << "resumed from " << ckpt.dir.string() << " at step " << s->replica->step << "\n";
+  } else if (!c.train.init_from.empty()) {
+    model::load_hf_gpt2(c.train.init_from, *s->dag, c.model);
+    progress.note("initialised from " + c.train.init_from);
+  } else if (options.resume) {
+    progress.note("--resume: no checkpoint in " + run_dir.string() + ", starting fresh");
+  }
+  { std::ofstream(run_dir / "config.toml") << to_toml(c); }
+  return s;
+}
+
+fs::path Session::save(StepHooks* hooks) {
+  std::vector<std::pair<std::string, at::Tensor>> strategy_tensors;
+  nlohmann::json strategy_state;
+  if (hooks != nullptr) strategy_state = hooks->checkpoint_state(strategy_tensors);
+  CheckpointMeta meta{.step = replica->step,
+                      .tokens = replica->tokens,
+                      .loader = loader->state(),
+                      .config_toml = to_toml(config),
+                      .tokenizer_kind = dataset.tokenizer_kind,
+                      .data_vocab_size = dataset.vocab_size,
+                      .val_loss = val_loss,
+                      .strategy = strategy_state};
+  return save_checkpoint(
+      run_dir(), dag->params(), *optimizer, meta,
+      {.keep = config.train.keep_checkpoints,
+       .tokenizer_model = dataset.tokenizer_model.empty() ? "" : dataset.tokenizer_model.string(),
+       .strategy_tensors = std::move(strategy_tensors)});
+}
+
+}  // namespace starling::train

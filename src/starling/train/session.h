@@ -1,0 +1,59 @@
+// Everything one replica's run holds, built from the config: the dataset, the model DAG and its
+// executor, the optimizer, the loader, and where the run stands (the Replica strategies see). When
+// resuming it is restored from the newest checkpoint; it also writes checkpoints. The training
+// loop (trainer.cpp) drives it; nothing here decides when a step or a save happens.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "starling/data/dataset.h"
+#include "starling/data/loader.h"
+#include "starling/graph/dag.h"
+#include "starling/graph/executor.h"
+#include "starling/train/adamw.h"
+#include "starling/train/checkpoint.h"
+#include "starling/train/config.h"
+#include "starling/train/loss_scaler.h"
+#include "starling/train/metrics.h"
+#include "starling/train/step_hooks.h"
+#include "starling/train/trainer.h"
+
+namespace starling::train {
+
+struct Session {
+  Session(const RunConfig& c, c10::Device d) : config(c), device(d) {}
+
+  const RunConfig& config;
+  c10::Device device;
+  int threads = 1;  // CPU threads the runtime uses
+  data::DatasetInfo dataset;
+  std::unique_ptr<graph::OpDag> dag;
+  std::unique_ptr<graph::Executor> executor;
+  std::unique_ptr<AdamW> optimizer;
+  std::unique_ptr<data::TokenLoader> loader;
+  LossScaler scaler;  // fp16 only
+  std::unique_ptr<Replica> replica;
+  double val_loss = -1;  // the last validation loss (restored when resuming)
+  bool resumed = false;  // restored from a checkpoint
+  // The checkpoint a resumed run came from, kept until the strategy has read its state.
+  std::optional<Checkpoint> restored;
+
+  std::filesystem::path run_dir() const { return config.train.out_dir; }
+
+  // Saves a checkpoint of the current step, with the strategy's state when `hooks` is given.
+  std::filesystem::path save(StepHooks* hooks);
+};
+
+// Checks the config against the machine and the data (ConfigError/DataError naming the key),
+// refuses an out_dir that holds a checkpoint unless resuming, builds the session, and restores
+// the newest checkpoint (options.resume) or initial weights (train.init_from). Notes go to
+// `progress`.
+std::unique_ptr<Session> open_session(const RunConfig& config, const TrainOptions& options,
+                                      ProgressLine& progress);
+
+}  // namespace starling::train

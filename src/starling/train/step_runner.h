@@ -1,0 +1,56 @@
+// How one optimizer step's forward and backward passes run: the seam between the training loop
+// (trainer.cpp), which decides when steps happen and what follows them (strategy hooks, clipping,
+// the optimizer, reporting), and the machinery that produces the step's gradients. The local
+// runner below runs every micro-batch through one executor on this machine; a runner that swaps
+// layer groups through a memory budget, or one that runs a stage of a pipeline, plugs in beside it
+// without the loop changing.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace starling::data {
+class TokenLoader;
+struct Batch;
+}  // namespace starling::data
+
+namespace starling::graph {
+class Executor;
+class ParamStore;
+}  // namespace starling::graph
+
+namespace starling::train {
+
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+
+  // Clears the gradients, then runs forward and backward over `micro_batches` micro-batches,
+  // accumulating into the parameters' gradients with each micro-batch's loss scaled by
+  // loss_scale / micro_batches. Returns the mean loss as a 0-dim tensor on the model's device:
+  // nothing here waits for the device.
+  virtual at::Tensor run(int64_t micro_batches, double loss_scale) = 0;
+};
+
+// The batch as the model's [inputs, targets] on `device` (through pinned memory to a GPU, so the
+// host does not wait for the copy).
+std::vector<at::Tensor> to_device(const data::Batch& batch, const c10::Device& device);
+
+// Every micro-batch through one executor, on this machine's device, from one loader.
+class LocalStepRunner : public StepRunner {
+ public:
+  LocalStepRunner(graph::Executor& executor, graph::ParamStore& params, data::TokenLoader& loader,
+                  c10::Device device);
+  at::Tensor run(int64_t micro_batches, double loss_scale) override;
+
+ private:
+  graph::Executor& executor_;
+  graph::ParamStore& params_;
+  data::TokenLoader& loader_;
+  c10::Device device_;
+};
+
+}  // namespace starling::train
