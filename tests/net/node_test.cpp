@@ -374,3 +374,80 @@ TEST(NodeTest, EveryCollectiveForManySizesWithFivePeers) {
     for (int i = 0; i < 5; ++i) ASSERT_EQ(data[i], ramp(n, 4.0f));
   }
 }
+
+namespace {
+
+std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+}  // namespace
+
+TEST(NodeTest, PointToPointMessagesMatchByPeerAndTag) {
+  Swarm swarm(3);
+  auto nodes = swarm.start(3);
+  const net::PeerId p0 = nodes[0]->id(), p2 = nodes[2]->id();
+  auto early = nodes[1]->recv(p0, 11);  // posted before its message exists
+  std::vector<net::Transfer> sends = {nodes[0]->send(nodes[1]->id(), 7, bytes_of("a")),
+                                      nodes[0]->send(nodes[1]->id(), 7, bytes_of("b")),
+                                      nodes[0]->send(nodes[1]->id(), 9, bytes_of("c")),
+                                      nodes[2]->send(nodes[1]->id(), 7, bytes_of("z")),
+                                      nodes[0]->send(nodes[1]->id(), 11, bytes_of("early"))};
+  for (auto& s : sends) EXPECT_TRUE(s.wait().empty());
+  // Out of order across tags and senders; in order within one (sender, tag).
+  EXPECT_EQ(text_of(nodes[1]->recv(p0, 9).wait()), "c");
+  EXPECT_EQ(text_of(nodes[1]->recv(p2, 7).wait()), "z");
+  EXPECT_EQ(text_of(nodes[1]->recv(p0, 7).wait()), "a");
+  EXPECT_EQ(text_of(nodes[1]->recv(p0, 7).wait()), "b");
+  EXPECT_EQ(text_of(early.wait()), "early");
+  // To itself: delivered locally.
+  nodes[0]->send(p0, 3, bytes_of("self")).wait();
+  EXPECT_EQ(text_of(nodes[0]->recv(p0, 3).wait()), "self");
+  // A receive whose message never comes stays pending.
+  EXPECT_FALSE(nodes[1]->recv(p0, 12).wait_for(200ms));
+}
+
+TEST(NodeTest, PointToPointMovesWhileACollectiveWaits) {
+  Swarm swarm(3);
+  auto nodes = swarm.start(3);
+  // Peers 0 and 1 enter an all-reduce that cannot start before peer 2 joins it.
+  std::vector<float> a(100, 1.0f), b(100, 2.0f), c(100, 3.0f);
+  auto wa = nodes[0]->all_reduce(a, {});
+  auto wb = nodes[1]->all_reduce(b, {});
+  std::this_thread::sleep_for(100ms);
+  nodes[0]->send(nodes[1]->id(), 1, bytes_of("meanwhile"));
+  auto got = nodes[1]->recv(nodes[0]->id(), 1);
+  ASSERT_TRUE(got.wait_for(2s)) << "a message waited for the collective";
+  EXPECT_EQ(text_of(got.wait()), "meanwhile");
+  EXPECT_FALSE(wa.test());
+  auto wc = nodes[2]->all_reduce(c, {});
+  wa.wait();
+  wb.wait();
+  wc.wait();
+  EXPECT_EQ(a, std::vector<float>(100, 6.0f));
+}
+
+TEST(NodeTest, PointToPointFailsWhenThePeerIsGone) {
+  Swarm swarm(3);
+  auto nodes = swarm.start(3);
+  const net::PeerId gone = nodes[2]->id();
+  nodes[2]->send(nodes[1]->id(), 5, bytes_of("last words")).wait();
+  auto pending = nodes[1]->recv(gone, 6);
+  std::this_thread::sleep_for(100ms);
+  nodes[2]->leave();
+  ASSERT_TRUE(pending.wait_for(900ms)) << "not failed before the 1 s peer timeout";
+  try {
+    pending.wait();
+    ADD_FAILURE() << "a receive from a peer that left succeeded";
+  } catch (const starling::NetError& e) {
+    EXPECT_NE(std::string(e.what()).find("left"), std::string::npos) << e.what();
+  }
+  // What it sent before leaving still arrives; anything more fails at once.
+  EXPECT_EQ(text_of(nodes[1]->recv(gone, 5).wait()), "last words");
+  EXPECT_THROW(nodes[1]->recv(gone, 5).wait(), starling::NetError);
+  EXPECT_THROW(nodes[0]->send(gone, 1, bytes_of("x")).wait(), starling::NetError);
+  // Too big for the connection's message limit: refused, not sent.
+  net::NodeOptions o = swarm.options(0);
+  EXPECT_THROW(
+      nodes[0]->send(nodes[1]->id(), 1, std::vector<uint8_t>(o.max_message_bytes + 1)).wait(),
+      starling::NetError);
+}

@@ -7,15 +7,14 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "starling/compress/wire_codec.h"
+#include "starling/net/handle.h"
 #include "starling/net/peer_id.h"
 
 namespace starling::net {
@@ -55,30 +54,10 @@ struct CollectiveResult {
   double seconds = 0;  // from launch to completion
 };
 
-// A handle to a launched collective. Copyable; all copies refer to the same operation.
-class Work {
+// A handle to a launched collective (handle.h): test(), wait() -> CollectiveResult, wait_for().
+class Work : public Handle<CollectiveResult> {
  public:
-  struct State {
-    std::mutex mutex;
-    std::condition_variable done_cv;
-    bool done = false;
-    std::string error;  // empty on success
-    CollectiveResult result;
-    void finish(CollectiveResult r, std::string error);
-  };
-
-  Work() = default;
-  explicit Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
-
-  // True once the operation finished (successfully or not). Never blocks.
-  bool test() const;
-  // Blocks until finished; returns the result or throws NetError with the reason.
-  CollectiveResult wait() const;
-  // Waits at most `timeout`; true if finished.
-  bool wait_for(std::chrono::milliseconds timeout) const;
-
- private:
-  std::shared_ptr<State> state_;
+  using Handle::Handle;
 };
 
 class Collectives {

@@ -122,6 +122,9 @@ uint64_t choose_chunk_elements(uint64_t count, size_t peers, size_t max_chunk_by
 
 }  // namespace
 
+// Point-to-point messages that arrived and wait for a receive, at most.
+constexpr size_t kMaxUnclaimed = 4096;
+
 class Node::Impl : public RingChannel {
  public:
   explicit Impl(NodeOptions options);
@@ -129,6 +132,7 @@ class Node::Impl : public RingChannel {
 
   void stop(bool announce);
   Work launch(CollectiveKind kind, std::span<float> data, const CollectiveOptions& options);
+  Transfer post(bool send, PeerId peer, uint64_t tag, std::vector<uint8_t> bytes);
 
   std::vector<MemberView> members() const;
   std::vector<LinkView> links() const;
@@ -155,6 +159,7 @@ class Node::Impl : public RingChannel {
   void introduce(const MemberInfo& info);  // a new member: connect, probe, say hello
   void coordinate();
   void run_collective(Pending& p);
+  void run_transfers();  // point-to-point requests queued by callers
   json status_json() const;
   void log(const std::string& line) { options_.log(line); }
   std::string who(PeerId id) const;
@@ -169,6 +174,14 @@ class Node::Impl : public RingChannel {
   mutable std::condition_variable changed_;
   Membership membership_;
   std::deque<Pending> queue_;
+  struct TransferRequest {
+    bool send = false;
+    PeerId peer = 0;
+    uint64_t tag = 0;
+    std::vector<uint8_t> bytes;
+    std::shared_ptr<Transfer::State> state;
+  };
+  std::deque<TransferRequest> transfers_;
   bool welcomed_ = false;
   bool stopping_ = false;
   bool announce_leave_ = false;
@@ -198,7 +211,8 @@ class Node::Impl : public RingChannel {
   PeerId left_ = 0, right_ = 0;
   std::vector<PeerId> ring_;
   Clock::time_point last_progress_{};
-  std::map<uint64_t, std::deque<Incoming>> mailbox_;
+  std::map<uint64_t, std::deque<Incoming>> mailbox_;  // collective chunks, by operation
+  Mailbox p2p_;                                       // point-to-point messages, by (peer, tag)
   std::map<uint64_t, std::string> aborted_;
   std::deque<uint64_t> finished_ops_;
   // Passive bandwidth measurement of the link from our left neighbour.
@@ -287,6 +301,7 @@ void Node::Impl::send_to(PeerId peer, MsgType type, zmq::message_t payload, uint
 }
 
 void Node::Impl::introduce(const MemberInfo& info) {
+  p2p_.revive(info.id);
   // New, or a new incarnation of a restarted peer: its attempt numbers start again.
   started_attempt_.erase(info.id);
   readies_.erase(info.id);
@@ -361,12 +376,20 @@ void Node::Impl::run() {
       if (id != self_id_) others.push_back(id);
   }
   for (auto& p : left_over) p.state->finish({}, "the peer stopped before the collective ran");
+  std::deque<TransferRequest> transfers;
+  {
+    std::lock_guard lock(mutex_);
+    transfers.swap(transfers_);
+  }
+  for (auto& t : transfers) t.state->finish({}, "the peer has stopped");
+  p2p_.fail_all("the peer has stopped");
   if (announce)
     for (PeerId id : others) send_to(id, MsgType::leave, zmq::message_t());
   transport_->close_all(announce ? milliseconds(1000) : milliseconds(0));
 }
 
 void Node::Impl::pump(Clock::time_point until) {
+  run_transfers();  // here, so they also move while a collective pumps
   const auto now = Clock::now();
   if (now >= next_heartbeat_) on_timers(now);
   auto wait = std::min(until, next_heartbeat_) - now;
@@ -392,6 +415,7 @@ void Node::Impl::on_timers(Clock::time_point now) {
   for (PeerId id : dead)
     log("peer " + who(id) + " is dead: no message for " +
         std::to_string(options_.peer_timeout.count() / 1000.0).substr(0, 4) + " s");
+  for (PeerId id : dead) p2p_.fail_peer(id, "peer " + who(id) + " died");
   if (!dead.empty()) changed_.notify_all();
   send_heartbeats(now);
   coordinate();
@@ -428,8 +452,26 @@ void Node::Impl::handle(Incoming& in) {
   {
     std::lock_guard lock(mutex_);
     known = membership_.find(h.sender) != nullptr && h.sender != self_id_;
-    if (known && membership_.heard_from(h.sender, now))
+    if (known && membership_.heard_from(h.sender, now)) {
       log("peer " + who(h.sender) + " is alive again");
+      p2p_.revive(h.sender);
+    }
+  }
+  if (h.type == MsgType::p2p) {
+    if (!known) {
+      log("dropped a message from " + short_peer_id(h.sender) + " at " + in.address +
+          ": not a member");
+      return;
+    }
+    // Nobody receives them: a peer that keeps sending cannot fill this one's memory.
+    if (p2p_.unclaimed() >= kMaxUnclaimed) {
+      log("dropped a message from " + who(h.sender) + " (tag " + std::to_string(h.op) +
+          "): " + std::to_string(kMaxUnclaimed) + " messages already wait for a receive");
+      return;
+    }
+    const auto* bytes = static_cast<const uint8_t*>(in.payload.data());
+    p2p_.deliver(h.sender, h.op, std::vector<uint8_t>(bytes, bytes + in.payload.size()));
+    return;
   }
   if (h.type == MsgType::data) {
     if (!known) {
@@ -561,6 +603,7 @@ void Node::Impl::handle_control(Incoming& in, const json& body) {
         membership_.mark_left(h.sender);
       }
       log("peer " + who(h.sender) + " left the swarm");
+      p2p_.fail_peer(h.sender, "peer " + who(h.sender) + " left the swarm");
       changed_.notify_all();
       break;
     }
@@ -946,6 +989,55 @@ Work Node::Impl::launch(CollectiveKind kind, std::span<float> data,
   return Work(state);
 }
 
+Transfer Node::Impl::post(bool send, PeerId peer, uint64_t tag, std::vector<uint8_t> bytes) {
+  auto state = std::make_shared<Transfer::State>();
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) {
+      state->finish({}, "the peer has stopped");
+      return Transfer(state);
+    }
+    transfers_.push_back({send, peer, tag, std::move(bytes), state});
+  }
+  transport_->wake();
+  return Transfer(state);
+}
+
+void Node::Impl::run_transfers() {
+  std::deque<TransferRequest> requests;
+  {
+    std::lock_guard lock(mutex_);
+    requests.swap(transfers_);
+  }
+  for (auto& r : requests) {
+    if (!r.send) {
+      p2p_.expect(r.peer, r.tag, r.state);
+      continue;
+    }
+    if (r.peer == self_id_) {
+      p2p_.deliver(self_id_, r.tag, std::move(r.bytes));
+      r.state->finish({}, "");
+      continue;
+    }
+    bool alive = false;
+    {
+      std::lock_guard lock(mutex_);
+      const Member* m = membership_.find(r.peer);
+      alive = m != nullptr && m->state == MemberState::alive;
+    }
+    if (!alive) {
+      r.state->finish({}, "send to " + who(r.peer) + ": not a live member");
+    } else if (r.bytes.size() > options_.max_message_bytes) {
+      r.state->finish({}, "send to " + who(r.peer) + ": " + std::to_string(r.bytes.size()) +
+                              " bytes exceed the message limit of " +
+                              std::to_string(options_.max_message_bytes));
+    } else {
+      send_to(r.peer, MsgType::p2p, zmq::message_t(r.bytes.data(), r.bytes.size()), r.tag);
+      r.state->finish({}, "");
+    }
+  }
+}
+
 std::vector<MemberView> Node::Impl::members() const {
   std::lock_guard lock(mutex_);
   std::vector<MemberView> out;
@@ -1006,6 +1098,13 @@ PeerId Node::longest_standing(const std::vector<PeerId>& participants) const {
       best = m.info.id;
     }
   return best;
+}
+
+Transfer Node::send(PeerId peer, uint64_t tag, std::vector<uint8_t> bytes) {
+  return impl_->post(/*send=*/true, peer, tag, std::move(bytes));
+}
+Transfer Node::recv(PeerId peer, uint64_t tag) {
+  return impl_->post(/*send=*/false, peer, tag, {});
 }
 
 Work Node::launch(CollectiveKind kind, std::span<float> data, const CollectiveOptions& options) {

@@ -17,6 +17,7 @@
 #include "starling/net/collective.h"
 #include "starling/net/keys.h"
 #include "starling/net/log.h"
+#include "starling/net/mailbox.h"
 #include "starling/net/membership.h"
 
 namespace starling::net {
@@ -68,6 +69,16 @@ class Node : public Collectives {
   std::vector<LinkView> links() const;
   // Waits until at least `count` members (this one included) are alive.
   bool wait_for_members(size_t count, std::chrono::milliseconds timeout) const;
+
+  // Point-to-point messages (mailbox.h): a message sent with tag T to member P is received by P's
+  // recv(this node's id, T); messages of one (sender, tag) arrive in send order, and receives may
+  // be posted before or after their message arrives, in any order across tags. A send completes
+  // once it is queued on the connection (encrypted like all traffic) and fails at once for a peer
+  // that is not a live member or a message over max_message_bytes; a receive fails when its peer
+  // dies or leaves first, or when this node stops. Sends to this node's own id are delivered
+  // locally. Both work while a collective runs.
+  Transfer send(PeerId peer, uint64_t tag, std::vector<uint8_t> bytes);
+  Transfer recv(PeerId peer, uint64_t tag);
 
   // Starts or stops taking part in collectives (a joining peer may first fetch state).
   void set_active(bool active);

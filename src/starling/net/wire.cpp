@@ -59,6 +59,8 @@ std::string to_string(MsgType type) {
       return "abort";
     case MsgType::data:
       return "data";
+    case MsgType::p2p:
+      return "p2p";
   }
   return "type " + std::to_string(static_cast<int>(type));
 }

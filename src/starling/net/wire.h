@@ -39,8 +39,9 @@ enum class MsgType : uint8_t {
   start = 10,  // coordinator -> participants: run it with these peers in this order
   abort = 11,  // a collective failed; stop waiting for it
   data = 12,   // a chunk of a collective's tensor
+  p2p = 13,    // a point-to-point message; Header::op carries its tag
 };
-inline constexpr uint8_t kMaxMsgType = 12;
+inline constexpr uint8_t kMaxMsgType = 13;
 
 std::string to_string(MsgType type);
 

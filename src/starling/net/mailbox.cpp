@@ -1,0 +1,53 @@
+#include "starling/net/mailbox.h"
+
+namespace starling::net {
+
+void Mailbox::deliver(PeerId sender, uint64_t tag, std::vector<uint8_t> bytes) {
+  const Key key{sender, tag};
+  if (auto it = waiting_.find(key); it != waiting_.end()) {
+    auto receive = std::move(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) waiting_.erase(it);
+    receive->finish(std::move(bytes), "");
+    return;
+  }
+  arrived_[key].push_back(std::move(bytes));
+  ++unclaimed_;
+}
+
+void Mailbox::expect(PeerId sender, uint64_t tag, std::shared_ptr<Transfer::State> receive) {
+  const Key key{sender, tag};
+  if (auto it = arrived_.find(key); it != arrived_.end()) {
+    std::vector<uint8_t> bytes = std::move(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) arrived_.erase(it);
+    --unclaimed_;
+    receive->finish(std::move(bytes), "");
+    return;
+  }
+  if (auto it = gone_.find(sender); it != gone_.end()) {
+    receive->finish({}, it->second);
+    return;
+  }
+  waiting_[key].push_back(std::move(receive));
+}
+
+void Mailbox::fail_peer(PeerId peer, const std::string& why) {
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (it->first.first != peer) {
+      ++it;
+      continue;
+    }
+    for (auto& receive : it->second) receive->finish({}, why);
+    it = waiting_.erase(it);
+  }
+  gone_[peer] = why;
+}
+
+void Mailbox::fail_all(const std::string& why) {
+  for (auto& [key, receives] : waiting_)
+    for (auto& receive : receives) receive->finish({}, why);
+  waiting_.clear();
+}
+
+}  // namespace starling::net
