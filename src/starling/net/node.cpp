@@ -305,8 +305,13 @@ void Node::Impl::introduce(const MemberInfo& info) {
   // New, or a new incarnation of a restarted peer: its attempt numbers start again.
   started_attempt_.erase(info.id);
   readies_.erase(info.id);
-  transport_->disconnect(slot_of(info.id));  // a restarted peer may listen elsewhere now
-  transport_->connect(slot_of(info.id), info.endpoint, info.public_key);
+  // A restarted peer may listen elsewhere now. The same address keeps its connection: closing it
+  // would drop what is already queued to the peer (a joiner's second announcement of itself
+  // looks like a new incarnation too).
+  if (!transport_->connected_to(slot_of(info.id), info.endpoint, info.public_key)) {
+    transport_->disconnect(slot_of(info.id));
+    transport_->connect(slot_of(info.id), info.endpoint, info.public_key);
+  }
   send_to(info.id, MsgType::hello, json_message({{"member", to_json(membership_.self())}}));
   // Bandwidth probe: a marker, then a bulk payload right behind it; the receiver times the gap.
   if (options_.probe_bytes > 0) {

@@ -66,13 +66,25 @@ void Transport::connect(const std::string& slot, const std::string& endpoint,
     return;
   }
   dealers_.emplace(slot, std::move(s));
+  targets_[slot] = {endpoint, server_key};
 }
 
-void Transport::disconnect(const std::string& slot) { dealers_.erase(slot); }
+bool Transport::connected_to(const std::string& slot, const std::string& endpoint,
+                             const std::string& server_key) const {
+  const auto it = targets_.find(slot);
+  return dealers_.count(slot) > 0 && it != targets_.end() && it->second.first == endpoint &&
+         it->second.second == server_key;
+}
+
+void Transport::disconnect(const std::string& slot) {
+  dealers_.erase(slot);
+  targets_.erase(slot);
+}
 
 void Transport::close_all(std::chrono::milliseconds linger) {
   for (auto& [slot, s] : dealers_) s.set(zmq::sockopt::linger, static_cast<int>(linger.count()));
   dealers_.clear();
+  targets_.clear();
 }
 
 bool Transport::send(const std::string& slot, Header header, zmq::message_t payload) {

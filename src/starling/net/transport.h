@@ -56,6 +56,9 @@ class Transport {
   void connect(const std::string& slot, const std::string& endpoint, const std::string& server_key);
   void disconnect(const std::string& slot);
   bool connected(const std::string& slot) const { return dealers_.count(slot) > 0; }
+  // Whether `slot` is open to exactly this endpoint and key.
+  bool connected_to(const std::string& slot, const std::string& endpoint,
+                    const std::string& server_key) const;
 
   // Queues a message on `slot` (connect() first). ZeroMQ owns `payload` from here: no copy.
   // Returns false if no such socket is open.
@@ -89,6 +92,7 @@ class Transport {
   std::mutex wake_mutex_;
   zmq::socket_t wake_push_;
   std::map<std::string, zmq::socket_t> dealers_;
+  std::map<std::string, std::pair<std::string, std::string>> targets_;  // slot -> endpoint, key
   std::string endpoint_;
   std::atomic<uint64_t> rejected_{0};  // read by other threads for counters
   std::atomic<uint64_t> bytes_sent_{0};
