@@ -137,6 +137,42 @@ class SwarmCliTest : public ::testing::Test {
     return argv;
   }
 
+  // Two `starling peer` ranks of config `name`, launched as torchrun would (RANK, WORLD_SIZE,
+  // MASTER_ADDR, MASTER_PORT = `port`) with `extra` arguments, each writing to run_dir(name)/RANK.
+  // Returns each rank's "done" event, or the rank's log when it has none.
+  static std::vector<std::optional<json>> run_torchrun_pair(const std::string& name,
+                                                            const std::string& port,
+                                                            const std::vector<std::string>& extra,
+                                                            std::vector<std::string>& logs) {
+    std::vector<Process> ranks;
+    for (int rank = 0; rank < 2; ++rank) {
+      std::vector<std::string> argv = {
+          "/usr/bin/env",
+          "RANK=" + std::to_string(rank),
+          "WORLD_SIZE=2",
+          "MASTER_ADDR=127.0.0.1",
+          "MASTER_PORT=" + port,
+          STARLING_CLI_PATH,
+          "peer",
+          "--json",
+          "-q",
+          "--config",
+          (root_ / (name + ".toml")).string(),
+          "--set",
+          "train.out_dir=\"" + (run_dir(name) / std::to_string(rank)).string() + "\""};
+      argv.insert(argv.end(), extra.begin(), extra.end());
+      ranks.emplace_back(argv, (root_ / (name + std::to_string(rank) + ".log")).string());
+    }
+    std::vector<std::optional<json>> done;
+    logs.clear();
+    for (int rank = 0; rank < 2; ++rank) {
+      done.push_back(wait_event(
+          ranks[rank], [](const json& j) { return j["event"] == "done"; }, 120s));
+      logs.push_back(read_file(root_ / (name + std::to_string(rank) + ".log")));
+    }
+    return done;
+  }
+
   static fs::path root_;
 };
 fs::path SwarmCliTest::root_;
@@ -265,20 +301,11 @@ TEST_F(SwarmCliTest, StoppedSwarmResumesExactly) {
 TEST_F(SwarmCliTest, TorchrunEnvironmentFindsThePeers) {
   write_config("torchrun", "kind = \"diloco\"\nlocal_steps = 4");
   const std::string port = std::to_string(20000 + ::getpid() % 20000);
-  std::vector<Process> peers;
-  for (int rank = 0; rank < 2; ++rank)
-    peers.emplace_back(
-        std::vector<std::string>{
-            "/usr/bin/env", "RANK=" + std::to_string(rank), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
-            "MASTER_PORT=" + port, STARLING_CLI_PATH, "peer", "--json", "-q", "--insecure",
-            "--config", (root_ / "torchrun.toml").string(), "--set",
-            "train.out_dir=\"" + (run_dir("torchrun") / std::to_string(rank)).string() + "\""},
-        (root_ / ("torchrun" + std::to_string(rank) + ".log")).string());
+  std::vector<std::string> logs;
+  const auto done = run_torchrun_pair("torchrun", port, {"--insecure"}, logs);
   for (int rank = 0; rank < 2; ++rank) {
-    auto done = wait_event(
-        peers[rank], [](const json& j) { return j["event"] == "done"; }, 120s);
-    ASSERT_TRUE(done) << read_file(root_ / ("torchrun" + std::to_string(rank) + ".log"));
-    EXPECT_EQ((*done)["net"]["peers"], 2);
+    ASSERT_TRUE(done[rank]) << logs[rank];
+    EXPECT_EQ((*done[rank])["net"]["peers"], 2);
   }
   EXPECT_TRUE(final_model(run_dir("torchrun") / "0", 16) ==
               final_model(run_dir("torchrun") / "1", 16));
@@ -310,20 +337,11 @@ TEST_F(SwarmCliTest, GlooGroupTrainsLikeTheSwarm) {
 
   write_config("gloo_torchrun", "kind = \"diloco\"\nlocal_steps = 4");
   const std::string port = std::to_string(20000 + (::getpid() + 7919) % 20000);
-  std::vector<Process> ranks;
-  for (int rank = 0; rank < 2; ++rank)
-    ranks.emplace_back(
-        std::vector<std::string>{
-            "/usr/bin/env", "RANK=" + std::to_string(rank), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
-            "MASTER_PORT=" + port, STARLING_CLI_PATH, "peer", "--json", "-q", "--config",
-            (root_ / "gloo_torchrun.toml").string(), "--set", "net.backend=gloo", "--set",
-            "train.out_dir=\"" + (run_dir("gloo_torchrun") / std::to_string(rank)).string() + "\""},
-        (root_ / ("gloo_torchrun" + std::to_string(rank) + ".log")).string());
+  std::vector<std::string> logs;
+  const auto done = run_torchrun_pair("gloo_torchrun", port, {"--set", "net.backend=gloo"}, logs);
   for (int rank = 0; rank < 2; ++rank) {
-    auto done = wait_event(
-        ranks[rank], [](const json& j) { return j["event"] == "done"; }, 120s);
-    ASSERT_TRUE(done) << read_file(root_ / ("gloo_torchrun" + std::to_string(rank) + ".log"));
-    EXPECT_EQ((*done)["net"]["peers"], 2);
+    ASSERT_TRUE(done[rank]) << logs[rank];
+    EXPECT_EQ((*done[rank])["net"]["peers"], 2);
   }
   EXPECT_TRUE(final_model(run_dir("gloo_torchrun") / "0", 16) ==
               final_model(run_dir("gloo_torchrun") / "1", 16));
