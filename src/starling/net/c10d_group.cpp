@@ -1,5 +1,6 @@
 #include "starling/net/c10d_group.h"
 
+#include <algorithm>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "starling/common/error.h"
@@ -52,6 +53,18 @@ void check_launch(const std::string& what, CollectiveKind kind, const Collective
   if (kind == CollectiveKind::broadcast && options.root >= static_cast<PeerId>(world))
     throw NetError(what + ": root " + std::to_string(options.root) +
                    " is not a rank (the group has " + std::to_string(world) + ")");
+  // A subset of the ranks would need a process group of its own, made by every rank alike.
+  if (!options.group.empty()) {
+    std::vector<PeerId> ranks = options.group;
+    std::sort(ranks.begin(), ranks.end());
+    ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+    bool whole = static_cast<int>(ranks.size()) == world;
+    for (size_t i = 0; whole && i < ranks.size(); ++i) whole = ranks[i] == i;
+    if (!whole)
+      throw NetError(what +
+                     ": a collective over a subset of the ranks needs the starling "
+                     "backend (net.backend = \"starling\")");
+  }
 }
 
 std::string message_of(const std::exception& e) {

@@ -19,7 +19,8 @@ c10::intrusive_ptr<c10d::Store> connect_store(const GroupOptions& options,
                                               const std::string& backend);
 
 // What neither c10d backend can do, refused before anything reaches c10d (NetError naming
-// `what`): a wire precision other than fp32, a broadcast root that is not a rank.
+// `what`): a wire precision other than fp32, a broadcast root that is not a rank, a group that
+// is not every rank.
 void check_launch(const std::string& what, CollectiveKind kind, const CollectiveOptions& options,
                   int world);
 

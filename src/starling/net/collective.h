@@ -37,6 +37,14 @@ struct CollectiveOptions {
   ReduceOp op = ReduceOp::sum;                    // all_reduce and reduce_scatter
   PeerId root = 0;                                // broadcast: the peer whose data everyone gets
   RingOrder order = RingOrder::measured;
+  // Who takes part: empty = the whole swarm (every active member); otherwise these peers, this
+  // one among them (a pipeline stage's counterparts, say). On Starling's swarm the alive members
+  // of the group take part; a c10d backend accepts only its whole group.
+  std::vector<PeerId> group;
+  // Operations on one tag run one after another, in launch order; operations on different tags
+  // may be in flight at once (each participant launches an operation with the same tag). c10d
+  // backends run everything in launch order, so there every rank must launch in the same order.
+  uint64_t tag = 0;
 };
 
 // The half-open element range [begin, end) that ring position `position` of `size` owns in a

@@ -161,15 +161,21 @@ std::vector<PeerId> Membership::alive_active() const {
   return out;
 }
 
-std::optional<PeerId> Membership::coordinator() const {
+std::vector<PeerId> Membership::participants(const std::vector<PeerId>& group) const {
+  if (group.empty()) return alive_active();
+  std::vector<PeerId> out;
+  for (PeerId id : alive())
+    if (std::find(group.begin(), group.end(), id) != group.end()) out.push_back(id);
+  return out;
+}
+
+std::optional<PeerId> Membership::coordinator(const std::vector<PeerId>& group) const {
   std::optional<std::pair<int64_t, PeerId>> best;
-  const auto consider = [&](const Member& m) {
-    if (m.state != MemberState::alive || !m.info.active) return;
-    const std::pair<int64_t, PeerId> key{m.info.joined_at_ms, m.info.id};
+  for (PeerId id : participants(group)) {
+    const Member* m = find(id);
+    const std::pair<int64_t, PeerId> key{m->info.joined_at_ms, id};
     if (!best || key < *best) best = key;
-  };
-  consider(self_);
-  for (const auto& [id, m] : others_) consider(m);
+  }
   if (!best) return std::nullopt;
   return best->second;
 }

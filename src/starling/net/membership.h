@@ -72,8 +72,12 @@ class Membership {
   std::vector<PeerId> alive() const;
   // Alive active members (self included), by id.
   std::vector<PeerId> alive_active() const;
-  // The peer that agrees the participants of each collective: the oldest alive active member.
-  std::optional<PeerId> coordinator() const;
+  // Who takes part in a collective over `group`: the alive active members for the whole swarm
+  // (an empty group), else the alive members of the group. By id.
+  std::vector<PeerId> participants(const std::vector<PeerId>& group) const;
+  // The peer that agrees the participants of a collective over `group`: the oldest of
+  // participants(group).
+  std::optional<PeerId> coordinator(const std::vector<PeerId>& group = {}) const;
 
   // Link measurements, from -> to.
   void set_link(PeerId from, PeerId to, LinkStats stats);

@@ -15,31 +15,11 @@
 #include <vector>
 
 #include "starling/net/collective.h"
-#include "starling/net/keys.h"
-#include "starling/net/log.h"
 #include "starling/net/mailbox.h"
 #include "starling/net/membership.h"
+#include "starling/net/node_options.h"
 
 namespace starling::net {
-
-struct NodeOptions {
-  std::string name;                          // shown in status and logs
-  std::string listen = "tcp://127.0.0.1:0";  // port 0 picks a free port
-  std::string advertise;                     // host others reach us at (for 0.0.0.0 binds)
-  bool insecure = false;                     // plain TCP without CURVE (explicit opt-in)
-  KeyPair keys;                              // this peer's identity (unless insecure)
-  std::vector<AllowedKey> allowlist;         // the swarm: keys allowed to connect
-  std::vector<std::string> join;             // entry points; empty = start a new swarm
-  bool active = true;                        // takes part in every collective
-  std::chrono::milliseconds heartbeat_interval{500};
-  std::chrono::milliseconds peer_timeout{5000};  // silence after which a peer is dead
-  std::chrono::milliseconds join_timeout{30000};
-  std::chrono::milliseconds collective_timeout{300000};  // waiting for everyone to be ready
-  size_t chunk_bytes = 512 * 1024;                       // fp32 bytes per pipelined chunk
-  size_t probe_bytes = 256 * 1024;                       // bandwidth probe sent to each new member
-  uint64_t max_message_bytes = 64ull << 20;
-  LogFn log;  // default: stderr
-};
 
 struct MemberView {
   MemberInfo info;

@@ -1,0 +1,293 @@
+#include "starling/net/gossip.h"
+
+#include <cstring>
+
+#include "starling/common/error.h"
+#include "starling/net/control_message.h"
+
+namespace starling::net {
+namespace {
+
+using json = nlohmann::json;
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+std::string seconds_text(std::chrono::milliseconds d) {
+  return std::to_string(d.count() / 1000.0).substr(0, 4) + " s";
+}
+
+}  // namespace
+
+Gossip::Gossip(const NodeOptions& options, std::vector<EntryPoint> entries, Transport& transport,
+               MemberTable& table, Events events)
+    : options_(options),
+      entries_(std::move(entries)),
+      transport_(transport),
+      table_(table),
+      events_(std::move(events)),
+      random_(std::random_device{}() ^ static_cast<uint64_t>(steady_ns())) {
+  std::lock_guard lock(table_.mutex);
+  self_ = table_.members.self().id;
+}
+
+void Gossip::send(PeerId peer, MsgType type, zmq::message_t payload, uint64_t op) {
+  Header h;
+  h.type = type;
+  h.sender = self_;
+  h.op = op;
+  transport_.send(slot_of(peer), h, std::move(payload));
+}
+
+void Gossip::begin_join() {
+  // Without the entry's key we try every allowlisted key at once: only the right one completes
+  // the CURVE handshake, the others never deliver anything and are closed once we are welcomed.
+  json hello;
+  {
+    std::lock_guard lock(table_.mutex);
+    hello = {{"member", to_json(table_.members.self())}};
+  }
+  int n = 0;
+  for (const auto& e : entries_) {
+    for (const auto& key : candidate_server_keys(e, options_.insecure, options_.keys.public_key,
+                                                 options_.allowlist)) {
+      const std::string slot = std::string("j").append(std::to_string(n++));
+      transport_.connect(slot, e.endpoint, key);
+      Header h;
+      h.type = MsgType::hello;
+      h.sender = self_;
+      transport_.send(slot, h, json_message(hello));
+      join_slots_.push_back(slot);
+    }
+  }
+}
+
+void Gossip::introduce(const MemberInfo& info) {
+  events_.joined(info.id);
+  // A restarted peer may listen elsewhere now. The same address keeps its connection: closing it
+  // would drop what is already queued to the peer (a joiner's second announcement of itself
+  // looks like a new incarnation too).
+  if (!transport_.connected_to(slot_of(info.id), info.endpoint, info.public_key)) {
+    transport_.disconnect(slot_of(info.id));
+    transport_.connect(slot_of(info.id), info.endpoint, info.public_key);
+  }
+  json hello;
+  {
+    std::lock_guard lock(table_.mutex);
+    hello = {{"member", to_json(table_.members.self())}};
+  }
+  send(info.id, MsgType::hello, json_message(hello));
+  // Bandwidth probe: a marker, then a bulk payload right behind it; the receiver times the gap.
+  if (options_.probe_bytes > 0) {
+    const uint64_t probe_id = random_();
+    send(info.id, MsgType::probe, zmq::message_t(), probe_id);
+    Header h;
+    h.type = MsgType::probe;
+    h.sender = self_;
+    h.op = probe_id;
+    h.chunk = 1;
+    zmq::message_t bulk(options_.probe_bytes);
+    std::memset(bulk.data(), 0x5A, bulk.size());
+    transport_.send(slot_of(info.id), h, std::move(bulk));
+  }
+  log("peer " + table_.who(info.id) + " at " + info.endpoint + " is a member");
+}
+
+bool Gossip::heard(const Header& h, Clock::time_point now) {
+  bool known = false, back = false;
+  {
+    std::lock_guard lock(table_.mutex);
+    known = table_.members.find(h.sender) != nullptr && h.sender != self_;
+    back = known && table_.members.heard_from(h.sender, now);
+  }
+  if (back) {
+    log("peer " + table_.who(h.sender) + " is alive again");
+    events_.back(h.sender);
+  }
+  return known;
+}
+
+void Gossip::tick(Clock::time_point now) {
+  std::vector<PeerId> dead;
+  {
+    std::lock_guard lock(table_.mutex);
+    dead = table_.members.expire(now, options_.peer_timeout);
+  }
+  for (PeerId id : dead) {
+    log("peer " + table_.who(id) + " is dead: no message for " +
+        seconds_text(options_.peer_timeout));
+    events_.dead(id);
+  }
+  if (!dead.empty()) table_.changed.notify_all();
+
+  json members = json::array();
+  std::vector<std::pair<PeerId, Clock::time_point>> targets;
+  json body;
+  {
+    std::lock_guard lock(table_.mutex);
+    for (const Member& m : table_.members.all()) {
+      if (m.state != MemberState::dead) members.push_back(to_json(m.info));
+      if (m.info.id != self_ && m.state != MemberState::left)
+        targets.emplace_back(m.info.id, m.last_heard);
+    }
+    body = {
+        {"members", members}, {"links", table_.members.links_json(self_)}, {"ping", steady_ns()}};
+  }
+  for (const auto& [id, last] : targets) {
+    // A peer silent for ten timeouts is gone for good: drop its queue and stop writing to it.
+    if (now - last > 10 * options_.peer_timeout) {
+      transport_.disconnect(slot_of(id));
+      continue;
+    }
+    send(id, MsgType::heartbeat, json_message(body));
+  }
+}
+
+void Gossip::announce_leave() {
+  std::vector<PeerId> others;
+  {
+    std::lock_guard lock(table_.mutex);
+    for (PeerId id : table_.members.alive())
+      if (id != self_) others.push_back(id);
+  }
+  for (PeerId id : others) send(id, MsgType::leave, zmq::message_t());
+}
+
+void Gossip::handle_probe(const Incoming& in) {
+  const Header& h = in.header;
+  const auto now = Clock::now();
+  const auto key = std::make_pair(h.sender, h.op);
+  if (h.chunk == 0) {
+    probe_marks_[key] = now;
+    if (probe_marks_.size() > 256) probe_marks_.clear();
+  } else if (auto it = probe_marks_.find(key); it != probe_marks_.end()) {
+    const double secs = std::chrono::duration<double>(now - it->second).count();
+    if (secs > 0 && in.payload.size() > 0) {
+      std::lock_guard lock(table_.mutex);
+      table_.members.set_link(h.sender, self_,
+                              {-1, static_cast<double>(in.payload.size()) * 8 / secs / 1e6});
+    }
+    probe_marks_.erase(it);
+  }
+}
+
+void Gossip::handle(Incoming& in, const json& body) {
+  const Header& h = in.header;
+  const auto now = Clock::now();
+  const auto member_list = [&](const char* field) {
+    if (!body.contains(field) || !body[field].is_array())
+      throw NetError(std::string("field '") + field + "' is missing or not an array");
+    std::vector<MemberInfo> out;
+    for (const auto& m : body[field]) out.push_back(member_from_json(m));
+    return out;
+  };
+  switch (h.type) {
+    case MsgType::hello: {
+      if (!body.contains("member")) throw NetError("field 'member' is missing");
+      const MemberInfo m = member_from_json(body["member"]);
+      if (m.id != h.sender) throw NetError("a hello must describe its sender");
+      if (!options_.insecure && peer_id_from_public_key(m.public_key) != m.id)
+        throw NetError("member " + short_peer_id(m.id) + "'s id does not match its key");
+      bool added;
+      json list = json::array();
+      {
+        std::lock_guard lock(table_.mutex);
+        added = table_.members.merge(m, now);
+      }
+      if (added) introduce(m);
+      {
+        std::lock_guard lock(table_.mutex);
+        for (const Member& x : table_.members.all())
+          if (x.state != MemberState::left) list.push_back(to_json(x.info));
+      }
+      send(h.sender, MsgType::welcome, json_message({{"members", list}}));
+      table_.changed.notify_all();
+      break;
+    }
+    case MsgType::welcome:
+    case MsgType::heartbeat: {
+      const auto list = member_list("members");
+      std::vector<MemberInfo> added;
+      {
+        std::lock_guard lock(table_.mutex);
+        for (const auto& m : list) {
+          if (!options_.insecure && peer_id_from_public_key(m.public_key) != m.id) continue;
+          if (table_.members.merge(m, now)) added.push_back(m);
+        }
+        if (h.type == MsgType::heartbeat && body.contains("links"))
+          table_.members.merge_links_json(body["links"], h.sender);
+        if (h.type == MsgType::welcome && !table_.welcomed && !entries_.empty()) {
+          table_.welcomed = true;
+          // The coordinator is the oldest member; a joiner must be younger than everyone it
+          // finds, whatever its clock says. Only once, on the welcome that completes the join:
+          // every later change would look like a restart to the others.
+          int64_t newest = 0;
+          for (const auto& m : list)
+            if (m.id != self_) newest = std::max(newest, m.joined_at_ms);
+          auto& self = table_.members.self_info();
+          if (self.joined_at_ms <= newest) self.joined_at_ms = newest + 1;
+        }
+      }
+      for (const auto& m : added) introduce(m);
+      if (h.type == MsgType::welcome && !join_slots_.empty()) {
+        for (const auto& s : join_slots_) transport_.disconnect(s);
+        join_slots_.clear();
+        log("joined the swarm through " + table_.who(h.sender));
+      }
+      if (h.type == MsgType::heartbeat && body.contains("ping") && body["ping"].is_number_integer())
+        send(h.sender, MsgType::pong, json_message({{"ping", body["ping"]}}));
+      table_.changed.notify_all();
+      break;
+    }
+    case MsgType::pong: {
+      if (!body.contains("ping") || !body["ping"].is_number_integer())
+        throw NetError("field 'ping' is missing");
+      const double rtt_ms = (steady_ns() - body["ping"].get<int64_t>()) / 1e6;
+      if (rtt_ms >= 0 && rtt_ms < 600000) {
+        std::lock_guard lock(table_.mutex);
+        table_.members.set_link(self_, h.sender, {rtt_ms, -1});
+      }
+      break;
+    }
+    case MsgType::leave: {
+      {
+        std::lock_guard lock(table_.mutex);
+        table_.members.mark_left(h.sender);
+      }
+      log("peer " + table_.who(h.sender) + " left the swarm");
+      events_.left(h.sender);
+      table_.changed.notify_all();
+      break;
+    }
+    case MsgType::status_request:
+      transport_.reply(in.routing, Header{MsgType::status_reply, 0, self_},
+                       json_message(status_json()));
+      break;
+    default:
+      throw NetError("unexpected message type");
+  }
+}
+
+json Gossip::status_json() const {
+  std::lock_guard lock(table_.mutex);
+  json members = json::array();
+  const auto now = Clock::now();
+  for (const Member& m : table_.members.all()) {
+    json j = to_json(m.info);
+    j["state"] = to_string(m.state);
+    j["heard_s"] =
+        m.info.id == self_ ? 0.0 : std::chrono::duration<double>(now - m.last_heard).count();
+    members.push_back(j);
+  }
+  json links = json::array();
+  for (const auto& [key, l] : table_.members.links())
+    links.push_back({{"from", format_peer_id(key.first)},
+                     {"to", format_peer_id(key.second)},
+                     {"rtt_ms", l.rtt_ms},
+                     {"mbps", l.mbit_per_s}});
+  return {{"self", format_peer_id(self_)}, {"members", members}, {"links", links}};
+}
+
+}  // namespace starling::net

@@ -1,0 +1,67 @@
+// The membership protocol of a swarm peer: joining through entry points, introducing itself to
+// new members (with a bandwidth probe), heartbeats that spread the member list and link
+// measurements, round-trip pings, departures, liveness, and answers to `starling status`.
+//
+// Runs on the peer's communication thread, which owns the transport; the member table it keeps
+// is shared (member_table.h). What other parts must react to (a member joined, died, came back
+// or left) is reported through Events.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "starling/net/endpoint.h"
+#include "starling/net/member_table.h"
+#include "starling/net/node_options.h"
+#include "starling/net/transport.h"
+
+namespace starling::net {
+
+class Gossip {
+ public:
+  struct Events {
+    std::function<void(PeerId)> joined;  // a new member, or a new incarnation of a restarted one
+    std::function<void(PeerId)> back;    // a member taken for dead spoke again
+    std::function<void(PeerId)> dead;    // silent for the peer timeout
+    std::function<void(PeerId)> left;    // announced its departure
+  };
+
+  Gossip(const NodeOptions& options, std::vector<EntryPoint> entries, Transport& transport,
+         MemberTable& table, Events events);
+
+  // Says hello through every entry point (and every candidate key of each).
+  void begin_join();
+  // Any message from a member is a sign of life. True when the sender is another known member.
+  bool heard(const Header& header, Clock::time_point now);
+  // Handles a membership message: hello, welcome, heartbeat, pong, leave, status_request (with a
+  // JSON body) and probe (bytes). Throws NetError for a malformed body.
+  void handle(Incoming& in, const nlohmann::json& body);
+  void handle_probe(const Incoming& in);
+  // Expires silent members and sends heartbeats; call every heartbeat interval.
+  void tick(Clock::time_point now);
+  // Tells every live member this peer leaves.
+  void announce_leave();
+
+  void send(PeerId peer, MsgType type, zmq::message_t payload, uint64_t op = 0);
+  nlohmann::json status_json() const;
+
+ private:
+  void introduce(const MemberInfo& info);  // connect, say hello, probe the link
+  void log(const std::string& line) { options_.log(line); }
+
+  const NodeOptions& options_;
+  std::vector<EntryPoint> entries_;
+  Transport& transport_;
+  MemberTable& table_;
+  Events events_;
+  PeerId self_ = 0;
+  std::mt19937_64 random_;
+  std::vector<std::string> join_slots_;
+  std::map<std::pair<PeerId, uint64_t>, Clock::time_point> probe_marks_;
+};
+
+}  // namespace starling::net

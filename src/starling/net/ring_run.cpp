@@ -1,0 +1,156 @@
+#include "starling/net/ring_run.h"
+
+#include <algorithm>
+
+#include "starling/common/error.h"
+
+namespace starling::net {
+namespace {
+
+std::string seconds_text(std::chrono::milliseconds d) {
+  return std::to_string(d.count() / 1000.0).substr(0, 4) + " s";
+}
+
+}  // namespace
+
+RingRun::RingRun(Launched op, Start start, Env env, std::deque<Incoming> early)
+    : op_(std::move(op)), start_(std::move(start)), env_(std::move(env)), inbox_(std::move(early)) {
+  const auto& ring = start_.ring;
+  const int P = static_cast<int>(ring.size());
+  position_ = static_cast<int>(std::find(ring.begin(), ring.end(), env_.self) - ring.begin());
+  left_ = ring[(position_ - 1 + P) % P];
+  right_ = ring[(position_ + 1) % P];
+  thread_ = std::thread([this] { run(); });
+}
+
+RingRun::~RingRun() {
+  fail("the peer is stopping");
+  if (thread_.joinable()) thread_.join();
+}
+
+bool RingRun::involves(PeerId peer) const {
+  return std::find(start_.ring.begin(), start_.ring.end(), peer) != start_.ring.end();
+}
+
+void RingRun::deliver(Incoming chunk) {
+  {
+    std::lock_guard lock(mutex_);
+    inbox_.push_back(std::move(chunk));
+  }
+  arrived_.notify_one();
+}
+
+void RingRun::fail(std::string reason) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!fail_) fail_ = std::move(reason);
+  }
+  arrived_.notify_one();
+}
+
+void RingRun::run() {
+  const Request& req = op_.request;
+  RingSpec spec;
+  spec.position = position_;
+  spec.size = static_cast<int>(start_.ring.size());
+  spec.chunk_elements = start_.chunk_elements;
+  spec.precision = req.options.precision;
+  spec.op = req.options.op;
+  last_progress_ = Clock::now();
+  try {
+    switch (req.kind) {
+      case CollectiveKind::all_reduce:
+        ring_all_reduce(op_.data, spec, *this);
+        break;
+      case CollectiveKind::reduce_scatter:
+        ring_reduce_scatter(op_.data, spec, *this);
+        break;
+      case CollectiveKind::all_gather:
+        ring_all_gather(op_.data, spec, *this);
+        break;
+      case CollectiveKind::broadcast: {
+        const auto& ring = start_.ring;
+        const int root =
+            static_cast<int>(std::find(ring.begin(), ring.end(), req.options.root) - ring.begin());
+        chain_broadcast(op_.data, spec, root, *this);
+        break;
+      }
+    }
+  } catch (const NetError& e) {
+    reason_ = e.what();
+    error_ = to_string(req.kind) + " failed: " + reason_;
+  }
+  env_.done(start_.op_id);
+}
+
+RingRun::Outcome RingRun::finish() {
+  if (thread_.joinable()) thread_.join();
+  Outcome out;
+  out.error = error_;
+  out.reason = reason_;
+  const int P = static_cast<int>(start_.ring.size());
+  if (error_.empty() && received_bytes_ > first_chunk_bytes_ && P > 1) {
+    const double secs = std::chrono::duration<double>(last_progress_ - first_chunk_at_).count();
+    if (secs > 0.05) out.incoming_mbps = (received_bytes_ - first_chunk_bytes_) * 8 / secs / 1e6;
+  }
+  CollectiveResult result;
+  result.ring = start_.ring;
+  result.position = position_;
+  result.shard = shard_of(op_.data.size(), P, position_);
+  result.op_id = start_.op_id;
+  result.seconds = std::chrono::duration<double>(Clock::now() - op_.launched).count();
+  op_.state->finish(result, error_);
+  return out;
+}
+
+void RingRun::send_right(uint32_t step, uint32_t chunk, zmq::message_t payload) {
+  {
+    std::lock_guard lock(mutex_);
+    if (fail_) throw NetError(*fail_);
+  }
+  Header h;
+  h.type = MsgType::data;
+  h.sender = env_.self;
+  h.op = start_.op_id;
+  h.step = step;
+  h.chunk = chunk;
+  env_.send(right_, h, std::move(payload));
+}
+
+zmq::message_t RingRun::receive_left(uint32_t step, uint32_t chunk, size_t expected_bytes) {
+  Incoming in;
+  {
+    std::unique_lock lock(mutex_);
+    while (inbox_.empty()) {
+      if (fail_) throw NetError(*fail_);
+      const auto deadline = last_progress_ + env_.peer_timeout;
+      if (arrived_.wait_until(lock, deadline) == std::cv_status::timeout && inbox_.empty() &&
+          !fail_)
+        throw NetError("no data from " + env_.who(left_) + " for " +
+                       seconds_text(env_.peer_timeout));
+    }
+    in = std::move(inbox_.front());
+    inbox_.pop_front();
+  }
+  const Header& h = in.header;
+  if (h.sender != left_)
+    throw NetError("peer " + env_.who(h.sender) + " sent a chunk out of turn (expected one from " +
+                   env_.who(left_) + ")");
+  if (h.step != step || h.chunk != chunk)
+    throw NetError("peer " + env_.who(h.sender) + " sent step " + std::to_string(h.step) +
+                   " chunk " + std::to_string(h.chunk) + ", expected step " + std::to_string(step) +
+                   " chunk " + std::to_string(chunk));
+  if (in.payload.size() != expected_bytes)
+    throw NetError("peer " + env_.who(h.sender) + " sent a chunk of " +
+                   std::to_string(in.payload.size()) + " bytes, expected " +
+                   std::to_string(expected_bytes) + " (do all peers pass the same size?)");
+  last_progress_ = Clock::now();
+  if (received_bytes_ == 0) {
+    first_chunk_at_ = last_progress_;
+    first_chunk_bytes_ = in.payload.size();
+  }
+  received_bytes_ += in.payload.size();
+  return std::move(in.payload);
+}
+
+}  // namespace starling::net
