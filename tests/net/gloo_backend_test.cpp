@@ -144,6 +144,13 @@ TEST(GlooBackend, RefusesWhatGlooCannotDo) {
     o.precision = WirePrecision::fp32;
     o.root = kWorld;
     EXPECT_THROW(b.broadcast(data, o), NetError);
+    o.root = 0;
+    o.group = {0, 1};  // a subset of the ranks
+    EXPECT_THROW(b.all_reduce(data, o), NetError);
+    o.group = {2, 1, 0};  // all of them, in any order: fine
+    b.all_reduce(data, o).wait();
+    EXPECT_EQ(data[0], 3.0f);
+    data.assign(16, 1.0f);
     // The group is still usable after refused calls (they never reached Gloo).
     b.all_reduce(data, {}).wait();
     EXPECT_EQ(data[0], 3.0f);

@@ -50,6 +50,20 @@ TEST(WireTest, Crc32cMatchesTheStandardCheckValue) {
   EXPECT_EQ(net::crc32c(data.data() + 3 + 500, 497, net::crc32c(data.data() + 3, 500)), whole);
 }
 
+TEST(WireTest, Crc32cOfLongBuffersEqualsTheChainOfShortPieces) {
+  // Long buffers take the three-stream path (blocks joined by table shifts); pieces of 1000 bytes
+  // take the one-stream path. Lengths around the 12 KiB step, and a megabyte.
+  std::vector<unsigned char> data((1 << 20) + 77);
+  for (size_t i = 0; i < data.size(); ++i)
+    data[i] = static_cast<unsigned char>((i * 2654435761u) >> 13);
+  for (size_t n : {size_t{12287}, size_t{12288}, size_t{12289}, size_t{40000}, data.size() - 5}) {
+    uint32_t chained = 0;
+    for (size_t at = 0; at < n; at += 1000)
+      chained = net::crc32c(data.data() + 5 + at, std::min<size_t>(1000, n - at), chained);
+    EXPECT_EQ(net::crc32c(data.data() + 5, n), chained) << n << " bytes";
+  }
+}
+
 TEST(WireTest, HeaderRoundTrips) {
   std::vector<std::byte> payload(100, std::byte{0x33});
   auto h = sample_header();

@@ -15,6 +15,7 @@
 #include "starling/net/control_message.h"
 #include "starling/net/endpoint.h"
 #include "starling/net/gossip.h"
+#include "starling/net/heap_reuse.h"
 #include "starling/net/member_table.h"
 #include "starling/net/ring_run.h"
 #include "starling/net/transport.h"
@@ -130,6 +131,7 @@ class Node::Impl {
 
 Node::Impl::Impl(NodeOptions options) : options_(std::move(options)), table_(MemberInfo{}) {
   if (!options_.log) options_.log = stderr_log(options_.name.empty() ? "peer" : options_.name);
+  keep_freed_heap_for_reuse();
   check_tcp_endpoint(options_.listen, "listen address");
   std::vector<EntryPoint> entries;
   for (const auto& j : options_.join) entries.push_back(parse_entry_point(j, "join address"));

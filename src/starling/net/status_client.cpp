@@ -32,7 +32,7 @@ StatusReport query_status(const StatusQuery& q) {
     h.type = MsgType::status_request;
     h.sender = self;
     std::byte raw[kHeaderBytes];
-    seal_header(h, {}, raw);
+    seal_header(h, {}, raw, q.insecure);
     s.send(zmq::const_buffer(raw, kHeaderBytes), zmq::send_flags::sndmore);
     s.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::none);
     sockets.push_back(std::move(s));
@@ -54,7 +54,8 @@ StatusReport query_status(const StatusQuery& q) {
     if (!decoded.ok())
       throw NetError("bad status reply from " + entry.endpoint + ": " + decoded.error);
     if (auto bad = check_payload(decoded.header,
-                                 {static_cast<const std::byte*>(payload.data()), payload.size()});
+                                 {static_cast<const std::byte*>(payload.data()), payload.size()},
+                                 q.insecure);
         !bad.empty())
       throw NetError("bad status reply from " + entry.endpoint + ": " + bad);
     StatusReport report;

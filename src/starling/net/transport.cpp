@@ -91,7 +91,8 @@ bool Transport::send(const std::string& slot, Header header, zmq::message_t payl
   const auto it = dealers_.find(slot);
   if (it == dealers_.end()) return false;
   std::byte raw[kHeaderBytes];
-  seal_header(header, {static_cast<const std::byte*>(payload.data()), payload.size()}, raw);
+  seal_header(header, {static_cast<const std::byte*>(payload.data()), payload.size()}, raw,
+              options_.insecure);
   bytes_sent_ += kHeaderBytes + payload.size();
   it->second.send(zmq::const_buffer(raw, kHeaderBytes), zmq::send_flags::sndmore);
   it->second.send(payload, zmq::send_flags::none);
@@ -100,7 +101,8 @@ bool Transport::send(const std::string& slot, Header header, zmq::message_t payl
 
 void Transport::reply(const zmq::message_t& routing, Header header, zmq::message_t payload) {
   std::byte raw[kHeaderBytes];
-  seal_header(header, {static_cast<const std::byte*>(payload.data()), payload.size()}, raw);
+  seal_header(header, {static_cast<const std::byte*>(payload.data()), payload.size()}, raw,
+              options_.insecure);
   zmq::message_t id(routing.data(), routing.size());
   router_.send(id, zmq::send_flags::sndmore);
   router_.send(zmq::const_buffer(raw, kHeaderBytes), zmq::send_flags::sndmore);
@@ -165,7 +167,8 @@ std::optional<Incoming> Transport::receive(std::chrono::milliseconds timeout) {
     const std::string from =
         address + " (peer " + short_peer_id(h.sender) + ", " + to_string(h.type) + ")";
     if (auto bad =
-            check_payload(h, {static_cast<const std::byte*>(frames[2].data()), frames[2].size()});
+            check_payload(h, {static_cast<const std::byte*>(frames[2].data()), frames[2].size()},
+                          options_.insecure);
         !bad.empty()) {
       reject(from, bad);
       continue;

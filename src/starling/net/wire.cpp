@@ -80,9 +80,9 @@ void encode_header(const Header& h, std::byte* out) {
   put<uint32_t>(out, 44, 0);
 }
 
-void seal_header(Header& h, std::span<const std::byte> payload, std::byte* out) {
+void seal_header(Header& h, std::span<const std::byte> payload, std::byte* out, bool checksum) {
   h.payload_bytes = payload.size();
-  h.checksum = crc32c(payload.data(), payload.size());
+  h.checksum = checksum ? crc32c(payload.data(), payload.size()) : 0;
   encode_header(h, out);
 }
 
@@ -134,11 +134,12 @@ HeaderResult decode_header(std::span<const std::byte> bytes, uint64_t max_payloa
   return r;
 }
 
-std::string check_payload(const Header& header, std::span<const std::byte> payload) {
+std::string check_payload(const Header& header, std::span<const std::byte> payload, bool checksum) {
   if (payload.size() != header.payload_bytes)
     return "payload is " + std::to_string(payload.size()) + " bytes, header says " +
            std::to_string(header.payload_bytes);
-  if (crc32c(payload.data(), payload.size()) != header.checksum) return "payload checksum mismatch";
+  if (checksum && crc32c(payload.data(), payload.size()) != header.checksum)
+    return "payload checksum mismatch";
   return {};
 }
 

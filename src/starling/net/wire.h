@@ -9,6 +9,10 @@
 //  24  u32 step               28  u32 chunk
 //  32  u64 payload bytes      40  u32 CRC-32C of the payload   44  u32 reserved (0)
 //
+// The CRC guards plain-TCP (--insecure) swarms. On CURVE connections it is 0 and not checked:
+// CURVE's Poly1305 tag already authenticates every byte, and a CRC over every chunk twice (send
+// and receive) costs a tenth of a peer's CPU on a fast link.
+//
 // decode_header() and check_payload() validate every field; anything malformed yields a reason
 // (never an exception, never a crash), which the transport logs with the sender's address.
 #pragma once
@@ -59,8 +63,9 @@ struct Header {
 // Serialises `header` (with payload_bytes and checksum as given) into exactly kHeaderBytes.
 void encode_header(const Header& header, std::byte* out);
 
-// Fills payload_bytes and checksum from `payload`, then serialises.
-void seal_header(Header& header, std::span<const std::byte> payload, std::byte* out);
+// Fills payload_bytes and checksum from `payload` (0 without `checksum`), then serialises.
+void seal_header(Header& header, std::span<const std::byte> payload, std::byte* out,
+                 bool checksum = true);
 
 struct HeaderResult {
   Header header;
@@ -71,7 +76,9 @@ struct HeaderResult {
 // Validates magic, version, type, precision, reserved fields and the payload-size limit.
 HeaderResult decode_header(std::span<const std::byte> bytes, uint64_t max_payload_bytes);
 
-// Checks the payload frame against a decoded header: length and checksum. Empty when it matches.
-std::string check_payload(const Header& header, std::span<const std::byte> payload);
+// Checks the payload frame against a decoded header: length and (with `checksum`) the CRC.
+// Empty when it matches.
+std::string check_payload(const Header& header, std::span<const std::byte> payload,
+                          bool checksum = true);
 
 }  // namespace starling::net
