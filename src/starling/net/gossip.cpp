@@ -15,10 +15,6 @@ int64_t steady_ns() {
       .count();
 }
 
-std::string seconds_text(std::chrono::milliseconds d) {
-  return std::to_string(d.count() / 1000.0).substr(0, 4) + " s";
-}
-
 }  // namespace
 
 Gossip::Gossip(const NodeOptions& options, std::vector<EntryPoint> entries, Transport& transport,

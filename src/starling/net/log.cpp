@@ -10,4 +10,8 @@ LogFn stderr_log(const std::string& name) {
   };
 }
 
+std::string seconds_text(std::chrono::milliseconds d) {
+  return std::to_string(d.count() / 1000.0).substr(0, 4) + " s";
+}
+
 }  // namespace starling::net

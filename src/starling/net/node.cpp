@@ -32,10 +32,6 @@ int64_t wall_ms() {
       .count();
 }
 
-std::string seconds_text(milliseconds d) {
-  return std::to_string(d.count() / 1000.0).substr(0, 4) + " s";
-}
-
 // Point-to-point messages that arrived and wait for a receive, at most.
 constexpr size_t kMaxUnclaimed = 4096;
 

@@ -5,14 +5,6 @@
 #include "starling/common/error.h"
 
 namespace starling::net {
-namespace {
-
-std::string seconds_text(std::chrono::milliseconds d) {
-  return std::to_string(d.count() / 1000.0).substr(0, 4) + " s";
-}
-
-}  // namespace
-
 RingRun::RingRun(Launched op, Start start, Env env, std::deque<Incoming> early)
     : op_(std::move(op)), start_(std::move(start)), env_(std::move(env)), inbox_(std::move(early)) {
   const auto& ring = start_.ring;

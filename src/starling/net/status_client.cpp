@@ -8,6 +8,7 @@
 
 #include "starling/common/error.h"
 #include "starling/net/endpoint.h"
+#include "starling/net/log.h"
 #include "starling/net/wire.h"
 
 namespace starling::net {
@@ -40,9 +41,8 @@ StatusReport query_status(const StatusQuery& q) {
   std::vector<zmq::pollitem_t> items;
   for (auto& s : sockets) items.push_back({s.handle(), 0, ZMQ_POLLIN, 0});
   if (zmq::poll(items.data(), items.size(), q.timeout) <= 0)
-    throw NetError("no status reply from " + entry.endpoint + " within " +
-                   std::to_string(q.timeout.count() / 1000.0).substr(0, 4) +
-                   " s (is a peer running there, and is this key on its allowlist?)");
+    throw NetError("no status reply from " + entry.endpoint + " within " + seconds_text(q.timeout) +
+                   " (is a peer running there, and is this key on its allowlist?)");
   for (size_t i = 0; i < items.size(); ++i) {
     if (!(items[i].revents & ZMQ_POLLIN)) continue;
     zmq::message_t header, payload;
