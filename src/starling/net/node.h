@@ -1,12 +1,15 @@
-// A peer of the swarm: membership (join, gossip, heartbeats, leave), link measurements, and
-// Starling's fault-tolerant ring collectives, all served by one communication thread so the
-// caller's thread only launches operations and later waits for them.
+// A peer of the swarm: membership (join, gossip, heartbeats, leave), link measurements,
+// point-to-point messages, and Starling's fault-tolerant ring collectives. One communication
+// thread owns the sockets and dispatches to the parts (gossip.h, agreement.h, mailbox.h); each
+// agreed collective runs on a thread of its own (ring_run.h), so the caller's thread only
+// launches operations and later waits for them, and collectives on different tags overlap.
 //
 // Each collective is agreed in one round trip: every participant tells the coordinator (the
-// oldest alive member; no peer is special for longer than that) that it is ready, and the
-// coordinator answers with the participants and their ring order. A peer that dies or leaves
-// makes every survivor's operation fail within the peer timeout with a message naming it; the
-// next operation runs among the survivors. A peer that joins takes part from the next operation.
+// oldest alive participant; no peer is special for longer than that) that it is ready, and the
+// coordinator answers with the participants and their ring order. A collective spans the whole
+// swarm or a group (CollectiveOptions::group). A peer that dies or leaves makes every survivor's
+// operation fail within the peer timeout with a message naming it; the next operation runs among
+// the survivors. A peer that joins takes part from the next operation.
 #pragma once
 
 #include <chrono>
