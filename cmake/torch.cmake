@@ -1,11 +1,6 @@
 # The libtorch parts: model, graph, train, the starling binary, their tests and benchmarks.
 # Debian's libtorch-dev by default; a CUDA libtorch via -DCMAKE_PREFIX_PATH=/path/to/libtorch.
 find_package(Torch REQUIRED)
-find_package(tomlplusplus 3 QUIET)
-if(NOT tomlplusplus_FOUND)
-  pkg_check_modules(TOMLPP REQUIRED IMPORTED_TARGET tomlplusplus)
-  add_library(tomlplusplus::tomlplusplus ALIAS PkgConfig::TOMLPP)
-endif()
 
 add_library(starling STATIC
   src/starling/common/safetensors.cpp
@@ -44,6 +39,7 @@ add_library(starling STATIC
   src/starling/net/c10d_group.cpp
   src/starling/net/gloo_backend.cpp
   src/starling/net/nccl_backend.cpp
+  src/starling/strategy/strategy_config.cpp
   src/starling/strategy/flat.cpp
   src/starling/strategy/staging.cpp
   src/starling/strategy/state_tensors.cpp
@@ -54,8 +50,8 @@ add_library(starling STATIC
   src/starling/strategy/co2.cpp
   src/starling/strategy/peer.cpp
 )
-target_link_libraries(starling PUBLIC starling_data starling_net ${TORCH_LIBRARIES}
-                      tomlplusplus::tomlplusplus)
+target_link_libraries(starling PUBLIC starling_data starling_net starling_config
+                      ${TORCH_LIBRARIES})
 target_compile_options(starling PUBLIC ${TORCH_CXX_FLAGS})
 # A CUDA libtorch (pip's torch, or the libtorch archive) brings torch_cuda; only then does
 # common/device.cpp compile its CUDA branch (synchronisation, memory statistics).

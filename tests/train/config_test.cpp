@@ -259,7 +259,7 @@ TEST(RunConfigErrors, BadEnum) {
                {"gpt2-huge", "gpt2-tiny"});
   // The strategy kinds come from the one list (swarm_strategy_kinds).
   std::vector<std::string> kinds = {"strategy.kind", "\"none\""};
-  for (const auto& k : swarm_strategy_kinds()) kinds.push_back("\"" + k + "\"");
+  for (const auto& k : strategy::swarm_strategy_kinds()) kinds.push_back("\"" + k + "\"");
   expect_error("[data]\ndir = \"d\"\n[strategy]\nkind = \"gossip\"\n", kinds);
 }
 

@@ -59,7 +59,7 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
   if (o.peers < 1 || o.peers > 64) throw ConfigError("--peers must be in [1, 64]");
   if (config.strategy.kind == "none")
     throw ConfigError("--peers needs a strategy: set strategy.kind to " +
-                      train::swarm_strategy_list());
+                      strategy::swarm_strategy_list());
   const fs::path out = config.train.out_dir;
   // Each peer would refuse on its own; saying so here spares the others a join timeout.
   if (!o.resume && fs::exists(out / "peer-0" / "checkpoints" / "latest"))

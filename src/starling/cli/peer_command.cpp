@@ -102,7 +102,7 @@ void add_peer_command(CLI::App& app) {
   cmd->callback([a] {
     auto c = train::load_run_config(a->config, a->sets);
     if (c.strategy.kind == "none")
-      throw ConfigError(a->config + ": strategy.kind must be " + train::swarm_strategy_list() +
+      throw ConfigError(a->config + ": strategy.kind must be " + strategy::swarm_strategy_list() +
                         " for a peer");
     if (!a->listen.empty()) c.net.listen = a->listen;
     if (!a->join.empty()) c.net.join = a->join;

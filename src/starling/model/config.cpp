@@ -3,6 +3,7 @@
 #include <map>
 
 #include "starling/common/error.h"
+#include "starling/config/config_keys.h"
 
 namespace starling::model {
 
@@ -166,6 +167,35 @@ std::vector<std::string> preset_names() {
   std::vector<std::string> names;
   for (const auto& [n, _] : presets()) names.push_back(n);
   return names;
+}
+
+void add_config_keys(ModelConfig& m, config::Keys& k) {
+  using namespace config;
+  k.push_back({"model", "arch", "string", "\"gpt2\" or \"llama\" (architecture; set by the preset)",
+               [&m](const toml::node& n, const std::string& where) {
+                 if (!n.is_string()) wrong_type(n, where, "a string");
+                 try {
+                   m.arch = parse_arch(n.as_string()->get());
+                 } catch (const ConfigError& e) {
+                   throw ConfigError(where + ": " + e.what());
+                 }
+               },
+               [&m](toml::table& tb) { tb.insert_or_assign("arch", to_string(m.arch)); }});
+  k.push_back(int_key("model", "vocab_size", &m.vocab_size, 1,
+                      "vocabulary size; must be >= the dataset's"));
+  k.push_back(int_key("model", "seq_len", &m.seq_len, 1, "context length in tokens"));
+  k.push_back(int_key("model", "n_layer", &m.n_layer, 1, "transformer layers"));
+  k.push_back(int_key("model", "n_head", &m.n_head, 1, "attention heads"));
+  k.push_back(int_key("model", "n_kv_head", &m.n_kv_head, 0,
+                      "key/value heads for grouped-query attention (llama); 0 = n_head"));
+  k.push_back(int_key("model", "d_model", &m.d_model, 1, "residual stream width"));
+  k.push_back(int_key("model", "d_ff", &m.d_ff, 0,
+                      "MLP hidden width; 0 = 4*d_model (gpt2) or ~8/3*d_model (llama)"));
+  k.push_back(float_key("model", "norm_eps", &m.norm_eps, 0, "epsilon of LayerNorm/RMSNorm"));
+  k.push_back(float_key("model", "rope_theta", &m.rope_theta, 0, "rotary base (llama)"));
+  k.push_back(bool_key("model", "tie_embeddings", &m.tie_embeddings,
+                       "share the token embedding with the LM head"));
+  k.push_back(float_key("model", "init_std", &m.init_std, 0, "std of the weight init"));
 }
 
 }  // namespace starling::model

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "starling/config/keys_fwd.h"
+
 namespace starling::model {
 
 enum class Arch {
@@ -49,5 +51,9 @@ struct ModelConfig {
 // The preset of that name; ConfigError listing the known names otherwise.
 ModelConfig preset(const std::string& name);
 std::vector<std::string> preset_names();
+
+// Appends the [model] keys bound to `c`'s fields (model.preset is read first, by the run config,
+// because it resets the whole shape the other keys refine).
+void add_config_keys(ModelConfig& c, config::Keys& keys);
 
 }  // namespace starling::model

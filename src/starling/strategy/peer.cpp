@@ -25,28 +25,7 @@ std::unique_ptr<train::StepHooks> make_strategy(const train::RunConfig& config,
   if (kind == "diloco") return std::make_unique<DiLoCo>(config, net);
   if (kind == "co2") return std::make_unique<Co2>(config, net);
   throw ConfigError("strategy.kind = \"" + kind + "\" does not train with peers; use " +
-                    train::swarm_strategy_list());
-}
-net::NodeOptions node_options(const train::NetConfig& net) {
-  net::NodeOptions o;
-  o.name = net.name;
-  o.listen = net.listen;
-  o.advertise = net.advertise;
-  o.join = net.join;
-  o.insecure = net.insecure;
-  if (!net.insecure) {
-    if (net.key.empty() || net.allow.empty())
-      throw ConfigError(
-          "net.key and net.allow are required (a key from `starling keygen` and the swarm's "
-          "allowlist), or set net.insecure = true on a trusted network");
-    o.keys = net::load_keypair(net.key);
-    o.allowlist = net::load_allowlist(net.allow);
-  }
-  o.heartbeat_interval = std::chrono::milliseconds(net.heartbeat_ms);
-  o.peer_timeout = std::chrono::milliseconds(net.peer_timeout_ms);
-  o.join_timeout = std::chrono::seconds(net.join_timeout_s);
-  o.collective_timeout = std::chrono::seconds(net.collective_timeout_s);
-  return o;
+                    swarm_strategy_list());
 }
 
 namespace {
@@ -60,7 +39,7 @@ train::TrainResult train_with(const train::RunConfig& config, const PeerOptions&
 }
 
 train::TrainResult run_swarm_peer(const train::RunConfig& config, const PeerOptions& options) {
-  net::NodeOptions node_opts = node_options(config.net);
+  net::NodeOptions node_opts = net::node_options(config.net);
   net::Node node(node_opts);
   const std::string entry =
       node_opts.insecure ? node.endpoint() : node_opts.keys.public_key + "@" + node.endpoint();
@@ -81,7 +60,7 @@ train::TrainResult run_swarm_peer(const train::RunConfig& config, const PeerOpti
 
 // A rank of a fixed c10d group (net.backend = "gloo" or "nccl").
 train::TrainResult run_group_rank(const train::RunConfig& config, const PeerOptions& options) {
-  const train::NetConfig& n = config.net;
+  const net::NetConfig& n = config.net;
   if (n.rank < 0 || n.world_size < 1 || n.store.empty())
     throw ConfigError("net.backend = \"" + n.backend +
                       "\" needs net.rank, net.world_size and net.store, or RANK, WORLD_SIZE, "

@@ -18,10 +18,6 @@ namespace starling::strategy {
 std::unique_ptr<train::StepHooks> make_strategy(const train::RunConfig& config,
                                                 net::Collectives& net);
 
-// NodeOptions from [net]: keys and allowlist are read from their files (ConfigError naming the
-// key and file when they cannot be), timeouts converted.
-net::NodeOptions node_options(const train::NetConfig& net);
-
 struct PeerOptions {
   train::TrainOptions train;  // resume, progress, stop_at, data share, json_events
   // gloo/nccl: a launcher already hosts the rendezvous store at net.store (torchrun's agent).

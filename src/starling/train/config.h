@@ -1,6 +1,8 @@
-// A training run's configuration, read from TOML. Every key is documented in docs/config.md and
-// listed by `starling train --list-keys`; unknown keys and wrong types are errors that name the
-// file, line and key. Torch-free.
+// A training run's configuration, read from TOML. The run's own tables ([data], [train], [optim],
+// [sample]) are declared here; the model, strategy and network layers declare theirs beside their
+// code (config/config_keys.h) and this file assembles them. Every key is documented in
+// docs/config.md and listed by `starling train --list-keys`; unknown tables, unknown keys and
+// wrong types are errors that name the file, line and key. Torch-free.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +12,8 @@
 #include <vector>
 
 #include "starling/model/config.h"
+#include "starling/net/net_config.h"
+#include "starling/strategy/strategy_config.h"
 
 namespace starling::train {
 
@@ -60,58 +64,15 @@ struct SampleConfig {
   uint64_t seed = 1;
 };
 
-// The strategies a swarm trains with (strategy.kind besides "none"); every list of them in
-// messages and checks comes from here.
-const std::vector<std::string>& swarm_strategy_kinds();
-// The same list for messages: "ddp, localsgd, diloco or co2".
-std::string swarm_strategy_list();
-
-// How peers train together ([strategy]; docs/strategies.md). "none" trains one replica.
-struct StrategyConfig {
-  std::string kind = "none";       // "none", "ddp", "localsgd", "diloco" or "co2"
-  int64_t local_steps = 16;        // tau: inner steps per round (localsgd, diloco, co2)
-  double outer_lr = 0.7;           // alpha: outer learning rate (diloco, co2)
-  double outer_momentum = 0.9;     // beta: outer momentum (diloco: Nesterov; co2: heavy ball)
-  double staleness_penalty = 1.0;  // gamma (co2): divide the stale update by 1 + gamma*gap
-  std::string clip = "norm";       // co2 outer-momentum clipping: "norm", "value" or "none"
-  double clip_threshold = 1.0;     // phi: max norm (clip = "norm") or max |m_i| ("value")
-  bool zero = false;               // co2: shard anchor and outer momentum across peers
-  std::string precision = "fp32";  // on the wire: "fp32", "fp16", "bf16" or "int8"
-};
-
-// How a peer reaches the swarm ([net]; docs/network.md).
-struct NetConfig {
-  // "starling": the elastic, encrypted swarm (every key below `interface`); "gloo" or "nccl": a
-  // fixed c10d group of `world_size` ranks meeting at `store` (torchrun's model: no encryption,
-  // and a rank that fails stops the run).
-  std::string backend = "starling";
-  int64_t rank = -1;                    // gloo/nccl: this process's rank (-1 = $RANK)
-  int64_t world_size = 0;               // gloo/nccl: ranks in the group (0 = $WORLD_SIZE)
-  std::string store;                    // gloo/nccl: HOST:PORT ("" = $MASTER_ADDR:$MASTER_PORT)
-  std::string interface = "127.0.0.1";  // gloo: the local address its connections use
-  std::string name;                     // shown in status and logs; "" = the key's name
-  std::string listen = "tcp://127.0.0.1:0";  // port 0 picks a free port
-  std::string advertise;                     // host others reach a 0.0.0.0 listener at
-  std::vector<std::string> join;             // entry points ("KEY@tcp://HOST:PORT" or tcp://..)
-  std::string key;                           // this peer's key file (`starling keygen`)
-  std::string allow;                         // the swarm's allowlist file
-  bool insecure = false;                     // plain TCP, no CURVE (trusted networks only)
-  int64_t heartbeat_ms = 500;
-  int64_t peer_timeout_ms = 5000;  // silence after which a peer counts as dead
-  int64_t join_timeout_s = 30;
-  int64_t collective_timeout_s = 600;  // how long a round waits for every peer to be ready
-  int64_t min_peers = 1;               // peers to wait for before the first step
-};
-
 struct RunConfig {
   std::string model_preset;  // the [model] preset the shape started from ("" = none)
-  model::ModelConfig model;
+  model::ModelConfig model;  // [model], declared by the model layer
   DataConfig data;
   TrainConfig train;
   OptimConfig optim;
   SampleConfig sample;
-  StrategyConfig strategy;
-  NetConfig net;
+  strategy::StrategyConfig strategy;  // [strategy], declared by the strategy layer
+  net::NetConfig net;                 // [net], declared by the network layer
 };
 
 // Parses TOML text. `source` names the text in errors (a file path or "<checkpoint>").

@@ -1,0 +1,57 @@
+#include "starling/strategy/strategy_config.h"
+
+#include "starling/common/error.h"
+#include "starling/config/config_keys.h"
+
+namespace starling::strategy {
+
+const std::vector<std::string>& swarm_strategy_kinds() {
+  static const std::vector<std::string> kinds = {"ddp", "localsgd", "diloco", "co2"};
+  return kinds;
+}
+
+std::string swarm_strategy_list() {
+  const auto& kinds = swarm_strategy_kinds();
+  std::string list;
+  for (size_t i = 0; i < kinds.size(); ++i)
+    list += (i == 0 ? "" : i + 1 == kinds.size() ? " or " : ", ") + kinds[i];
+  return list;
+}
+
+void add_config_keys(StrategyConfig& st, config::Keys& k) {
+  using namespace config;
+  std::vector<std::string> kinds{"none"};
+  kinds.insert(kinds.end(), swarm_strategy_kinds().begin(), swarm_strategy_kinds().end());
+  k.push_back(string_key("strategy", "kind", &st.kind,
+                         "how peers train together: \"none\" (one replica), or with peers " +
+                             swarm_strategy_list() + " (docs/strategies.md)",
+                         kinds));
+  k.push_back(int_key("strategy", "local_steps", &st.local_steps, 1,
+                      "tau: local optimizer steps per round (localsgd, diloco, co2)"));
+  k.push_back(float_key("strategy", "outer_lr", &st.outer_lr, 0,
+                        "alpha: outer learning rate applied to the averaged update (diloco, co2)"));
+  k.push_back(float_key("strategy", "outer_momentum", &st.outer_momentum, 0,
+                        "beta: outer momentum (diloco: Nesterov, co2: heavy ball); < 1"));
+  k.push_back(float_key("strategy", "staleness_penalty", &st.staleness_penalty, 0,
+                        "gamma (co2): the stale update is divided by 1 + gamma * staleness gap"));
+  k.push_back(string_key("strategy", "clip", &st.clip,
+                         "co2 outer-momentum clipping: \"norm\" (global L2 norm), \"value\" "
+                         "(each element) or \"none\"",
+                         {"norm", "value", "none"}));
+  k.push_back(float_key("strategy", "clip_threshold", &st.clip_threshold, 0,
+                        "phi (co2): the largest momentum norm (clip = \"norm\") or |element| "
+                        "(clip = \"value\")"));
+  k.push_back(bool_key("strategy", "zero", &st.zero,
+                       "co2: each peer keeps 1/N of the anchor and outer momentum "
+                       "(reduce-scatter + all-gather instead of all-reduce)"));
+  k.push_back(string_key("strategy", "precision", &st.precision,
+                         "wire precision of the averaged tensors: \"fp32\", \"fp16\", \"bf16\" "
+                         "or \"int8\" (accumulation is always fp32)",
+                         {"fp32", "fp16", "bf16", "int8"}));
+}
+
+void check(const StrategyConfig& c, const std::string& source) {
+  if (c.outer_momentum >= 1) throw ConfigError(source + ": strategy.outer_momentum must be < 1");
+}
+
+}  // namespace starling::strategy

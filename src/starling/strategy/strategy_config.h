@@ -1,0 +1,39 @@
+// The [strategy] table: how peers train together (docs/strategies.md). The strategy layer owns
+// these settings, their keys and the one list of strategy kinds; train/config.h places the table
+// in a run's config. Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "starling/config/keys_fwd.h"
+
+namespace starling::strategy {
+
+// The strategies a swarm trains with (strategy.kind besides "none"); every list of them in
+// messages and checks comes from here.
+const std::vector<std::string>& swarm_strategy_kinds();
+// The same list for messages: "ddp, localsgd, diloco or co2".
+std::string swarm_strategy_list();
+
+// "none" trains one replica.
+struct StrategyConfig {
+  std::string kind = "none";       // "none", "ddp", "localsgd", "diloco" or "co2"
+  int64_t local_steps = 16;        // tau: inner steps per round (localsgd, diloco, co2)
+  double outer_lr = 0.7;           // alpha: outer learning rate (diloco, co2)
+  double outer_momentum = 0.9;     // beta: outer momentum (diloco: Nesterov; co2: heavy ball)
+  double staleness_penalty = 1.0;  // gamma (co2): divide the stale update by 1 + gamma*gap
+  std::string clip = "norm";       // co2 outer-momentum clipping: "norm", "value" or "none"
+  double clip_threshold = 1.0;     // phi: max norm (clip = "norm") or max |m_i| ("value")
+  bool zero = false;               // co2: shard anchor and outer momentum across peers
+  std::string precision = "fp32";  // on the wire: "fp32", "fp16", "bf16" or "int8"
+};
+
+// Appends the [strategy] keys, bound to `c`'s fields.
+void add_config_keys(StrategyConfig& c, config::Keys& keys);
+// Checks that span keys (each key's own range is checked when it is read); ConfigError
+// prefixed with `source`.
+void check(const StrategyConfig& c, const std::string& source);
+
+}  // namespace starling::strategy
