@@ -127,6 +127,16 @@ TEST(WireTest, EveryFieldIsValidated) {
   EXPECT_NE(net::check_payload(decoded, flipped).find("checksum"), std::string::npos);
 }
 
+// Plain TCP: control messages carry a CRC, collective data chunks do not (TCP's checksum covers
+// them, as in Gloo); CURVE: nothing does (Poly1305 authenticates every byte).
+TEST(WireTest, OnlyPlainTcpControlMessagesCarryAChecksum) {
+  for (int t = 1; t <= net::kMaxMsgType; ++t) {
+    const auto type = static_cast<net::MsgType>(t);
+    EXPECT_EQ(net::carries_checksum(type, /*insecure=*/true), type != net::MsgType::data) << t;
+    EXPECT_FALSE(net::carries_checksum(type, /*insecure=*/false)) << t;
+  }
+}
+
 // 200k messages: valid ones mutated by bit flips, byte overwrites, truncation and extension of
 // either frame. Every mutation of a validated field must be caught; nothing may crash.
 TEST(WireTest, FuzzedDecoderRejectsCorruptionWithoutCrashing) {

@@ -1,7 +1,8 @@
-// What a ring algorithm needs from the network: send a chunk to the right neighbour, receive the
-// next chunk from the left neighbour. Messages between two neighbours arrive in the order they
-// were sent, so (step, chunk) only labels them for validation. The node implements this over
-// ZeroMQ; tests implement it in memory to check the algorithms alone.
+// What a ring algorithm needs from the network: send a chunk to the right neighbour, receive a
+// chunk from the left neighbour. Messages between two neighbours arrive in the order they were
+// sent, but an algorithm may ask for them in another (the reduce-scatter's step-0 chunks run a
+// window ahead of its step-1 chunks), so receive_left takes the one labelled (step, chunk). The
+// node implements this over ZeroMQ; tests implement it in memory to check the algorithms alone.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,7 @@ class RingChannel {
  public:
   virtual ~RingChannel() = default;
   virtual void send_right(uint32_t step, uint32_t chunk, zmq::message_t payload) = 0;
-  // Blocks until the message (step, chunk) from the left neighbour arrives and its payload is
+  // Blocks until the message (step, chunk) from the left neighbour is there and its payload is
   // `expected_bytes` long; throws NetError on timeout, a dead participant, an abort or a
   // malformed chunk.
   virtual zmq::message_t receive_left(uint32_t step, uint32_t chunk, size_t expected_bytes) = 0;

@@ -110,28 +110,42 @@ void RingRun::send_right(uint32_t step, uint32_t chunk, zmq::message_t payload) 
 }
 
 zmq::message_t RingRun::receive_left(uint32_t step, uint32_t chunk, size_t expected_bytes) {
+  // The left neighbour's chunks arrive in the order it sent them, which need not be the order
+  // they are asked for (its step-0 chunks run a window ahead of its step-1 chunks); anything
+  // from another peer, or a chunk already taken, is an error.
+  const auto already_taken = [&](const Header& h) {
+    return h.step < step || (h.step == step && h.chunk < chunk);
+  };
   Incoming in;
   {
     std::unique_lock lock(mutex_);
-    while (inbox_.empty()) {
+    for (;;) {
+      const auto it = std::find_if(inbox_.begin(), inbox_.end(), [&](const Incoming& m) {
+        return m.header.sender != left_ || already_taken(m.header) ||
+               (m.header.step == step && m.header.chunk == chunk);
+      });
+      if (it != inbox_.end()) {
+        in = std::move(*it);
+        inbox_.erase(it);
+        break;
+      }
       if (fail_) throw NetError(*fail_);
       const auto deadline = last_progress_ + env_.peer_timeout;
-      if (arrived_.wait_until(lock, deadline) == std::cv_status::timeout && inbox_.empty() &&
-          !fail_)
+      if (Clock::now() >= deadline)
         throw NetError("no data from " + env_.who(left_) + " for " +
-                       seconds_text(env_.peer_timeout));
+                       seconds_text(env_.peer_timeout) + " (waiting for step " +
+                       std::to_string(step) + " chunk " + std::to_string(chunk) + ")");
+      arrived_.wait_until(lock, deadline);
     }
-    in = std::move(inbox_.front());
-    inbox_.pop_front();
   }
   const Header& h = in.header;
   if (h.sender != left_)
     throw NetError("peer " + env_.who(h.sender) + " sent a chunk out of turn (expected one from " +
                    env_.who(left_) + ")");
-  if (h.step != step || h.chunk != chunk)
+  if (already_taken(h))
     throw NetError("peer " + env_.who(h.sender) + " sent step " + std::to_string(h.step) +
-                   " chunk " + std::to_string(h.chunk) + ", expected step " + std::to_string(step) +
-                   " chunk " + std::to_string(chunk));
+                   " chunk " + std::to_string(h.chunk) + " again or out of order (now at step " +
+                   std::to_string(step) + " chunk " + std::to_string(chunk) + ")");
   if (in.payload.size() != expected_bytes)
     throw NetError("peer " + env_.who(h.sender) + " sent a chunk of " +
                    std::to_string(in.payload.size()) + " bytes, expected " +

@@ -33,7 +33,7 @@ StatusReport query_status(const StatusQuery& q) {
     h.type = MsgType::status_request;
     h.sender = self;
     std::byte raw[kHeaderBytes];
-    seal_header(h, {}, raw, q.insecure);
+    seal_header(h, {}, raw, carries_checksum(h.type, q.insecure));
     s.send(zmq::const_buffer(raw, kHeaderBytes), zmq::send_flags::sndmore);
     s.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::none);
     sockets.push_back(std::move(s));
@@ -55,7 +55,7 @@ StatusReport query_status(const StatusQuery& q) {
       throw NetError("bad status reply from " + entry.endpoint + ": " + decoded.error);
     if (auto bad = check_payload(decoded.header,
                                  {static_cast<const std::byte*>(payload.data()), payload.size()},
-                                 q.insecure);
+                                 carries_checksum(decoded.header.type, q.insecure));
         !bad.empty())
       throw NetError("bad status reply from " + entry.endpoint + ": " + bad);
     StatusReport report;

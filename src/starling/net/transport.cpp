@@ -92,7 +92,7 @@ bool Transport::send(const std::string& slot, Header header, zmq::message_t payl
   if (it == dealers_.end()) return false;
   std::byte raw[kHeaderBytes];
   seal_header(header, {static_cast<const std::byte*>(payload.data()), payload.size()}, raw,
-              options_.insecure);
+              carries_checksum(header.type, options_.insecure));
   bytes_sent_ += kHeaderBytes + payload.size();
   it->second.send(zmq::const_buffer(raw, kHeaderBytes), zmq::send_flags::sndmore);
   it->second.send(payload, zmq::send_flags::none);
@@ -102,7 +102,7 @@ bool Transport::send(const std::string& slot, Header header, zmq::message_t payl
 void Transport::reply(const zmq::message_t& routing, Header header, zmq::message_t payload) {
   std::byte raw[kHeaderBytes];
   seal_header(header, {static_cast<const std::byte*>(payload.data()), payload.size()}, raw,
-              options_.insecure);
+              carries_checksum(header.type, options_.insecure));
   zmq::message_t id(routing.data(), routing.size());
   router_.send(id, zmq::send_flags::sndmore);
   router_.send(zmq::const_buffer(raw, kHeaderBytes), zmq::send_flags::sndmore);
@@ -168,7 +168,7 @@ std::optional<Incoming> Transport::receive(std::chrono::milliseconds timeout) {
         address + " (peer " + short_peer_id(h.sender) + ", " + to_string(h.type) + ")";
     if (auto bad =
             check_payload(h, {static_cast<const std::byte*>(frames[2].data()), frames[2].size()},
-                          options_.insecure);
+                          carries_checksum(h.type, options_.insecure));
         !bad.empty()) {
       reject(from, bad);
       continue;

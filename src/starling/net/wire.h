@@ -9,9 +9,11 @@
 //  24  u32 step               28  u32 chunk
 //  32  u64 payload bytes      40  u32 CRC-32C of the payload   44  u32 reserved (0)
 //
-// The CRC guards plain-TCP (--insecure) swarms. On CURVE connections it is 0 and not checked:
-// CURVE's Poly1305 tag already authenticates every byte, and a CRC over every chunk twice (send
-// and receive) costs a tenth of a peer's CPU on a fast link.
+// The CRC guards the control messages of plain-TCP (--insecure) swarms (carries_checksum()).
+// Collective data chunks never carry one, as in Gloo and NCCL: TCP's checksum and the link's
+// frame check cover them, their size is checked, and a CRC over every chunk twice (send and
+// receive) cost a tenth of a peer's CPU on a fast link, more than adding the chunk in. On CURVE
+// connections no message carries one: CURVE's Poly1305 tag authenticates every byte.
 //
 // decode_header() and check_payload() validate every field; anything malformed yields a reason
 // (never an exception, never a crash), which the transport logs with the sender's address.
@@ -59,6 +61,11 @@ struct Header {
   uint64_t payload_bytes = 0;
   uint32_t checksum = 0;
 };
+
+// Whether a message of this type carries (and is checked against) a CRC-32C.
+inline bool carries_checksum(MsgType type, bool insecure) {
+  return insecure && type != MsgType::data;
+}
 
 // Serialises `header` (with payload_bytes and checksum as given) into exactly kHeaderBytes.
 void encode_header(const Header& header, std::byte* out);
