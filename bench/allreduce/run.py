@@ -10,7 +10,8 @@ all in this network namespace, on a shaped link each in its own namespace of a n
 (scripts/netlab.sh up NAME 4 RATE; always taken down again) bound to its lab address. Links and
 configurations:
 
-    loopback   starling secure, starling insecure, gloo        x 1, 16, 64, 256 MB
+    loopback   starling secure, starling insecure (direct links and through ZeroMQ), gloo
+               x 1, 16, 64, 256 MB
     100mbit    starling secure fp32, starling int8, gloo       x 1, 16, 64 MB
     10mbit     starling secure fp32, starling int8, gloo       x 1, 8 MB
 
@@ -47,6 +48,7 @@ LINKS = {
     "loopback": (None, None,
                  [("starling secure", "starling", False, "fp32"),
                   ("starling insecure", "starling", True, "fp32"),
+                  ("starling insecure zmq", "starling", "zmq", "fp32"),
                   ("gloo", "gloo", False, "fp32")],
                  [1, 16, 64, 256], [1, 16]),
     "100mbit": ("100mbit", 12.5,
@@ -119,7 +121,10 @@ def run_config(a, link, lab, rate_mbps, label, backend, insecure, precision, siz
                    "--reps", str(reps), "--warmup", str(a.warmup),
                    "--timeout-s", str(int(timeout))]
             if backend == "starling":
+                # insecure: True (direct data links), "zmq" (chunks through ZeroMQ) or False
                 cmd += ["--insecure"] if insecure else ["--keys", os.path.join(workdir, "keys")]
+                if insecure == "zmq":
+                    cmd += ["--zmq-data"]
                 if a.chunk_bytes:
                     cmd += ["--chunk-bytes", str(a.chunk_bytes)]
             if lab:

@@ -323,6 +323,58 @@ TEST(NodeTest, EveryCollectiveForManySizesWithFivePeers) {
 
 namespace {
 
+// Fills data[i] with ramp(n, i) and runs `op(node, data)` on every node at once.
+template <typename Op>
+void on_every_node(std::vector<std::unique_ptr<net::Node>>& nodes,
+                   std::vector<std::vector<float>>& data, size_t n, Op op) {
+  std::vector<net::Work> works;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    data[i] = ramp(n, static_cast<float>(i));
+    works.push_back(op(*nodes[i], data[i]));
+  }
+  for (auto& w : works) w.wait();
+}
+
+}  // namespace
+
+TEST(NodeTest, InsecurePeersCarryChunksOnDirectLinksWhereBothEndsHaveThem) {
+  // Four insecure peers, one of which keeps its chunks on ZeroMQ: its two links fall back, the
+  // others are direct. Every collective and a lossy precision, twice (kept connections reused).
+  Swarm swarm(4);
+  std::vector<std::unique_ptr<net::Node>> nodes;
+  for (int i = 0; i < 4; ++i) {
+    auto o = swarm.options(i, i == 0 ? "" : nodes[0]->endpoint());
+    o.insecure = true;
+    o.direct_data = i != 2;
+    nodes.push_back(std::make_unique<net::Node>(o));
+  }
+  for (auto& n : nodes) ASSERT_TRUE(n->wait_for_members(4, 5s));
+  for (const auto& m : nodes[0]->members())
+    EXPECT_EQ(m.info.data_port != 0, m.info.id != nodes[2]->id()) << m.info.name;
+  net::CollectiveOptions o;
+  o.order = net::RingOrder::by_id;
+  o.root = nodes[1]->id();
+  net::CollectiveOptions lossy = o;
+  lossy.precision = net::WirePrecision::int8;
+  std::vector<std::vector<float>> data(4);
+  for (int round = 0; round < 2; ++round) {
+    for (size_t n : {3ul, 5121ul, 100003ul}) {
+      SCOPED_TRACE("round " + std::to_string(round) + ", size " + std::to_string(n));
+      on_every_node(nodes, data, n, [&](net::Node& p, auto& d) { return p.all_reduce(d, o); });
+      for (int i = 0; i < 4; ++i)
+        for (size_t k = 0; k < n; ++k) ASSERT_EQ(data[i][k], 4 * static_cast<float>(k % 101) + 6);
+      on_every_node(nodes, data, n, [&](net::Node& p, auto& d) { return p.all_reduce(d, lossy); });
+      for (int i = 1; i < 4; ++i) ASSERT_EQ(data[i], data[0]);
+      on_every_node(nodes, data, n, [&](net::Node& p, auto& d) { return p.all_gather(d, o); });
+      for (int i = 1; i < 4; ++i) ASSERT_EQ(data[i], data[0]);
+      on_every_node(nodes, data, n, [&](net::Node& p, auto& d) { return p.broadcast(d, o); });
+      for (int i = 0; i < 4; ++i) ASSERT_EQ(data[i], ramp(n, 1.0f));
+    }
+  }
+}
+
+namespace {
+
 std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 

@@ -11,15 +11,15 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "starling/net/netlab.h"
 #include "starling/common/process.h"
 #include "starling/net/keys.h"
+#include "starling/net/netlab.h"
 
 namespace fs = std::filesystem;
 namespace net = starling::net;
 using json = nlohmann::json;
-using starling::net::NetLab;
 using starling::Process;
+using starling::net::NetLab;
 using namespace std::chrono_literals;
 
 namespace {
@@ -83,15 +83,18 @@ std::vector<json> op_lines(const std::vector<std::string>& lines) {
 }
 
 // Starts `n` workers (the first founds the swarm) running `ops`, returns their op lines.
+// `flags` go to every worker (e.g. --insecure: chunks on direct links).
 std::vector<std::vector<json>> run_swarm(int n, const std::string& ops, int rounds,
-                                         const NetLab* lab = nullptr) {
+                                         const NetLab* lab = nullptr,
+                                         const std::vector<std::string>& flags = {}) {
   SwarmDir dir(n);
   std::vector<Process> procs;
   std::string first;
   for (int i = 0; i < n; ++i) {
     const std::string host = lab ? lab->ip(i) : "127.0.0.1";
-    const std::vector<std::string> extra{"--expect", std::to_string(n), "--ops",
-                                         ops,        "--rounds",        std::to_string(rounds)};
+    std::vector<std::string> extra{"--expect", std::to_string(n), "--ops",
+                                   ops,        "--rounds",        std::to_string(rounds)};
+    extra.insert(extra.end(), flags.begin(), flags.end());
     procs.emplace_back(dir.worker(i, "tcp://" + host + ":0", first, extra,
                                   lab ? lab->exec_prefix(i) : std::vector<std::string>{}),
                        dir.log(i));
@@ -134,19 +137,30 @@ TEST(SwarmTest, CollectivesAgreeBitForBitAcrossProcesses) {
     SCOPED_TRACE("peers: " + std::to_string(n));
     expect_agreement(run_swarm(n, ops, 2), 16);
   }
+  // Insecure swarms carry the chunks on direct links (two rounds: kept connections reused).
+  SCOPED_TRACE("insecure, direct links");
+  expect_agreement(run_swarm(4, ops, 2, nullptr, {"--insecure"}), 16);
 }
 
-TEST(SwarmTest, KilledPeerCostsOneTimeoutThenSurvivorsContinue) {
+// A kill mid-operation, with CURVE (chunks through ZeroMQ) and insecure (on direct links, where
+// the survivors also see the dead peer's connections close).
+class KilledPeerTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(KilledPeerTest, CostsOneTimeoutThenSurvivorsContinue) {
+  const bool insecure = GetParam();
   SwarmDir dir(4);
   std::vector<Process> procs;
   std::string first;
   // Large all-reduces back to back with small chunks, so a kill lands mid-operation.
   for (int i = 0; i < 4; ++i) {
-    procs.emplace_back(
-        dir.worker(i, "tcp://127.0.0.1:0", first,
-                   {"--expect", "4", "--ops", "all_reduce:4000000:fp32", "--rounds", "40",
-                    "--retry", "--timeout-ms", "1500", "--chunk-bytes", "65536"}),
-        dir.log(i));
+    std::vector<std::string> flags{"--expect", "4",
+                                   "--ops",    "all_reduce:4000000:fp32",
+                                   "--rounds", "40",
+                                   "--retry",  "--timeout-ms",
+                                   "1500",     "--chunk-bytes",
+                                   "65536"};
+    if (insecure) flags.push_back("--insecure");
+    procs.emplace_back(dir.worker(i, "tcp://127.0.0.1:0", first, flags), dir.log(i));
     const std::string ep = endpoint_of(procs.back());
     ASSERT_FALSE(ep.empty());
     if (i == 0) first = ep;
@@ -175,6 +189,9 @@ TEST(SwarmTest, KilledPeerCostsOneTimeoutThenSurvivorsContinue) {
     EXPECT_TRUE(recovered) << "peer " << i << " never ran an all-reduce among the survivors";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(SwarmTest, KilledPeerTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Insecure" : "Curve"; });
 
 TEST(SwarmTest, TerminatedPeerAnnouncesItsDeparture) {
   SwarmDir dir(3);
@@ -207,4 +224,7 @@ TEST(SwarmTest, FourPeersOnShapedLinksInNamespaces) {
                              "broadcast:100000:fp32:c",
                              1, &lab),
                    3);
+  // Direct links bind to the lab addresses and run through the shaped links too.
+  expect_agreement(
+      run_swarm(4, "all_reduce:1000000:fp32,broadcast:100000:fp32:c", 1, &lab, {"--insecure"}), 2);
 }

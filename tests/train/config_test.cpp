@@ -343,8 +343,8 @@ std::vector<std::string> all_keys() {
         "clip_threshold", "zero", "precision"}},
       {"net",
        {"backend", "rank", "world_size", "store", "interface", "name", "listen", "advertise",
-        "join", "key", "allow", "insecure", "heartbeat_ms", "peer_timeout_ms", "join_timeout_s",
-        "collective_timeout_s", "min_peers"}}};
+        "join", "key", "allow", "insecure", "direct_data", "heartbeat_ms", "peer_timeout_ms",
+        "join_timeout_s", "collective_timeout_s", "min_peers"}}};
   std::vector<std::string> keys;
   for (const auto& [table, names] : tables)
     for (const auto& n : names) keys.push_back(table + "." + n);

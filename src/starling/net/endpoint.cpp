@@ -69,6 +69,13 @@ void check_tcp_endpoint(const std::string& endpoint, const std::string& what) {
   split(endpoint, what);
 }
 
+std::string endpoint_host(const std::string& endpoint) {
+  std::string host = split(endpoint, "endpoint").host;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  return host;
+}
+
 EntryPoint parse_entry_point(const std::string& text, const std::string& what) {
   EntryPoint e;
   // '@' is also a Z85 digit, so the key ends at the '@' that starts the endpoint.

@@ -28,6 +28,9 @@ std::vector<std::string> candidate_server_keys(const EntryPoint& entry, bool ins
 // Checks "tcp://HOST:PORT" (PORT may be 0 or '*'); throws ConfigError naming `what`.
 void check_tcp_endpoint(const std::string& endpoint, const std::string& what);
 
+// The HOST of "tcp://HOST:PORT", without an IPv6 address's brackets; throws ConfigError.
+std::string endpoint_host(const std::string& endpoint);
+
 // The address others should use to reach a socket bound at `bound` (as ZeroMQ reports it, with
 // the real port). A wildcard host is replaced by `advertise_host` when given, else by the local
 // address that routes to the first entry point, else by the host name's address.

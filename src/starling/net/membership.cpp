@@ -32,13 +32,10 @@ std::string to_string(MemberState state) {
 }
 
 nlohmann::json to_json(const MemberInfo& m) {
-  return {{"id", format_peer_id(m.id)},
-          {"name", m.name},
-          {"endpoint", m.endpoint},
-          {"key", m.public_key},
-          {"joined_at", m.joined_at_ms},
-          {"active", m.active},
-          {"left", m.left}};
+  return {{"id", format_peer_id(m.id)}, {"name", m.name},
+          {"endpoint", m.endpoint},     {"key", m.public_key},
+          {"data_port", m.data_port},   {"joined_at", m.joined_at_ms},
+          {"active", m.active},         {"left", m.left}};
 }
 
 MemberInfo member_from_json(const nlohmann::json& j) {
@@ -62,6 +59,12 @@ MemberInfo member_from_json(const nlohmann::json& j) {
     throw NetError("member record lacks integer field 'joined_at'");
   m.joined_at_ms = j["joined_at"].get<int64_t>();
   m.active = flag("active");
+  if (j.contains("data_port")) {  // absent: a peer without direct links
+    const auto& port = j["data_port"];
+    if (!port.is_number_unsigned() || port.get<uint64_t>() > 65535)
+      throw NetError("member field 'data_port' is not a port number");
+    m.data_port = port.get<uint16_t>();
+  }
   m.left = flag("left");
   if (m.endpoint.rfind("tcp://", 0) != 0 || m.endpoint.size() > 256)
     throw NetError("member endpoint '" + m.endpoint.substr(0, 64) + "' is not tcp://HOST:PORT");

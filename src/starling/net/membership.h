@@ -27,6 +27,7 @@ struct MemberInfo {
   std::string name;
   std::string endpoint;      // tcp://HOST:PORT
   std::string public_key;    // Z85; empty in --insecure swarms
+  uint16_t data_port = 0;    // direct data links' listener (direct_links.h); 0 = none
   int64_t joined_at_ms = 0;  // wall clock when it joined; orders coordinators (oldest first)
   bool active = true;        // takes part in every collective
   bool left = false;         // announced its departure

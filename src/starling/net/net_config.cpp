@@ -35,6 +35,10 @@ void add_config_keys(NetConfig& n, config::Keys& k) {
       string_key("net", "allow", &n.allow, "the swarm's allowlist: one public key per line"));
   k.push_back(bool_key("net", "insecure", &n.insecure,
                        "plain TCP without CURVE encryption (trusted networks only)"));
+  k.push_back(bool_key("net", "direct_data", &n.direct_data,
+                       "insecure swarms: collective chunks travel on direct TCP connections "
+                       "between ring neighbours (faster on fast networks); false keeps them on "
+                       "ZeroMQ like every other message"));
   k.push_back(int_key("net", "heartbeat_ms", &n.heartbeat_ms, 10, "heartbeat interval"));
   k.push_back(int_key("net", "peer_timeout_ms", &n.peer_timeout_ms, 100,
                       "silence after which a peer counts as dead"));
@@ -59,6 +63,7 @@ NodeOptions node_options(const NetConfig& net) {
   o.advertise = net.advertise;
   o.join = net.join;
   o.insecure = net.insecure;
+  o.direct_data = net.direct_data;
   if (!net.insecure) {
     if (net.key.empty() || net.allow.empty())
       throw ConfigError(

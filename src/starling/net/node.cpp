@@ -13,6 +13,7 @@
 #include "starling/common/error.h"
 #include "starling/net/agreement.h"
 #include "starling/net/control_message.h"
+#include "starling/net/direct_links.h"
 #include "starling/net/endpoint.h"
 #include "starling/net/gossip.h"
 #include "starling/net/heap_reuse.h"
@@ -93,6 +94,8 @@ class Node::Impl {
   PeerId self_id_ = 0;
   std::string endpoint_;
   std::unique_ptr<Transport> transport_;
+  std::unique_ptr<DirectLinks> direct_;  // insecure swarms with direct_data only
+  std::atomic<uint64_t> direct_bytes_sent_{0};
   MemberTable table_;
   std::unique_ptr<Gossip> gossip_;
   std::unique_ptr<Agreement> agreement_;
@@ -156,12 +159,15 @@ Node::Impl::Impl(NodeOptions options) : options_(std::move(options)), table_(Mem
   }
   transport_ = std::make_unique<Transport>(t);
   endpoint_ = advertised_endpoint(transport_->endpoint(), options_.advertise, entries);
+  if (options_.insecure && options_.direct_data)
+    direct_ = std::make_unique<DirectLinks>(endpoint_host(transport_->endpoint()), options_.log);
 
   MemberInfo self;
   self.id = self_id_;
   self.name = options_.name;
   self.endpoint = endpoint_;
   self.public_key = options_.insecure ? "" : options_.keys.public_key;
+  self.data_port = direct_ ? direct_->port() : 0;
   self.joined_at_ms = wall_ms();
   self.active = options_.active;
   table_.members = Membership(self);
@@ -346,6 +352,7 @@ void Node::Impl::flush_outbox() {
 
 void Node::Impl::start_run(Launched op, Start start) {
   std::string problem;
+  RingRun::Env env;
   {
     std::lock_guard lock(table_.mutex);
     const int P = static_cast<int>(start.ring.size());
@@ -358,11 +365,18 @@ void Node::Impl::start_run(Launched op, Start start) {
       else if (id != self_id_)
         transport_->connect(slot_of(id), m->info.endpoint, m->info.public_key);
     }
+    // A link is direct when both of its ends have direct links.
+    const Member* left = table_.members.find(start.ring[(pos - 1 + P) % P]);
+    const Member* right = table_.members.find(start.ring[(pos + 1) % P]);
+    if (direct_ && right && right->info.id != self_id_ && right->info.data_port != 0)
+      env.right_host.emplace(endpoint_host(right->info.endpoint), right->info.data_port);
+    env.left_direct = direct_ && left && left->info.id != self_id_ && left->info.data_port != 0;
     for (PeerId id : start.ring)
       if (const Member* m = table_.members.find(id); m && m->state == MemberState::dead)
         problem = "peer " + short_peer_id(id) + " died during the operation";
   }
-  RingRun::Env env;
+  env.direct = direct_.get();
+  env.direct_bytes_sent = &direct_bytes_sent_;
   env.self = self_id_;
   env.peer_timeout = options_.peer_timeout;
   env.send = [this](PeerId to, const Header& h, zmq::message_t payload) {
@@ -581,7 +595,7 @@ void Node::Impl::set_active(bool active) {
 
 Node::Counters Node::Impl::counters() const {
   return {transport_->rejected() + malformed_.load(), transport_->refused_connections(),
-          transport_->bytes_sent()};
+          transport_->bytes_sent() + direct_bytes_sent_.load()};
 }
 
 // --- Node --------------------------------------------------------------------------------------

@@ -18,10 +18,13 @@ struct NodeOptions {
   std::string listen = "tcp://127.0.0.1:0";  // port 0 picks a free port
   std::string advertise;                     // host others reach us at (for 0.0.0.0 binds)
   bool insecure = false;                     // plain TCP without CURVE (explicit opt-in)
-  KeyPair keys;                              // this peer's identity (unless insecure)
-  std::vector<AllowedKey> allowlist;         // the swarm: keys allowed to connect
-  std::vector<std::string> join;             // entry points; empty = start a new swarm
-  bool active = true;                        // takes part in every collective
+  // Insecure swarms only: collective chunks travel on direct TCP links between ring neighbours
+  // (direct_links.h) rather than through ZeroMQ.
+  bool direct_data = true;
+  KeyPair keys;                       // this peer's identity (unless insecure)
+  std::vector<AllowedKey> allowlist;  // the swarm: keys allowed to connect
+  std::vector<std::string> join;      // entry points; empty = start a new swarm
+  bool active = true;                 // takes part in every collective
   std::chrono::milliseconds heartbeat_interval{500};
   std::chrono::milliseconds peer_timeout{5000};  // silence after which a peer is dead
   std::chrono::milliseconds join_timeout{30000};

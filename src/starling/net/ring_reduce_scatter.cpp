@@ -1,3 +1,4 @@
+#include "starling/net/chunk_buffers.h"
 #include "starling/net/ring_channel.h"
 
 namespace starling::net {
@@ -5,7 +6,7 @@ namespace starling::net {
 namespace detail {
 
 zmq::message_t encode_message(WirePrecision p, const float* src, size_t count) {
-  zmq::message_t msg(compress::encoded_bytes(p, count));
+  zmq::message_t msg = chunk_message(compress::encoded_bytes(p, count));
   compress::encode(p, src, count, static_cast<std::byte*>(msg.data()));
   return msg;
 }

@@ -1,10 +1,21 @@
 #include "starling/net/ring_run.h"
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "starling/common/error.h"
 
 namespace starling::net {
+namespace {
+
+// The largest frame a left neighbour may announce on a direct link: a full fp32 chunk, and room
+// for a lossy precision's scale.
+size_t max_frame_bytes(size_t chunk_elements) { return chunk_elements * sizeof(float) + 64; }
+
+}  // namespace
+
 RingRun::RingRun(Launched op, Start start, Env env, std::deque<Incoming> early)
     : op_(std::move(op)), start_(std::move(start)), env_(std::move(env)), inbox_(std::move(early)) {
   const auto& ring = start_.ring;
@@ -12,6 +23,11 @@ RingRun::RingRun(Launched op, Start start, Env env, std::deque<Incoming> early)
   position_ = static_cast<int>(std::find(ring.begin(), ring.end(), env_.self) - ring.begin());
   left_ = ring[(position_ - 1 + P) % P];
   right_ = ring[(position_ + 1) % P];
+  if (uses_direct()) {
+    wake_ = Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (!wake_) fail_ = "eventfd failed";
+    direct_.configure(max_frame_bytes(start_.chunk_elements), env_.who(left_), env_.who(right_));
+  }
   thread_ = std::thread([this] { run(); });
 }
 
@@ -29,7 +45,7 @@ void RingRun::deliver(Incoming chunk) {
     std::lock_guard lock(mutex_);
     inbox_.push_back(std::move(chunk));
   }
-  arrived_.notify_one();
+  signal();
 }
 
 void RingRun::fail(std::string reason) {
@@ -37,7 +53,78 @@ void RingRun::fail(std::string reason) {
     std::lock_guard lock(mutex_);
     if (!fail_) fail_ = std::move(reason);
   }
+  signal();
+}
+
+void RingRun::signal() {
   arrived_.notify_one();
+  if (wake_) {
+    const uint64_t one = 1;
+    [[maybe_unused]] const ssize_t w = ::write(wake_.get(), &one, sizeof one);
+  }
+}
+
+void RingRun::take_frame(DirectStream::Frame f) {
+  Incoming in;
+  in.header.type = MsgType::data;
+  in.header.sender = left_;
+  in.header.op = start_.op_id;
+  in.header.step = f.step;
+  in.header.chunk = f.chunk;
+  in.header.payload_bytes = f.payload.size();
+  in.payload = std::move(f.payload);
+  std::lock_guard lock(mutex_);
+  inbox_.push_back(std::move(in));
+}
+
+void RingRun::pump_direct(Clock::time_point until) {
+  direct_.pump(until, wake_.get(), [this](DirectStream::Frame f) { take_frame(std::move(f)); });
+}
+
+void RingRun::wait_for_progress(Clock::time_point deadline) {
+  using namespace std::chrono_literals;
+  if (env_.left_direct && !left_taken_) {
+    if (auto fd = env_.direct->take(left_, start_.op_id)) {
+      direct_.set_left(std::move(*fd));
+      left_taken_ = true;
+    } else {
+      // The left neighbour's connection has not come yet: keep our own sends moving meanwhile,
+      // and look again soon (a failure shows within one slice).
+      const auto until = std::min(deadline, Clock::now() + 20ms);
+      if (direct_.sending())
+        pump_direct(until);
+      else
+        env_.direct->wait_for_arrival(until);
+      return;
+    }
+  }
+  pump_direct(deadline);
+}
+
+void RingRun::finish_direct() {
+  if (direct_.has_right()) {
+    direct_.queue_end();
+    auto stalled_since = Clock::now();
+    uint64_t written = direct_.bytes_written();
+    while (direct_.sending()) {
+      {
+        std::lock_guard lock(mutex_);
+        if (fail_) throw NetError(*fail_);
+      }
+      const auto now = Clock::now();
+      if (direct_.bytes_written() != written) {
+        written = direct_.bytes_written();
+        stalled_since = now;
+      } else if (now - stalled_since > env_.peer_timeout) {
+        throw NetError(env_.who(right_) + " took none of this peer's data for " +
+                       seconds_text(env_.peer_timeout));
+      }
+      pump_direct(now + env_.peer_timeout);
+    }
+    env_.direct->keep_outgoing(right_, direct_.release_right());
+  }
+  if (direct_.has_left() && direct_.between_frames())
+    env_.direct->keep_incoming(direct_.release_left(), direct_.left_ended());
 }
 
 void RingRun::run() {
@@ -68,10 +155,13 @@ void RingRun::run() {
         break;
       }
     }
+    if (uses_direct()) finish_direct();
   } catch (const NetError& e) {
     reason_ = e.what();
     error_ = to_string(req.kind) + " failed: " + reason_;
   }
+  if (env_.direct_bytes_sent) *env_.direct_bytes_sent += direct_.bytes_written();
+  direct_ = DirectStream();  // a failed run's connections close here
   env_.done(start_.op_id);
 }
 
@@ -100,6 +190,20 @@ void RingRun::send_right(uint32_t step, uint32_t chunk, zmq::message_t payload) 
     std::lock_guard lock(mutex_);
     if (fail_) throw NetError(*fail_);
   }
+  if (env_.right_host) {
+    if (!direct_.has_right()) {
+      const auto& [host, port] = *env_.right_host;
+      try {
+        direct_.set_right(env_.direct->open(right_, host, port, env_.self, start_.op_id,
+                                            Clock::now() + env_.peer_timeout));
+      } catch (const NetError& e) {
+        throw NetError("cannot reach " + env_.who(right_) + ": " + e.what());
+      }
+    }
+    direct_.queue(step, chunk, std::move(payload));
+    pump_direct(Clock::now());  // writes what the socket takes now, reads what has come
+    return;
+  }
   Header h;
   h.type = MsgType::data;
   h.sender = env_.self;
@@ -117,9 +221,9 @@ zmq::message_t RingRun::receive_left(uint32_t step, uint32_t chunk, size_t expec
     return h.step < step || (h.step == step && h.chunk < chunk);
   };
   Incoming in;
-  {
-    std::unique_lock lock(mutex_);
-    for (;;) {
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
       const auto it = std::find_if(inbox_.begin(), inbox_.end(), [&](const Incoming& m) {
         return m.header.sender != left_ || already_taken(m.header) ||
                (m.header.step == step && m.header.chunk == chunk);
@@ -130,13 +234,20 @@ zmq::message_t RingRun::receive_left(uint32_t step, uint32_t chunk, size_t expec
         break;
       }
       if (fail_) throw NetError(*fail_);
+      if (direct_.left_ended())
+        throw NetError(env_.who(left_) + " ended the operation without sending step " +
+                       std::to_string(step) + " chunk " + std::to_string(chunk));
       const auto deadline = last_progress_ + env_.peer_timeout;
       if (Clock::now() >= deadline)
         throw NetError("no data from " + env_.who(left_) + " for " +
                        seconds_text(env_.peer_timeout) + " (waiting for step " +
                        std::to_string(step) + " chunk " + std::to_string(chunk) + ")");
-      arrived_.wait_until(lock, deadline);
+      if (!uses_direct()) {
+        arrived_.wait_until(lock, deadline);
+        continue;
+      }
     }
+    wait_for_progress(last_progress_ + env_.peer_timeout);
   }
   const Header& h = in.header;
   if (h.sender != left_)

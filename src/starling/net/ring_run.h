@@ -1,7 +1,8 @@
 // One agreed collective, running on a thread of its own: the ring algorithm (ring_channel.h)
-// talks to this object only, which queues outgoing chunks for the communication thread and
-// waits for incoming ones that thread delivers. The communication thread never blocks on a
-// collective, and several collectives (different tags) run side by side.
+// talks to this object only. On ZeroMQ links it queues outgoing chunks for the communication
+// thread and waits for incoming ones that thread delivers; on direct links (direct_links.h) it
+// writes and reads the sockets itself. The communication thread never blocks on a collective,
+// and several collectives (different tags) run side by side.
 #pragma once
 
 #include <atomic>
@@ -15,6 +16,7 @@
 #include <thread>
 
 #include "starling/net/agreement.h"
+#include "starling/net/direct_stream.h"
 #include "starling/net/ring_channel.h"
 #include "starling/net/transport.h"
 
@@ -30,6 +32,12 @@ class RingRun final : public RingChannel {
     // Called once, on the run's thread, when it has ended (the node collects it then).
     std::function<void(uint64_t op_id)> done;
     std::function<std::string(PeerId)> who;
+    // Direct links, when this peer has them (nullptr: every chunk goes through ZeroMQ). The
+    // right neighbour's link is direct when `right_host` is set, the left's when `left_direct`.
+    DirectLinks* direct = nullptr;
+    std::optional<std::pair<std::string, uint16_t>> right_host;  // host, port
+    bool left_direct = false;
+    std::atomic<uint64_t>* direct_bytes_sent = nullptr;  // added to as chunks leave directly
   };
 
   // Starts the thread. `early` holds chunks that arrived before the start did.
@@ -62,6 +70,15 @@ class RingRun final : public RingChannel {
 
  private:
   void run();
+  bool uses_direct() const { return env_.right_host.has_value() || env_.left_direct; }
+  // Waits until `deadline` for anything to move: pumps the direct links, or waits for a
+  // delivery from the communication thread.
+  void wait_for_progress(Clock::time_point deadline);
+  // Writes out what is still queued for the right neighbour, then keeps clean connections.
+  void finish_direct();
+  void pump_direct(Clock::time_point until);
+  void take_frame(DirectStream::Frame frame);  // a chunk read from the left's direct link
+  void signal();                               // wakes the run's thread
 
   Launched op_;
   Start start_;
@@ -73,6 +90,11 @@ class RingRun final : public RingChannel {
   std::condition_variable arrived_;
   std::deque<Incoming> inbox_;       // guarded by mutex_
   std::optional<std::string> fail_;  // guarded by mutex_
+  Fd wake_;                          // eventfd that deliver() and fail() signal (direct only)
+
+  // Direct links, on the run's thread only.
+  DirectStream direct_;
+  bool left_taken_ = false;
 
   // The run's thread only.
   Clock::time_point last_progress_{};
