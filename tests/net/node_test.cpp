@@ -442,6 +442,14 @@ TEST(NodeTest, PointToPointFailsWhenThePeerIsGone) {
   // What it sent before leaving still arrives; anything more fails at once.
   EXPECT_EQ(text_of(nodes[1]->recv(gone, 5).wait()), "last words");
   EXPECT_THROW(nodes[1]->recv(gone, 5).wait(), starling::NetError);
+  // Peer 0 learns of the departure from its own copy of the announcement, maybe a moment later.
+  const auto has_left = [&] {
+    for (const auto& m : nodes[0]->members())
+      if (m.info.id == gone) return m.state == net::MemberState::left;
+    return false;
+  };
+  for (int i = 0; i < 90 && !has_left(); ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(has_left()) << "peer 0 did not learn of the departure before the 1 s peer timeout";
   EXPECT_THROW(nodes[0]->send(gone, 1, bytes_of("x")).wait(), starling::NetError);
   // Too big for the connection's message limit: refused, not sent.
   net::NodeOptions o = swarm.options(0);
