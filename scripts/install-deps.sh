@@ -11,6 +11,7 @@ PACKAGES=(
   # libtorch's OpenMP thread pool instead of oversubscribing the cores with its own.
   libopenblas0-openmp
   libzmq3-dev cppzmq-dev            # transport between peers
+  libssl-dev                        # sealed direct data links (AES-256-GCM, X25519)
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
   libsentencepiece-dev sentencepiece
   libgtest-dev libgmock-dev

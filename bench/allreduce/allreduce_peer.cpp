@@ -52,7 +52,7 @@ struct Args {
   int root_port = 29650;
   std::string keys_dir, keygen_dir;
   bool insecure = false;
-  bool zmq_data = false;  // insecure: chunks through ZeroMQ rather than direct links
+  bool zmq_data = false;  // chunks through ZeroMQ rather than direct links
   std::string precision = "fp32";
   std::vector<double> sizes_mb{1, 16};
   int reps = 3, warmup = 1;
@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
   app.add_option("--keys", a.keys_dir, "directory written by --keygen (starling, secure)");
   app.add_flag("--insecure", a.insecure, "starling without CURVE (plain TCP)");
   app.add_flag("--zmq-data", a.zmq_data,
-               "insecure: collective chunks through ZeroMQ, not direct links (net.direct_data)");
+               "collective chunks through ZeroMQ, not direct links (net.direct_data)");
   app.add_option("--precision", a.precision, "wire precision (starling)");
   app.add_option("--sizes", a.sizes_mb, "payload sizes in MB (1e6 bytes of fp32)")->delimiter(',');
   app.add_option("--reps", a.reps, "timed repetitions per size")->check(CLI::Range(1, 1000));

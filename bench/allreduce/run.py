@@ -10,10 +10,10 @@ all in this network namespace, on a shaped link each in its own namespace of a n
 (scripts/netlab.sh up NAME 4 RATE; always taken down again) bound to its lab address. Links and
 configurations:
 
-    loopback   starling secure, starling insecure (direct links and through ZeroMQ), gloo
+    loopback   starling secure and insecure, each on direct links and through ZeroMQ, gloo
                x 1, 16, 64, 256 MB
-    100mbit    starling secure fp32, starling int8, gloo       x 1, 16, 64 MB
-    10mbit     starling secure fp32, starling int8, gloo       x 1, 8 MB
+    100mbit    starling secure fp32 (direct, zmq), int8, gloo  x 1, 16, 64 MB
+    10mbit     starling secure fp32 (direct, zmq), int8, gloo  x 1, 8 MB
 
 (10mbit stops at 8 MB: one fp32 all-reduce of 8 MB moves 12 MB over every peer's link, ~10 s;
 64 MB would take ~80 s per repetition.) Every peer times each repetition after a barrier; per
@@ -47,17 +47,20 @@ LINKS = {
     # name: (tc rate or None for loopback, rate in MB/s or None, configs, sizes, quick sizes)
     "loopback": (None, None,
                  [("starling secure", "starling", False, "fp32"),
+                  ("starling secure zmq", "starling", "secure-zmq", "fp32"),
                   ("starling insecure", "starling", True, "fp32"),
                   ("starling insecure zmq", "starling", "zmq", "fp32"),
                   ("gloo", "gloo", False, "fp32")],
                  [1, 16, 64, 256], [1, 16]),
     "100mbit": ("100mbit", 12.5,
                 [("starling secure fp32", "starling", False, "fp32"),
+                 ("starling secure zmq fp32", "starling", "secure-zmq", "fp32"),
                  ("starling secure int8", "starling", False, "int8"),
                  ("gloo", "gloo", False, "fp32")],
                 [1, 16, 64], [1, 16]),
     "10mbit": ("10mbit", 1.25,
                [("starling secure fp32", "starling", False, "fp32"),
+                ("starling secure zmq fp32", "starling", "secure-zmq", "fp32"),
                 ("starling secure int8", "starling", False, "int8"),
                 ("gloo", "gloo", False, "fp32")],
                [1, 8], [1]),
@@ -121,9 +124,11 @@ def run_config(a, link, lab, rate_mbps, label, backend, insecure, precision, siz
                    "--reps", str(reps), "--warmup", str(a.warmup),
                    "--timeout-s", str(int(timeout))]
             if backend == "starling":
-                # insecure: True (direct data links), "zmq" (chunks through ZeroMQ) or False
-                cmd += ["--insecure"] if insecure else ["--keys", os.path.join(workdir, "keys")]
-                if insecure == "zmq":
+                # insecure: True (plain direct data links), "zmq" (plain, chunks through
+                # ZeroMQ), False (CURVE, sealed direct links) or "secure-zmq" (CURVE, ZeroMQ)
+                secure = insecure in (False, "secure-zmq")
+                cmd += ["--keys", os.path.join(workdir, "keys")] if secure else ["--insecure"]
+                if insecure in ("zmq", "secure-zmq"):
                     cmd += ["--zmq-data"]
                 if a.chunk_bytes:
                     cmd += ["--chunk-bytes", str(a.chunk_bytes)]
@@ -156,8 +161,9 @@ def run_config(a, link, lab, rate_mbps, label, backend, insecure, precision, siz
         med, best = statistics.median(times), min(times)
         nbytes = per_rank[0]["bytes"]
         busbw = nbytes * 2 * (PEERS - 1) / PEERS / med / 1e6
+        secure = backend == "starling" and insecure in (False, "secure-zmq")
         row = {"link": link, "config": label, "backend": backend, "precision": precision,
-               "secure": backend == "starling" and not insecure, "mb": mb, "bytes": nbytes,
+               "secure": secure, "mb": mb, "bytes": nbytes,
                "times_s": times, "median_s": med, "min_s": best,
                "algbw_MBps": nbytes / med / 1e6, "busbw_MBps": busbw,
                "busbw_over_rate": busbw / rate_mbps if rate_mbps else None,
@@ -188,7 +194,7 @@ def fmt(x, spec, width):
 
 
 def print_table(rows):
-    head = (f"{'link':<9}{'config':<22}{'MB':>5} | {'median s':>9}{'min s':>9} | "
+    head = (f"{'link':<9}{'config':<26}{'MB':>5} | {'median s':>9}{'min s':>9} | "
             f"{'busbw MB/s':>11}{'/rate':>7} | {'vs gloo':>8}{'int8/fp32':>10} | {'max err':>8}")
     print(head)
     print("-" * len(head))
@@ -197,7 +203,7 @@ def print_table(rows):
         if last and last != r["link"]:
             print()
         last = r["link"]
-        print(f"{r['link']:<9}{r['config']:<22}{r['mb']:>5g} | {r['median_s']:>9.3f}"
+        print(f"{r['link']:<9}{r['config']:<26}{r['mb']:>5g} | {r['median_s']:>9.3f}"
               f"{r['min_s']:>9.3f} | {r['busbw_MBps']:>11.2f}{fmt(r['busbw_over_rate'], '.3f', 7)}"
               f" | {fmt(r['vs_gloo'], '.2f', 8)}{fmt(r['int8_over_fp32'], '.2f', 10)} | "
               f"{r['max_err']:>8.3g}")
@@ -211,7 +217,8 @@ def check_targets(rows):
     """The README's targets, on limited links only; returns printable lines."""
     out = []
     for r in rows:
-        if r["busbw_over_rate"] is None or r["backend"] != "starling":
+        # The targets are for the default data path; "zmq" rows are there for comparison.
+        if r["busbw_over_rate"] is None or r["backend"] != "starling" or "zmq" in r["config"]:
             continue
         where = f"{r['link']} {r['mb']:g} MB {r['config']}"
         if r["precision"] == "fp32" and r["secure"]:

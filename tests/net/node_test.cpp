@@ -337,14 +337,17 @@ void on_every_node(std::vector<std::unique_ptr<net::Node>>& nodes,
 
 }  // namespace
 
-TEST(NodeTest, InsecurePeersCarryChunksOnDirectLinksWhereBothEndsHaveThem) {
-  // Four insecure peers, one of which keeps its chunks on ZeroMQ: its two links fall back, the
-  // others are direct. Every collective and a lossy precision, twice (kept connections reused).
+// Four peers, one of which keeps its chunks on ZeroMQ: its two links fall back, the others are
+// direct (sealed with CURVE, plain when insecure). Every collective and a lossy precision, twice
+// (kept connections reused).
+class DirectLinksNodeTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DirectLinksNodeTest, PeersCarryChunksOnDirectLinksWhereBothEndsHaveThem) {
   Swarm swarm(4);
   std::vector<std::unique_ptr<net::Node>> nodes;
   for (int i = 0; i < 4; ++i) {
     auto o = swarm.options(i, i == 0 ? "" : nodes[0]->endpoint());
-    o.insecure = true;
+    o.insecure = GetParam();
     o.direct_data = i != 2;
     nodes.push_back(std::make_unique<net::Node>(o));
   }
@@ -371,7 +374,17 @@ TEST(NodeTest, InsecurePeersCarryChunksOnDirectLinksWhereBothEndsHaveThem) {
       for (int i = 0; i < 4; ++i) ASSERT_EQ(data[i], ramp(n, 1.0f));
     }
   }
+  // By id the ring is some order of the four; whoever sends to peer 2, or is peer 2, sends
+  // through ZeroMQ. The others' chunks went direct.
+  int direct_senders = 0;
+  for (int i = 0; i < 4; ++i)
+    if (nodes[i]->counters().direct_bytes_sent > 0) ++direct_senders;
+  EXPECT_EQ(nodes[2]->counters().direct_bytes_sent, 0u);
+  EXPECT_EQ(direct_senders, 2);
 }
+
+INSTANTIATE_TEST_SUITE_P(NodeTest, DirectLinksNodeTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Insecure" : "Curve"; });
 
 namespace {
 

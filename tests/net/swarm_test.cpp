@@ -83,7 +83,8 @@ std::vector<json> op_lines(const std::vector<std::string>& lines) {
 }
 
 // Starts `n` workers (the first founds the swarm) running `ops`, returns their op lines.
-// `flags` go to every worker (e.g. --insecure: chunks on direct links).
+// `flags` go to every worker (e.g. --insecure: plain direct links; --zmq-data: chunks through
+// ZeroMQ).
 std::vector<std::vector<json>> run_swarm(int n, const std::string& ops, int rounds,
                                          const NetLab* lab = nullptr,
                                          const std::vector<std::string>& flags = {}) {
@@ -133,21 +134,25 @@ TEST(SwarmTest, CollectivesAgreeBitForBitAcrossProcesses) {
       "all_reduce:1:fp32,all_reduce:4099:fp32:mean,all_reduce:300000:fp16,"
       "all_reduce:70001:int8,all_reduce:5000:bf16,reduce_scatter:9999:fp32,"
       "all_gather:12345:fp32,broadcast:65536:fp32:b";
+  // CURVE swarms carry the chunks on sealed direct links (two rounds: kept connections reused).
   for (int n : {2, 3, 4}) {
     SCOPED_TRACE("peers: " + std::to_string(n));
     expect_agreement(run_swarm(n, ops, 2), 16);
   }
-  // Insecure swarms carry the chunks on direct links (two rounds: kept connections reused).
-  SCOPED_TRACE("insecure, direct links");
+  {
+    SCOPED_TRACE("CURVE, chunks through ZeroMQ");
+    expect_agreement(run_swarm(4, ops, 2, nullptr, {"--zmq-data"}), 16);
+  }
+  SCOPED_TRACE("insecure, plain direct links");
   expect_agreement(run_swarm(4, ops, 2, nullptr, {"--insecure"}), 16);
 }
 
-// A kill mid-operation, with CURVE (chunks through ZeroMQ) and insecure (on direct links, where
-// the survivors also see the dead peer's connections close).
-class KilledPeerTest : public ::testing::TestWithParam<bool> {};
+// A kill mid-operation on each data path: CURVE on sealed direct links, CURVE through ZeroMQ, and
+// insecure on plain direct links (where the survivors also see the dead peer's connections close).
+class KilledPeerTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(KilledPeerTest, CostsOneTimeoutThenSurvivorsContinue) {
-  const bool insecure = GetParam();
+  const std::string path = GetParam();
   SwarmDir dir(4);
   std::vector<Process> procs;
   std::string first;
@@ -159,7 +164,8 @@ TEST_P(KilledPeerTest, CostsOneTimeoutThenSurvivorsContinue) {
                                    "--retry",  "--timeout-ms",
                                    "1500",     "--chunk-bytes",
                                    "65536"};
-    if (insecure) flags.push_back("--insecure");
+    if (path == "Insecure") flags.push_back("--insecure");
+    if (path == "CurveZmq") flags.push_back("--zmq-data");
     procs.emplace_back(dir.worker(i, "tcp://127.0.0.1:0", first, flags), dir.log(i));
     const std::string ep = endpoint_of(procs.back());
     ASSERT_FALSE(ep.empty());
@@ -190,8 +196,9 @@ TEST_P(KilledPeerTest, CostsOneTimeoutThenSurvivorsContinue) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(SwarmTest, KilledPeerTest, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "Insecure" : "Curve"; });
+INSTANTIATE_TEST_SUITE_P(SwarmTest, KilledPeerTest,
+                         ::testing::Values("Curve", "CurveZmq", "Insecure"),
+                         [](const auto& info) { return info.param; });
 
 TEST(SwarmTest, TerminatedPeerAnnouncesItsDeparture) {
   SwarmDir dir(3);

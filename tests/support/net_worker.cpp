@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Starling network test peer"};
   std::string name, listen = "tcp://127.0.0.1:0", advertise, key, allow, ops_text;
   std::vector<std::string> join;
-  bool insecure = false, retry = false;
+  bool insecure = false, retry = false, zmq_data = false;
   size_t expect = 1, chunk_bytes = 64 * 1024;
   int rounds = 1, timeout_ms = 2000, heartbeat_ms = 200, pause_ms = 0, linger_ms = 500;
   app.add_option("--name", name)->required();
@@ -106,6 +106,7 @@ int main(int argc, char** argv) {
   app.add_option("--key", key);
   app.add_option("--allow", allow);
   app.add_flag("--insecure", insecure);
+  app.add_flag("--zmq-data", zmq_data);  // collective chunks through ZeroMQ, not direct links
   app.add_option("--join", join);
   app.add_option("--expect", expect);
   app.add_option("--ops", ops_text);
@@ -126,6 +127,7 @@ int main(int argc, char** argv) {
     o.listen = listen;
     o.advertise = advertise;
     o.insecure = insecure;
+    o.direct_data = !zmq_data;
     if (!insecure) {
       o.keys = net::load_keypair(key);
       o.allowlist = net::load_allowlist(allow);

@@ -57,6 +57,24 @@ bool write_all(int fd, const uint8_t* bytes, size_t n, Clock::time_point deadlin
   return true;
 }
 
+// Reads exactly `n` bytes from a non-blocking socket before `deadline`; false on error, close
+// or timeout.
+bool read_all(int fd, uint8_t* bytes, size_t n, Clock::time_point deadline) {
+  while (n > 0) {
+    const ssize_t r = ::recv(fd, bytes, n, 0);
+    if (r > 0) {
+      bytes += r;
+      n -= static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return false;
+    if (Clock::now() >= deadline) return false;
+    pollfd p{fd, POLLIN, 0};
+    ::poll(&p, 1, poll_ms_until(deadline));
+  }
+  return true;
+}
+
 void put_u32(uint8_t* p, uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
 }
@@ -97,7 +115,9 @@ void Fd::reset() {
   fd_ = -1;
 }
 
-DirectLinks::DirectLinks(const std::string& bind_host, LogFn log) : log_(std::move(log)) {
+DirectLinks::DirectLinks(const std::string& bind_host, LogFn log,
+                         std::optional<LinkIdentity> identity)
+    : log_(std::move(log)), identity_(std::move(identity)) {
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -145,23 +165,58 @@ void DirectLinks::wake() {
   [[maybe_unused]] const ssize_t w = ::write(wake_write_.get(), &b, 1);
 }
 
-Fd DirectLinks::open(PeerId to, const std::string& host, uint16_t port, PeerId self, uint64_t op,
-                     Clock::time_point deadline) {
-  uint8_t hello[kOpHelloBytes];
+void DirectLinks::seal_outgoing(DirectConnection& conn, PeerId to, PeerId self,
+                                const std::string& where, Clock::time_point deadline) {
+  const auto theirs = identity_->public_keys.find(to);
+  if (theirs == identity_->public_keys.end())
+    throw NetError("direct data link to " + where + ": peer " + short_peer_id(to) +
+                   " is not on this peer's allowlist");
+  const EphemeralKey mine = make_ephemeral_key();
+  uint8_t transcript[kSealedHelloBytes + kSealedReplyBytes];
+  uint8_t* hello = transcript;
+  uint8_t* reply = transcript + kSealedHelloBytes;
+  put_u32(hello, kSealedHelloMagic);
+  put_u32(hello + 4, 1);
+  put_u64(hello + 8, self);
+  put_u64(hello + 16, to);
+  std::copy(mine.public_key.begin(), mine.public_key.end(), hello + 24);
+  if (!write_all(conn.fd.get(), hello, kSealedHelloBytes, deadline))
+    throw NetError("direct data link to " + where + ": the handshake could not be sent");
+  if (!read_all(conn.fd.get(), reply, kSealedReplyBytes, deadline))
+    throw NetError("direct data link to " + where +
+                   ": no handshake reply (is this peer on the other's allowlist?)");
+  if (get_u32(reply) != kSealedReplyMagic || get_u32(reply + 4) != 1)
+    throw NetError("direct data link to " + where + ": the handshake reply is malformed");
+  Key32 their_fresh{};
+  std::copy(reply + 8, reply + 40, their_fresh.begin());
+  const Key32 key = derive_link_key(x25519(identity_->secret, theirs->second),
+                                    x25519(mine.secret, their_fresh), transcript);
+  conn.cipher = std::make_unique<LinkCipher>(key, LinkCipher::Role::seal);
+  conn.peer = to;
+}
+
+DirectConnection DirectLinks::open(PeerId to, const std::string& host, uint16_t port, PeerId self,
+                                   uint64_t op, Clock::time_point deadline) {
+  // The op hello, and on a sealed link its tag (the hello is the record's header).
+  uint8_t hello[kOpHelloBytes + LinkCipher::kTagBytes];
   put_u32(hello, kDirectMagic);
   put_u32(hello + 4, 1);
   put_u64(hello + 8, self);
   put_u64(hello + 16, op);
+  const auto say_hello = [&](DirectConnection& conn) {
+    if (conn.cipher) conn.cipher->seal({hello, kOpHelloBytes}, nullptr, 0, hello + kOpHelloBytes);
+    return write_all(conn.fd.get(), hello, kOpHelloBytes + conn.tag_bytes(), deadline);
+  };
   for (;;) {  // a kept connection first
-    Fd fd;
+    DirectConnection conn;
     {
       std::lock_guard lock(mutex_);
       auto it = idle_outgoing_.find(to);
       if (it == idle_outgoing_.end() || it->second.empty()) break;
-      fd = std::move(it->second.back());
+      conn = std::move(it->second.back());
       it->second.pop_back();
     }
-    if (still_open(fd.get()) && write_all(fd.get(), hello, sizeof hello, deadline)) return fd;
+    if (still_open(conn.fd.get()) && say_hello(conn)) return conn;
   }
   const std::string where = host + ":" + std::to_string(port);
   addrinfo hints{}, *res = nullptr;
@@ -170,40 +225,42 @@ Fd DirectLinks::open(PeerId to, const std::string& host, uint16_t port, PeerId s
   if (const int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
       rc != 0 || !res)
     throw NetError("direct data link to " + where + ": " + gai_strerror(rc));
-  Fd fd(::socket(res->ai_family, res->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  int err = fd ? 0 : errno;
-  if (fd && ::connect(fd.get(), res->ai_addr, res->ai_addrlen) != 0) {
+  DirectConnection conn;
+  conn.fd = Fd(::socket(res->ai_family, res->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  int err = conn.fd ? 0 : errno;
+  if (conn.fd && ::connect(conn.fd.get(), res->ai_addr, res->ai_addrlen) != 0) {
     err = errno;
     if (err == EINPROGRESS) {
-      pollfd p{fd.get(), POLLOUT, 0};
+      pollfd p{conn.fd.get(), POLLOUT, 0};
       while (::poll(&p, 1, poll_ms_until(deadline)) == 0 && Clock::now() < deadline) {
       }
       socklen_t len = sizeof err;
       err = ETIMEDOUT;
-      if (p.revents) ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+      if (p.revents) ::getsockopt(conn.fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
     }
   }
   freeaddrinfo(res);
   if (err != 0) throw NetError("direct data link to " + where + ": " + std::strerror(err));
-  set_no_delay(fd.get());
-  if (!write_all(fd.get(), hello, sizeof hello, deadline))
+  set_no_delay(conn.fd.get());
+  if (identity_) seal_outgoing(conn, to, self, where, deadline);
+  if (!say_hello(conn))
     throw NetError("direct data link to " + where + ": the hello could not be sent");
-  return fd;
+  return conn;
 }
 
-void DirectLinks::keep_outgoing(PeerId to, Fd fd) {
+void DirectLinks::keep_outgoing(PeerId to, DirectConnection conn) {
   std::lock_guard lock(mutex_);
   auto& idle = idle_outgoing_[to];
-  if (idle.size() < kIdlePerPeer) idle.push_back(std::move(fd));
+  if (idle.size() < kIdlePerPeer) idle.push_back(std::move(conn));
 }
 
-std::optional<Fd> DirectLinks::take(PeerId from, uint64_t op) {
+std::optional<DirectConnection> DirectLinks::take(PeerId from, uint64_t op) {
   std::lock_guard lock(mutex_);
   auto it = arrived_.find({from, op});
   if (it == arrived_.end()) return std::nullopt;
-  Fd fd = std::move(it->second.fd);
+  DirectConnection conn = std::move(it->second.conn);
   arrived_.erase(it);
-  return fd;
+  return conn;
 }
 
 void DirectLinks::wait_for_arrival(Clock::time_point until) {
@@ -211,31 +268,98 @@ void DirectLinks::wait_for_arrival(Clock::time_point until) {
   arrived_cv_.wait_until(lock, until);
 }
 
-void DirectLinks::keep_incoming(Fd fd, bool end_marker_read) {
+void DirectLinks::keep_incoming(DirectConnection conn, bool end_marker_read) {
   {
     std::lock_guard lock(mutex_);
-    handed_back_.emplace_back(std::move(fd), end_marker_read);
+    handed_back_.emplace_back(std::move(conn), end_marker_read);
   }
   wake();
 }
 
-bool DirectLinks::read_hello(Pending& p) {
-  const size_t want = p.skip > 0 ? p.skip : kOpHelloBytes;
-  const ssize_t n = ::recv(p.fd.get(), p.bytes + p.have, want - p.have, 0);
+size_t DirectLinks::Pending::want() const {
+  switch (expect) {
+    case Expect::sealed_hello:
+      return kSealedHelloBytes;
+    case Expect::end_marker:
+      return kMarkerBytes + conn.tag_bytes();
+    case Expect::op_hello:
+      break;
+  }
+  return kOpHelloBytes + conn.tag_bytes();
+}
+
+bool DirectLinks::answer_sealed_hello(Pending& p) {
+  const uint8_t* hello = p.bytes;
+  if (get_u32(hello) != kSealedHelloMagic || get_u32(hello + 4) != 1) {
+    log_("dropped a direct data connection: it did not start with a sealed-link hello");
+    return false;
+  }
+  const PeerId sender = get_u64(hello + 8);
+  if (get_u64(hello + 16) != identity_->self) {
+    log_("dropped a direct data connection from " + short_peer_id(sender) +
+         ": it was meant for peer " + short_peer_id(get_u64(hello + 16)));
+    return false;
+  }
+  const auto theirs = identity_->public_keys.find(sender);
+  if (theirs == identity_->public_keys.end()) {
+    log_("dropped a direct data connection: peer " + short_peer_id(sender) +
+         " is not on the allowlist");
+    return false;
+  }
+  const EphemeralKey mine = make_ephemeral_key();
+  uint8_t transcript[kSealedHelloBytes + kSealedReplyBytes];
+  std::copy(hello, hello + kSealedHelloBytes, transcript);
+  uint8_t* reply = transcript + kSealedHelloBytes;
+  put_u32(reply, kSealedReplyMagic);
+  put_u32(reply + 4, 1);
+  std::copy(mine.public_key.begin(), mine.public_key.end(), reply + 8);
+  Key32 their_fresh{};
+  std::copy(hello + 24, hello + 56, their_fresh.begin());
+  // A fresh connection's send buffer is empty: the reply goes out whole or the peer is gone.
+  if (::send(p.conn.fd.get(), reply, kSealedReplyBytes, MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(kSealedReplyBytes))
+    return false;
+  const Key32 key = derive_link_key(x25519(identity_->secret, theirs->second),
+                                    x25519(mine.secret, their_fresh), transcript);
+  p.conn.cipher = std::make_unique<LinkCipher>(key, LinkCipher::Role::open);
+  p.conn.peer = sender;
+  p.expect = Pending::Expect::op_hello;
+  return true;
+}
+
+bool DirectLinks::read_pending(Pending& p) {
+  const size_t want = p.want();
+  const ssize_t n = ::recv(p.conn.fd.get(), p.bytes + p.have, want - p.have, 0);
   if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
   if (n == 0) return true;  // closed: the sender dropped a kept connection
   if (p.have == 0) p.since = Clock::now();
   p.have += static_cast<size_t>(n);
   if (p.have < want) return false;
   p.have = 0;
-  if (p.skip > 0) {  // the end marker of the operation the connection carried before
-    p.skip = 0;
-    if (get_u32(p.bytes) == 0xFFFFFFFF && get_u32(p.bytes + 4) == 0xFFFFFFFF &&
-        get_u64(p.bytes + 8) == 0)
-      return false;
-    log_("dropped a direct data connection: its operation did not end with an end marker");
-    return true;
+  // On a sealed link each record after the handshake must prove itself before it is read.
+  const auto authentic = [&](size_t header_bytes) {
+    if (!p.conn.cipher ||
+        p.conn.cipher->open({p.bytes, header_bytes}, nullptr, 0, p.bytes + header_bytes))
+      return true;
+    log_("dropped a direct data connection from " + short_peer_id(p.conn.peer) +
+         ": a record failed authentication");
+    return false;
+  };
+  switch (p.expect) {
+    case Pending::Expect::sealed_hello:
+      return !answer_sealed_hello(p);
+    case Pending::Expect::end_marker:  // of the operation the connection carried before
+      if (!authentic(kMarkerBytes)) return true;
+      p.expect = Pending::Expect::op_hello;
+      if (get_u32(p.bytes) == 0xFFFFFFFF && get_u32(p.bytes + 4) == 0xFFFFFFFF &&
+          get_u64(p.bytes + 8) == 0)
+        return false;
+      log_("dropped a direct data connection: its operation did not end with an end marker");
+      return true;
+    case Pending::Expect::op_hello:
+      break;
   }
+  if (!authentic(kOpHelloBytes)) return true;
   const uint8_t* hello = p.bytes;
   if (get_u32(hello) != kDirectMagic || get_u32(hello + 4) != 1) {
     log_("dropped a direct data connection: it did not start with an operation hello");
@@ -243,9 +367,14 @@ bool DirectLinks::read_hello(Pending& p) {
   }
   const PeerId sender = get_u64(hello + 8);
   const uint64_t op = get_u64(hello + 16);
+  if (p.conn.cipher && sender != p.conn.peer) {
+    log_("dropped a direct data connection from " + short_peer_id(p.conn.peer) +
+         ": its hello claims peer " + short_peer_id(sender));
+    return true;
+  }
   {
     std::lock_guard lock(mutex_);
-    arrived_.insert_or_assign({sender, op}, Arrived{std::move(p.fd), Clock::now()});
+    arrived_.insert_or_assign({sender, op}, Arrived{std::move(p.conn), Clock::now()});
   }
   arrived_cv_.notify_all();
   return true;
@@ -259,8 +388,13 @@ void DirectLinks::accept_loop() {
     {
       std::lock_guard lock(mutex_);
       if (stop_) break;
-      for (auto& [fd, marker_read] : handed_back_)
-        watched.push_back({std::move(fd), marker_read ? 0 : kMarkerBytes, {}, 0, now});
+      for (auto& [conn, marker_read] : handed_back_) {
+        Pending p;
+        p.conn = std::move(conn);
+        p.expect = marker_read ? Pending::Expect::op_hello : Pending::Expect::end_marker;
+        p.since = now;
+        watched.push_back(std::move(p));
+      }
       handed_back_.clear();
       for (auto it = arrived_.begin(); it != arrived_.end();)
         it = now - it->second.at > kUnclaimedTimeout ? arrived_.erase(it) : std::next(it);
@@ -268,7 +402,7 @@ void DirectLinks::accept_loop() {
     std::erase_if(watched,
                   [&](const Pending& p) { return p.have > 0 && now - p.since > kHelloTimeout; });
     fds.assign({{wake_read_.get(), POLLIN, 0}, {listener_.get(), POLLIN, 0}});
-    for (const auto& p : watched) fds.push_back({p.fd.get(), POLLIN, 0});
+    for (const auto& p : watched) fds.push_back({p.conn.fd.get(), POLLIN, 0});
     if (::poll(fds.data(), fds.size(), 1000) <= 0) continue;
     if (fds[0].revents) {
       uint8_t drain[64];
@@ -278,7 +412,14 @@ void DirectLinks::accept_loop() {
     // Connections that had something to read, before new ones are appended.
     std::vector<bool> done(watched.size(), false);
     for (size_t i = 0; i < watched.size(); ++i)
-      if (fds[i + 2].revents) done[i] = read_hello(watched[i]);
+      if (fds[i + 2].revents) {
+        try {
+          done[i] = read_pending(watched[i]);
+        } catch (const NetError& e) {  // a handshake with a key that gives no secret
+          log_(std::string("dropped a direct data connection: ") + e.what());
+          done[i] = true;
+        }
+      }
     size_t k = 0;
     for (size_t i = 0; i < watched.size(); ++i)
       if (!done[i]) watched[k++] = std::move(watched[i]);
@@ -293,7 +434,11 @@ void DirectLinks::accept_loop() {
           continue;
         }
         set_no_delay(fd.get());
-        watched.push_back({std::move(fd), 0, {}, 0, Clock::now()});
+        Pending p;
+        p.conn.fd = std::move(fd);
+        p.expect = identity_ ? Pending::Expect::sealed_hello : Pending::Expect::op_hello;
+        p.since = Clock::now();
+        watched.push_back(std::move(p));
       }
     }
   }

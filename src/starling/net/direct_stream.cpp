@@ -35,44 +35,62 @@ void DirectStream::queue(uint32_t step, uint32_t chunk, zmq::message_t payload) 
   }
   for (int i = 0; i < 8; ++i) o.header[8 + i] = static_cast<uint8_t>(n >> (8 * i));
   o.payload = std::move(payload);
+  if (right_.cipher) {
+    right_.cipher->seal({o.header, kFrameHeaderBytes}, static_cast<uint8_t*>(o.payload.data()),
+                        o.payload.size(), o.tag);
+    o.tag_bytes = LinkCipher::kTagBytes;
+  }
   out_.push_back(std::move(o));
 }
 
 void DirectStream::write_some() {
   while (!out_.empty()) {
     Out& o = out_.front();
-    iovec iov[2];
+    // The frame's three parts, from where the last write stopped.
+    const std::pair<uint8_t*, size_t> parts[3] = {
+        {o.header, kFrameHeaderBytes},
+        {static_cast<uint8_t*>(o.payload.data()), o.payload.size()},
+        {o.tag, o.tag_bytes}};
+    iovec iov[3];
     int count = 0;
-    if (o.done < kFrameHeaderBytes) iov[count++] = {o.header + o.done, kFrameHeaderBytes - o.done};
-    const size_t body_done = o.done > kFrameHeaderBytes ? o.done - kFrameHeaderBytes : 0;
-    if (body_done < o.payload.size())
-      iov[count++] = {static_cast<uint8_t*>(o.payload.data()) + body_done,
-                      o.payload.size() - body_done};
+    size_t skip = o.done;
+    for (const auto& [data, size] : parts) {
+      if (skip >= size) {
+        skip -= size;
+        continue;
+      }
+      iov[count++] = {data + skip, size - skip};
+      skip = 0;
+    }
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = static_cast<size_t>(count);
-    const ssize_t w = ::sendmsg(right_.get(), &msg, MSG_NOSIGNAL);
+    const ssize_t w = ::sendmsg(right_.fd.get(), &msg, MSG_NOSIGNAL);
     if (w < 0) {
       if (would_block()) return;
       throw NetError("the direct link to " + right_name_ + " broke: " + std::strerror(errno));
     }
     o.done += static_cast<size_t>(w);
     written_ += static_cast<uint64_t>(w);
-    if (o.done < kFrameHeaderBytes + o.payload.size()) return;  // the socket is full
+    if (o.done < o.size()) return;  // the socket is full
     out_.pop_front();
   }
 }
 
 void DirectStream::read_some(const std::function<void(Frame)>& on_frame) {
+  const size_t tag_bytes = left_.tag_bytes();
   // A bounded number of reads, so a fast sender cannot keep this side from writing.
   for (int round = 0; round < 64 && !left_ended_; ++round) {
-    ssize_t n = 0;
-    if (!rx_in_payload_) {
-      n = ::recv(left_.get(), rx_header_ + rx_have_, kFrameHeaderBytes - rx_have_, 0);
-    } else {
-      n = ::recv(left_.get(), static_cast<uint8_t*>(rx_frame_.payload.data()) + rx_have_,
-                 rx_frame_.payload.size() - rx_have_, 0);
+    uint8_t* part = rx_header_;
+    size_t part_bytes = kFrameHeaderBytes;
+    if (rx_part_ == Part::payload) {
+      part = static_cast<uint8_t*>(rx_frame_.payload.data());
+      part_bytes = rx_frame_.payload.size();
+    } else if (rx_part_ == Part::tag) {
+      part = rx_tag_;
+      part_bytes = tag_bytes;
     }
+    const ssize_t n = ::recv(left_.fd.get(), part + rx_have_, part_bytes - rx_have_, 0);
     if (n < 0) {
       if (would_block()) return;
       throw NetError("the direct link from " + left_name_ + " broke: " + std::strerror(errno));
@@ -80,36 +98,64 @@ void DirectStream::read_some(const std::function<void(Frame)>& on_frame) {
     if (n == 0)
       throw NetError(left_name_ + " closed its direct link in the middle of the operation");
     rx_have_ += static_cast<size_t>(n);
-    if (!rx_in_payload_) {
-      if (rx_have_ < kFrameHeaderBytes) continue;
-      uint32_t step = 0, chunk = 0;
-      uint64_t bytes = 0;
-      for (int i = 3; i >= 0; --i) {
-        step = (step << 8) | rx_header_[i];
-        chunk = (chunk << 8) | rx_header_[4 + i];
+    if (rx_have_ < part_bytes) continue;
+    rx_have_ = 0;
+    bool complete = false;
+    switch (rx_part_) {
+      case Part::header: {
+        uint32_t step = 0, chunk = 0;
+        uint64_t bytes = 0;
+        for (int i = 3; i >= 0; --i) {
+          step = (step << 8) | rx_header_[i];
+          chunk = (chunk << 8) | rx_header_[4 + i];
+        }
+        for (int i = 7; i >= 0; --i) bytes = (bytes << 8) | rx_header_[8 + i];
+        rx_marker_ = step == kEndMarker && chunk == kEndMarker && bytes == 0;
+        if (bytes > max_frame_bytes_)
+          throw NetError(left_name_ + " announced a chunk of " + std::to_string(bytes) +
+                         " bytes on its direct link; a chunk is at most " +
+                         std::to_string(max_frame_bytes_));
+        rx_frame_.step = step;
+        rx_frame_.chunk = chunk;
+        rx_frame_.payload = chunk_message(static_cast<size_t>(bytes));
+        if (bytes > 0)
+          rx_part_ = Part::payload;
+        else if (tag_bytes > 0)
+          rx_part_ = Part::tag;
+        else
+          complete = true;
+        break;
       }
-      for (int i = 7; i >= 0; --i) bytes = (bytes << 8) | rx_header_[8 + i];
-      rx_have_ = 0;
-      if (step == kEndMarker && chunk == kEndMarker && bytes == 0) {
-        left_ended_ = true;
-        return;
-      }
-      if (bytes > max_frame_bytes_)
-        throw NetError(left_name_ + " announced a chunk of " + std::to_string(bytes) +
-                       " bytes on its direct link; a chunk is at most " +
-                       std::to_string(max_frame_bytes_));
-      rx_frame_.step = step;
-      rx_frame_.chunk = chunk;
-      rx_frame_.payload = chunk_message(static_cast<size_t>(bytes));
-      rx_in_payload_ = true;
+      case Part::payload:
+        if (tag_bytes > 0)
+          rx_part_ = Part::tag;
+        else
+          complete = true;
+        break;
+      case Part::tag:
+        complete = true;
+        break;
     }
-    if (rx_in_payload_ && rx_have_ == rx_frame_.payload.size()) {
-      rx_in_payload_ = false;
-      rx_have_ = 0;
-      on_frame(std::move(rx_frame_));
-      rx_frame_ = Frame{};
+    if (complete) {
+      rx_part_ = Part::header;
+      frame_read(on_frame);
     }
   }
+}
+
+void DirectStream::frame_read(const std::function<void(Frame)>& on_frame) {
+  if (left_.cipher && !left_.cipher->open({rx_header_, kFrameHeaderBytes},
+                                          static_cast<uint8_t*>(rx_frame_.payload.data()),
+                                          rx_frame_.payload.size(), rx_tag_))
+    throw NetError("a chunk from " + left_name_ +
+                   " failed authentication on its sealed direct link (damaged or forged)");
+  if (rx_marker_) {
+    left_ended_ = true;
+    rx_frame_ = Frame{};
+    return;
+  }
+  on_frame(std::move(rx_frame_));
+  rx_frame_ = Frame{};
 }
 
 void DirectStream::pump(std::chrono::steady_clock::time_point until, int wake_fd,
@@ -124,11 +170,11 @@ void DirectStream::pump(std::chrono::steady_clock::time_point until, int wake_fd
   int left_at = -1, right_at = -1, wake_at = -1;
   if (left_ && !left_ended_) {
     left_at = static_cast<int>(n);
-    fds[n++] = {left_.get(), POLLIN, 0};
+    fds[n++] = {left_.fd.get(), POLLIN, 0};
   }
   if (right_ && !out_.empty()) {
     right_at = static_cast<int>(n);
-    fds[n++] = {right_.get(), POLLOUT, 0};
+    fds[n++] = {right_.fd.get(), POLLOUT, 0};
   }
   if (wake_fd >= 0) {
     wake_at = static_cast<int>(n);

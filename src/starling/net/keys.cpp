@@ -40,6 +40,13 @@ bool is_valid_public_key(const std::string& key) {
   return zmq_z85_decode(raw.data(), key.c_str()) != nullptr;
 }
 
+std::array<uint8_t, 32> raw_key(const std::string& z85_key) {
+  std::array<uint8_t, 32> raw{};
+  if (z85_key.size() != 40 || zmq_z85_decode(raw.data(), z85_key.c_str()) == nullptr)
+    throw ConfigError("not a 40-character Z85 CURVE key");
+  return raw;
+}
+
 PeerId peer_id_from_public_key(const std::string& z85_key) {
   std::array<uint8_t, 32> raw{};
   if (z85_key.size() != 40 || zmq_z85_decode(raw.data(), z85_key.c_str()) == nullptr)

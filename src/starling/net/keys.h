@@ -4,6 +4,8 @@
 // a comment (Z85 keys may contain '#' themselves).
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -36,6 +38,9 @@ std::vector<AllowedKey> load_allowlist(const std::filesystem::path& path);
 
 // True if `key` is 40 characters of Z85 that decode to 32 bytes.
 bool is_valid_public_key(const std::string& key);
+
+// The 32 raw bytes of a Z85 key (public or secret). Throws ConfigError for anything else.
+std::array<uint8_t, 32> raw_key(const std::string& z85_key);
 
 // The peer id a public key stands for: its first 8 bytes, little-endian.
 PeerId peer_id_from_public_key(const std::string& z85_key);

@@ -36,9 +36,9 @@ void add_config_keys(NetConfig& n, config::Keys& k) {
   k.push_back(bool_key("net", "insecure", &n.insecure,
                        "plain TCP without CURVE encryption (trusted networks only)"));
   k.push_back(bool_key("net", "direct_data", &n.direct_data,
-                       "insecure swarms: collective chunks travel on direct TCP connections "
-                       "between ring neighbours (faster on fast networks); false keeps them on "
-                       "ZeroMQ like every other message"));
+                       "collective chunks travel on direct TCP connections between ring "
+                       "neighbours, sealed with AES-256-GCM under CURVE (faster on fast "
+                       "networks); false keeps them on ZeroMQ like every other message"));
   k.push_back(int_key("net", "heartbeat_ms", &n.heartbeat_ms, 10, "heartbeat interval"));
   k.push_back(int_key("net", "peer_timeout_ms", &n.peer_timeout_ms, 100,
                       "silence after which a peer counts as dead"));

@@ -27,7 +27,7 @@ struct NetConfig {
   std::string key;                           // this peer's key file (`starling keygen`)
   std::string allow;                         // the swarm's allowlist file
   bool insecure = false;                     // plain TCP, no CURVE (trusted networks only)
-  bool direct_data = true;  // insecure: collective chunks on direct TCP links, not ZeroMQ
+  bool direct_data = true;                   // collective chunks on direct TCP links, not ZeroMQ
   int64_t heartbeat_ms = 500;
   int64_t peer_timeout_ms = 5000;  // silence after which a peer counts as dead
   int64_t join_timeout_s = 30;

@@ -94,7 +94,7 @@ class Node::Impl {
   PeerId self_id_ = 0;
   std::string endpoint_;
   std::unique_ptr<Transport> transport_;
-  std::unique_ptr<DirectLinks> direct_;  // insecure swarms with direct_data only
+  std::unique_ptr<DirectLinks> direct_;  // with direct_data only
   std::atomic<uint64_t> direct_bytes_sent_{0};
   MemberTable table_;
   std::unique_ptr<Gossip> gossip_;
@@ -159,8 +159,18 @@ Node::Impl::Impl(NodeOptions options) : options_(std::move(options)), table_(Mem
   }
   transport_ = std::make_unique<Transport>(t);
   endpoint_ = advertised_endpoint(transport_->endpoint(), options_.advertise, entries);
-  if (options_.insecure && options_.direct_data)
-    direct_ = std::make_unique<DirectLinks>(endpoint_host(transport_->endpoint()), options_.log);
+  if (options_.direct_data) {
+    std::optional<LinkIdentity> identity;
+    if (!options_.insecure) {  // sealed links, keyed by the allowlist's CURVE keys
+      identity.emplace();
+      identity->self = self_id_;
+      identity->secret = raw_key(options_.keys.secret_key);
+      for (const auto& k : options_.allowlist)
+        identity->public_keys[peer_id_from_public_key(k.public_key)] = raw_key(k.public_key);
+    }
+    direct_ = std::make_unique<DirectLinks>(endpoint_host(transport_->endpoint()), options_.log,
+                                            std::move(identity));
+  }
 
   MemberInfo self;
   self.id = self_id_;
@@ -595,7 +605,7 @@ void Node::Impl::set_active(bool active) {
 
 Node::Counters Node::Impl::counters() const {
   return {transport_->rejected() + malformed_.load(), transport_->refused_connections(),
-          transport_->bytes_sent() + direct_bytes_sent_.load()};
+          transport_->bytes_sent() + direct_bytes_sent_.load(), direct_bytes_sent_.load()};
 }
 
 // --- Node --------------------------------------------------------------------------------------

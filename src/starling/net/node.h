@@ -78,7 +78,8 @@ class Node : public Collectives {
   struct Counters {
     uint64_t rejected_messages = 0;    // malformed or unauthenticated messages dropped
     uint64_t refused_connections = 0;  // CURVE handshakes with a key not on the allowlist
-    uint64_t bytes_sent = 0;
+    uint64_t bytes_sent = 0;           // every path: ZeroMQ and direct data links
+    uint64_t direct_bytes_sent = 0;    // of those, on direct data links (direct_links.h)
   };
   Counters counters() const;
 

@@ -18,8 +18,8 @@ struct NodeOptions {
   std::string listen = "tcp://127.0.0.1:0";  // port 0 picks a free port
   std::string advertise;                     // host others reach us at (for 0.0.0.0 binds)
   bool insecure = false;                     // plain TCP without CURVE (explicit opt-in)
-  // Insecure swarms only: collective chunks travel on direct TCP links between ring neighbours
-  // (direct_links.h) rather than through ZeroMQ.
+  // Collective chunks travel on direct TCP links between ring neighbours (direct_links.h) rather
+  // than through ZeroMQ; sealed with AES-256-GCM in CURVE swarms.
   bool direct_data = true;
   KeyPair keys;                       // this peer's identity (unless insecure)
   std::vector<AllowedKey> allowlist;  // the swarm: keys allowed to connect
