@@ -92,8 +92,8 @@ uint64_t get_u64(const uint8_t* p) {
   return v;
 }
 
-// A kept outgoing connection is usable while the other end has not closed it (it never sends
-// anything on it, so readable means closed or reset).
+// A kept outgoing connection is usable while the other end has not closed it (after the
+// handshake it never sends anything on it, so readable means closed or reset).
 bool still_open(int fd) {
   pollfd p{fd, POLLIN, 0};
   return ::poll(&p, 1, 0) == 0;

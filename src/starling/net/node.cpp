@@ -1,25 +1,13 @@
 #include "starling/net/node.h"
 
 #include <algorithm>
-#include <atomic>
-#include <deque>
 #include <limits>
-#include <map>
-#include <mutex>
-#include <optional>
 #include <random>
-#include <thread>
 
 #include "starling/common/error.h"
-#include "starling/net/agreement.h"
-#include "starling/net/control_message.h"
-#include "starling/net/direct_links.h"
 #include "starling/net/endpoint.h"
-#include "starling/net/gossip.h"
 #include "starling/net/heap_reuse.h"
-#include "starling/net/member_table.h"
-#include "starling/net/ring_run.h"
-#include "starling/net/transport.h"
+#include "starling/net/node_impl.h"
 
 namespace starling::net {
 namespace {
@@ -36,97 +24,7 @@ int64_t wall_ms() {
 // Point-to-point messages that arrived and wait for a receive, at most.
 constexpr size_t kMaxUnclaimed = 4096;
 
-// Operations whose chunks may arrive before their start does (or after they ended here).
-constexpr size_t kEarlyOps = 16, kFinishedOps = 64;
-
 }  // namespace
-
-// The communication thread and what it owns: the transport, the gossip, the agreement, the
-// mailbox and the running collectives. Callers' threads hand it requests through queues guarded
-// by mutex_; running collectives hand it chunks through the outbox.
-class Node::Impl {
- public:
-  explicit Impl(NodeOptions options);
-  ~Impl() { stop(false); }
-
-  void stop(bool announce);
-  Work launch(CollectiveKind kind, std::span<float> data, const CollectiveOptions& options);
-  Transfer post(bool send, PeerId peer, uint64_t tag, std::vector<uint8_t> bytes);
-
-  std::vector<MemberView> members() const;
-  std::vector<LinkView> links() const;
-  bool wait_for_members(size_t count, milliseconds timeout) const;
-  void set_active(bool active);
-  Node::Counters counters() const;
-
-  PeerId id() const { return self_id_; }
-  const std::string& endpoint() const { return endpoint_; }
-
- private:
-  struct TransferRequest {
-    bool send = false;
-    PeerId peer = 0;
-    uint64_t tag = 0;
-    std::vector<uint8_t> bytes;
-    std::shared_ptr<Transfer::State> state;
-  };
-  struct Outgoing {
-    PeerId to = 0;
-    Header header;
-    zmq::message_t payload;
-  };
-
-  void run();
-  void take_requests();
-  void run_transfer(TransferRequest& r);
-  void flush_outbox();
-  void collect_runs();
-  void handle(Incoming& in);
-  void handle_data(Incoming& in);
-  void handle_abort(const Header& h, const json& body);
-  void start_run(Launched op, Start start);
-  void fail_runs(PeerId peer, const std::string& why, bool only_left_neighbour);
-  void send_control(PeerId to, MsgType type, const json& body, uint64_t op);
-  void shut_down();
-  void log(const std::string& line) { options_.log(line); }
-
-  NodeOptions options_;
-  PeerId self_id_ = 0;
-  std::string endpoint_;
-  std::unique_ptr<Transport> transport_;
-  std::unique_ptr<DirectLinks> direct_;  // with direct_data only
-  std::atomic<uint64_t> direct_bytes_sent_{0};
-  MemberTable table_;
-  std::unique_ptr<Gossip> gossip_;
-  std::unique_ptr<Agreement> agreement_;
-  bool joining_ = false;
-
-  // Requests from callers' threads.
-  mutable std::mutex mutex_;
-  std::deque<Launched> launches_;
-  std::deque<TransferRequest> transfers_;
-  std::optional<bool> requested_active_;
-  bool stopping_ = false;
-  bool announce_leave_ = false;
-
-  // Chunks from running collectives, and the ones that ended.
-  std::mutex out_mutex_;
-  std::vector<Outgoing> outbox_;
-  std::vector<uint64_t> ended_;
-  std::atomic<bool> out_pending_{false};
-
-  std::thread thread_;
-  std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> malformed_{0};  // well-framed messages with an invalid body
-
-  // Communication-thread state.
-  Clock::time_point next_tick_{};
-  Mailbox p2p_;                                        // point-to-point messages, by (peer, tag)
-  std::map<uint64_t, std::unique_ptr<RingRun>> runs_;  // by operation id
-  std::map<uint64_t, std::deque<Incoming>> early_;     // chunks of operations not started here
-  std::map<uint64_t, std::string> aborted_;            // aborts of operations not started here
-  std::deque<uint64_t> finished_ops_;
-};
 
 Node::Impl::Impl(NodeOptions options) : options_(std::move(options)), table_(MemberInfo{}) {
   if (!options_.log) options_.log = stderr_log(options_.name.empty() ? "peer" : options_.name);
@@ -360,98 +258,6 @@ void Node::Impl::flush_outbox() {
   }
 }
 
-void Node::Impl::start_run(Launched op, Start start) {
-  std::string problem;
-  RingRun::Env env;
-  {
-    std::lock_guard lock(table_.mutex);
-    const int P = static_cast<int>(start.ring.size());
-    const int pos = static_cast<int>(std::find(start.ring.begin(), start.ring.end(), self_id_) -
-                                     start.ring.begin());
-    for (PeerId id : {start.ring[(pos - 1 + P) % P], start.ring[(pos + 1) % P]}) {
-      const Member* m = table_.members.find(id);
-      if (!m)
-        problem = "the ring names peer " + short_peer_id(id) + ", unknown here";
-      else if (id != self_id_)
-        transport_->connect(slot_of(id), m->info.endpoint, m->info.public_key);
-    }
-    // A link is direct when both of its ends have direct links.
-    const Member* left = table_.members.find(start.ring[(pos - 1 + P) % P]);
-    const Member* right = table_.members.find(start.ring[(pos + 1) % P]);
-    if (direct_ && right && right->info.id != self_id_ && right->info.data_port != 0)
-      env.right_host.emplace(endpoint_host(right->info.endpoint), right->info.data_port);
-    env.left_direct = direct_ && left && left->info.id != self_id_ && left->info.data_port != 0;
-    for (PeerId id : start.ring)
-      if (const Member* m = table_.members.find(id); m && m->state == MemberState::dead)
-        problem = "peer " + short_peer_id(id) + " died during the operation";
-  }
-  env.direct = direct_.get();
-  env.direct_bytes_sent = &direct_bytes_sent_;
-  env.self = self_id_;
-  env.peer_timeout = options_.peer_timeout;
-  env.send = [this](PeerId to, const Header& h, zmq::message_t payload) {
-    bool wake = false;
-    {
-      std::lock_guard lock(out_mutex_);
-      wake = outbox_.empty() && ended_.empty();
-      outbox_.push_back({to, h, std::move(payload)});
-      out_pending_ = true;
-    }
-    if (wake) transport_->wake();
-  };
-  env.done = [this](uint64_t op_id) {
-    {
-      std::lock_guard lock(out_mutex_);
-      ended_.push_back(op_id);
-    }
-    transport_->wake();
-  };
-  env.who = [this](PeerId id) { return table_.who(id); };
-  const uint64_t op_id = start.op_id;
-  std::deque<Incoming> early;
-  if (auto it = early_.find(op_id); it != early_.end()) {
-    early = std::move(it->second);
-    early_.erase(it);
-  }
-  auto run = std::make_unique<RingRun>(std::move(op), std::move(start), env, std::move(early));
-  if (!problem.empty()) run->fail(problem);
-  if (auto a = aborted_.find(op_id); a != aborted_.end()) run->fail(a->second);
-  runs_[op_id] = std::move(run);
-}
-
-void Node::Impl::collect_runs() {
-  std::vector<uint64_t> ended;
-  {
-    std::lock_guard lock(out_mutex_);
-    ended.swap(ended_);
-  }
-  if (!ended.empty()) flush_outbox();  // their last chunks leave before any abort
-  for (uint64_t op_id : ended) {
-    auto it = runs_.find(op_id);
-    if (it == runs_.end()) continue;
-    RingRun& run = *it->second;
-    const RingRun::Outcome outcome = run.finish();
-    if (!outcome.error.empty())
-      for (PeerId id : run.start().ring)
-        if (id != self_id_) send_control(id, MsgType::abort, {{"reason", outcome.reason}}, op_id);
-    if (outcome.incoming_mbps) {
-      std::lock_guard lock(table_.mutex);
-      if (*outcome.incoming_mbps > table_.members.link(run.left(), self_id_).mbit_per_s)
-        table_.members.set_link(run.left(), self_id_, {-1, *outcome.incoming_mbps});
-    }
-    const uint64_t tag = run.start().request.options.tag;
-    runs_.erase(it);
-    finished_ops_.push_back(op_id);
-    if (finished_ops_.size() > kFinishedOps) finished_ops_.pop_front();
-    agreement_->finished(tag);
-  }
-}
-
-void Node::Impl::fail_runs(PeerId peer, const std::string& why, bool only_left_neighbour) {
-  for (auto& [op_id, run] : runs_)
-    if (only_left_neighbour ? run->left() == peer : run->involves(peer)) run->fail(why);
-}
-
 void Node::Impl::handle(Incoming& in) {
   const Header& h = in.header;
   const bool known = gossip_->heard(h, Clock::now());
@@ -501,34 +307,6 @@ void Node::Impl::handle(Incoming& in) {
     log("rejected a " + to_string(h.type) + " message from " + short_peer_id(h.sender) + " at " +
         in.address + ": " + e.what());
   }
-}
-
-void Node::Impl::handle_data(Incoming& in) {
-  const uint64_t op = in.header.op;
-  if (auto it = runs_.find(op); it != runs_.end()) {
-    it->second->deliver(std::move(in));
-    return;
-  }
-  if (std::find(finished_ops_.begin(), finished_ops_.end(), op) != finished_ops_.end())
-    return;  // late chunk of an operation that already ended here
-  early_[op].push_back(std::move(in));
-  if (early_.size() > kEarlyOps) early_.erase(early_.begin());  // stale ops never run here
-}
-
-void Node::Impl::handle_abort(const Header& h, const json& body) {
-  const std::string reason = body.contains("reason") && body["reason"].is_string()
-                                 ? body["reason"].get<std::string>()
-                                 : "no reason given";
-  if (h.op != 0) {
-    const std::string why = "peer " + table_.who(h.sender) + " aborted it: " + reason;
-    if (auto it = runs_.find(h.op); it != runs_.end()) {
-      it->second->fail(why);
-    } else {
-      aborted_.insert_or_assign(h.op, why);
-      if (aborted_.size() > kFinishedOps) aborted_.erase(aborted_.begin());
-    }
-  }
-  agreement_->on_withdraw(h.sender, body);
 }
 
 Work Node::Impl::launch(CollectiveKind kind, std::span<float> data,
