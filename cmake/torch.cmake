@@ -49,9 +49,22 @@ add_library(starling STATIC
   src/starling/strategy/diloco.cpp
   src/starling/strategy/co2.cpp
   src/starling/strategy/peer.cpp
+  src/starling/swap/swap_config.cpp
+  src/starling/swap/tier.cpp
+  src/starling/swap/host_tier.cpp
+  src/starling/swap/disk_tier.cpp
+  src/starling/swap/swap_slot.cpp
+  src/starling/swap/swap_plan.cpp
+  src/starling/swap/profile.cpp
+  src/starling/swap/swapper.cpp
+  src/starling/swap/swap_optimizer.cpp
+  src/starling/swap/swap_runner.cpp
 )
+# liburing: the swap disk tier's asynchronous O_DIRECT transfers.
+pkg_check_modules(LIBURING REQUIRED IMPORTED_TARGET liburing)
 target_link_libraries(starling PUBLIC starling_data starling_net starling_config
                       ${TORCH_LIBRARIES})
+target_link_libraries(starling PRIVATE PkgConfig::LIBURING)
 target_compile_options(starling PUBLIC ${TORCH_CXX_FLAGS})
 # A CUDA libtorch (pip's torch, or the libtorch archive) brings torch_cuda; only then does
 # common/device.cpp compile its CUDA branch (synchronisation, memory statistics).
@@ -88,6 +101,7 @@ add_executable(starling_cli
   src/starling/cli/net_command.cpp
   src/starling/cli/peer_command.cpp
   src/starling/cli/local_swarm.cpp
+  src/starling/cli/plan_command.cpp
 )
 set_target_properties(starling_cli PROPERTIES OUTPUT_NAME starling)
 target_link_libraries(starling_cli PRIVATE starling starling_netlab CLI11::CLI11)
@@ -106,6 +120,7 @@ add_executable(starling_tests
   tests/strategy/co2_test.cpp
   tests/train/precision_test.cpp
   tests/train/cuda_test.cpp
+  tests/swap/swap_test.cpp
 )
 target_link_libraries(starling_tests PRIVATE starling GTest::gtest_main)
 target_precompile_headers(starling_tests REUSE_FROM starling)
@@ -136,6 +151,7 @@ add_executable(starling_cli_tests
   tests/cli/cli_test.cpp
   tests/cli/net_cli_test.cpp
   tests/cli/swarm_cli_test.cpp
+  tests/cli/swap_cli_test.cpp
 )
 target_link_libraries(starling_cli_tests PRIVATE starling_net starling_netlab GTest::gtest_main)
 target_compile_definitions(starling_cli_tests PRIVATE

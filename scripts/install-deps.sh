@@ -12,6 +12,7 @@ PACKAGES=(
   libopenblas0-openmp
   libzmq3-dev cppzmq-dev            # transport between peers
   libssl-dev                        # sealed direct data links (AES-256-GCM, X25519)
+  liburing-dev                      # swap disk tier: asynchronous O_DIRECT I/O
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
   libsentencepiece-dev sentencepiece
   libgtest-dev libgmock-dev

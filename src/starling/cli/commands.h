@@ -12,5 +12,6 @@ void add_model_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_net_commands(CLI::App& app);  // keygen, status
 void add_peer_command(CLI::App& app);
+void add_plan_command(CLI::App& app);  // plan swap
 
 }  // namespace starling::cli

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   starling::cli::add_bench_command(app);
   starling::cli::add_net_commands(app);
   starling::cli::add_peer_command(app);
+  starling::cli::add_plan_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -6,6 +6,7 @@
 #include "starling/cli/commands.h"
 #include "starling/cli/local_swarm.h"
 #include "starling/common/error.h"
+#include "starling/swap/swap_runner.h"
 #include "starling/train/trainer.h"
 
 namespace starling::cli {
@@ -67,8 +68,9 @@ void add_train_command(CLI::App& app) {
     if (config.strategy.kind != "none")
       std::cerr << "note: strategy.kind = \"" << config.strategy.kind
                 << "\" needs peers (--peers N, or `starling peer`); training one replica\n";
-    const auto result =
-        train::train(config, {.resume = a->resume, .progress = !a->quiet, .stop_at = a->stop_at});
+    train::TrainOptions options{.resume = a->resume, .progress = !a->quiet, .stop_at = a->stop_at};
+    if (config.swap.enabled()) options.step_runner = swap::swapped_step_runner();
+    const auto result = train::train(config, options);
     std::cout << "trained " << result.step << " steps: loss " << result.train_loss;
     if (result.val_loss >= 0) std::cout << ", val loss " << result.val_loss;
     std::cout << ", " << static_cast<long>(result.tokens_per_s) << " tokens/s\n";

@@ -98,6 +98,7 @@ class Executor {
   at::Tensor forward(const std::vector<at::Tensor>& inputs, int last = -1);
 
   void add_observer(NodeObserver* observer) { observers_.push_back(observer); }
+  void remove_observer(NodeObserver* observer) { std::erase(observers_, observer); }
   const ExecutorOptions& options() const { return options_; }
 
  private:

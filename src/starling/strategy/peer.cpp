@@ -20,6 +20,11 @@ namespace starling::strategy {
 std::unique_ptr<train::StepHooks> make_strategy(const train::RunConfig& config,
                                                 net::Collectives& net) {
   const std::string& kind = config.strategy.kind;
+  if (config.swap.enabled())
+    throw ConfigError(
+        "swap.budget is set, but swapped training runs one replica for now: its "
+        "gradients and weights live outside memory where the strategies' exchanges "
+        "cannot reach them; drop swap.budget to train with peers");
   if (kind == "ddp") return std::make_unique<Ddp>(config, net);
   if (kind == "localsgd") return std::make_unique<LocalSgd>(config, net);
   if (kind == "diloco") return std::make_unique<DiLoCo>(config, net);

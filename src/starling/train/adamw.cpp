@@ -59,20 +59,24 @@ void AdamW::step_fused(double lr) {
 }
 
 void AdamW::step_single(double lr) {
-  const double b1 = options_.beta1, b2 = options_.beta2;
-  const double bias1 = 1.0 - std::pow(b1, static_cast<double>(steps_));
-  const double bias2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(steps_)));
   auto& params = params_.params();
   for (size_t i = 0; i < params.size(); ++i) {
     at::Tensor& w = params[i].value;
-    const at::Tensor& g = w.grad();
-    if (!g.defined()) continue;
-    if (params[i].decay && options_.weight_decay != 0) w.mul_(1.0 - lr * options_.weight_decay);
-    exp_avg_[i].lerp_(g, 1.0 - b1);
-    exp_avg_sq_[i].mul_(b2).addcmul_(g, g, 1.0 - b2);
-    at::Tensor denom = (exp_avg_sq_[i].sqrt() / bias2_sqrt).add_(options_.eps);
-    w.addcdiv_(exp_avg_[i], denom, -lr / bias1);
+    if (!w.grad().defined()) continue;
+    update_elements(w, w.grad(), exp_avg_[i], exp_avg_sq_[i], lr, params[i].decay, options_,
+                    steps_);
   }
+}
+
+void update_elements(at::Tensor& w, const at::Tensor& g, at::Tensor& m, at::Tensor& v, double lr,
+                     bool decay, const AdamWOptions& o, int64_t steps) {
+  const double bias1 = 1.0 - std::pow(o.beta1, static_cast<double>(steps));
+  const double bias2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, static_cast<double>(steps)));
+  if (decay && o.weight_decay != 0) w.mul_(1.0 - lr * o.weight_decay);
+  m.lerp_(g, 1.0 - o.beta1);
+  v.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
+  at::Tensor denom = (v.sqrt() / bias2_sqrt).add_(o.eps);
+  w.addcdiv_(m, denom, -lr / bias1);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> AdamW::state() const {

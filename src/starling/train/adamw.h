@@ -38,6 +38,14 @@ class AdamW {
   // Sets the update count used for bias correction (a peer adopting a swarm's state).
   void set_steps(int64_t steps) { steps_ = steps; }
 
+  // The moments of parameter `index` (ParamStore order), for a swapping runner that keeps them in
+  // a slower tier and steps each parameter itself (update_elements below, after begin_step()).
+  at::Tensor& exp_avg(size_t index) { return exp_avg_[index]; }
+  at::Tensor& exp_avg_sq(size_t index) { return exp_avg_sq_[index]; }
+  const AdamWOptions& options() const { return options_; }
+  // Counts one update without touching any parameter: the caller applies update_elements.
+  void begin_step() { ++steps_; }
+
   // Checkpoint state: "exp_avg.<param>" and "exp_avg_sq.<param>" for every parameter.
   std::vector<std::pair<std::string, at::Tensor>> state() const;
   // Restores state written by state(); CheckpointError naming the tensor on a missing name or
@@ -54,6 +62,13 @@ class AdamW {
   int64_t steps_ = 0;
   bool fused_ = false;
 };
+
+// One AdamW update of the elements of `w` from `g` with moments `m`, `v` (same shapes) at update
+// count `steps`: the per-parameter arithmetic of step() without the fused kernel. Every operation
+// is elementwise, so applying it to slices of a tensor gives the same bits as applying it to the
+// whole tensor (a swapping runner streams large parameters through it in chunks).
+void update_elements(at::Tensor& w, const at::Tensor& g, at::Tensor& m, at::Tensor& v, double lr,
+                     bool decay, const AdamWOptions& options, int64_t steps);
 
 // Scales all gradients so their global L2 norm is at most max_norm (if max_norm > 0), as
 // torch.nn.utils.clip_grad_norm_ does: the scale is computed on the device, so nothing waits for

@@ -99,6 +99,7 @@ std::vector<Key> bind(RunConfig& c) {
 
   strategy::add_config_keys(c.strategy, k);
   net::add_config_keys(c.net, k);
+  swap::add_config_keys(c.swap, k);
   return k;
 }
 
@@ -229,6 +230,7 @@ RunConfig parse_run_config(std::string_view text, const std::string& source,
     throw ConfigError(source + ": optim.beta1 and optim.beta2 must be < 1");
   strategy::check(config.strategy, source);
   net::check(config.net, source);
+  swap::check(config.swap, source);
   return config;
 }
 

@@ -14,6 +14,7 @@
 #include "starling/model/config.h"
 #include "starling/net/net_config.h"
 #include "starling/strategy/strategy_config.h"
+#include "starling/swap/swap_config.h"
 
 namespace starling::train {
 
@@ -73,6 +74,7 @@ struct RunConfig {
   SampleConfig sample;
   strategy::StrategyConfig strategy;  // [strategy], declared by the strategy layer
   net::NetConfig net;                 // [net], declared by the network layer
+  swap::SwapConfig swap;              // [swap], declared by the swap layer
 };
 
 // Parses TOML text. `source` names the text in errors (a file path or "<checkpoint>").

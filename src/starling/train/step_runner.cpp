@@ -5,6 +5,7 @@
 #include "starling/data/loader.h"
 #include "starling/graph/executor.h"
 #include "starling/graph/param_store.h"
+#include "starling/train/adamw.h"
 
 namespace starling::train {
 
@@ -20,8 +21,12 @@ std::vector<at::Tensor> to_device(const data::Batch& b, const c10::Device& devic
 }
 
 LocalStepRunner::LocalStepRunner(graph::Executor& executor, graph::ParamStore& params,
-                                 data::TokenLoader& loader, c10::Device device)
-    : executor_(executor), params_(params), loader_(loader), device_(device) {}
+                                 AdamW& optimizer, data::TokenLoader& loader, c10::Device device)
+    : executor_(executor),
+      params_(params),
+      optimizer_(optimizer),
+      loader_(loader),
+      device_(device) {}
 
 at::Tensor LocalStepRunner::run(int64_t micro_batches, double loss_scale) {
   params_.zero_grad();
@@ -32,6 +37,12 @@ at::Tensor LocalStepRunner::run(int64_t micro_batches, double loss_scale) {
     loss_sum = loss_sum.defined() ? loss_sum + l : l;
   }
   return loss_sum / static_cast<double>(micro_batches);
+}
+
+at::Tensor LocalStepRunner::update(double lr, double max_norm, bool skip) {
+  const at::Tensor norm = clip_grad_norm(params_, max_norm);
+  if (!skip) optimizer_.step(lr);
+  return norm;
 }
 
 }  // namespace starling::train

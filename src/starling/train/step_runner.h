@@ -10,6 +10,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace starling::data {
@@ -23,6 +24,10 @@ class ParamStore;
 }  // namespace starling::graph
 
 namespace starling::train {
+class AdamW;
+}
+
+namespace starling::train {
 
 class StepRunner {
  public:
@@ -33,6 +38,18 @@ class StepRunner {
   // loss_scale / micro_batches. Returns the mean loss as a 0-dim tensor on the model's device:
   // nothing here waits for the device.
   virtual at::Tensor run(int64_t micro_batches, double loss_scale) = 0;
+
+  // Clips the step's gradients to a global norm of `max_norm` (0 = off) and, unless `skip`,
+  // applies the optimizer with learning rate `lr`. Returns the norm before clipping (0-dim fp32 on
+  // the model's device; nothing waits for it).
+  virtual at::Tensor update(double lr, double max_norm, bool skip) = 0;
+
+  // Makes every weight and optimizer tensor readable in full (before a checkpoint or sampling);
+  // a runner that keeps state elsewhere brings it in here.
+  virtual void gather() {}
+
+  // One line on how the run went (what moved where), printed when training ends; "" for none.
+  virtual std::string report() const { return ""; }
 };
 
 // The batch as the model's [inputs, targets] on `device` (through pinned memory to a GPU, so the
@@ -42,13 +59,15 @@ std::vector<at::Tensor> to_device(const data::Batch& batch, const c10::Device& d
 // Every micro-batch through one executor, on this machine's device, from one loader.
 class LocalStepRunner : public StepRunner {
  public:
-  LocalStepRunner(graph::Executor& executor, graph::ParamStore& params, data::TokenLoader& loader,
-                  c10::Device device);
+  LocalStepRunner(graph::Executor& executor, graph::ParamStore& params, AdamW& optimizer,
+                  data::TokenLoader& loader, c10::Device device);
   at::Tensor run(int64_t micro_batches, double loss_scale) override;
+  at::Tensor update(double lr, double max_norm, bool skip) override;
 
  private:
   graph::Executor& executor_;
   graph::ParamStore& params_;
+  AdamW& optimizer_;
   data::TokenLoader& loader_;
   c10::Device device_;
 };

@@ -80,7 +80,11 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
       options.stop_at >= 0 ? std::min(options.stop_at, c.train.steps) : c.train.steps;
   StepReporter reporter(c, progress, options.json_events, peak_gflops, last,
                         options.resume ? replica.step : -1);
-  LocalStepRunner runner(*s.executor, s.dag->params(), *s.loader, s.device);
+  const std::unique_ptr<StepRunner> runner_owner =
+      options.step_runner ? options.step_runner(s, progress)
+                          : std::make_unique<LocalStepRunner>(*s.executor, s.dag->params(),
+                                                              *s.optimizer, *s.loader, s.device);
+  StepRunner& runner = *runner_owner;
   const bool fp16 = c.train.dtype == "fp16";
   const auto tokens_per_step =
       static_cast<uint64_t>(c.train.batch_size * c.train.grad_accum * c.model.seq_len);
@@ -107,8 +111,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
                     ": fp16 gradients overflowed; update skipped, loss scale now " +
                     fmt("%.0f", s.scaler.scale()));
     if (hooks) hooks->gradients_ready(replica);
-    const at::Tensor grad_norm = clip_grad_norm(s.dag->params(), c.optim.grad_clip);
-    if (!skip) s.optimizer->step(lr);
+    const at::Tensor grad_norm = runner.update(lr, c.optim.grad_clip, skip);
     ++replica.step;
     replica.tokens += tokens_per_step;
     // The strategy's round boundary: its communication time counts in the step's time.
@@ -147,11 +150,13 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
       reporter.eval(replica.step, s.val_loss, replica.tokens);
     }
     if (crossed(c.train.checkpoint_every, std::max<int64_t>(saved_step, 0)) || final_step) {
+      runner.gather();
       last_ckpt = s.save(hooks);
       saved_step = replica.step;
       progress.note("checkpoint " + last_ckpt.string());
     }
   }
+  if (const std::string note = runner.report(); !note.empty()) progress.note(note);
   progress.finish();
   if (hooks) {
     hooks->finish(replica);
@@ -164,6 +169,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   // Between boundaries a strategy's parameters are local progress, not the shared model.
   if (result.interrupted && replica.step > 0 && saved_step != replica.step && at_boundary) {
     // Stopped early (signal or stop_at): make sure the last step is on disk.
+    runner.gather();
     last_ckpt = s.save(hooks);
     std::cerr << "stopped at step " << replica.step << "; checkpoint " << last_ckpt.string()
               << "; continue with --resume\n";
@@ -180,6 +186,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     auto tokenizer = data::load_dataset_tokenizer(s.dataset);
     std::vector<uint32_t> prompt = tokenizer->encode(c.sample.prompt);
     if (prompt.empty()) prompt.push_back(0);
+    runner.gather();
     auto ids = generate(*s.dag, c.model, prompt, c.sample);
     result.sample = tokenizer->decode(ids);
   }

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -16,6 +18,9 @@
 namespace starling::train {
 
 class StepHooks;
+class StepRunner;
+class ProgressLine;
+struct Session;
 
 struct TrainOptions {
   bool resume = false;         // continue from <out_dir>/checkpoints/latest
@@ -26,6 +31,9 @@ struct TrainOptions {
   int data_rank = 0;           // this replica's share of the training data: rank of world
   int data_world = 1;
   bool json_events = false;  // one JSON object per step and event on stdout (for a launcher)
+  // Makes the runner that produces each step's gradients and applies the optimizer (e.g. the
+  // swapping runner of swap/swap_runner.h); empty runs every step locally (LocalStepRunner).
+  std::function<std::unique_ptr<StepRunner>(Session&, ProgressLine&)> step_runner;
 };
 
 struct TrainResult {

@@ -1,0 +1,170 @@
+#include "starling/swap/disk_tier.h"
+
+#include <fcntl.h>
+#include <liburing.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include "starling/common/error.h"
+
+namespace starling::swap {
+namespace {
+
+// Each transfer is cut into chunks of this size so the device sees several requests at once.
+constexpr size_t kChunk = size_t{8} << 20;
+constexpr unsigned kRingEntries = 64;
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+}  // namespace
+
+DiskTier::DiskTier(const std::filesystem::path& dir) : ring_(std::make_unique<io_uring>()) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  static int serial = 0;
+  path_ = dir / (".starling-swap-" + std::to_string(::getpid()) + "-" + std::to_string(serial++) +
+                 ".bin");
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd_ < 0) {
+    const int err = errno;
+    if (err == EINVAL)
+      throw Error("swap.dir " + dir.string() +
+                  ": its filesystem does not support O_DIRECT (tmpfs?); point swap.dir at a "
+                  "directory on a disk");
+    throw Error("swap.dir " + dir.string() + ": cannot create the swap file: " + errno_text(err));
+  }
+  ::unlink(path_.c_str());  // the file lives until the descriptor closes, crash or not
+  if (const int r = io_uring_queue_init(kRingEntries, ring_.get(), 0); r < 0) {
+    ::close(fd_);
+    throw Error("swap.tier = \"disk\" needs io_uring, which the kernel refused (" + errno_text(-r) +
+                "); use swap.tier = \"host\" or allow io_uring");
+  }
+  // Some filesystems accept the flag and fail the first transfer: find out now, not mid-step.
+  void* probe = std::aligned_alloc(kSwapAlign, kSwapAlign);
+  std::memset(probe, 0, kSwapAlign);
+  try {
+    const uint64_t key = reserve(kSwapAlign);
+    wait(write(key, 0, probe, kSwapAlign));
+    wait(read(key, 0, probe, kSwapAlign));
+  } catch (...) {
+    std::free(probe);
+    io_uring_queue_exit(ring_.get());
+    ::close(fd_);
+    throw;
+  }
+  std::free(probe);
+}
+
+DiskTier::~DiskTier() {
+  // Requests still in flight write into buffers their owners are about to free: drain them.
+  try {
+    while (!pending_.empty()) reap(true);
+  } catch (...) {
+  }
+  io_uring_queue_exit(ring_.get());
+  ::close(fd_);
+}
+
+std::string DiskTier::describe() const {
+  return "disk " + path_.parent_path().string() + " (O_DIRECT, io_uring)";
+}
+
+uint64_t DiskTier::reserve(size_t bytes) {
+  const uint64_t key = end_;
+  extents_[key] = align_up(bytes);
+  end_ += align_up(bytes);
+  return key;
+}
+
+Ticket DiskTier::write(uint64_t key, size_t offset, const void* src, size_t bytes) {
+  return submit(true, key, offset, const_cast<char*>(static_cast<const char*>(src)),
+                align_up(bytes));
+}
+
+Ticket DiskTier::read(uint64_t key, size_t offset, void* dst, size_t bytes) {
+  return submit(false, key, offset, static_cast<char*>(dst), align_up(bytes));
+}
+
+Ticket DiskTier::submit(bool write, uint64_t key, size_t at, char* buf, size_t bytes) {
+  const auto it = extents_.find(key);
+  if (it == extents_.end() || at % kSwapAlign != 0 || at + bytes > it->second)
+    throw std::logic_error("DiskTier: transfer outside a reserved extent");
+  const uint64_t offset = key + at;
+  const Ticket t = ++issued_;
+  int chunks = 0;
+  for (size_t done = 0; done < bytes; done += kChunk, ++chunks)
+    queue({t, write, buf + done, std::min(kChunk, bytes - done), offset + done});
+  pending_[t] = chunks;
+  io_uring_submit(ring_.get());
+  return t;
+}
+
+void DiskTier::queue(const Chunk& chunk) {
+  // At most kRingEntries in flight; a full ring is handed to the kernel and drained by one
+  // completion first. (A sqe taken from the ring is submitted with whatever it holds, so one is
+  // taken only when it will be filled at once.)
+  while (in_ring_ >= kRingEntries) {
+    io_uring_submit(ring_.get());
+    reap(true);
+  }
+  io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
+  if (sqe == nullptr) {
+    io_uring_submit(ring_.get());
+    sqe = io_uring_get_sqe(ring_.get());
+  }
+  if (sqe == nullptr) throw std::logic_error("DiskTier: no submission entry free");
+  const uint64_t id = next_chunk_++;
+  chunks_[id] = chunk;
+  if (chunk.write)
+    io_uring_prep_write(sqe, fd_, chunk.buf, static_cast<unsigned>(chunk.bytes), chunk.offset);
+  else
+    io_uring_prep_read(sqe, fd_, chunk.buf, static_cast<unsigned>(chunk.bytes), chunk.offset);
+  io_uring_sqe_set_data64(sqe, id);
+  ++in_ring_;
+}
+
+bool DiskTier::reap(bool block) {
+  io_uring_cqe* cqe = nullptr;
+  const int r = block ? io_uring_wait_cqe(ring_.get(), &cqe) : io_uring_peek_cqe(ring_.get(), &cqe);
+  if (r == -EAGAIN || (!block && cqe == nullptr)) return false;
+  if (r < 0) throw Error("swap tier " + describe() + ": io_uring wait failed: " + errno_text(-r));
+  const uint64_t id = io_uring_cqe_get_data64(cqe);
+  const int res = cqe->res;
+  io_uring_cqe_seen(ring_.get(), cqe);
+  --in_ring_;
+  auto node = chunks_.extract(id);
+  if (node.empty()) throw std::logic_error("DiskTier: a completion for no request");
+  Chunk c = node.mapped();
+  if (res < 0)
+    throw Error("swap tier " + describe() + ": " + (c.write ? "write" : "read") + " of " +
+                std::to_string(c.bytes) + " bytes at offset " + std::to_string(c.offset) +
+                " failed: " + errno_text(-res));
+  if (res == 0)
+    throw Error("swap tier " + describe() + ": " + (c.write ? "write" : "read") +
+                " made no progress at offset " + std::to_string(c.offset));
+  if (static_cast<size_t>(res) < c.bytes) {
+    // A short transfer: queue the rest as a new chunk of the same request.
+    queue({c.ticket, c.write, c.buf + res, c.bytes - res, c.offset + res});
+    io_uring_submit(ring_.get());
+    return true;
+  }
+  if (--pending_[c.ticket] == 0) pending_.erase(c.ticket);
+  return true;
+}
+
+void DiskTier::wait(Ticket ticket) {
+  while (pending_.count(ticket)) reap(true);
+}
+
+bool DiskTier::done(Ticket ticket) {
+  while (reap(false)) {
+  }
+  return !pending_.count(ticket);
+}
+
+}  // namespace starling::swap

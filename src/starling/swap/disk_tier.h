@@ -1,0 +1,57 @@
+// The disk tier: one file under swap.dir, opened with O_DIRECT so swapped bytes really leave RAM
+// (the page cache never holds them) and unlinked at once so nothing is left behind after a crash.
+// Transfers go through io_uring (liburing), split into chunks so several are in flight on the
+// device while the training thread computes. Completions are reaped by whoever waits.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+
+#include "starling/swap/tier.h"
+
+struct io_uring;
+
+namespace starling::swap {
+
+class DiskTier final : public Tier {
+ public:
+  // Error naming `dir` when the file cannot be made, the filesystem lacks O_DIRECT, or the kernel
+  // refuses io_uring.
+  explicit DiskTier(const std::filesystem::path& dir);
+  ~DiskTier() override;
+
+  uint64_t reserve(size_t bytes) override;
+  Ticket write(uint64_t key, size_t offset, const void* src, size_t bytes) override;
+  Ticket read(uint64_t key, size_t offset, void* dst, size_t bytes) override;
+  void wait(Ticket ticket) override;
+  bool done(Ticket ticket) override;
+  std::string describe() const override;
+  int64_t reserved_bytes() const override { return end_; }
+
+ private:
+  struct Chunk {
+    Ticket ticket;
+    bool write;
+    char* buf;
+    size_t bytes;
+    uint64_t offset;
+  };
+  Ticket submit(bool write, uint64_t key, size_t offset, char* buf, size_t bytes);
+  void queue(const Chunk& chunk);
+  // Handles one completion; blocks for it when `block`. Returns false if none was ready.
+  bool reap(bool block);
+
+  std::filesystem::path path_;
+  int fd_ = -1;
+  std::unique_ptr<io_uring> ring_;
+  std::map<uint64_t, size_t> extents_;  // key (file offset) -> reserved bytes
+  uint64_t end_ = 0;
+  Ticket issued_ = 0;
+  std::map<Ticket, int> pending_;  // ticket -> chunks still in flight
+  std::map<uint64_t, Chunk> chunks_;
+  uint64_t next_chunk_ = 0;
+  unsigned in_ring_ = 0;
+};
+
+}  // namespace starling::swap

@@ -1,0 +1,29 @@
+// What the swap planner needs to know, measured on this machine: each node's forward and
+// backward time on one micro-batch, each parameter's bytes, the optimizer's time, and the tier's
+// read and write bandwidth.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "starling/swap/swap_plan.h"
+
+namespace starling::graph {
+class OpDag;
+struct ExecutorOptions;
+}  // namespace starling::graph
+
+namespace starling::swap {
+
+// Runs one forward and backward of a (batch x seq_len) micro-batch of token 0 through `dag`,
+// timing every node, then drops the gradients it made. The weights must be resident. The global
+// random generator is not touched, so a run that profiles stays bit-identical to one that does
+// not.
+SwapProblem profile_nodes(graph::OpDag& dag, const graph::ExecutorOptions& options, int64_t batch,
+                          int64_t seq_len);
+
+// Reads and writes `bytes` through a fresh tier of `kind` in `dir`; fills read_bps, write_bps.
+void measure_tier(SwapProblem& problem, const std::string& kind, const std::filesystem::path& dir,
+                  int64_t bytes);
+
+}  // namespace starling::swap

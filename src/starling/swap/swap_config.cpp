@@ -1,0 +1,101 @@
+#include "starling/swap/swap_config.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <utility>
+#include <vector>
+
+#include "starling/common/error.h"
+#include "starling/config/config_keys.h"
+
+namespace starling::swap {
+
+void add_config_keys(SwapConfig& c, config::Keys& k) {
+  using namespace config;
+  k.push_back(string_key("swap", "budget", &c.budget,
+                         "training state (weights, gradients, AdamW moments) kept in compute "
+                         "memory, e.g. \"2GB\"; the rest streams from swap.tier. \"\" = no "
+                         "swapping (docs/swap.md)"));
+  k.push_back(string_key("swap", "tier", &c.tier,
+                         "where swapped state lives: \"host\" (RAM) or \"disk\" (a file under "
+                         "swap.dir, read and written with O_DIRECT through io_uring)",
+                         {"host", "disk"}));
+  k.push_back(string_key("swap", "dir", &c.dir,
+                         "directory of the disk tier's file (unlinked while open); \"\" = "
+                         "train.out_dir. Must be on a filesystem with O_DIRECT (not tmpfs)"));
+  k.push_back(int_key("swap", "group_nodes", &c.group_nodes, 0,
+                      "nodes per swapped layer group; 0 = the planner chooses"));
+  k.push_back(int_key("swap", "depth", &c.depth, -1,
+                      "layer groups loaded ahead of the computing one; -1 = the planner chooses"));
+}
+
+void check(const SwapConfig& c, const std::string& source) {
+  if (!c.enabled()) return;
+  const int64_t b = parse_bytes(c.budget, source + ": swap.budget");
+  if (b <= 0) throw ConfigError(source + ": swap.budget must be more than 0 bytes");
+}
+
+int64_t parse_bytes(const std::string& text, const std::string& what) {
+  size_t pos = 0;
+  while (pos < text.size() && std::isspace(static_cast<unsigned char>(text[pos]))) ++pos;
+  const size_t start = pos;
+  while (pos < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[pos])) || text[pos] == '.'))
+    ++pos;
+  std::string unit;
+  for (size_t i = pos; i < text.size(); ++i)
+    if (!std::isspace(static_cast<unsigned char>(text[i])))
+      unit += static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
+  const auto bad = [&]() {
+    return ConfigError(what + ": \"" + text +
+                       "\" is not a size; write e.g. \"2GB\", \"1.5GiB\" or \"512MB\"");
+  };
+  if (pos == start) throw bad();
+  double number = 0;
+  try {
+    size_t used = 0;
+    number = std::stod(text.substr(start, pos - start), &used);
+    if (used != pos - start) throw bad();
+  } catch (const std::logic_error&) {
+    throw bad();
+  }
+  static const std::vector<std::pair<std::string, double>> units = {{"", 1},
+                                                                    {"b", 1},
+                                                                    {"kb", 1e3},
+                                                                    {"mb", 1e6},
+                                                                    {"gb", 1e9},
+                                                                    {"tb", 1e12},
+                                                                    {"kib", 1024.0},
+                                                                    {"mib", 1048576.0},
+                                                                    {"gib", 1073741824.0},
+                                                                    {"tib", 1099511627776.0}};
+  for (const auto& [name, scale] : units)
+    if (unit == name) {
+      const double bytes = number * scale;
+      if (!std::isfinite(bytes) || bytes > 9e18) throw bad();
+      return static_cast<int64_t>(std::llround(bytes));
+    }
+  throw bad();
+}
+
+std::string format_bytes(double bytes) {
+  static const char* units[] = {"B", "KB", "MB", "GB", "TB"};
+  int u = 0;
+  while (std::fabs(bytes) >= 1000 && u < 4) {
+    bytes /= 1000;
+    ++u;
+  }
+  char buf[32];
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%.0f B", bytes);
+  else
+    std::snprintf(buf, sizeof buf,
+                  bytes < 10    ? "%.2f %s"
+                  : bytes < 100 ? "%.1f %s"
+                                : "%.0f %s",
+                  bytes, units[u]);
+  return buf;
+}
+
+}  // namespace starling::swap

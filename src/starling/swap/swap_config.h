@@ -1,0 +1,37 @@
+// The [swap] table: train a model whose training state (weights, gradients, AdamW moments) does
+// not fit in compute memory by keeping it in a slower tier and streaming layer groups in while
+// they run (docs/swap.md). The swap layer owns these settings and their keys; train/config.h
+// places the table in a run's config. Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "starling/config/keys_fwd.h"
+
+namespace starling::swap {
+
+struct SwapConfig {
+  // Bytes of training state (weights, gradients and AdamW moments; fp32) held in compute memory
+  // at once, e.g. "2GB"; "" (the default) keeps everything resident and swaps nothing.
+  std::string budget;
+  std::string tier = "disk";  // where the rest lives: "host" (RAM) or "disk" (a file, O_DIRECT)
+  std::string dir;            // directory of the disk tier's file; "" = train.out_dir
+  int64_t group_nodes = 0;    // nodes per layer group; 0 = the planner chooses
+  int64_t depth = -1;         // groups loaded ahead of the one computing; -1 = the planner chooses
+
+  bool enabled() const { return !budget.empty(); }
+};
+
+// Appends the [swap] keys, bound to `c`'s fields.
+void add_config_keys(SwapConfig& c, config::Keys& keys);
+// Checks what spans keys (the budget's syntax); ConfigError prefixed with `source`.
+void check(const SwapConfig& c, const std::string& source);
+
+// "2GB", "1.5 GiB", "512MB", "300000000": decimal (KB, MB, GB, TB) and binary (KiB, MiB, GiB,
+// TiB) units, case-insensitive, a bare number is bytes. ConfigError naming `what` otherwise.
+int64_t parse_bytes(const std::string& text, const std::string& what);
+// 1536 MB -> "1.50 GB": three significant digits with a decimal unit.
+std::string format_bytes(double bytes);
+
+}  // namespace starling::swap

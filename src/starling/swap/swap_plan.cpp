@@ -1,0 +1,315 @@
+#include "starling/swap/swap_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+
+#include "starling/common/error.h"
+#include "starling/swap/swap_config.h"
+#include "starling/swap/tier.h"
+
+namespace starling::swap {
+namespace {
+
+// Per operand; large enough to keep the device busy, small enough to stay out of the budget's way.
+constexpr int64_t kMaxChunk = int64_t{4} << 20;
+constexpr int kStagingSets = 3;  // one computing, one loading, one draining
+constexpr int kMaxDepth = 4;
+
+int64_t aligned(int64_t bytes) {
+  return static_cast<int64_t>(align_up(static_cast<size_t>(bytes)));
+}
+
+struct Grouping {
+  std::vector<SwapGroup> groups;
+  std::vector<std::set<int>> params;  // per group
+};
+
+Grouping make_groups(const SwapProblem& p, const std::vector<std::pair<int, int>>& ranges) {
+  Grouping g;
+  for (auto [first, last] : ranges) {
+    std::set<int> ps;
+    for (int n = first; n <= last; ++n)
+      ps.insert(p.nodes[n].params.begin(), p.nodes[n].params.end());
+    int64_t bytes = 0;
+    for (int q : ps) bytes += 2 * aligned(p.param_bytes[q]);
+    g.groups.push_back({first, last, false, bytes});
+    g.params.push_back(std::move(ps));
+  }
+  return g;
+}
+
+// Contiguous groups of nodes whose weights and gradients stay under `target` bytes (a node larger
+// than that is a group of its own), or every `fixed` nodes.
+std::vector<std::pair<int, int>> pack(const SwapProblem& p, int64_t target, int64_t fixed) {
+  std::vector<std::pair<int, int>> out;
+  const int n = static_cast<int>(p.nodes.size());
+  int first = 0;
+  std::set<int> ps;
+  int64_t bytes = 0;
+  for (int i = 0; i < n; ++i) {
+    int64_t add = 0;
+    for (int q : p.nodes[i].params)
+      if (!ps.count(q)) add += 2 * aligned(p.param_bytes[q]);
+    const bool full = fixed > 0 ? i - first >= fixed : bytes + add > target;
+    if (i > first && full) {
+      out.emplace_back(first, i - 1);
+      first = i;
+      ps.clear();
+      bytes = 0;
+      add = 0;
+      for (int q : p.nodes[i].params)
+        if (!ps.count(q)) add += 2 * aligned(p.param_bytes[q]);
+    }
+    ps.insert(p.nodes[i].params.begin(), p.nodes[i].params.end());
+    bytes += add;
+  }
+  out.emplace_back(first, n - 1);
+  return out;
+}
+
+std::set<int> pinned_params(const Grouping& g) {
+  std::set<int> out;
+  for (size_t i = 0; i < g.groups.size(); ++i)
+    if (g.groups[i].pinned) out.insert(g.params[i].begin(), g.params[i].end());
+  return out;
+}
+
+int64_t bytes_of(const SwapProblem& p, const std::set<int>& ps) {
+  int64_t b = 0;
+  for (int q : ps) b += 2 * aligned(p.param_bytes[q]);
+  return b;
+}
+
+// The largest resident set: pinned groups plus any `window` consecutive unpinned groups.
+int64_t peak_of(const SwapProblem& p, const Grouping& g, int window) {
+  const std::set<int> pinned = pinned_params(g);
+  std::vector<int> moving;
+  for (size_t i = 0; i < g.groups.size(); ++i)
+    if (!g.groups[i].pinned) moving.push_back(static_cast<int>(i));
+  int64_t worst = 0;
+  for (size_t s = 0; s < moving.size(); ++s) {
+    std::set<int> ps;
+    for (size_t k = s; k < std::min(moving.size(), s + window); ++k)
+      for (int q : g.params[moving[k]])
+        if (!pinned.count(q)) ps.insert(q);
+    worst = std::max(worst, bytes_of(p, ps));
+  }
+  return bytes_of(p, pinned) + worst;
+}
+
+// Weights and gradients of group `i` that move (not held by a pinned group).
+int64_t moving_bytes(const SwapProblem& p, const Grouping& g, const std::set<int>& pinned, int i) {
+  int64_t b = 0;
+  for (int q : g.params[i])
+    if (!pinned.count(q)) b += aligned(p.param_bytes[q]);
+  return b;  // one of the two (weights or gradients)
+}
+
+// Two streams, compute and I/O: a group's load may start once the group `depth + 1` tasks back has
+// finished computing (its room is free) and the I/O stream is idle; it computes after its load;
+// gradients are written after its backward.
+void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
+  const std::set<int> pinned = pinned_params(g);
+  const int G = static_cast<int>(g.groups.size());
+  struct Task {
+    int group;
+    bool backward;
+    int64_t micro;
+  };
+  std::vector<Task> tasks;
+  for (int64_t m = 0; m < p.micro_batches; ++m) {
+    for (int i = 0; i < G; ++i) tasks.push_back({i, false, m});
+    for (int i = G - 1; i >= 0; --i) tasks.push_back({i, true, m});
+  }
+  const double r = p.read_bps, w = p.write_bps;
+  std::vector<double> end(tasks.size(), 0);
+  double io_free = 0, cp_free = 0, compute = 0;
+  int64_t read = 0, written = 0;
+  for (size_t k = 0; k < tasks.size(); ++k) {
+    const Task& t = tasks[k];
+    const SwapGroup& grp = g.groups[t.group];
+    double c = 0;
+    for (int n = grp.first; n <= grp.last; ++n)
+      c += t.backward ? p.nodes[n].backward_s : p.nodes[n].forward_s;
+    compute += c;
+    // Still resident when it ran within the last depth + 1 tasks.
+    bool recent = false;
+    for (size_t j = k >= static_cast<size_t>(plan.depth + 1) ? k - plan.depth - 1 : 0; j < k; ++j)
+      recent = recent || tasks[j].group == t.group;
+    int64_t load = 0, write = 0;
+    if (!grp.pinned) {
+      const int64_t b = moving_bytes(p, g, pinned, t.group);
+      if (!recent) load = b + (t.backward && t.micro > 0 ? b : 0);
+      if (t.backward) write = b;
+    }
+    const double window_open =
+        k >= static_cast<size_t>(plan.depth + 1) ? end[k - plan.depth - 1] : 0;
+    const double load_done = std::max(io_free, window_open) + load / r;
+    if (load > 0) io_free = load_done;
+    const double start = std::max(cp_free, load > 0 ? load_done : 0.0);
+    end[k] = start + c;
+    cp_free = end[k];
+    if (write > 0) io_free = std::max(io_free, end[k]) + write / w;
+    read += load;
+    written += write;
+  }
+  // The optimizer streams the moments (and moving weights and gradients) through the staging area.
+  int64_t opt_read = 0, opt_write = 0;
+  for (size_t q = 0; q < p.param_bytes.size(); ++q) {
+    const int64_t b = aligned(p.param_bytes[q]);
+    opt_read += 2 * b + (pinned.count(static_cast<int>(q)) ? 0 : 2 * b);
+    opt_write += 2 * b + (pinned.count(static_cast<int>(q)) ? 0 : b);
+  }
+  const double opt_io = opt_read / r + opt_write / w;
+  plan.compute_s = compute + p.optimizer_s;
+  plan.read_bytes = read + opt_read;
+  plan.write_bytes = written + opt_write;
+  plan.io_s = plan.read_bytes / r + plan.write_bytes / w;
+  plan.predicted_s = std::max(cp_free, io_free) + std::max(p.optimizer_s, opt_io);
+}
+
+}  // namespace
+
+double SwapPlan::hidden_share() const {
+  if (io_s <= 0) return 1;
+  return std::clamp(1 - (predicted_s - compute_s) / io_s, 0.0, 1.0);
+}
+
+std::vector<int> SwapPlan::node_groups(int nodes) const {
+  std::vector<int> out(nodes, 0);
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (int n = groups[g].first; n <= groups[g].last && n < nodes; ++n)
+      out[n] = static_cast<int>(g);
+  return out;
+}
+
+SwapPlan plan_swap(const SwapProblem& p) {
+  if (p.nodes.empty()) throw std::logic_error("plan_swap: no nodes");
+  SwapPlan base;
+  base.budget = p.budget;
+  int64_t largest = 0;
+  for (int64_t b : p.param_bytes) {
+    base.state_bytes += 4 * aligned(b);
+    largest = std::max(largest, aligned(b));
+  }
+  const int n = static_cast<int>(p.nodes.size());
+  if (base.state_bytes <= p.budget) {
+    base.everything_resident = true;
+    Grouping all = make_groups(p, {{0, n - 1}});
+    all.groups[0].pinned = true;
+    base.groups = all.groups;
+    base.peak_bytes = base.state_bytes;
+    simulate(p, all, base);
+    base.io_s = 0;
+    base.read_bytes = base.write_bytes = 0;
+    base.predicted_s = base.compute_s;
+    return base;
+  }
+  base.chunk_bytes = std::min(kMaxChunk, largest);
+  base.staging_bytes = kStagingSets * 4 * base.chunk_bytes;
+  const int64_t room = p.budget - base.staging_bytes;
+
+  // The smallest budget: the staging area plus the largest single node (or fixed group).
+  const Grouping finest = make_groups(p, pack(p, 0, p.group_nodes > 0 ? p.group_nodes : 1));
+  int64_t need = 0;
+  for (const auto& grp : finest.groups) need = std::max(need, grp.bytes);
+  if (need > room)
+    throw ConfigError("swap.budget " + format_bytes(static_cast<double>(p.budget)) +
+                      " cannot hold one layer group's weights and gradients (" +
+                      format_bytes(static_cast<double>(need)) + ") plus the optimizer's staging (" +
+                      format_bytes(static_cast<double>(base.staging_bytes)) +
+                      "); the smallest feasible budget is " +
+                      format_bytes(static_cast<double>(need + base.staging_bytes)) + " (of " +
+                      format_bytes(static_cast<double>(base.state_bytes)) + " training state)");
+
+  // Candidate group sizes: geometric steps from the largest node to the whole room.
+  std::vector<int64_t> targets;
+  if (p.group_nodes > 0) {
+    targets.push_back(0);
+  } else {
+    for (double t = static_cast<double>(std::max<int64_t>(need, 1)); t <= room * 1.0001; t *= 1.25)
+      targets.push_back(static_cast<int64_t>(t));
+    targets.push_back(room);
+  }
+  SwapPlan best;
+  bool found = false;
+  for (int64_t target : targets) {
+    const auto ranges = pack(p, target, p.group_nodes);
+    for (int depth = p.depth >= 0 ? p.depth : 0; depth <= (p.depth >= 0 ? p.depth : kMaxDepth);
+         ++depth) {
+      Grouping g = make_groups(p, ranges);
+      const int window = depth + 2;  // computing, loading ahead, draining
+      if (peak_of(p, g, 1) > room) continue;
+      // Pin the largest groups while the rest still fits with its window (or, failing that,
+      // with one group at a time).
+      std::vector<int> order(g.groups.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int a, int b) { return g.groups[a].bytes > g.groups[b].bytes; });
+      for (int i : order) {
+        g.groups[i].pinned = true;
+        if (peak_of(p, g, window) > room) g.groups[i].pinned = false;
+      }
+      SwapPlan plan = base;
+      plan.depth = depth;
+      plan.peak_bytes = base.staging_bytes + std::min(room, peak_of(p, g, window));
+      simulate(p, g, plan);
+      plan.groups = g.groups;
+      const bool better =
+          !found || plan.predicted_s < best.predicted_s * 0.999 ||
+          (plan.predicted_s <= best.predicted_s * 1.001 && plan.groups.size() < best.groups.size());
+      if (better) {
+        best = plan;
+        found = true;
+      }
+    }
+  }
+  if (!found) throw std::logic_error("plan_swap: no plan although one group fits");
+  return best;
+}
+
+std::string describe_plan(const SwapPlan& plan, const SwapProblem& p) {
+  auto b = [](int64_t v) { return format_bytes(static_cast<double>(v)); };
+  char line[512];
+  std::string out;
+  std::snprintf(line, sizeof line,
+                "swap plan: budget %s for %s of training state (%.0f%%), tier %s (read %s/s, "
+                "write %s/s)\n",
+                b(plan.budget).c_str(), b(plan.state_bytes).c_str(),
+                100.0 * plan.budget / plan.state_bytes, p.tier.c_str(), b(p.read_bps).c_str(),
+                b(p.write_bps).c_str());
+  out += line;
+  if (plan.everything_resident) {
+    std::snprintf(line, sizeof line, "  the whole state fits: nothing is swapped; step %.3f s\n",
+                  plan.compute_s);
+    return out + line;
+  }
+  int pinned = 0;
+  for (const auto& g : plan.groups) pinned += g.pinned;
+  std::snprintf(line, sizeof line,
+                "  %zu layer groups, %d pinned in compute memory, prefetch depth %d; AdamW "
+                "moments in the tier, streamed in %s chunks\n",
+                plan.groups.size(), pinned, plan.depth, b(plan.chunk_bytes).c_str());
+  out += line;
+  out += "  group  nodes                                    weights+grads  where\n";
+  for (size_t i = 0; i < plan.groups.size(); ++i) {
+    const auto& g = plan.groups[i];
+    const std::string nodes = std::to_string(g.first) + "-" + std::to_string(g.last) + " (" +
+                              p.nodes[g.first].name + " .. " + p.nodes[g.last].name + ")";
+    std::snprintf(line, sizeof line, "  %-5zu  %-40s %13s  %s\n", i, nodes.c_str(),
+                  b(g.bytes).c_str(), g.pinned ? "compute memory" : p.tier.c_str());
+    out += line;
+  }
+  std::snprintf(line, sizeof line,
+                "  resident at most %s (staging %s); in the tier %s\n"
+                "  per step: compute %.3f s, I/O %.3f s (read %s, write %s), predicted %.3f s "
+                "(%.0f%% of I/O hidden)\n",
+                b(plan.peak_bytes).c_str(), b(plan.staging_bytes).c_str(),
+                b(plan.state_bytes).c_str(), plan.compute_s, plan.io_s, b(plan.read_bytes).c_str(),
+                b(plan.write_bytes).c_str(), plan.predicted_s, 100 * plan.hidden_share());
+  return out + line;
+}
+
+}  // namespace starling::swap

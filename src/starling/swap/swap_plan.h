@@ -1,0 +1,74 @@
+// The static swap planner: from a profile of the model's nodes (compute time, parameters) and of
+// the tier (read and write bandwidth) it chooses contiguous layer groups, which of them stay
+// resident, and how many groups to load ahead (the prefetch depth), so that loading group i+1
+// hides behind computing group i and the resident training state never exceeds the budget.
+// Torch-free: the runtime (swapper.h) and `starling plan swap` read the same plan.
+//
+// The memory model (what swapper.h enforces):
+//  - the whole state fits (weights, gradients, two AdamW moments): nothing moves;
+//  - otherwise the moments live in the tier and the optimizer streams every parameter through
+//    a small staging area in chunks, and groups hold their weights and gradients: pinned groups
+//    always, the others only while they run, plus up to `depth` groups loading ahead and one
+//    draining its gradients.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace starling::swap {
+
+struct NodeCost {
+  std::string name;
+  double forward_s = 0;     // forward of one micro-batch
+  double backward_s = 0;    // backward of one micro-batch, recomputation included
+  std::vector<int> params;  // indices of the parameters it reads
+};
+
+struct SwapProblem {
+  std::vector<NodeCost> nodes;
+  std::vector<int64_t> param_bytes;    // bytes of each parameter (fp32)
+  double optimizer_s = 0;              // one AdamW step over all parameters, everything resident
+  double read_bps = 0, write_bps = 0;  // the tier's measured bandwidth
+  std::string tier = "disk";
+  int64_t budget = 0;
+  int64_t micro_batches = 1;  // per optimizer step (train.grad_accum)
+  int64_t group_nodes = 0;    // > 0: fixed grouping (swap.group_nodes)
+  int depth = -1;             // >= 0: fixed prefetch depth (swap.depth)
+};
+
+struct SwapGroup {
+  int first = 0, last = 0;  // node range
+  bool pinned = false;      // weights and gradients never leave
+  int64_t bytes = 0;        // weights + gradients of the parameters its nodes read
+};
+
+struct SwapPlan {
+  std::vector<SwapGroup> groups;
+  int depth = 0;
+  bool everything_resident = false;  // the budget holds the whole state: no swapping
+  int64_t chunk_bytes = 0;           // optimizer staging chunk (per operand)
+  int64_t staging_bytes = 0;         // 3 sets of 4 operand chunks
+  int64_t state_bytes = 0;           // weights + gradients + moments, aligned as stored
+  int64_t budget = 0;
+  int64_t peak_bytes = 0;                   // the largest resident set the plan allows
+  double compute_s = 0;                     // per step, as if nothing moved
+  double io_s = 0;                          // per step, the tier's time for what moves
+  double predicted_s = 0;                   // per step, loads overlapped with compute
+  int64_t read_bytes = 0, write_bytes = 0;  // per step
+
+  // The share of I/O time hidden behind compute, 1 when nothing moves.
+  double hidden_share() const;
+  // Group of every node.
+  std::vector<int> node_groups(int nodes) const;
+};
+
+// The fastest feasible plan. ConfigError when the budget cannot hold even one node's weights and
+// gradients plus the staging area, naming the smallest feasible budget.
+SwapPlan plan_swap(const SwapProblem& problem);
+
+// The plan as `starling plan swap` prints it: groups, bytes per tier, predicted step time, the
+// share of I/O hidden.
+std::string describe_plan(const SwapPlan& plan, const SwapProblem& problem);
+
+}  // namespace starling::swap

@@ -1,0 +1,125 @@
+#include "starling/swap/swap_runner.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "starling/common/cpu_runtime.h"
+#include "starling/common/error.h"
+#include "starling/data/loader.h"
+#include "starling/model/build.h"
+#include "starling/swap/profile.h"
+#include "starling/swap/swap_config.h"
+#include "starling/swap/swapper.h"
+#include "starling/train/metrics.h"
+#include "starling/train/session.h"
+#include "starling/train/step_runner.h"
+
+namespace starling::swap {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Enough to see the tier's steady bandwidth, no more than the state it will hold.
+int64_t probe_bytes(int64_t state_bytes) {
+  return std::clamp<int64_t>(state_bytes / 4, int64_t{32} << 20, int64_t{512} << 20);
+}
+
+fs::path tier_dir(const train::RunConfig& c) {
+  return c.swap.dir.empty() ? fs::path(c.train.out_dir) : fs::path(c.swap.dir);
+}
+
+void check_supported(const train::RunConfig& c) {
+  if (c.train.device != "cpu")
+    throw ConfigError("swap: train.device = \"" + c.train.device +
+                      "\" is not supported by swapping yet; it runs on \"cpu\"");
+  if (c.train.dtype == "fp16")
+    throw ConfigError(
+        "swap: train.dtype = \"fp16\" is not supported by swapping yet (its loss "
+        "scaling checks every gradient at once); use \"bf16\" or \"fp32\"");
+}
+
+SwapProblem problem_for(const train::RunConfig& c, graph::OpDag& dag, const std::string& budget) {
+  graph::ExecutorOptions options{.recompute = c.train.recompute,
+                                 .autocast = c.train.dtype == "bf16" ? at::kBFloat16 : at::kFloat};
+  SwapProblem p = profile_nodes(dag, options, c.train.batch_size, c.model.seq_len);
+  p.budget = parse_bytes(budget, "swap.budget");
+  p.micro_batches = c.train.grad_accum;
+  p.group_nodes = c.swap.group_nodes;
+  p.depth = static_cast<int>(c.swap.depth);
+  int64_t state = 0;
+  for (int64_t b : p.param_bytes) state += 4 * b;
+  measure_tier(p, c.swap.tier, tier_dir(c), probe_bytes(state));
+  return p;
+}
+
+class SwapStepRunner final : public train::StepRunner {
+ public:
+  SwapStepRunner(train::Session& s, std::unique_ptr<Swapper> swapper)
+      : s_(s), swapper_(std::move(swapper)) {
+    s_.executor->add_observer(swapper_.get());
+  }
+  ~SwapStepRunner() override { s_.executor->remove_observer(swapper_.get()); }
+
+  at::Tensor run(int64_t micro_batches, double loss_scale) override {
+    swapper_->begin_step();
+    at::Tensor loss_sum;
+    for (int64_t m = 0; m < micro_batches; ++m) {
+      swapper_->begin_micro_batch(m);
+      at::Tensor l = s_.executor->forward_backward(train::to_device(s_.loader->next(), s_.device),
+                                                   loss_scale / static_cast<double>(micro_batches));
+      swapper_->end_pass();
+      loss_sum = loss_sum.defined() ? loss_sum + l : l;
+    }
+    return loss_sum / static_cast<double>(micro_batches);
+  }
+
+  at::Tensor update(double lr, double max_norm, bool skip) override {
+    if (skip) throw std::logic_error("swap: skipped updates (fp16) are not supported");
+    return swapper_->update(lr, max_norm);
+  }
+
+  void gather() override { swapper_->gather(); }
+
+  std::string report() const override {
+    const SwapStats& st = swapper_->stats();
+    return "swap: peak resident " + format_bytes(static_cast<double>(st.peak_resident)) +
+           ", read " + format_bytes(static_cast<double>(st.read_bytes)) + ", written " +
+           format_bytes(static_cast<double>(st.write_bytes)) + ", waited " +
+           train::fmt("%.2f s", st.wait_s) + " on " + swapper_->tier().describe();
+  }
+
+ private:
+  train::Session& s_;
+  std::unique_ptr<Swapper> swapper_;
+};
+
+}  // namespace
+
+StepRunnerFactory swapped_step_runner() {
+  return
+      [](train::Session& s, train::ProgressLine& progress) -> std::unique_ptr<train::StepRunner> {
+        const train::RunConfig& c = s.config;
+        check_supported(c);
+        progress.note("swap: profiling the model and the " + c.swap.tier + " tier");
+        SwapProblem problem = problem_for(c, *s.dag, c.swap.budget);
+        SwapPlan plan = plan_swap(problem);
+        std::string text = describe_plan(plan, problem);
+        while (!text.empty() && text.back() == '\n') text.pop_back();
+        progress.note(text);
+        auto swapper =
+            std::make_unique<Swapper>(*s.dag, *s.optimizer, std::move(plan),
+                                      make_tier(c.swap.tier, tier_dir(c)), c.train.grad_accum);
+        return std::make_unique<SwapStepRunner>(s, std::move(swapper));
+      };
+}
+
+std::string plan_swap_for(const train::RunConfig& c, const std::string& budget) {
+  setup_cpu_runtime(c.train.threads, c.train.cpu_allocator == "system");
+  check_supported(c);
+  auto dag = model::build_model(c.model, c.train.seed, c10::kCPU);
+  const SwapProblem problem = problem_for(c, *dag, budget);
+  return describe_plan(plan_swap(problem), problem);
+}
+
+}  // namespace starling::swap

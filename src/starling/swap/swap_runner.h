@@ -1,0 +1,32 @@
+// Swapped training as the training loop sees it: a step runner (train/step_runner.h) that
+// profiles the model, plans the layer groups under [swap] budget, and runs every step through a
+// Swapper. Torch-free, so the command line can ask for it without pulling in libtorch.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace starling::train {
+struct RunConfig;
+struct Session;
+class StepRunner;
+class ProgressLine;
+}  // namespace starling::train
+
+namespace starling::swap {
+
+using StepRunnerFactory =
+    std::function<std::unique_ptr<train::StepRunner>(train::Session&, train::ProgressLine&)>;
+
+// The factory train::TrainOptions::step_runner takes for a config with a [swap] budget. The
+// runner it makes throws ConfigError for what swapping does not support yet (CUDA, fp16 loss
+// scaling). It trains one replica: peers (strategy hooks) refuse a [swap] budget.
+StepRunnerFactory swapped_step_runner();
+
+// `starling plan swap`: builds the config's model, profiles it and the tier, and returns the
+// plan for `budget` (a size such as "2GB") as text. ConfigError for an infeasible budget, naming
+// the smallest feasible one.
+std::string plan_swap_for(const train::RunConfig& config, const std::string& budget);
+
+}  // namespace starling::swap

@@ -1,0 +1,417 @@
+#include "starling/swap/swapper.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <set>
+
+#include "starling/common/error.h"
+#include "starling/graph/dag.h"
+#include "starling/swap/swap_config.h"
+#include "starling/train/adamw.h"
+
+namespace starling::swap {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
+                 std::unique_ptr<Tier> tier, int64_t micro_batches)
+    : dag_(dag),
+      optimizer_(optimizer),
+      plan_(std::move(plan)),
+      tier_(std::move(tier)),
+      micro_batches_(micro_batches) {
+  const int n = dag_.size();
+  auto& params = dag_.params().params();
+  node_group_ = plan_.node_groups(n);
+  group_params_.resize(plan_.groups.size());
+  owner_.assign(params.size(), -1);
+  for (int node = 0; node < n; ++node) {
+    const int g = node_group_[node];
+    for (const auto& name : dag_.nodes()[node].op->param_names()) {
+      int index = 0;
+      while (params[index].name != name) ++index;
+      auto& list = group_params_[g];
+      if (std::find(list.begin(), list.end(), index) == list.end()) list.push_back(index);
+      if (owner_[index] < 0) owner_[index] = g;
+    }
+  }
+  std::vector<bool> pinned(params.size(), false);
+  for (size_t g = 0; g < plan_.groups.size(); ++g)
+    if (plan_.groups[g].pinned)
+      for (int p : group_params_[g]) pinned[p] = true;
+
+  at::NoGradGuard no_grad;
+  auto slot = [&](const at::Tensor& t, bool pin) {
+    if (t.scalar_type() != at::kFloat) throw std::logic_error("swap: training state must be fp32");
+    adopt_storage(t);
+    SwapSlot s;
+    s.tensor = t;
+    s.bytes = static_cast<size_t>(t.numel()) * t.element_size();
+    s.key = tier_->reserve(s.bytes);
+    s.pinned = pin;
+    held_ += s.held();
+    return s;
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    values_.push_back(slot(params[i].value, pinned[i]));
+    exp_avg_.push_back(slot(optimizer_.exp_avg(i), plan_.everything_resident));
+    exp_avg_sq_.push_back(slot(optimizer_.exp_avg_sq(i), plan_.everything_resident));
+    SwapSlot g;
+    g.bytes = values_.back().bytes;
+    g.key = tier_->reserve(g.bytes);
+    g.pinned = pinned[i];
+    g.state = SwapSlot::State::kOut;  // no gradient yet
+    grads_.push_back(std::move(g));
+  }
+  norms_.resize(params.size());
+  if (!plan_.everything_resident)
+    for (int i = 0; i < 12; ++i) {
+      void* b = std::aligned_alloc(kSwapAlign, static_cast<size_t>(plan_.chunk_bytes));
+      if (b == nullptr) throw std::bad_alloc();
+      staging_.push_back(static_cast<char*>(b));
+      held_ += plan_.chunk_bytes;
+    }
+  make_room(0, true);
+  drain_writes();
+  // Counted from here: adopting the state briefly held all of it.
+  stats_.peak_resident = held_;
+}
+
+Swapper::~Swapper() {
+  // Transfers in flight read or write buffers owned by the slots: let them finish.
+  for (SwapSlot* s : std::vector<SwapSlot*>(writing_)) {
+    try {
+      tier_->wait(s->io);
+    } catch (...) {
+    }
+  }
+  for (auto* list : {&values_, &grads_, &exp_avg_, &exp_avg_sq_})
+    for (SwapSlot& s : *list)
+      if (s.state == SwapSlot::State::kLoading) try {
+          tier_->wait(s.io);
+        } catch (...) {
+        }
+  for (char* b : staging_) std::free(b);
+}
+
+void Swapper::track(int64_t delta) {
+  held_ += delta;
+  stats_.peak_resident = std::max(stats_.peak_resident, held_);
+}
+
+// ---- slots ----
+
+void Swapper::evict(SwapSlot& s) {
+  if (s.state != SwapSlot::State::kResident || s.pinned) return;
+  if (!s.dirty) {
+    free_storage(s.tensor);
+    s.state = SwapSlot::State::kOut;
+    track(-static_cast<int64_t>(align_up(s.bytes)));
+    return;
+  }
+  s.io = tier_->write(s.key, 0, storage_data(s.tensor), s.bytes);
+  s.state = SwapSlot::State::kWriting;
+  stats_.write_bytes += static_cast<int64_t>(align_up(s.bytes));
+  writing_.push_back(&s);
+}
+
+void Swapper::load(SwapSlot& s) {
+  if (s.state != SwapSlot::State::kOut) return;
+  allocate_storage(s.tensor, s.bytes);
+  track(static_cast<int64_t>(align_up(s.bytes)));
+  s.io = tier_->read(s.key, 0, storage_data(s.tensor), s.bytes);
+  s.state = SwapSlot::State::kLoading;
+  s.dirty = false;
+  stats_.read_bytes += static_cast<int64_t>(align_up(s.bytes));
+}
+
+void Swapper::settle(SwapSlot& s) {
+  if (s.state != SwapSlot::State::kWriting && s.state != SwapSlot::State::kLoading) return;
+  const double t0 = now_s();
+  tier_->wait(s.io);
+  stats_.wait_s += now_s() - t0;
+  // A write that was waited for keeps its buffer: whoever waited wants the bytes.
+  s.state = SwapSlot::State::kResident;
+  s.dirty = false;
+  std::erase(writing_, &s);
+}
+
+void Swapper::poll_writes() {
+  std::erase_if(writing_, [&](SwapSlot* s) {
+    if (!tier_->done(s->io)) return false;
+    if (s->guard == epoch_) {
+      // Wanted again while it was being written: keep the bytes, now also safe in the tier.
+      s->state = SwapSlot::State::kResident;
+      s->dirty = false;
+      return true;
+    }
+    free_storage(s->tensor);
+    s->state = SwapSlot::State::kOut;
+    s->dirty = false;
+    track(-static_cast<int64_t>(align_up(s->bytes)));
+    return true;
+  });
+}
+
+void Swapper::drain_writes() {
+  const double t0 = now_s();
+  for (SwapSlot* s : writing_) tier_->wait(s->io);
+  stats_.wait_s += now_s() - t0;
+  poll_writes();
+}
+
+// Frees room for `bytes` more: finished writes first, then the slots furthest from use (moments,
+// which only the optimizer reads, then gradients and weights of groups outside the current
+// window), then waiting for writes in flight. With `must` false (a prefetch) it never waits.
+bool Swapper::make_room(int64_t bytes, bool must) {
+  const int64_t budget = plan_.budget;
+  poll_writes();
+  auto fits = [&] { return held_ + reserved_ + bytes <= budget; };
+  if (fits()) return true;
+  auto writing_bytes = [&] {
+    int64_t b = 0;
+    for (SwapSlot* s : writing_) b += s->held();
+    return b;
+  };
+  std::vector<std::vector<SwapSlot>*> order = {&exp_avg_, &exp_avg_sq_, &grads_, &values_};
+  for (auto* list : order) {
+    const int n = static_cast<int>(list->size());
+    // Walking away from the current position: forward passes evict the earliest layers first,
+    // backward passes the latest.
+    for (int k = 0; k < n && held_ - writing_bytes() + reserved_ + bytes > budget; ++k) {
+      SwapSlot& s = (*list)[current_backward_ ? n - 1 - k : k];
+      if (s.guard == epoch_ || s.pinned) continue;
+      if (s.state == SwapSlot::State::kLoading) settle(s);  // loaded ahead, no longer wanted
+      evict(s);
+    }
+    poll_writes();
+    if (fits()) return true;
+  }
+  if (!must) return fits();
+  while (!fits() && !writing_.empty()) {
+    const double t0 = now_s();
+    tier_->wait(writing_.front()->io);
+    stats_.wait_s += now_s() - t0;
+    poll_writes();
+  }
+  if (!fits()) {
+    auto sum = [](const std::vector<SwapSlot>& list) {
+      int64_t b = 0;
+      for (const SwapSlot& s : list) b += s.held();
+      return format_bytes(static_cast<double>(b));
+    };
+    throw Error("swap: the budget of " + format_bytes(static_cast<double>(budget)) +
+                " cannot hold what layer group " + std::to_string(current_) + " needs (" +
+                format_bytes(static_cast<double>(held_ + reserved_ + bytes)) + " with weights " +
+                sum(values_) + ", gradients " + sum(grads_) + " + " +
+                format_bytes(static_cast<double>(reserved_)) + " to come, moments " +
+                sum(exp_avg_) + " + " + sum(exp_avg_sq_) + ", staging " +
+                format_bytes(static_cast<double>(staging_.size() * plan_.chunk_bytes)) +
+                "); raise swap.budget or let the planner choose swap.group_nodes");
+  }
+  return true;
+}
+
+// ---- groups ----
+
+Swapper::Task Swapper::task_at(int64_t index) const {
+  const int G = static_cast<int>(plan_.groups.size());
+  const int64_t per_step = 2 * G * micro_batches_;
+  const int64_t k = ((index % per_step) + per_step) % per_step % (2 * G);
+  return k < G ? Task{static_cast<int>(k), false} : Task{static_cast<int>(2 * G - 1 - k), true};
+}
+
+bool Swapper::needed_soon(int group) const {
+  if (!in_step_) return false;
+  for (int64_t k = task_ + 1; k <= task_ + plan_.depth + 1; ++k)
+    if (task_at(k).group == group) return true;
+  return false;
+}
+
+void Swapper::mark_guard(int group, bool backward) {
+  for (int p : group_params_[group]) {
+    values_[p].guard = epoch_;
+    if (backward) grads_[p].guard = epoch_;
+  }
+}
+
+// Groups loaded ahead stand in the way of what group `group` needs now: only it stays guarded,
+// and room is made whatever it takes.
+void Swapper::narrow_to(int group, bool backward, int64_t bytes) {
+  ++epoch_;
+  mark_guard(group, backward);
+  make_room(bytes, true);
+}
+
+// Makes the group's weights (and, for backward, gradients already produced this step) resident
+// or loading. `must`: make room whatever it takes.
+void Swapper::want(int group, bool backward, bool must) {
+  for (int p : group_params_[group]) {
+    std::vector<SwapSlot*> slots = {&values_[p]};
+    if (backward && grads_[p].tensor.defined()) slots.push_back(&grads_[p]);
+    for (SwapSlot* s : slots) {
+      if (s->state != SwapSlot::State::kOut) continue;
+      const auto bytes = static_cast<int64_t>(align_up(s->bytes));
+      if (!make_room(bytes, false)) {
+        if (!must) return;
+        narrow_to(group, backward, bytes);
+      }
+      load(*s);
+    }
+  }
+}
+
+void Swapper::enter(int group, bool backward) {
+  current_ = group;
+  current_backward_ = backward;
+  ++epoch_;
+  if (in_step_) {
+    const int G = static_cast<int>(plan_.groups.size());
+    task_ = micro_ * 2 * G + (backward ? 2 * G - 1 - group : group);
+  }
+  // The window: this group and the next `depth` tasks' groups.
+  std::vector<Task> window = {{group, backward}};
+  for (int k = 1; k <= plan_.depth; ++k) {
+    if (in_step_) {
+      window.push_back(task_at(task_ + k));
+    } else {
+      const int h = backward ? group - k : group + k;
+      if (h >= 0 && h < static_cast<int>(plan_.groups.size())) window.push_back({h, backward});
+    }
+  }
+  for (const Task& t : window) mark_guard(t.group, t.backward);
+  // Room for the gradients this backward creates, before anything is loaded ahead.
+  reserved_ = 0;
+  if (backward)
+    for (int p : group_params_[group])
+      if (!grads_[p].tensor.defined()) reserved_ += static_cast<int64_t>(align_up(grads_[p].bytes));
+  if (!make_room(0, false)) narrow_to(group, backward, 0);
+  want(group, backward, true);
+  for (size_t i = 1; i < window.size(); ++i) want(window[i].group, window[i].backward, false);
+  for (int p : group_params_[group]) {
+    settle(values_[p]);
+    if (backward && grads_[p].tensor.defined()) settle(grads_[p]);
+  }
+}
+
+// Gradients autograd just made become slots (aligned storage the tier can write from).
+void Swapper::adopt_grads(int group) {
+  auto& params = dag_.params().params();
+  for (int p : group_params_[group]) {
+    SwapSlot& s = grads_[p];
+    at::Tensor g = params[p].value.grad();
+    if (!g.defined() || s.tensor.defined()) continue;
+    if (!g.is_contiguous() || g.storage_offset() != 0 || g.storage().nbytes() != s.bytes) {
+      g = g.contiguous().clone();
+      params[p].value.mutable_grad() = g;
+    }
+    adopt_storage(g);
+    s.tensor = g;
+    s.state = SwapSlot::State::kResident;
+    s.dirty = true;
+    track(static_cast<int64_t>(align_up(s.bytes)));
+  }
+}
+
+void Swapper::leave() {
+  if (current_ < 0) return;
+  const int g = current_;
+  if (current_backward_) {
+    reserved_ = 0;
+    adopt_grads(g);
+    for (int p : group_params_[g])
+      if (grads_[p].tensor.defined()) grads_[p].dirty = true;  // accumulated into
+    if (micro_ == micro_batches_ - 1) {
+      // The gradient of a parameter is final once its first reader's group has run backward.
+      for (int p : group_params_[g])
+        if (owner_[p] == g && grads_[p].tensor.defined())
+          norms_[p] = at::_foreach_norm({grads_[p].tensor}, 2)[0];
+    }
+  }
+  current_ = -1;
+  if (plan_.groups[g].pinned || needed_soon(g)) return;
+  ++epoch_;  // nothing guarded while leaving
+  for (int p : group_params_[g]) {
+    evict(values_[p]);
+    if (grads_[p].tensor.defined()) evict(grads_[p]);
+  }
+}
+
+void Swapper::before(int node, graph::Phase phase) {
+  const int g = node_group_[node];
+  const bool backward = phase != graph::Phase::kForward;
+  if (g == current_ && backward == current_backward_) return;
+  leave();
+  enter(g, backward);
+}
+
+void Swapper::begin_step() {
+  leave();
+  in_step_ = true;
+  auto& params = dag_.params().params();
+  for (size_t p = 0; p < params.size(); ++p) {
+    SwapSlot& s = grads_[p];
+    if (!s.tensor.defined()) continue;
+    settle(s);
+    track(-s.held());
+    params[p].value.mutable_grad().reset();
+    s.tensor.reset();
+    s.state = SwapSlot::State::kOut;
+    norms_[p].reset();
+  }
+}
+
+void Swapper::begin_micro_batch(int64_t micro) { micro_ = micro; }
+
+void Swapper::end_pass() { leave(); }
+
+// ---- the optimizer ----
+
+at::Tensor Swapper::update(double lr, double max_norm) {
+  at::NoGradGuard no_grad;
+  leave();
+  in_step_ = false;
+  std::vector<at::Tensor> norms;
+  for (size_t p = 0; p < grads_.size(); ++p) {
+    if (!grads_[p].tensor.defined()) continue;
+    if (!norms_[p].defined()) {
+      settle(grads_[p]);
+      make_room(static_cast<int64_t>(align_up(grads_[p].bytes)), true);
+      load(grads_[p]);
+      settle(grads_[p]);
+      norms_[p] = at::_foreach_norm({grads_[p].tensor}, 2)[0];
+    }
+    norms.push_back(norms_[p]);
+  }
+  if (norms.empty()) return at::zeros({}, at::kFloat);
+  const at::Tensor total = at::stack(norms).norm(2);
+  at::Tensor coef;
+  if (max_norm > 0) coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+  optimizer_.begin_step();
+  step_streamed(lr, coef);
+  return total;
+}
+
+void Swapper::gather() {
+  // A checkpoint or sample briefly holds the whole state; the peak reports the steps.
+  const int64_t peak = stats_.peak_resident;
+  leave();
+  for (auto* list : {&values_, &exp_avg_, &exp_avg_sq_})
+    for (SwapSlot& s : *list) {
+      settle(s);
+      load(s);
+    }
+  for (auto* list : {&values_, &exp_avg_, &exp_avg_sq_})
+    for (SwapSlot& s : *list) settle(s);
+  stats_.peak_resident = peak;
+}
+
+}  // namespace starling::swap

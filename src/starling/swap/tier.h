@@ -1,0 +1,46 @@
+// A tier holds the bytes of swapped tensors while their storage in compute memory is empty:
+// host RAM, or a file on disk. Transfers are asynchronous: read/write queue a request and return a
+// ticket, wait() blocks until that request is done, so a
+// load can run while the caller computes. One thread (the training thread) uses a tier; it is not
+// thread-safe. Torch-free.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+namespace starling::swap {
+
+// Buffers handed to a tier start at, and span, multiples of this (O_DIRECT's unit).
+inline constexpr size_t kSwapAlign = 4096;
+inline size_t align_up(size_t bytes) { return (bytes + kSwapAlign - 1) / kSwapAlign * kSwapAlign; }
+
+using Ticket = uint64_t;
+
+class Tier {
+ public:
+  virtual ~Tier() = default;
+
+  // Reserves room for one tensor of `bytes` bytes; returns its key.
+  virtual uint64_t reserve(size_t bytes) = 0;
+  // Queues a copy of `bytes` bytes from `src` into the tensor's room at `offset` / from there into
+  // `dst`. Buffers and offsets are kSwapAlign-aligned, buffers span align_up(bytes), and they must
+  // stay valid until the ticket is waited for.
+  virtual Ticket write(uint64_t key, size_t offset, const void* src, size_t bytes) = 0;
+  virtual Ticket read(uint64_t key, size_t offset, void* dst, size_t bytes) = 0;
+  // Blocks until the request is complete. Throws starling::Error naming the tier on an I/O error.
+  virtual void wait(Ticket ticket) = 0;
+  // Whether the request is complete (never blocks).
+  virtual bool done(Ticket ticket) = 0;
+
+  virtual std::string describe() const = 0;  // "disk /path (O_DIRECT, io_uring)"
+  virtual int64_t reserved_bytes() const = 0;
+};
+
+// kind "host" or "disk" (swap.tier); `dir` is the disk tier's directory. Error naming the
+// directory when the disk tier cannot be made (no O_DIRECT there, io_uring refused).
+std::unique_ptr<Tier> make_tier(const std::string& kind, const std::filesystem::path& dir);
+
+}  // namespace starling::swap

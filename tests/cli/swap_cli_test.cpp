@@ -1,0 +1,228 @@
+// Swapped training end to end through the binary: the planner's error for a budget that cannot
+// work, its printed plan, and bit-identity with unswapped training (losses every step, validation
+// losses, final weights and AdamW moments) for GPT-2 and LLaMA, with and without recomputation
+// and gradient accumulation, on the host and disk tiers, at the smallest budget the planner
+// accepts (the most swapping there can be). Also checkpoint + resume under swapping.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "run_cli.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using starling::testing::run_cli;
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Where the "rng.cpu" tensor's bytes begin in optimizer.safetensors: its serialised generator
+// state has uninitialised padding, so files are compared up to there.
+size_t rng_data_start(const std::string& file) {
+  const std::string key = "\"rng.cpu\":{\"dtype\":\"U8\",\"shape\":[";
+  const size_t at = file.find(key);
+  if (file.size() < 8 || at == std::string::npos) return 0;
+  uint64_t header = 0;
+  for (int i = 0; i < 8; ++i)
+    header |= static_cast<uint64_t>(static_cast<unsigned char>(file[i])) << (8 * i);
+  const size_t offsets = file.find("\"data_offsets\":[", at);
+  return 8 + header + std::stoull(file.substr(offsets + 16));
+}
+
+// "step", "loss" and "val_loss" of every metrics record, in order, as written (full precision).
+std::vector<std::string> losses(const fs::path& run) {
+  std::ifstream in(run / "metrics.jsonl");
+  std::vector<std::string> out;
+  const std::regex field("\"(step|loss|val_loss)\":([-0-9.eE+]+)");
+  for (std::string line; std::getline(in, line);) {
+    std::string kept;
+    for (auto it = std::sregex_iterator(line.begin(), line.end(), field);
+         it != std::sregex_iterator(); ++it)
+      kept += (*it)[1].str() + "=" + (*it)[2].str() + " ";
+    out.push_back(kept);
+  }
+  return out;
+}
+
+// "1.23 MB" -> bytes.
+double parse_size(const std::string& number, const std::string& unit) {
+  const double scale = unit == "KB" ? 1e3 : unit == "MB" ? 1e6 : unit == "GB" ? 1e9 : 1;
+  return std::stod(number) * scale;
+}
+
+class SwapCliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = fs::temp_directory_path() / ("starling_swap_test_" + std::to_string(::getpid()));
+    fs::remove_all(root_);
+    fs::create_directories(root_ / "text");
+    std::mt19937 rng(11);
+    const char* words[] = {"a",    "swap", "layer",  "group",  "disk", "host",  "budget", "plan",
+                           "step", "loss", "weight", "moment", "grad", "chunk", "tier"};
+    for (int d = 0; d < 10; ++d) {
+      std::ofstream out(root_ / "text" / ("doc" + std::to_string(d) + ".txt"));
+      for (int s = 0; s < 60; ++s)
+        for (int w = 0; w < 12; ++w) out << words[rng() % 15] << (w == 11 ? ".\n" : " ");
+    }
+    const auto prep = run_cli("data prepare " + (root_ / "text").string() + " --out " +
+                              (root_ / "data").string() + " --val-fraction 0.2");
+    ASSERT_EQ(prep.code, 0) << prep.output;
+  }
+  static void TearDownTestSuite() { fs::remove_all(root_); }
+
+  static fs::path config(const std::string& name, const std::string& preset, bool recompute,
+                         int accum) {
+    const fs::path path = root_ / (name + ".toml");
+    std::ofstream(path) << "[model]\npreset = \"" << preset
+                        << "\"\nn_layer = 2\nd_model = 32\nn_head = 2\nseq_len = 32\n"
+                        << "[data]\ndir = \"" << (root_ / "data").string() << "\"\n"
+                        << "[train]\nsteps = 6\nbatch_size = 4\ngrad_accum = " << accum
+                        << "\nthreads = 1\nlog_every = 1\neval_every = 3\neval_batches = 2\n"
+                        << "checkpoint_every = 0\nsample_at_end = false\nrecompute = "
+                        << (recompute ? "true" : "false") << "\nout_dir = \""
+                        << (root_ / ("run_" + name)).string() << "\"\n"
+                        << "[optim]\nlr = 1e-2\nwarmup_steps = 2\n";
+    return path;
+  }
+
+  // The smallest budget the planner accepts for `cfg`, read from its error for 1 KB.
+  static std::string smallest_budget(const fs::path& cfg, const std::string& tier) {
+    const auto r =
+        run_cli("plan swap --config " + cfg.string() + " --budget 1KB --set swap.tier=" + tier +
+                " --set swap.dir=" + root_.string());
+    EXPECT_NE(r.code, 0) << r.output;
+    std::smatch m;
+    if (!std::regex_search(r.output, m,
+                           std::regex("smallest feasible budget is ([0-9.]+) (B|KB|MB|GB)"))) {
+      ADD_FAILURE() << "no smallest budget in: " << r.output;
+      return "";
+    }
+    // Rounded to three digits in the message: add one unit of the last digit.
+    const double bytes = parse_size(m[1].str(), m[2].str()) * 1.01;
+    return std::to_string(static_cast<long long>(bytes)) + "B";
+  }
+
+  static fs::path root_;
+};
+fs::path SwapCliTest::root_;
+
+TEST_F(SwapCliTest, PlanRefusesATooSmallBudgetAndPrintsAFeasibleOne) {
+  const fs::path cfg = config("plan", "gpt2-tiny", false, 1);
+  const std::string budget = smallest_budget(cfg, "disk");
+  ASSERT_FALSE(budget.empty());
+  const auto r = run_cli("plan swap --config " + cfg.string() + " --budget " + budget +
+                         " --set swap.tier=disk --set swap.dir=" + root_.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("layer groups"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("predicted"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("of I/O hidden"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tier disk"), std::string::npos) << r.output;
+
+  const auto all = run_cli("plan swap --config " + cfg.string() + " --budget 10GB");
+  ASSERT_EQ(all.code, 0) << all.output;
+  EXPECT_NE(all.output.find("nothing is swapped"), std::string::npos) << all.output;
+}
+
+TEST_F(SwapCliTest, BadSettingsGetClearErrors) {
+  const fs::path cfg = config("bad", "gpt2-tiny", false, 1);
+  const auto size = run_cli("train -q --config " + cfg.string() + " --set swap.budget=lots");
+  EXPECT_NE(size.code, 0);
+  EXPECT_NE(size.output.find("swap.budget: \"lots\" is not a size"), std::string::npos)
+      << size.output;
+  const auto fp16 = run_cli("train -q --config " + cfg.string() +
+                            " --set swap.budget=1MB --set train.dtype=fp16");
+  EXPECT_NE(fp16.code, 0);
+  EXPECT_NE(fp16.output.find("fp16"), std::string::npos) << fp16.output;
+}
+
+struct Case {
+  const char* preset;
+  bool recompute;
+  int accum;
+  const char* tier;
+};
+
+class SwapIdentity : public SwapCliTest, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(SwapIdentity, SwappedTrainingIsBitIdenticalToUnswapped) {
+  const Case c = GetParam();
+  const std::string name = std::string(c.preset) + (c.recompute ? "_rc" : "") + "_acc" +
+                           std::to_string(c.accum) + "_" + c.tier;
+  const fs::path plain = config(name + "_plain", c.preset, c.recompute, c.accum);
+  const fs::path swapped = config(name + "_swap", c.preset, c.recompute, c.accum);
+  const std::string budget = smallest_budget(swapped, c.tier);
+  ASSERT_FALSE(budget.empty());
+
+  const auto a = run_cli("train -q --config " + plain.string());
+  ASSERT_EQ(a.code, 0) << a.output;
+  const auto b = run_cli("train --config " + swapped.string() + " --set swap.budget=" + budget +
+                         " --set swap.tier=" + c.tier + " --set swap.dir=" + root_.string());
+  ASSERT_EQ(b.code, 0) << b.output;
+
+  // It really swapped, and stayed under the budget.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      b.output, m, std::regex("peak resident ([0-9.]+) (B|KB|MB|GB), read ([0-9.]+) (B|KB|MB|GB)")))
+      << b.output;
+  EXPECT_LE(parse_size(m[1].str(), m[2].str()),
+            std::stod(budget.substr(0, budget.size() - 1)) * 1.01)
+      << b.output;
+  EXPECT_GT(parse_size(m[3].str(), m[4].str()), 0) << b.output;
+
+  const fs::path run_a = root_ / ("run_" + name + "_plain");
+  const fs::path run_b = root_ / ("run_" + name + "_swap");
+  const auto la = losses(run_a), lb = losses(run_b);
+  ASSERT_FALSE(la.empty());
+  EXPECT_EQ(la, lb);
+  const fs::path ck_a = run_a / "checkpoints" / "step_00000006";
+  const fs::path ck_b = run_b / "checkpoints" / "step_00000006";
+  EXPECT_TRUE(read_file(ck_a / "model.safetensors") == read_file(ck_b / "model.safetensors"))
+      << "final weights differ";
+  const std::string oa = read_file(ck_a / "optimizer.safetensors");
+  const std::string ob = read_file(ck_b / "optimizer.safetensors");
+  const size_t ra = rng_data_start(oa), rb = rng_data_start(ob);
+  ASSERT_GT(ra, 0u);
+  ASSERT_EQ(ra, rb);
+  EXPECT_TRUE(oa.compare(0, ra, ob, 0, rb) == 0) << "final AdamW moments differ";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, SwapIdentity,
+    ::testing::Values(Case{"gpt2-tiny", false, 2, "disk"}, Case{"gpt2-tiny", true, 1, "host"},
+                      Case{"gpt2-tiny", true, 2, "disk"}, Case{"llama-tiny", true, 2, "disk"},
+                      Case{"llama-tiny", false, 1, "host"}, Case{"llama-tiny", false, 2, "disk"}),
+    [](const auto& info) {
+      return std::string(info.param.preset[0] == 'g' ? "Gpt2" : "Llama") +
+             (info.param.recompute ? "Recompute" : "") + "Accum" +
+             std::to_string(info.param.accum) + (info.param.tier[0] == 'd' ? "Disk" : "Host");
+    });
+
+TEST_F(SwapCliTest, ResumedSwappedRunMatchesAStraightOne) {
+  const fs::path straight = config("resume_straight", "gpt2-tiny", true, 2);
+  const fs::path split = config("resume_split", "gpt2-tiny", true, 2);
+  const std::string budget = smallest_budget(straight, "disk");
+  const std::string swap = " --set swap.budget=" + budget + " --set swap.dir=" + root_.string();
+  ASSERT_EQ(run_cli("train -q --config " + straight.string() + swap).code, 0);
+  const auto first = run_cli("train -q --config " + split.string() + swap + " --stop-at 4");
+  ASSERT_EQ(first.code, 0) << first.output;
+  const auto second = run_cli("train -q --config " + split.string() + swap + " --resume");
+  ASSERT_EQ(second.code, 0) << second.output;
+  const fs::path a = root_ / "run_resume_straight" / "checkpoints" / "step_00000006";
+  const fs::path b = root_ / "run_resume_split" / "checkpoints" / "step_00000006";
+  EXPECT_TRUE(read_file(a / "model.safetensors") == read_file(b / "model.safetensors"));
+}
+
+}  // namespace

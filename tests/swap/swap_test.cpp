@@ -1,0 +1,234 @@
+// The swap layer's parts on their own: sizes in configs, the planner's choices and errors on a
+// synthetic model, and both tiers' transfers (the disk tier's bytes must bypass the page cache).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "starling/common/error.h"
+#include "starling/swap/swap_config.h"
+#include "starling/swap/swap_plan.h"
+#include "starling/swap/tier.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace starling::swap;
+
+TEST(SwapConfig, ParsesSizesWithUnits) {
+  EXPECT_EQ(parse_bytes("2GB", "k"), 2000000000);
+  EXPECT_EQ(parse_bytes("1.5 GiB", "k"), 1610612736);
+  EXPECT_EQ(parse_bytes("512mb", "k"), 512000000);
+  EXPECT_EQ(parse_bytes("4096", "k"), 4096);
+  EXPECT_EQ(parse_bytes("3KiB", "k"), 3072);
+  for (const char* bad : {"", "GB", "2 GBs", "1.2.3MB", "-5MB", "lots"}) {
+    try {
+      parse_bytes(bad, "swap.budget");
+      ADD_FAILURE() << "accepted \"" << bad << "\"";
+    } catch (const starling::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("swap.budget"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(format_bytes(1536e6), "1.54 GB");
+  EXPECT_EQ(format_bytes(999), "999 B");
+}
+
+// An embedding (a large tied parameter), `layers` equal layers, a head reading the embedding,
+// and a loss: the shape of a GPT-2.
+SwapProblem model_problem(int layers, int64_t layer_bytes, int64_t embed_bytes) {
+  SwapProblem p;
+  p.param_bytes.push_back(embed_bytes);
+  p.nodes.push_back({"embedding", 0.01, 0.02, {0}});
+  for (int i = 0; i < layers; ++i) {
+    p.param_bytes.push_back(layer_bytes);
+    p.nodes.push_back({"layers." + std::to_string(i), 0.1, 0.2, {i + 1}});
+  }
+  p.nodes.push_back({"head", 0.05, 0.1, {0}});
+  p.nodes.push_back({"loss", 0.001, 0.001, {}});
+  p.read_bps = 1e9;
+  p.write_bps = 5e8;
+  p.optimizer_s = 0.05;
+  return p;
+}
+
+TEST(SwapPlan, TheWholeStateFittingMovesNothing) {
+  SwapProblem p = model_problem(4, 4 << 20, 8 << 20);
+  p.budget = int64_t{1} << 30;
+  const SwapPlan plan = plan_swap(p);
+  EXPECT_TRUE(plan.everything_resident);
+  EXPECT_EQ(plan.read_bytes, 0);
+  EXPECT_DOUBLE_EQ(plan.predicted_s, plan.compute_s);
+  EXPECT_DOUBLE_EQ(plan.hidden_share(), 1.0);
+}
+
+TEST(SwapPlan, ATooSmallBudgetNamesTheSmallestFeasibleOne) {
+  SwapProblem p = model_problem(4, 4 << 20, 8 << 20);
+  p.budget = 10 << 20;
+  try {
+    plan_swap(p);
+    FAIL() << "planned an infeasible budget";
+  } catch (const starling::ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("smallest feasible budget is"), std::string::npos) << msg;
+    // The head's group holds the 8 MB embedding and its gradient, plus 12 staging chunks of 4 MB.
+    EXPECT_NE(msg.find("67.1 MB"), std::string::npos) << msg;
+  }
+  p.budget = 64 << 20;
+  EXPECT_NO_THROW(plan_swap(p));
+}
+
+TEST(SwapPlan, PlansStayUnderTheBudgetAndPinWhatFits) {
+  SwapProblem p = model_problem(12, 4 << 20, 8 << 20);
+  int64_t state = 0;
+  for (int64_t b : p.param_bytes) state += 4 * b;
+  for (double share : {0.9, 0.6, 0.45, 0.35}) {
+    p.budget = static_cast<int64_t>(share * static_cast<double>(state));
+    const SwapPlan plan = plan_swap(p);
+    EXPECT_FALSE(plan.everything_resident);
+    EXPECT_LE(plan.peak_bytes, p.budget) << share;
+    // With room for every weight and gradient (half the state) plus the staging area, only the
+    // moments move.
+    size_t pinned = 0;
+    for (const auto& g : plan.groups) pinned += g.pinned;
+    if (share == 0.9) EXPECT_EQ(pinned, plan.groups.size());
+    if (share == 0.35) EXPECT_LT(pinned, plan.groups.size());
+    EXPECT_GE(plan.predicted_s, plan.compute_s - 1e-12);
+    EXPECT_GE(plan.hidden_share(), 0.0);
+    EXPECT_LE(plan.hidden_share(), 1.0);
+    // Groups cover the nodes contiguously.
+    int next = 0;
+    for (const auto& g : plan.groups) {
+      EXPECT_EQ(g.first, next);
+      next = g.last + 1;
+    }
+    EXPECT_EQ(next, static_cast<int>(p.nodes.size()));
+  }
+}
+
+// Layer loads hide behind compute; the optimizer pass's own I/O (moments streamed with nothing to
+// compute meanwhile) stays exposed, so not all of it is hidden.
+TEST(SwapPlan, ComputeBoundModelsHideTheirLayerLoads) {
+  SwapProblem p = model_problem(12, 4 << 20, 4 << 20);
+  for (auto& n : p.nodes) n.forward_s *= 10, n.backward_s *= 10;  // slow compute, fast tier
+  int64_t state = 0;
+  for (int64_t b : p.param_bytes) state += 4 * b;
+  p.budget = state * 3 / 10;
+  const SwapPlan plan = plan_swap(p);
+  EXPECT_LT(plan.predicted_s, plan.compute_s + 0.9 * plan.io_s) << describe_plan(plan, p);
+  EXPECT_LT(plan.predicted_s, plan.compute_s * 1.05) << describe_plan(plan, p);
+}
+
+TEST(SwapPlan, OverridesAreFollowed) {
+  SwapProblem p = model_problem(8, 4 << 20, 4 << 20);
+  int64_t state = 0;
+  for (int64_t b : p.param_bytes) state += 4 * b;
+  p.budget = state / 2;
+  p.group_nodes = 2;
+  p.depth = 1;
+  const SwapPlan plan = plan_swap(p);
+  EXPECT_EQ(plan.depth, 1);
+  ASSERT_EQ(plan.groups.size(), 6u);  // 11 nodes in twos
+  for (size_t i = 0; i + 1 < plan.groups.size(); ++i)
+    EXPECT_EQ(plan.groups[i].last - plan.groups[i].first, 1);
+}
+
+// ---- tiers ----
+
+void round_trip(Tier& tier) {
+  constexpr size_t kBytes = (size_t{3} << 20) + 1000;  // not a multiple of the alignment
+  std::mt19937 rng(5);
+  std::vector<uint64_t> keys;
+  std::vector<char*> bufs;
+  for (int i = 0; i < 3; ++i) {
+    keys.push_back(tier.reserve(kBytes));
+    char* b = static_cast<char*>(std::aligned_alloc(kSwapAlign, align_up(kBytes)));
+    for (size_t k = 0; k < kBytes; ++k) b[k] = static_cast<char>(rng());
+    bufs.push_back(b);
+  }
+  std::vector<Ticket> t;
+  for (int i = 0; i < 3; ++i) t.push_back(tier.write(keys[i], 0, bufs[i], kBytes));
+  for (Ticket x : t) tier.wait(x);
+  char* back = static_cast<char*>(std::aligned_alloc(kSwapAlign, align_up(kBytes)));
+  for (int i = 2; i >= 0; --i) {
+    std::memset(back, 0, align_up(kBytes));
+    tier.wait(tier.read(keys[i], 0, back, kBytes));
+    EXPECT_EQ(std::memcmp(back, bufs[i], kBytes), 0) << "tensor " << i;
+  }
+  // A slice at an aligned offset, written and read back alone.
+  std::memset(back, 7, kSwapAlign);
+  tier.wait(tier.write(keys[1], 2 * kSwapAlign, back, kSwapAlign));
+  std::memset(back, 0, align_up(kBytes));
+  tier.wait(tier.read(keys[1], 0, back, kBytes));
+  EXPECT_EQ(std::memcmp(back, bufs[1], 2 * kSwapAlign), 0);
+  EXPECT_EQ(back[2 * kSwapAlign], 7);
+  EXPECT_EQ(std::memcmp(back + 3 * kSwapAlign, bufs[1] + 3 * kSwapAlign, kBytes - 3 * kSwapAlign),
+            0);
+  EXPECT_TRUE(tier.done(t.back()));
+  std::free(back);
+  for (char* b : bufs) std::free(b);
+}
+
+TEST(SwapTier, HostRoundTrip) { round_trip(*make_tier("host", "")); }
+
+TEST(SwapTier, DiskRoundTrip) {
+  const fs::path dir = fs::temp_directory_path() / "starling_tier_test";
+  auto tier = make_tier("disk", dir);
+  EXPECT_NE(tier->describe().find("O_DIRECT"), std::string::npos);
+  round_trip(*tier);
+  tier.reset();
+  // The file was unlinked while open: nothing is left behind.
+  EXPECT_TRUE(fs::is_empty(dir));
+  fs::remove_all(dir);
+}
+
+TEST(SwapTier, DiskRefusesAFilesystemWithoutODirect) {
+  std::ifstream mounts("/proc/mounts");
+  bool shm_tmpfs = false;
+  for (std::string dev, dir, type; mounts >> dev >> dir >> type;) {
+    shm_tmpfs = shm_tmpfs || (dir == "/dev/shm" && type == "tmpfs");
+    mounts.ignore(1 << 12, '\n');
+  }
+  if (!shm_tmpfs) GTEST_SKIP() << "no tmpfs at /dev/shm to try";
+  try {
+    make_tier("disk", "/dev/shm");
+    // Newer kernels give tmpfs O_DIRECT; then the tier works there.
+  } catch (const starling::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("O_DIRECT"), std::string::npos) << e.what();
+  }
+}
+
+int64_t page_cache_kb() {
+  std::ifstream in("/proc/meminfo");
+  for (std::string key; in >> key;) {
+    int64_t kb = 0;
+    in >> kb;
+    in.ignore(64, '\n');
+    if (key == "Cached:") return kb;
+  }
+  return -1;
+}
+
+TEST(SwapTier, DiskBytesStayOutOfThePageCache) {
+  constexpr size_t kBytes = size_t{256} << 20;
+  const fs::path dir = fs::temp_directory_path() / "starling_tier_cache_test";
+  auto tier = make_tier("disk", dir);
+  const uint64_t key = tier->reserve(kBytes);
+  char* buf = static_cast<char*>(std::aligned_alloc(kSwapAlign, kBytes));
+  std::memset(buf, 3, kBytes);
+  const int64_t before = page_cache_kb();
+  tier->wait(tier->write(key, 0, buf, kBytes));
+  tier->wait(tier->read(key, 0, buf, kBytes));
+  const int64_t grown_kb = page_cache_kb() - before;
+  std::free(buf);
+  tier.reset();
+  fs::remove_all(dir);
+  // Buffered I/O would add all 256 MB; allow for what other processes cache meanwhile.
+  EXPECT_LT(grown_kb, 64 << 10) << "the page cache grew by " << grown_kb << " KB";
+}
+
+}  // namespace
