@@ -95,8 +95,12 @@ TEST(SwapPlan, PlansStayUnderTheBudgetAndPinWhatFits) {
     // moments move.
     size_t pinned = 0;
     for (const auto& g : plan.groups) pinned += g.pinned;
-    if (share == 0.9) EXPECT_EQ(pinned, plan.groups.size());
-    if (share == 0.35) EXPECT_LT(pinned, plan.groups.size());
+    if (share == 0.9) {
+      EXPECT_EQ(pinned, plan.groups.size());
+    }
+    if (share == 0.35) {
+      EXPECT_LT(pinned, plan.groups.size());
+    }
     EXPECT_GE(plan.predicted_s, plan.compute_s - 1e-12);
     EXPECT_GE(plan.hidden_share(), 0.0);
     EXPECT_LE(plan.hidden_share(), 1.0);

@@ -344,7 +344,8 @@ std::vector<std::string> all_keys() {
       {"net",
        {"backend", "rank", "world_size", "store", "interface", "name", "listen", "advertise",
         "join", "key", "allow", "insecure", "direct_data", "heartbeat_ms", "peer_timeout_ms",
-        "join_timeout_s", "collective_timeout_s", "min_peers"}}};
+        "join_timeout_s", "collective_timeout_s", "min_peers"}},
+      {"swap", {"budget", "tier", "dir", "group_nodes", "depth"}}};
   std::vector<std::string> keys;
   for (const auto& [table, names] : tables)
     for (const auto& n : names) keys.push_back(table + "." + n);
