@@ -11,6 +11,7 @@
 #include <string>
 
 #include "run_cli.h"
+#include "run_files.h"
 
 namespace fs = std::filesystem;
 
@@ -20,25 +21,8 @@ using Result = starling::testing::CliResult;
 
 Result run(const std::string& args) { return starling::testing::run_cli(args); }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// Byte offset in a safetensors file where the "rng.cpu" tensor's data begins (0 if absent).
-size_t rng_data_start(const std::string& file) {
-  if (file.size() < 8) return 0;
-  uint64_t header = 0;
-  for (int i = 0; i < 8; ++i)
-    header |= static_cast<uint64_t>(static_cast<unsigned char>(file[i])) << (8 * i);
-  const std::string key = "\"rng.cpu\":{\"dtype\":\"U8\",\"shape\":[";
-  const size_t at = file.find(key);
-  if (at == std::string::npos || at > 8 + header) return 0;
-  const size_t offsets = file.find("\"data_offsets\":[", at);
-  return 8 + header + std::stoull(file.substr(offsets + 16));
-}
+using starling::testing::read_file;
+using starling::testing::rng_data_start;
 
 class CliTest : public ::testing::Test {
  protected:

@@ -8,8 +8,8 @@
 #include <sstream>
 #include <thread>
 
-#include "starling/common/process.h"
 #include "run_cli.h"
+#include "starling/common/process.h"
 
 namespace fs = std::filesystem;
 using starling::Process;

@@ -16,31 +16,14 @@
 #include <vector>
 
 #include "run_cli.h"
+#include "run_files.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using starling::testing::read_file;
+using starling::testing::rng_data_start;
 using starling::testing::run_cli;
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// Where the "rng.cpu" tensor's bytes begin in optimizer.safetensors: its serialised generator
-// state has uninitialised padding, so files are compared up to there.
-size_t rng_data_start(const std::string& file) {
-  const std::string key = "\"rng.cpu\":{\"dtype\":\"U8\",\"shape\":[";
-  const size_t at = file.find(key);
-  if (file.size() < 8 || at == std::string::npos) return 0;
-  uint64_t header = 0;
-  for (int i = 0; i < 8; ++i)
-    header |= static_cast<uint64_t>(static_cast<unsigned char>(file[i])) << (8 * i);
-  const size_t offsets = file.find("\"data_offsets\":[", at);
-  return 8 + header + std::stoull(file.substr(offsets + 16));
-}
 
 // "step", "loss" and "val_loss" of every metrics record, in order, as written (full precision).
 std::vector<std::string> losses(const fs::path& run) {

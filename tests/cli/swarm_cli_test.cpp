@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "run_cli.h"
+#include "run_files.h"
 #include "starling/common/process.h"
 #include "starling/net/netlab.h"
 
@@ -25,12 +26,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using starling::testing::read_file;
 
 // Every JSON line of a metrics file.
 std::vector<json> metrics(const fs::path& run) {
