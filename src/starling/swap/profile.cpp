@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -11,13 +10,12 @@
 #include "starling/graph/executor.h"
 #include "starling/swap/tier.h"
 #include "starling/train/adamw.h"
+#include "starling/train/metrics.h"
 
 namespace starling::swap {
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+using train::now_s;
 
 class NodeTimer final : public graph::NodeObserver {
  public:

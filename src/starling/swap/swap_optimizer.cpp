@@ -6,17 +6,17 @@
 #include <ATen/ATen.h>
 
 #include <array>
-#include <chrono>
 #include <cstdint>
 
 #include "starling/graph/dag.h"
 #include "starling/swap/swapper.h"
 #include "starling/train/adamw.h"
+#include "starling/train/metrics.h"
 
 namespace starling::swap {
 namespace {
 
-constexpr int kSets = 3;
+constexpr int kSets = kStagingSets;
 enum Operand { kWeight, kGrad, kMoment1, kMoment2, kOperands };
 
 }  // namespace
@@ -68,12 +68,9 @@ void Swapper::step_streamed(double lr, const at::Tensor& coef) {
     if (j + 1 < jobs.size()) issue(j + 1);
     const Job& job = jobs[j];
     auto slots = slots_of(job.p);
-    const double t0 =
-        std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    const double t0 = train::now_s();
     wait_all(reads[j % kSets]);
-    stats_.wait_s +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() -
-        t0;
+    stats_.wait_s += train::now_s() - t0;
     const int64_t len = job.end - job.begin;
     std::array<at::Tensor, kOperands> t;
     for (int op = 0; op < kOperands; ++op) {

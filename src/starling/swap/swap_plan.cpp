@@ -14,7 +14,6 @@ namespace {
 
 // Per operand; large enough to keep the device busy, small enough to stay out of the budget's way.
 constexpr int64_t kMaxChunk = int64_t{4} << 20;
-constexpr int kStagingSets = 3;  // one computing, one loading, one draining
 constexpr int kMaxDepth = 4;
 
 int64_t aligned(int64_t bytes) {
@@ -208,7 +207,7 @@ SwapPlan plan_swap(const SwapProblem& p) {
     return base;
   }
   base.chunk_bytes = std::min(kMaxChunk, largest);
-  base.staging_bytes = kStagingSets * 4 * base.chunk_bytes;
+  base.staging_bytes = kStagingChunks * base.chunk_bytes;
   const int64_t room = p.budget - base.staging_bytes;
 
   // The smallest budget: the staging area plus the largest single node (or fixed group).

@@ -18,6 +18,11 @@
 
 namespace starling::swap {
 
+// The optimizer's staging area: kStagingSets sets (one computing, one loading, one draining) of
+// one chunk per operand (weight, gradient, two moments).
+inline constexpr int kStagingSets = 3;
+inline constexpr int kStagingChunks = kStagingSets * 4;
+
 struct NodeCost {
   std::string name;
   double forward_s = 0;     // forward of one micro-batch

@@ -12,6 +12,7 @@
 #include "starling/swap/swap_config.h"
 #include "starling/swap/swapper.h"
 #include "starling/train/metrics.h"
+#include "starling/train/precision.h"
 #include "starling/train/session.h"
 #include "starling/train/step_runner.h"
 
@@ -41,7 +42,7 @@ void check_supported(const train::RunConfig& c) {
 
 SwapProblem problem_for(const train::RunConfig& c, graph::OpDag& dag, const std::string& budget) {
   graph::ExecutorOptions options{.recompute = c.train.recompute,
-                                 .autocast = c.train.dtype == "bf16" ? at::kBFloat16 : at::kFloat};
+                                 .autocast = train::parse_dtype(c.train.dtype, "train.dtype")};
   SwapProblem p = profile_nodes(dag, options, c.train.batch_size, c.model.seq_len);
   p.budget = parse_bytes(budget, "swap.budget");
   p.micro_batches = c.train.grad_accum;

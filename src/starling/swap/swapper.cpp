@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <set>
 
@@ -11,16 +10,11 @@
 #include "starling/graph/dag.h"
 #include "starling/swap/swap_config.h"
 #include "starling/train/adamw.h"
+#include "starling/train/metrics.h"
 
 namespace starling::swap {
-namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
-
+using train::now_s;
 Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
                  std::unique_ptr<Tier> tier, int64_t micro_batches)
     : dag_(dag),
@@ -73,7 +67,7 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
   }
   norms_.resize(params.size());
   if (!plan_.everything_resident)
-    for (int i = 0; i < 12; ++i) {
+    for (int i = 0; i < kStagingChunks; ++i) {
       void* b = std::aligned_alloc(kSwapAlign, static_cast<size_t>(plan_.chunk_bytes));
       if (b == nullptr) throw std::bad_alloc();
       staging_.push_back(static_cast<char*>(b));
