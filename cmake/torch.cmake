@@ -48,6 +48,8 @@ add_library(starling STATIC
   src/starling/strategy/localsgd.cpp
   src/starling/strategy/diloco.cpp
   src/starling/strategy/co2.cpp
+  src/starling/strategy/progress_board.cpp
+  src/starling/strategy/atom.cpp
   src/starling/strategy/peer.cpp
   src/starling/swap/swap_config.cpp
   src/starling/swap/tier.cpp
@@ -101,6 +103,7 @@ add_executable(starling_cli
   src/starling/cli/net_command.cpp
   src/starling/cli/peer_command.cpp
   src/starling/cli/local_swarm.cpp
+  src/starling/cli/cpu_quota.cpp
   src/starling/cli/plan_command.cpp
 )
 set_target_properties(starling_cli PROPERTIES OUTPUT_NAME starling)
@@ -118,6 +121,7 @@ add_executable(starling_tests
   tests/net/gloo_backend_test.cpp
   tests/net/nccl_backend_test.cpp
   tests/strategy/co2_test.cpp
+  tests/strategy/progress_board_test.cpp
   tests/train/precision_test.cpp
   tests/train/cuda_test.cpp
   tests/swap/swap_test.cpp

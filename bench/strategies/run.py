@@ -52,6 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.dirname(HERE))  # bench/, for netlab.py
 from netlab import NETLAB, labs_unavailable, netlab  # noqa: E402  (bench/netlab.py)
+from records import read_jsonl  # noqa: E402  (bench/records.py)
 from report import PEERS, check_targets, print_report, summarize  # noqa: E402  (report.py)
 TORCH_DDP = os.path.join(HERE, "torch_ddp.py")
 PYTHON = "/usr/bin/python3"  # Debian's, which has torch
@@ -74,18 +75,6 @@ def log(msg):
 
 
 # --- reading what a run left behind ------------------------------------------------------------
-
-
-def read_jsonl(path):
-    """Records of a metrics.jsonl; a torn last line (a killed peer) is skipped, not fatal."""
-    out = []
-    with open(path) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-    return out
 
 
 def peer_dirs(run_dir):

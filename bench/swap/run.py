@@ -8,9 +8,11 @@ unswapped training of the same model, data and seeds, measured in the same run.
 For every tier (--tiers, default disk and host) and budget (--fractions of the training state,
 16 bytes per parameter; default 1.0 0.5 0.3 0.15) it runs `starling train` for --steps steps and
 reports the median tokens/s of --reps runs (the first step, which profiles and warms up, is not
-counted), the ratio to the unswapped median, peak RSS (GNU time), how much the page cache grew
-(/proc/meminfo Cached, before and after the run: O_DIRECT keeps it flat), and the planner's
-predicted step time against the measured one. A budget the planner refuses is reported as such,
+counted), the ratio to the unswapped median, the peak RSS over the steady steps (sampled from
+/proc every 0.1 s between the first and the last step's record) beside the whole run's peak (GNU
+time; it includes building the model in RAM and the final checkpoint, which gathers the whole
+state), how much the page cache grew over those steps (/proc/meminfo Cached: O_DIRECT keeps it
+flat), and the planner's predicted step time against the measured one. A budget the planner refuses is reported as such,
 with the smallest feasible budget it names. The data is a byte-level corpus made with
 `starling data prepare` from --text (default data/brown/text, made by `make data`).
 """
@@ -22,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 
 def cached_kb():
@@ -30,6 +33,55 @@ def cached_kb():
             if line.startswith("Cached:"):
                 return int(line.split()[1])
     return 0
+
+
+def disk_bandwidth(directory):
+    """Sustained O_DIRECT write and read bandwidth of `directory` (GB/s), with dd: 2 GB in 8 MB
+    blocks, independent of the planner's own shorter measurement."""
+    probe = os.path.join(directory, "bandwidth-probe.bin")
+
+    def rate(cmd):
+        out = subprocess.run(cmd, capture_output=True, text=True).stderr
+        m = re.search(r"copied, ([0-9.]+) s", out)
+        return 2 * 1024 ** 3 / float(m.group(1)) / 1e9
+
+    try:
+        write = rate(["dd", "if=/dev/zero", f"of={probe}", "bs=8M", "count=256", "oflag=direct"])
+        read = rate(["dd", f"if={probe}", "of=/dev/null", "bs=8M", "iflag=direct"])
+    finally:
+        if os.path.exists(probe):
+            os.remove(probe)
+    return write, read
+
+
+def count_steps(metrics_path):
+    try:
+        with open(metrics_path) as f:
+            return sum(1 for line in f if '"tokens_per_s"' in line)
+    except FileNotFoundError:
+        return 0
+
+
+def rss_kb(pid):
+    """The resident set of `pid` and its children (GNU time runs starling as a child)."""
+    total = 0
+    for p in [pid] + children(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+        except FileNotFoundError:
+            pass
+    return total
+
+
+def children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except FileNotFoundError:
+        return []
 
 
 def steady(metrics_path):
@@ -71,10 +123,13 @@ def main():
         return {"tokens_per_s": statistics.median(x["tokens_per_s"] for x in results),
                 "step_s": statistics.median(x["step_s"] for x in results),
                 "rss_mb": statistics.median(x["rss_mb"] for x in results),
+                "steady_rss_mb": statistics.median(x["steady_rss_mb"] for x in results),
                 "cache_mb": statistics.median(x["cache_mb"] for x in results),
-                "predicted_s": results[0]["predicted_s"]}
+                "predicted_s": results[0]["predicted_s"],
+                "moved_gb": results[0]["moved_gb"]}
 
     base = measure("plain", [])
+    write_bw, read_bw = disk_bandwidth(swap_dir) if "disk" in args.tiers else (0, 0)
     info = subprocess.run([args.starling, "model", "presets"], capture_output=True, text=True).stdout
     m = re.search(rf"^{re.escape(args.preset)}\s.*?([0-9.]+)M params", info, re.M)
     params = float(m.group(1)) * 1e6
@@ -83,21 +138,34 @@ def main():
           f"{state / 1e9:.2f} GB), batch {args.batch} x {args.seq_len}, {args.steps} steps, "
           f"median of {args.reps}")
     print(f"unswapped: {base['tokens_per_s']:.0f} tokens/s, {base['step_s']:.2f} s/step, "
-          f"peak RSS {base['rss_mb']:.0f} MB")
+          f"RSS over the steps {base['steady_rss_mb']:.0f} MB (peak of the run "
+          f"{base['rss_mb']:.0f} MB), page cache grown by {base['cache_mb']:.0f} MB")
+    if write_bw:
+        print(f"disk under {swap_dir}: {write_bw:.2f} GB/s write, {read_bw:.2f} GB/s read "
+              f"(dd, O_DIRECT, 2 GB)")
+    print("limit: max(unswapped step, the step's planned bytes at dd's disk bandwidth), the "
+          "fastest a swapped step can be")
+    print("RSS: peak over the steady steps (the whole run's peak, with model construction and "
+          "the final checkpoint, in brackets); cache: page-cache growth over the steps")
     print(f"{'tier':5} {'budget':>10} {'tokens/s':>9} {'ratio':>6} {'s/step':>7} "
-          f"{'predicted':>9} {'RSS MB':>7} {'cache MB':>8}")
+          f"{'limit':>6} {'predicted':>9} {'RSS MB':>14} {'cache MB':>8}")
     for tier in args.tiers:
         for f in args.fractions:
             budget = int(state * f)
-            res = measure(f"{tier}_{f}", [f"swap.budget={budget}", f"swap.tier={tier}",
+            res = measure(f"{tier}_{f}", [f"swap.budget=\"{budget}B\"", f"swap.tier={tier}",
                                            f"swap.dir={swap_dir}"])
             if "refused" in res:
                 print(f"{tier:5} {f:>9.0%} refused: the smallest feasible budget is {res['refused']}")
                 continue
             ratio = res["tokens_per_s"] / base["tokens_per_s"]
             pred = f"{res['predicted_s']:.2f}" if res["predicted_s"] else "-"
+            rss = f"{res['steady_rss_mb']:.0f} ({res['rss_mb']:.0f})"
+            read_gb, write_gb = res["moved_gb"]
+            io_s = read_gb / read_bw + write_gb / write_bw if tier == "disk" and read_bw else 0
+            limit = max(base["step_s"], io_s)
             print(f"{tier:5} {f:>9.0%} {res['tokens_per_s']:>9.0f} {ratio:>6.2f} "
-                  f"{res['step_s']:>7.2f} {pred:>9} {res['rss_mb']:>7.0f} {res['cache_mb']:>8.0f}")
+                  f"{res['step_s']:>7.2f} {limit:>6.2f} {pred:>9} {rss:>14} "
+                  f"{res['cache_mb']:>8.0f}")
     subprocess.run(["rm", "-rf", work])
 
 
@@ -112,10 +180,28 @@ def run_one(args, out_dir, sets):
            "--set", "train.threads=0"]
     for s in sets:
         cmd += ["--set", s]
-    before = cached_kb()
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    grown_mb = (cached_kb() - before) / 1024
-    text = p.stdout + p.stderr
+    # Peak RSS and page-cache growth over the steady steps: from the first step's record (the
+    # planner's profiling and the model's construction come before it) to the last step's (the
+    # final checkpoint, which gathers the whole state, comes after it).
+    metrics = os.path.join(out_dir, "metrics.jsonl")
+    log_path = out_dir + ".log"
+    with open(log_path, "w") as log:
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+        steady_rss_kb = 0
+        cache_start = cache_peak = None
+        while p.poll() is None:
+            lines = count_steps(metrics)
+            if 1 <= lines < args.steps:
+                rss = rss_kb(p.pid)
+                steady_rss_kb = max(steady_rss_kb, rss)
+                cached = cached_kb()
+                cache_start = cached if cache_start is None else cache_start
+                cache_peak = max(cache_peak or 0, cached)
+            time.sleep(0.1)
+    with open(log_path) as f:
+        text = f.read()
+    os.remove(log_path)
+    grown_mb = ((cache_peak - cache_start) / 1024) if cache_start is not None else 0
     if p.returncode != 0:
         m = re.search(r"smallest feasible budget is ([0-9.]+ [KMG]?B)", text)
         subprocess.run(["rm", "-rf", out_dir])
@@ -126,10 +212,13 @@ def run_one(args, out_dir, sets):
     step_s = args.batch * args.seq_len / tokens_per_s
     subprocess.run(["rm", "-rf", out_dir])
     predicted = re.search(r"predicted ([0-9.]+) s", text)
+    moved = re.search(r"\(read ([0-9.]+) GB, write ([0-9.]+) GB\)", text)
     return {"tokens_per_s": tokens_per_s, "step_s": step_s,
             "rss_mb": int(re.search(r"maxrss_kb (\d+)", text).group(1)) / 1024,
+            "steady_rss_mb": steady_rss_kb / 1024,
             "cache_mb": grown_mb,
-            "predicted_s": float(predicted.group(1)) if predicted else None}
+            "predicted_s": float(predicted.group(1)) if predicted else None,
+            "moved_gb": (float(moved.group(1)), float(moved.group(2))) if moved else (0.0, 0.0)}
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 // Swarms of real `starling peer` processes on loopback (and, where namespaces work, behind a
 // shaped link): every strategy keeps its replicas identical, a peer killed with SIGKILL costs the
 // others one timeout, a joiner adopts the running swarm's state, a stopped swarm resumes exactly,
-// and the torchrun-style environment finds the peers.
+// the torchrun-style environment finds the peers, and atom's peers of unequal speed share steps.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -169,6 +169,39 @@ class SwarmCliTest : public ::testing::Test {
     return done;
   }
 
+  // Three peers of config `name` train `steps` steps; the third is killed with SIGKILL after
+  // step `kill_after`. The two survivors must finish as a swarm of two with identical models.
+  static void kill_one_of_three(const std::string& name, const std::string& strategy, int64_t steps,
+                                int64_t kill_after) {
+    // Step events only every 20 steps: a peer whose stdout nobody reads yet must not fill its pipe.
+    write_config(name, strategy, steps, 20);
+    fs::create_directories(run_dir(name));
+    const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+    std::vector<Process> peers;
+    peers.emplace_back(peer_argv(name, 0, 3, "", 3), log(0).string());
+    auto listening = wait_event(
+        peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
+    ASSERT_TRUE(listening);
+    const std::string entry = (*listening)["endpoint"];
+    for (int i = 1; i < 3; ++i)
+      peers.emplace_back(peer_argv(name, i, 3, entry, 3), log(i).string());
+    ASSERT_TRUE(wait_event(
+        peers[2], [&](const json& j) { return j["event"] == "step" && j["step"] >= kill_after; },
+        60s));
+    ::kill(peers[2].pid(), SIGKILL);
+    peers[2].wait(5s);
+    for (int i = 0; i < 2; ++i) {
+      auto done = wait_event(
+          peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
+      ASSERT_TRUE(done) << "peer " << i << " did not finish: " << read_file(log(i));
+      EXPECT_EQ((*done)["step"], steps);
+      EXPECT_EQ((*done)["net"]["peers"], 2) << "the survivors train on as two";
+      EXPECT_EQ(peers[i].wait(30s), 0);
+    }
+    EXPECT_TRUE(final_model(run_dir(name) / "peer-0", steps) ==
+                final_model(run_dir(name) / "peer-1", steps));
+  }
+
   static fs::path root_;
 };
 fs::path SwarmCliTest::root_;
@@ -177,7 +210,7 @@ fs::path SwarmCliTest::root_;
 // checkpoint are bit-identical across peers, for every strategy.
 TEST_F(SwarmCliTest, EveryStrategyKeepsReplicasIdentical) {
   std::map<std::string, double> final_val;
-  for (const std::string kind : {"ddp", "localsgd", "diloco", "co2", "co2-zero"}) {
+  for (const std::string kind : {"ddp", "localsgd", "diloco", "co2", "co2-zero", "atom"}) {
     SCOPED_TRACE(kind);
     const std::string strategy = kind == "co2-zero" ? "kind = \"co2\"\nlocal_steps = 4\nzero = true"
                                                     : "kind = \"" + kind + "\"\nlocal_steps = 4";
@@ -212,33 +245,43 @@ TEST_F(SwarmCliTest, EveryStrategyKeepsReplicasIdentical) {
 }
 
 TEST_F(SwarmCliTest, KilledPeerCostsTheOthersOneTimeout) {
-  // Step events only every 20 steps: a peer whose stdout nobody reads yet must not fill its pipe.
-  write_config("kill", "kind = \"co2\"\nlocal_steps = 4", 400, 20);
-  fs::create_directories(run_dir("kill"));
-  std::vector<Process> peers;
-  peers.emplace_back(peer_argv("kill", 0, 3, "", 3), (run_dir("kill") / "p0.log").string());
-  auto listening = wait_event(
-      peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
-  ASSERT_TRUE(listening);
-  const std::string entry = (*listening)["endpoint"];
-  for (int i = 1; i < 3; ++i)
-    peers.emplace_back(peer_argv("kill", i, 3, entry, 3),
-                       (run_dir("kill") / ("p" + std::to_string(i) + ".log")).string());
-  ASSERT_TRUE(wait_event(
-      peers[2], [](const json& j) { return j["event"] == "step" && j["step"] >= 10; }, 60s));
-  ::kill(peers[2].pid(), SIGKILL);
-  peers[2].wait(5s);
+  kill_one_of_three("kill", "kind = \"co2\"\nlocal_steps = 4", 400, 10);
+}
+
+// atom: a peer killed mid-run costs the others one timeout, as in the round-based strategies;
+// the survivors go on taking one shared step at a time.
+TEST_F(SwarmCliTest, AtomSurvivesAKilledPeer) {
+  kill_one_of_three("atom_kill", "kind = \"atom\"", 200, 20);
+}
+
+// atom with peers of unequal speed (CPU quotas): the fast peer contributes more samples to every
+// shared step instead of waiting for the slow one, every step gathers about the target batch
+// (peers that stop at the same moment may each count on the other: at most a micro-batch short),
+// and the replicas stay bit-identical.
+TEST_F(SwarmCliTest, AtomFastPeerContributesMore) {
+  const fs::path config = write_config("atom_quota", "kind = \"atom\"\ntarget_batch = 32", 24, 1);
+  const auto quota = run_cli("train -q --peers 2 --peer-cpus 0.5,0.125 --config " +
+                             config.string() + " --set model.n_layer=2 --set model.d_model=64");
+  if (quota.code != 0 && quota.output.find("needs CPU quotas") != std::string::npos)
+    GTEST_SKIP() << "no CPU quotas here (cgroups need root): " << quota.output;
+  ASSERT_EQ(quota.code, 0) << quota.output << read_file(run_dir("atom_quota") / "peer-0.log");
+  EXPECT_NE(quota.output.find("CPU quotas per peer: 0.5, 0.125"), std::string::npos)
+      << quota.output;
+  std::vector<uint64_t> tokens;
   for (int i = 0; i < 2; ++i) {
-    auto done = wait_event(
-        peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
-    ASSERT_TRUE(done) << "peer " << i << " did not finish: "
-                      << read_file(run_dir("kill") / ("p" + std::to_string(i) + ".log"));
-    EXPECT_EQ((*done)["step"], 400);
-    EXPECT_EQ((*done)["net"]["peers"], 2) << "the survivors train on as two";
-    EXPECT_EQ(peers[i].wait(30s), 0);
+    const auto records = metrics(run_dir("atom_quota") / ("peer-" + std::to_string(i)));
+    uint64_t last = 0;
+    for (const auto& m : records) {
+      if (!m.contains("net")) continue;
+      EXPECT_GE(m["net"]["swarm_samples"].get<double>(), 32 - 4) << "step " << m["step"];
+      last = m["tokens"].get<uint64_t>();
+    }
+    tokens.push_back(last);
   }
-  EXPECT_TRUE(final_model(run_dir("kill") / "peer-0", 400) ==
-              final_model(run_dir("kill") / "peer-1", 400));
+  EXPECT_GT(tokens[0], 3 * tokens[1] / 2) << "the peer with 4x the CPU trained on " << tokens[0]
+                                          << " tokens, the slow one on " << tokens[1];
+  EXPECT_TRUE(final_model(run_dir("atom_quota") / "peer-0", 24) ==
+              final_model(run_dir("atom_quota") / "peer-1", 24));
 }
 
 TEST_F(SwarmCliTest, JoinerAdoptsTheRunningSwarmsState) {
@@ -367,6 +410,20 @@ TEST_F(SwarmCliTest, BadSwarmArgumentsAreClearErrors) {
   r = run_cli("train --peers 2 --config " + write_config("badkind", "kind = \"gossip\"").string());
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("strategy.kind"), std::string::npos) << r.output;
+  // atom's progress announcements need the swarm's point-to-point messages.
+  r = run_cli("train --peers 2 --config " + write_config("atom_gloo", "kind = \"atom\"").string() +
+              " --set net.backend=gloo");
+  EXPECT_NE(r.code, 0);
+  const std::string atom_log = read_file(run_dir("atom_gloo") / "peer-0.log");
+  EXPECT_NE(atom_log.find("needs net.backend = \"starling\""), std::string::npos)
+      << r.output << atom_log;
+  r = run_cli("train --peers 2 --peer-cpus 1,0 --config " + (root_ / "atom_gloo.toml").string());
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("--peer-cpus: \"0\" is not a positive number"), std::string::npos)
+      << r.output;
+  r = run_cli("train --peers 3 --peer-cpus 1,1 --config " + (root_ / "atom_gloo.toml").string());
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("lists 2 values for 3 peers"), std::string::npos) << r.output;
   // A fixed group needs to know its rank, size and store.
   r = run_cli("peer --config " + write_config("norank", "kind = \"ddp\"").string() +
               " --set net.backend=gloo");

@@ -340,7 +340,7 @@ std::vector<std::string> all_keys() {
       {"sample", {"prompt", "max_tokens", "temperature", "top_k", "seed"}},
       {"strategy",
        {"kind", "local_steps", "outer_lr", "outer_momentum", "staleness_penalty", "clip",
-        "clip_threshold", "zero", "precision"}},
+        "clip_threshold", "zero", "target_batch", "precision"}},
       {"net",
        {"backend", "rank", "world_size", "store", "interface", "name", "listen", "advertise",
         "join", "key", "allow", "insecure", "direct_data", "heartbeat_ms", "peer_timeout_ms",

@@ -1,6 +1,7 @@
 #include "starling/cli/local_swarm.h"
 
 #include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "starling/cli/cpu_quota.h"
 #include "starling/common/error.h"
 #include "starling/common/process.h"
 #include "starling/net/keys.h"
@@ -82,9 +84,29 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
     std::cerr << "swarm: " << o.peers << " namespaces on " << o.link_rate << " links\n";
   }
 
+  // Unequal peers on one machine: each peer's process tree gets its share of the CPUs.
+  std::vector<std::unique_ptr<CpuQuota>> quotas;
+  if (!o.peer_cpus.empty()) {
+    if (static_cast<int>(o.peer_cpus.size()) != o.peers)
+      throw ConfigError("--peer-cpus needs one value per peer");
+    if (auto why = CpuQuota::unavailable_reason(); !why.empty())
+      throw ConfigError("--peer-cpus needs CPU quotas: " + why);
+    std::string shares;
+    for (int i = 0; i < o.peers; ++i) {
+      quotas.push_back(std::make_unique<CpuQuota>(
+          "starling-" + std::to_string(::getpid()) + "-peer-" + std::to_string(i), o.peer_cpus[i]));
+      shares += (i ? ", " : "") + fmt("%g", o.peer_cpus[i]);
+    }
+    std::cerr << "swarm: CPU quotas per peer: " << shares << "\n";
+  }
+
   auto argv_for = [&](int i, const std::string& join) {
     std::vector<std::string> argv;
-    if (lab) argv = lab->exec_prefix(i);
+    if (!quotas.empty()) argv = quotas[i]->exec_prefix();
+    if (lab) {
+      const auto prefix = lab->exec_prefix(i);
+      argv.insert(argv.end(), prefix.begin(), prefix.end());
+    }
     argv.insert(argv.end(), {o.starling, "peer", "--json", "-q", "--data-rank", std::to_string(i),
                              "--data-world", std::to_string(o.peers)});
     if (!o.config_file.empty()) argv.insert(argv.end(), {"--config", o.config_file});

@@ -1,9 +1,10 @@
 // `starling train --peers N`: a whole swarm on this machine. Starts N `starling peer` processes
 // on loopback (or, with a link rate, each in its own network namespace behind a tbf-shaped link),
 // with ephemeral keys generated into <out_dir>/keys, each on its 1/N share of the data and
-// checkpointing into <out_dir>/peer-<i>; shows one combined progress line and forwards SIGINT
-// and SIGTERM to the peers (which checkpoint and leave). A process supervisor, so it lives with the
-// command line rather than with the strategies the peers run.
+// checkpointing into <out_dir>/peer-<i>; with CPU quotas, each peer in a cgroup of its own; shows
+// one combined progress line and forwards SIGINT and SIGTERM to the peers (which checkpoint and
+// leave). A process supervisor, so it lives with the command line rather than with the strategies
+// the peers run.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,7 @@ namespace starling::cli {
 struct LocalSwarmOptions {
   int peers = 2;
   std::string link_rate;               // "" = loopback; else a tc rate ("20mbit"): needs root
+  std::vector<double> peer_cpus;       // empty = no quota; else CPUs per peer (cpu_quota.h): root
   std::string starling;                // path of the starling binary to launch peers with
   std::string config_file;             // passed on to each peer
   std::vector<std::string> overrides;  // --set arguments, passed on to each peer

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "starling/cli/commands.h"
+#include "starling/cli/cpu_quota.h"
 #include "starling/cli/local_swarm.h"
 #include "starling/common/error.h"
 #include "starling/swap/swap_runner.h"
@@ -14,7 +15,7 @@ namespace starling::cli {
 void add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "train a model from a TOML config (docs/config.md)");
   struct Args {
-    std::string config, link_rate;
+    std::string config, link_rate, peer_cpus;
     std::vector<std::string> sets;
     bool resume = false, quiet = false, list_keys = false;
     int64_t stop_at = -1;
@@ -33,6 +34,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--link-rate", a->link_rate,
                   "with --peers: put each peer in a network namespace behind a link of this rate, "
                   "e.g. 20mbit (needs root)");
+  cmd->add_option("--peer-cpus", a->peer_cpus,
+                  "with --peers: CPUs each peer may use, comma-separated or one for all, e.g. "
+                  "1,1,0.5,0.5 (a cgroup CPU quota per peer: unequal peers on one machine; "
+                  "needs root)");
   cmd->add_flag("-q,--quiet", a->quiet, "no live progress line");
   cmd->add_flag("--list-keys", a->list_keys, "list every config key with its default and exit");
   cmd->callback([a] {
@@ -44,10 +49,13 @@ void add_train_command(CLI::App& app) {
     const auto config = train::load_run_config(a->config, a->sets);
     if (!a->link_rate.empty() && a->peers == 0)
       throw CLI::ValidationError("--link-rate", "needs --peers N");
+    if (!a->peer_cpus.empty() && a->peers == 0)
+      throw CLI::ValidationError("--peer-cpus", "needs --peers N");
     if (a->peers > 0) {
       LocalSwarmOptions o;
       o.peers = a->peers;
       o.link_rate = a->link_rate;
+      if (!a->peer_cpus.empty()) o.peer_cpus = parse_peer_cpus(a->peer_cpus, a->peers);
       o.starling = std::filesystem::read_symlink("/proc/self/exe").string();
       o.config_file = a->config;
       o.overrides = a->sets;

@@ -7,7 +7,7 @@
 
 namespace starling::strategy {
 
-class Ddp final : public SwarmStrategy {
+class Ddp : public SwarmStrategy {
  public:
   Ddp(const train::RunConfig& config, net::Collectives& net);
   void gradients_ready(train::Replica& r) override;
@@ -22,7 +22,7 @@ class Ddp final : public SwarmStrategy {
   void unpack_state(train::Replica& r, const at::Tensor& in) override;
   void restore(train::Replica&, const nlohmann::json&, const SafetensorsFile&) override {}
 
- private:
+ protected:
   std::optional<Staging> grads_;
 };
 

@@ -9,6 +9,7 @@
 #include "starling/net/gloo_backend.h"
 #include "starling/net/nccl_backend.h"
 #include "starling/net/node.h"
+#include "starling/strategy/atom.h"
 #include "starling/strategy/co2.h"
 #include "starling/strategy/ddp.h"
 #include "starling/strategy/diloco.h"
@@ -29,6 +30,17 @@ std::unique_ptr<train::StepHooks> make_strategy(const train::RunConfig& config,
   if (kind == "localsgd") return std::make_unique<LocalSgd>(config, net);
   if (kind == "diloco") return std::make_unique<DiLoCo>(config, net);
   if (kind == "co2") return std::make_unique<Co2>(config, net);
+  if (kind == "atom") {
+    // Peers announce their progress on the swarm's point-to-point messages, which a fixed c10d
+    // group does not offer.
+    auto* node = dynamic_cast<net::Node*>(&net);
+    if (node == nullptr)
+      throw ConfigError(
+          "strategy.kind = \"atom\" needs net.backend = \"starling\" (peers announce "
+          "their progress to each other on the swarm), not \"" +
+          net.backend_name() + "\"");
+    return std::make_unique<Atom>(config, *node);
+  }
   throw ConfigError("strategy.kind = \"" + kind + "\" does not train with peers; use " +
                     swarm_strategy_list());
 }

@@ -6,7 +6,7 @@
 namespace starling::strategy {
 
 const std::vector<std::string>& swarm_strategy_kinds() {
-  static const std::vector<std::string> kinds = {"ddp", "localsgd", "diloco", "co2"};
+  static const std::vector<std::string> kinds = {"ddp", "localsgd", "diloco", "co2", "atom"};
   return kinds;
 }
 
@@ -44,6 +44,9 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
   k.push_back(bool_key("strategy", "zero", &st.zero,
                        "co2: each peer keeps 1/N of the anchor and outer momentum "
                        "(reduce-scatter + all-gather instead of all-reduce)"));
+  k.push_back(int_key("strategy", "target_batch", &st.target_batch, 0,
+                      "atom: samples (sequences) the swarm gathers per optimizer step; 0 = "
+                      "train.batch_size x train.grad_accum per peer"));
   k.push_back(string_key("strategy", "precision", &st.precision,
                          "wire precision of the averaged tensors: \"fp32\", \"fp16\", \"bf16\" "
                          "or \"int8\" (accumulation is always fp32)",

@@ -14,12 +14,12 @@ namespace starling::strategy {
 // The strategies a swarm trains with (strategy.kind besides "none"); every list of them in
 // messages and checks comes from here.
 const std::vector<std::string>& swarm_strategy_kinds();
-// The same list for messages: "ddp, localsgd, diloco or co2".
+// The same list for messages: "ddp, localsgd, diloco, co2 or atom".
 std::string swarm_strategy_list();
 
 // "none" trains one replica.
 struct StrategyConfig {
-  std::string kind = "none";       // "none", "ddp", "localsgd", "diloco" or "co2"
+  std::string kind = "none";       // "none", "ddp", "localsgd", "diloco", "co2" or "atom"
   int64_t local_steps = 16;        // tau: inner steps per round (localsgd, diloco, co2)
   double outer_lr = 0.7;           // alpha: outer learning rate (diloco, co2)
   double outer_momentum = 0.9;     // beta: outer momentum (diloco: Nesterov; co2: heavy ball)
@@ -27,6 +27,7 @@ struct StrategyConfig {
   std::string clip = "norm";       // co2 outer-momentum clipping: "norm", "value" or "none"
   double clip_threshold = 1.0;     // phi: max norm (clip = "norm") or max |m_i| ("value")
   bool zero = false;               // co2: shard anchor and outer momentum across peers
+  int64_t target_batch = 0;        // atom: samples per step; 0 = batch x accum per peer
   std::string precision = "fp32";  // on the wire: "fp32", "fp16", "bf16" or "int8"
 };
 

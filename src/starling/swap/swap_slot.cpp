@@ -2,6 +2,7 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/StorageImpl.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -14,8 +15,30 @@ namespace {
 
 void free_aligned(void* p) { std::free(p); }
 
+// A buffer of its own pages: mmap'd, so that freeing it (munmap) gives the memory back to the
+// system at once. Through malloc, freed buffers of a few MB would stay in the heap (glibc raises
+// its mmap threshold after the first large free), and RSS would not fall when a slot is evicted.
+struct Mapping {
+  void* data;
+  size_t bytes;
+};
+
+void unmap(void* ctx) {
+  auto* m = static_cast<Mapping*>(ctx);
+  ::munmap(m->data, m->bytes);
+  delete m;
+}
+
+constexpr size_t kMapAtLeast = 64 * 1024;  // smaller buffers are not worth a mapping each
+
 at::DataPtr aligned_buffer(size_t bytes) {
-  void* p = std::aligned_alloc(kSwapAlign, align_up(std::max<size_t>(bytes, 1)));
+  const size_t size = align_up(std::max<size_t>(bytes, 1));
+  if (size >= kMapAtLeast) {
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    return at::DataPtr(p, new Mapping{p, size}, &unmap, c10::Device(c10::kCPU));
+  }
+  void* p = std::aligned_alloc(kSwapAlign, size);
   if (p == nullptr) throw std::bad_alloc();
   return at::DataPtr(p, p, &free_aligned, c10::Device(c10::kCPU));
 }

@@ -45,7 +45,8 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
   at::NoGradGuard no_grad;
   auto slot = [&](const at::Tensor& t, bool pin) {
     if (t.scalar_type() != at::kFloat) throw std::logic_error("swap: training state must be fp32");
-    adopt_storage(t);
+    // Only what may go to the tier needs aligned storage; a pinned slot never leaves.
+    if (!pin) adopt_storage(t);
     SwapSlot s;
     s.tensor = t;
     s.bytes = static_cast<size_t>(t.numel()) * t.element_size();
@@ -307,7 +308,8 @@ void Swapper::adopt_grads(int group) {
       g = g.contiguous().clone();
       params[p].value.mutable_grad() = g;
     }
-    adopt_storage(g);
+    // A pinned gradient is never written out: it keeps autograd's buffer (no copy per step).
+    if (!s.pinned) adopt_storage(g);
     s.tensor = g;
     s.state = SwapSlot::State::kResident;
     s.dirty = true;

@@ -19,6 +19,8 @@
 
 namespace starling::train {
 
+class StepRunner;
+
 // The replica a hook works on: its model, optimizer and where it stands. The loop and the hooks
 // share this one object; a strategy that adopts the swarm's state sets `step` here.
 struct Replica {
@@ -39,6 +41,19 @@ class StepHooks {
   // step.
   virtual void start(Replica& replica, const nlohmann::json& state,
                      const SafetensorsFile* tensors) = 0;
+
+  // What run_step produced: the step's mean loss (0-dim, on the model's device) and the training
+  // tokens this replica consumed for it.
+  struct StepWork {
+    at::Tensor loss;
+    uint64_t tokens = 0;
+  };
+
+  // Runs the step's forward and backward passes through `runner`, leaving its gradients in the
+  // parameters' .grad(). The default runs train.grad_accum micro-batches (every peer the same
+  // share); a strategy whose peers accumulate at their own pace (atom) runs micro-batches until
+  // the swarm holds enough samples.
+  virtual StepWork run_step(StepRunner& runner, Replica& replica, double loss_scale);
 
   // The step's gradients are accumulated in the parameters' .grad(), not yet clipped.
   virtual void gradients_ready(Replica& replica) = 0;

@@ -26,7 +26,6 @@ StepReporter::StepReporter(const RunConfig& config, ProgressLine& progress, bool
       json_events_(json_events),
       peak_gflops_(peak_gflops),
       flops_per_token_(config.model.train_flops_per_token()),
-      tokens_per_step_(config.train.batch_size * config.train.grad_accum * config.model.seq_len),
       last_(last),
       start_s_(now_s()) {}
 
@@ -40,13 +39,14 @@ void StepReporter::step(const StepOutcome& s, bool milestone,
                         const std::optional<StrategyReport>& net) {
   compute_s_ += s.seconds;
   window_s_ += s.seconds;
-  window_tokens_ += tokens_per_step_;
-  run_tokens_ += tokens_per_step_;
+  window_tokens_ += s.step_tokens;
+  run_tokens_ += s.step_tokens;
+  ++run_steps_;
   const double tps = static_cast<double>(window_tokens_) / window_s_;
   const double tflops = tps * flops_per_token_ / 1e12;
   const double mfu = tflops * 1e3 / peak_gflops_;
-  const double eta = (compute_s_ / static_cast<double>(run_tokens_ / tokens_per_step_)) *
-                     static_cast<double>(last_ - s.step);
+  const double eta =
+      (compute_s_ / static_cast<double>(run_steps_)) * static_cast<double>(last_ - s.step);
   const int64_t steps = config_.train.steps;
   if (milestone && json_events_)
     std::cout << events::step({.step = s.step,

@@ -21,6 +21,7 @@ struct StepOutcome {
   double grad_norm = 0;              // read only at milestones
   std::optional<double> loss_scale;  // fp16 runs
   uint64_t tokens = 0;               // training tokens consumed so far
+  uint64_t step_tokens = 0;          // of those, by this step (atom: varies from step to step)
   double seconds = 0;                // wall time of the step, communication included
 };
 
@@ -46,10 +47,10 @@ class StepReporter {
   MetricsLog metrics_;
   bool json_events_;
   double peak_gflops_, flops_per_token_;
-  int64_t tokens_per_step_, last_;
+  int64_t last_;
   double start_s_;
   double compute_s_ = 0, window_s_ = 0;
-  int64_t window_tokens_ = 0, run_tokens_ = 0;
+  int64_t window_tokens_ = 0, run_tokens_ = 0, run_steps_ = 0;
 };
 
 }  // namespace starling::train

@@ -2,10 +2,12 @@
 
 #include <ATen/ATen.h>
 
+#include "starling/common/error.h"
 #include "starling/data/loader.h"
 #include "starling/graph/executor.h"
 #include "starling/graph/param_store.h"
 #include "starling/train/adamw.h"
+#include "starling/train/step_hooks.h"
 
 namespace starling::train {
 
@@ -18,6 +20,25 @@ std::vector<at::Tensor> to_device(const data::Batch& b, const c10::Device& devic
     return host.pin_memory().to(device, /*non_blocking=*/true);
   };
   return {make(b.inputs), make(b.targets)};
+}
+
+void StepRunner::begin_accumulation() {
+  throw Error(
+      "this step runner runs a fixed number of micro-batches per step; a strategy that "
+      "accumulates at its own pace (strategy.kind = \"atom\") cannot use it");
+}
+
+at::Tensor StepRunner::accumulate(double) {
+  begin_accumulation();  // throws the same explanation
+  return {};
+}
+
+// The hooks' default step lives here, beside the runner it drives.
+StepHooks::StepWork StepHooks::run_step(StepRunner& runner, Replica& replica, double loss_scale) {
+  const TrainConfig& t = replica.config.train;
+  return {
+      .loss = runner.run(t.grad_accum, loss_scale),
+      .tokens = static_cast<uint64_t>(t.batch_size * t.grad_accum * replica.config.model.seq_len)};
 }
 
 LocalStepRunner::LocalStepRunner(graph::Executor& executor, graph::ParamStore& params,
@@ -37,6 +58,12 @@ at::Tensor LocalStepRunner::run(int64_t micro_batches, double loss_scale) {
     loss_sum = loss_sum.defined() ? loss_sum + l : l;
   }
   return loss_sum / static_cast<double>(micro_batches);
+}
+
+void LocalStepRunner::begin_accumulation() { params_.zero_grad(); }
+
+at::Tensor LocalStepRunner::accumulate(double loss_scale) {
+  return executor_.forward_backward(to_device(loader_.next(), device_), loss_scale);
 }
 
 at::Tensor LocalStepRunner::update(double lr, double max_norm, bool skip) {

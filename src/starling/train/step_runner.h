@@ -39,6 +39,14 @@ class StepRunner {
   // nothing here waits for the device.
   virtual at::Tensor run(int64_t micro_batches, double loss_scale) = 0;
 
+  // An open-ended step, for strategies that decide how many micro-batches it takes while it runs
+  // (atom): begin_accumulation() clears the gradients, and each accumulate() runs one more
+  // micro-batch forward and backward, adding its gradients (its loss scaled by `loss_scale`) to
+  // those already there. Returns that micro-batch's loss (0-dim, on the model's device). A runner
+  // that must know a step's micro-batches in advance throws Error.
+  virtual void begin_accumulation();
+  virtual at::Tensor accumulate(double loss_scale);
+
   // Clips the step's gradients to a global norm of `max_norm` (0 = off) and, unless `skip`,
   // applies the optimizer with learning rate `lr`. Returns the norm before clipping (0-dim fp32 on
   // the model's device; nothing waits for it).
@@ -62,6 +70,8 @@ class LocalStepRunner : public StepRunner {
   LocalStepRunner(graph::Executor& executor, graph::ParamStore& params, AdamW& optimizer,
                   data::TokenLoader& loader, c10::Device device);
   at::Tensor run(int64_t micro_batches, double loss_scale) override;
+  void begin_accumulation() override;
+  at::Tensor accumulate(double loss_scale) override;
   at::Tensor update(double lr, double max_norm, bool skip) override;
 
  private:

@@ -104,7 +104,14 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     const double lr = learning_rate(c.optim, replica.step, c.train.steps);
     // The loss and the gradient norm stay on the device until they are reported: reading them
     // every step would make the host wait for the GPU and leave it idle between steps.
-    const at::Tensor step_loss = runner.run(c.train.grad_accum, fp16 ? s.scaler.scale() : 1.0);
+    const double loss_scale = fp16 ? s.scaler.scale() : 1.0;
+    StepHooks::StepWork work;
+    if (hooks) {
+      work = hooks->run_step(runner, replica, loss_scale);
+    } else {
+      work = {.loss = runner.run(c.train.grad_accum, loss_scale), .tokens = tokens_per_step};
+    }
+    const at::Tensor& step_loss = work.loss;
     const bool skip = fp16 && s.scaler.update(s.scaler.unscale(s.dag->params()));
     if (skip)
       progress.note("step " + std::to_string(replica.step + 1) +
@@ -113,7 +120,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     if (hooks) hooks->gradients_ready(replica);
     const at::Tensor grad_norm = runner.update(lr, c.optim.grad_clip, skip);
     ++replica.step;
-    replica.tokens += tokens_per_step;
+    replica.tokens += work.tokens;
     // The strategy's round boundary: its communication time counts in the step's time.
     // A signal stops only this peer (it leaves the swarm); train.steps is the same on every peer.
     // --stop-at ends this run but not training: a round boundary, not the end of the schedule.
@@ -132,6 +139,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
                         .loss = loss,
                         .lr = lr,
                         .tokens = replica.tokens,
+                        .step_tokens = work.tokens,
                         .seconds = now_s() - t0};
     if (milestone) outcome.grad_norm = grad_norm.item<double>();
     if (fp16) outcome.loss_scale = s.scaler.scale();

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""atom benchmark: a swarm of 4 peers of unequal speed, atom against ddp's lockstep.
+
+    /usr/bin/python3 bench/atom/run.py --starling build/starling          # ~15 min on 2 cores
+    /usr/bin/python3 bench/atom/run.py --steps 20 --targets 128           # quick look
+
+The peers get unequal speeds through CPU quotas (`starling train --peers 4 --peer-cpus
+0.6,0.6,0.3,0.3`: two peers with twice the compute of the other two; cgroups, so it needs root).
+Every run trains bench/atom/config.toml (gpt2-tiny, 4-sequence micro-batches of 128 tokens):
+
+  solo   one peer alone on each quota (`--peers 1`), its steady tokens/s;
+  ddp    the 4 peers in lockstep, each computing target / 16 micro-batches per step (the
+         target's sequences per swarm step), so every step waits for the slowest peers;
+  atom   the 4 peers accumulating at their own pace until the swarm holds target_batch
+         sequences, then averaging sample-weighted gradients.
+
+for each target of --targets (sequences per swarm step, default 128 and 512).
+
+It prints each swarm's tokens/s against the sum of its peers' solo tokens/s (the ideal: no peer
+ever idle) and against ddp, and the validation loss at equal swarm tokens (atom's curve
+interpolated at ddp's final token count). Medians of --reps runs (loss: ddp's first run).
+"""
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.dirname(HERE))  # bench/, for records.py
+from records import read_jsonl  # noqa: E402  (bench/records.py)
+CPUS = [0.6, 0.6, 0.3, 0.3]
+
+
+def run(args, work, tag, kind, peers, cpus, extra=(), steps=None):
+    out = os.path.join(work, tag)
+    cmd = [args.starling, "train", "-q", "--config", args.config, "--peers", str(peers),
+           "--peer-cpus", ",".join(str(c) for c in cpus),
+           "--set", f"train.out_dir=\"{out}\"", "--set", f"train.steps={steps or args.steps}",
+           "--set", f"strategy.kind=\"{kind}\""]
+    for s in extra:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if p.returncode != 0:
+        sys.exit(f"{tag} failed:\n{p.stdout}{p.stderr}")
+    per_peer = [read_jsonl(os.path.join(out, f"peer-{i}", "metrics.jsonl")) for i in range(peers)]
+    # Steady rate: swarm tokens between the first logged step and the last, over that time
+    # (evaluations excluded: their time is in elapsed_s but not in step time, so use step times).
+    tokens = 0.0
+    seconds = 0.0
+    for recs in per_peer:
+        steps = [r for r in recs if "tokens_per_s" in r]
+        first, last = steps[0], steps[-1]
+        tokens += last["tokens"] - first["tokens"]
+        seconds = max(seconds, sum_step_seconds(steps))
+    evals = {}
+    for recs in per_peer:
+        for r in recs:
+            if "val_loss" in r:
+                e = evals.setdefault(r["step"], {"tokens": 0, "val_loss": r["val_loss"]})
+                e["tokens"] += r["tokens"]
+    samples = [r["net"].get("swarm_samples", 0) for r in per_peer[0] if "net" in r]
+    shutil.rmtree(out, ignore_errors=True)
+    return {"tokens_per_s": tokens / seconds, "evals": [evals[s] for s in sorted(evals)],
+            "swarm_samples": statistics.median(samples) if samples else 0}
+
+
+def sum_step_seconds(steps):
+    """Wall time covered by the step records after the first (whose window holds the start-up):
+    each record holds its window's tokens/s and the tokens so far."""
+    total = 0.0
+    prev = None
+    for r in steps:
+        if prev is not None:
+            total += (r["tokens"] - prev["tokens"]) / r["tokens_per_s"]
+        prev = r
+    return total
+
+
+def loss_at(evals, tokens):
+    """Validation loss at `tokens` swarm tokens, linearly interpolated between evaluations."""
+    pts = [(e["tokens"], e["val_loss"]) for e in evals]
+    for (t0, l0), (t1, l1) in zip(pts, pts[1:]):
+        if t0 <= tokens <= t1:
+            return l0 + (l1 - l0) * (tokens - t0) / (t1 - t0)
+    return pts[-1][1] if tokens >= pts[-1][0] else pts[0][1]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--starling", default=os.path.join(ROOT, "build", "starling"))
+    ap.add_argument("--config", default=os.path.join(HERE, "config.toml"))
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--solo-steps", type=int, default=20, help="steps of each solo run")
+    ap.add_argument("--targets", type=int, nargs="+", default=[128, 512],
+                    help="sequences per swarm step (multiples of 16)")
+    ap.add_argument("--reps", type=int, default=1)
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="starling_atom_bench_")
+    solo_runs = {}
+    runs = {(k, t): [] for k in ("ddp", "atom") for t in args.targets}
+    evals = f"train.eval_every={max(1, args.steps // 4)}"
+    for rep in range(args.reps):
+        for c in sorted(set(CPUS)):
+            # One peer alone: ddp with a swarm of one is plain training plus a trivial agreement.
+            r = run(args, work, f"solo{c}_{rep}", "ddp", 1, [c], ["train.grad_accum=8"],
+                    steps=args.solo_steps)
+            solo_runs.setdefault(c, []).append(r["tokens_per_s"])
+        for t in args.targets:
+            runs[("ddp", t)].append(run(args, work, f"ddp{t}_{rep}", "ddp", 4, CPUS,
+                                        [f"train.grad_accum={t // 16}", evals]))
+            runs[("atom", t)].append(run(args, work, f"atom{t}_{rep}", "atom", 4, CPUS,
+                                         [f"strategy.target_batch={t}", evals]))
+        print(f"rep {rep + 1}/{args.reps} done", file=sys.stderr)
+    solo = {c: statistics.median(v) for c, v in solo_runs.items()}
+    ideal = sum(solo[c] for c in CPUS)
+    print(f"atom benchmark: 4 peers with CPU quotas {CPUS}, gpt2-tiny, micro-batches of 4 x 128 "
+          f"tokens, {args.steps} steps, median of {args.reps}")
+    print("solo tokens/s: " + ", ".join(f"{c} CPU {solo[c]:.0f}" for c in sorted(solo)) +
+          f"; sum over the 4 peers {ideal:.0f}")
+    print(f"{'target':>6} {'ddp tok/s':>10} {'/ ideal':>8} {'atom tok/s':>11} {'/ ideal':>8} "
+          f"{'atom/ddp':>9} {'batch':>6} {'ddp loss':>9} {'atom loss':>10}")
+    for t in args.targets:
+        med = {k: statistics.median(r["tokens_per_s"] for r in runs[(k, t)]) for k in ("ddp", "atom")}
+        ddp_evals = runs[("ddp", t)][0]["evals"]
+        tokens = ddp_evals[-1]["tokens"]
+        ddp_loss = ddp_evals[-1]["val_loss"]
+        atom_loss = statistics.median(loss_at(r["evals"], tokens) for r in runs[("atom", t)])
+        batch = statistics.median(r["swarm_samples"] for r in runs[("atom", t)])
+        print(f"{t:>6} {med['ddp']:>10.0f} {med['ddp'] / ideal:>8.2f} {med['atom']:>11.0f} "
+              f"{med['atom'] / ideal:>8.2f} {med['atom'] / med['ddp']:>9.2f} {batch:>6.0f} "
+              f"{ddp_loss:>9.4f} {atom_loss:>10.4f} ({100 * (atom_loss / ddp_loss - 1):+.1f}%)")
+    print("ideal: the sum of the peers' solo rates (no peer ever idle); batch: atom's median "
+          "sequences per step; loss: validation loss at ddp's final swarm tokens (atom's curve "
+          "interpolated)")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

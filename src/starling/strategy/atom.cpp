@@ -1,0 +1,100 @@
+#include "starling/strategy/atom.h"
+
+#include <ATen/ATen.h>
+
+#include "starling/train/metrics.h"
+#include "starling/train/step_runner.h"
+
+namespace starling::strategy {
+
+using train::now_s;
+
+Atom::Atom(const train::RunConfig& config, net::Node& node) : Ddp(config, node), board_(node) {}
+
+int64_t Atom::target() const {
+  const auto& c = config_;
+  if (c.strategy.target_batch > 0) return c.strategy.target_batch;
+  return c.train.batch_size * c.train.grad_accum * peers_;
+}
+
+double Atom::pace() const {
+  return micro_s_ > 0 ? static_cast<double>(config_.train.batch_size) / micro_s_ : 0;
+}
+
+train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Replica&,
+                                          double loss_scale) {
+  const int64_t batch = config_.train.batch_size;
+  board_.begin_round(version_);
+  runner.begin_accumulation();
+  at::Tensor loss_sum;
+  int64_t mine = 0, micro = 0;
+  for (bool stop = false; !stop;) {
+    const double t0 = now_s();
+    // Each micro-batch's loss is weighted by its samples, so the gradients add up to a sum over
+    // samples that the exchange divides by the swarm's count.
+    const at::Tensor loss = runner.accumulate(loss_scale * static_cast<double>(batch));
+    loss_sum = loss_sum.defined() ? loss_sum + loss : loss;
+    ++micro;
+    mine += batch;
+    const double took = now_s() - t0;
+    micro_s_ = micro_s_ > 0 ? 0.7 * micro_s_ + 0.3 * took : took;
+    // Stop at the micro-batch boundary nearest to the moment the swarm reaches the target: when
+    // the others will have made up the difference within half of this peer's next micro-batch.
+    // A peer that stopped adds nothing more, so the last peer to stop sees exact counts and
+    // stops only once the target is reached.
+    const ProgressBoard::View others = board_.view(micro_s_ / 2);
+    stop = need_state_  // it will adopt the swarm's state and contributes nothing: stop at once
+           || static_cast<double>(mine) + others.projected >= static_cast<double>(target());
+    board_.announce(version_, mine, pace(), stop);
+  }
+  local_samples_ = mine;
+  micro_batches_ = micro;
+  return {.loss = loss_sum / static_cast<double>(micro),
+          .tokens = static_cast<uint64_t>(mine * config_.model.seq_len)};
+}
+
+void Atom::gradients_ready(train::Replica& r) {
+  const Agreement a = agree(r);
+  at::Tensor& grads = grads_->device();
+  flat_->gather_grads(grads);
+  // A peer that just adopted the swarm's parameters computed its gradients on other ones.
+  const int64_t counted = a.contribute ? local_samples_ : 0;
+  if (!a.contribute) grads.zero_();
+  // The sample counts travel in fp32 beside the gradients (on their own tag, at the same time),
+  // whatever the gradients' wire precision.
+  at::Tensor count = at::full({1}, static_cast<float>(counted), at::kFloat);
+  net::CollectiveOptions count_options = options(net::WirePrecision::fp32);
+  count_options.tag = 1;
+  bool ok = a.contributors > 0;
+  if (ok) {
+    const net::Work counting = net_.all_reduce(as_span(count), count_options);
+    ok = all_reduce(*grads_, precision_, "gradient all-reduce");
+    ok = wait(counting, "sample count all-reduce") && ok;
+  }
+  swarm_samples_ = ok ? static_cast<int64_t>(count.item<float>()) : 0;
+  if (ok && swarm_samples_ > 0) {
+    grads.div_(static_cast<double>(swarm_samples_));
+  } else {
+    // No average this step: as in ddp, the update is skipped and the next agreement repairs.
+    grads.zero_();
+    need_state_ = true;
+  }
+  flat_->scatter_grads(grads);
+  ++rounds_;
+}
+
+nlohmann::json Atom::checkpoint_state(std::vector<std::pair<std::string, at::Tensor>>&) {
+  return {{"kind", "atom"}, {"version", version_}};
+}
+
+train::StrategyReport Atom::report() const {
+  train::StrategyReport rep = SwarmStrategy::report();
+  rep.figures["swarm_samples"] = static_cast<double>(swarm_samples_);
+  rep.figures["samples"] = static_cast<double>(local_samples_);
+  rep.figures["micro_batches"] = static_cast<double>(micro_batches_);
+  rep.figures["target_batch"] = static_cast<double>(target());
+  if (board_.rejected() > 0) rep.figures["rejected"] = static_cast<double>(board_.rejected());
+  return rep;
+}
+
+}  // namespace starling::strategy

@@ -1,0 +1,109 @@
+#include "starling/strategy/progress_board.h"
+
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <vector>
+
+#include "starling/train/metrics.h"
+
+namespace starling::strategy {
+namespace {
+
+// An announcement: round, samples and the ready flag as little-endian int64, then the rate as a
+// double (every platform Starling builds on is little-endian; the size check catches the rest).
+struct Message {
+  int64_t round = 0, samples = 0, ready = 0;
+  double rate = 0;
+};
+static_assert(sizeof(Message) == 32);
+
+}  // namespace
+
+ProgressBoard::ProgressBoard(net::Node& node) : node_(node) {}
+
+void ProgressBoard::begin_round(int64_t round) {
+  round_ = round;
+  round_start_ = train::now_s();
+}
+
+void ProgressBoard::announce(int64_t round, int64_t samples, double rate, bool ready) {
+  const Message m{round, samples, ready ? 1 : 0, rate};
+  std::vector<uint8_t> bytes(sizeof m);
+  std::memcpy(bytes.data(), &m, sizeof m);
+  for (const net::MemberView& member : node_.members()) {
+    if (member.info.id == node_.id() || member.state != net::MemberState::alive) continue;
+    // Queued on the connection; a member that died meanwhile fails the send, which is harmless.
+    node_.send(member.info.id, kTag, bytes);
+  }
+}
+
+void ProgressBoard::take(net::PeerId peer, const std::vector<uint8_t>& bytes) {
+  Message m;
+  if (bytes.size() == sizeof m) std::memcpy(&m, bytes.data(), sizeof m);
+  if (bytes.size() != sizeof m || m.samples < 0 || m.ready < 0 || m.ready > 1 ||
+      !std::isfinite(m.rate) || m.rate < 0) {
+    ++rejected_;
+    std::cerr << "[atom] dropped a malformed progress announcement (" << bytes.size()
+              << " bytes) from peer " << net::short_peer_id(peer) << std::endl;
+    return;
+  }
+  Latest& l = latest_[peer];
+  // Messages of one sender arrive in order; a newer round replaces an older one.
+  if (m.round >= l.round) l = {m.round, m.samples, m.ready == 1, m.rate, train::now_s()};
+}
+
+void ProgressBoard::poll() {
+  std::map<net::PeerId, bool> alive;
+  for (const net::MemberView& m : node_.members())
+    if (m.info.id != node_.id()) alive[m.info.id] = m.state == net::MemberState::alive;
+  for (auto it = receives_.begin(); it != receives_.end();) {
+    const net::PeerId peer = it->first;
+    bool failed = false;
+    while (!failed && it->second.test()) {
+      std::vector<uint8_t> bytes;
+      try {
+        bytes = it->second.wait();
+      } catch (const std::exception&) {
+        failed = true;  // the peer died or left: forget it until it is alive again
+        break;
+      }
+      take(peer, bytes);
+      it->second = node_.recv(peer, kTag);
+    }
+    if (failed) {
+      latest_.erase(peer);
+      it = receives_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const auto& [peer, is_alive] : alive) {
+    if (!is_alive) {
+      latest_.erase(peer);
+      continue;
+    }
+    if (!receives_.contains(peer)) receives_.emplace(peer, node_.recv(peer, kTag));
+  }
+}
+
+ProgressBoard::View ProgressBoard::view(double horizon_s) {
+  poll();
+  const double until = train::now_s() + horizon_s;
+  View v;
+  v.live = static_cast<int>(receives_.size());
+  for (const auto& [peer, l] : latest_) {
+    if (!receives_.contains(peer) || l.round > round_) continue;
+    if (l.round < round_) {
+      // Not heard from in this round yet: it started when this peer did, at its old pace.
+      v.projected += l.rate * (until - round_start_);
+      continue;
+    }
+    v.samples += l.samples;
+    v.ready += l.ready ? 1 : 0;
+    v.projected += static_cast<double>(l.samples) + (l.ready ? 0.0 : l.rate * (until - l.at));
+  }
+  return v;
+}
+
+}  // namespace starling::strategy

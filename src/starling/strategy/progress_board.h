@@ -1,0 +1,71 @@
+// How far each peer of an atom swarm has accumulated in the current round: every peer announces
+// its sample count and its pace to every other live member after each micro-batch (point-to-point
+// messages on the swarm, node.h), and reads what the others announced without ever waiting for
+// them. This is what lets peers of unequal speed share one optimizer step: each keeps
+// accumulating until the swarm together will hold the target batch by the end of its next
+// micro-batch, or until another peer says it is ready and waits.
+//
+// Counts are projected forward with each peer's announced pace (samples per second), also across
+// the start of a round, before the peer's first announcement of it arrives: peers start a round
+// together (the exchange ends everywhere at once) and keep their pace from round to round. Without
+// that, every peer would see only itself at its first micro-batch of a round and the swarm would
+// overshoot its target by up to a micro-batch per peer. Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "starling/net/node.h"
+
+namespace starling::strategy {
+
+class ProgressBoard {
+ public:
+  // The mailbox tag announcements travel on.
+  static constexpr uint64_t kTag = 0x61746f6d70726f67;  // "atomprog"
+
+  explicit ProgressBoard(net::Node& node);
+
+  // Round `round` starts now on this peer (its exchange just ended).
+  void begin_round(int64_t round);
+
+  // Tells every other live member that this peer holds `samples` samples of round `round`, gains
+  // `rate` samples per second, and whether it stopped accumulating (`ready`: it waits for the
+  // exchange).
+  void announce(int64_t round, int64_t samples, double rate, bool ready);
+
+  struct View {
+    int64_t samples = 0;   // the other live members' announced counts for the round
+    double projected = 0;  // their counts projected to `horizon_s` from now
+    int ready = 0;         // how many of them stopped accumulating
+    int live = 0;          // the other live members this peer hears from
+  };
+  // Takes every announcement that has arrived (never blocks) and sums the other live members'
+  // progress in the current round.
+  View view(double horizon_s);
+
+  // Malformed announcements dropped so far (each is logged with its sender).
+  int64_t rejected() const { return rejected_; }
+
+ private:
+  struct Latest {
+    int64_t round = -1;
+    int64_t samples = 0;
+    bool ready = false;
+    double rate = 0;  // samples per second
+    double at = 0;    // when it arrived (train::now_s)
+  };
+  void poll();
+  // One received announcement: checked, then kept as the sender's latest.
+  void take(net::PeerId peer, const std::vector<uint8_t>& bytes);
+
+  net::Node& node_;
+  std::map<net::PeerId, net::Transfer> receives_;  // one posted receive per live member
+  std::map<net::PeerId, Latest> latest_;
+  int64_t round_ = 0;
+  double round_start_ = 0;
+  int64_t rejected_ = 0;
+};
+
+}  // namespace starling::strategy

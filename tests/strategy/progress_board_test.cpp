@@ -1,0 +1,94 @@
+// atom's progress board between real swarm peers on loopback: announcements reach the other
+// peers and count only for their round, a peer that has not announced in a round yet is projected
+// at its old pace, a ready peer is seen, and a malformed announcement is dropped and counted,
+// never a crash.
+#include "starling/strategy/progress_board.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "../net/test_swarm.h"
+
+namespace starling::strategy {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Polls `board` until `done` holds for its view (announcements travel asynchronously).
+template <typename Pred>
+ProgressBoard::View wait_view(ProgressBoard& board, double horizon, Pred done) {
+  ProgressBoard::View v;
+  for (int i = 0; i < 300; ++i) {
+    v = board.view(horizon);
+    if (done(v)) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  return v;
+}
+
+TEST(ProgressBoard, CountsTheOthersAnnouncementsOfTheRound) {
+  net::testing::Swarm swarm(3);
+  auto nodes = swarm.start(3);
+  ProgressBoard a(*nodes[0]), b(*nodes[1]), c(*nodes[2]);
+  for (ProgressBoard* board : {&a, &b, &c}) board->begin_round(5);
+  a.view(0);  // posts a's receives
+  b.announce(5, 8, 0, false);
+  c.announce(5, 4, 0, false);
+  auto v = wait_view(a, 0, [](const auto& v) { return v.samples == 12; });
+  EXPECT_EQ(v.samples, 12);
+  EXPECT_EQ(v.ready, 0);
+  EXPECT_DOUBLE_EQ(v.projected, 12);
+  // A newer count replaces the older one; a stale round does not count.
+  b.announce(5, 16, 0, true);
+  c.announce(4, 100, 0, false);
+  v = wait_view(a, 0, [](const auto& v) { return v.ready == 1; });
+  EXPECT_EQ(v.ready, 1);
+  EXPECT_EQ(v.samples, 16 + 4) << "c's announcement for round 4 is older than its round-5 one";
+  EXPECT_EQ(a.rejected(), 0);
+}
+
+TEST(ProgressBoard, ProjectsPeersAtTheirPace) {
+  net::testing::Swarm swarm(2);
+  auto nodes = swarm.start(2);
+  ProgressBoard a(*nodes[0]), b(*nodes[1]);
+  a.begin_round(1);
+  a.view(0);
+  b.announce(1, 10, 100.0, false);  // 10 samples, 100 per second
+  auto v = wait_view(a, 0, [](const auto& v) { return v.samples == 10; });
+  ASSERT_EQ(v.samples, 10);
+  // Half a second ahead, b will have about 50 more.
+  v = a.view(0.5);
+  EXPECT_NEAR(v.projected, 60, 5);
+  // A new round: b has not announced yet, but it started when a did, at the same pace.
+  a.begin_round(2);
+  v = a.view(1.0);
+  EXPECT_EQ(v.samples, 0);
+  EXPECT_NEAR(v.projected, 100, 5);
+  // A ready peer gains nothing more.
+  b.announce(2, 30, 100.0, true);
+  v = wait_view(a, 10.0, [](const auto& v) { return v.ready == 1; });
+  EXPECT_DOUBLE_EQ(v.projected, 30);
+}
+
+TEST(ProgressBoard, MalformedAnnouncementsAreDropped) {
+  net::testing::Swarm swarm(2);
+  auto nodes = swarm.start(2);
+  ProgressBoard a(*nodes[0]);
+  a.begin_round(0);
+  a.view(0);
+  // Too short, then a negative count: both dropped; a good one after them still counts.
+  nodes[1]->send(nodes[0]->id(), ProgressBoard::kTag, {1, 2, 3});
+  std::vector<uint8_t> bad(32, 0);
+  const int64_t negative = -5;
+  std::memcpy(bad.data() + 8, &negative, sizeof negative);
+  nodes[1]->send(nodes[0]->id(), ProgressBoard::kTag, bad);
+  ProgressBoard b(*nodes[1]);
+  b.announce(0, 4, 0, false);
+  const auto v = wait_view(a, 0, [](const auto& v) { return v.samples == 4; });
+  EXPECT_EQ(v.samples, 4);
+  EXPECT_EQ(a.rejected(), 2);
+}
+
+}  // namespace
+}  // namespace starling::strategy
