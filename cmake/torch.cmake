@@ -55,6 +55,7 @@ add_library(starling STATIC
   src/starling/swap/tier.cpp
   src/starling/swap/host_tier.cpp
   src/starling/swap/disk_tier.cpp
+  src/starling/swap/buffer_pool.cpp
   src/starling/swap/swap_slot.cpp
   src/starling/swap/swap_plan.cpp
   src/starling/swap/profile.cpp
@@ -124,6 +125,7 @@ add_executable(starling_tests
   tests/strategy/progress_board_test.cpp
   tests/train/precision_test.cpp
   tests/train/cuda_test.cpp
+  tests/swap/buffer_pool_test.cpp
   tests/swap/swap_test.cpp
 )
 target_link_libraries(starling_tests PRIVATE starling GTest::gtest_main)

@@ -2,8 +2,10 @@
 
 #include <ATen/Parallel.h>
 #include <c10/core/CPUAllocator.h>
+#include <malloc.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -61,6 +63,7 @@ constexpr size_t kMinCached = size_t{1} << 20;
 // the last, shorter micro-batch) share blocks.
 constexpr size_t kGranule = size_t{1} << 20;
 constexpr size_t kAlignment = 64;  // what libtorch's own CPU allocator guarantees
+constexpr size_t kBlockAlignment = 4096;  // large blocks: a page, for O_DIRECT transfers
 
 class CachingCpuAllocator final : public c10::Allocator {
  public:
@@ -80,6 +83,32 @@ class CachingCpuAllocator final : public c10::Allocator {
   CpuCacheStats stats() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return stats_;
+  }
+
+  size_t block_bytes(const void* data) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = sizes_.find(const_cast<void*>(data));
+    if (it == sizes_.end()) return 0;
+    const auto f = free_.find(it->second);
+    if (f != free_.end() && std::find(f->second.begin(), f->second.end(), data) != f->second.end())
+      return 0;  // in the cache, not handed out
+    return it->second;
+  }
+
+  uint64_t release_free() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    uint64_t bytes = 0;
+    for (auto& [size, blocks] : free_) {
+      for (void* p : blocks) {
+        sizes_.erase(p);
+        std::free(p);
+        bytes += size;
+      }
+      blocks.clear();
+    }
+    stats_.cached_bytes -= bytes;
+    stats_.mapped_bytes -= bytes;
+    return bytes;
   }
 
   static CachingCpuAllocator& instance() {
@@ -107,7 +136,7 @@ class CachingCpuAllocator final : public c10::Allocator {
       }
     }
     if (!p) {
-      p = system_alloc(size);
+      if (posix_memalign(&p, kBlockAlignment, size) != 0) throw std::bad_alloc();
       std::lock_guard<std::mutex> lock(mutex_);
       sizes_[p] = size;
       stats_.mapped_bytes += size;
@@ -153,6 +182,17 @@ void install_caching_cpu_allocator() {
 }
 
 CpuCacheStats caching_cpu_allocator_stats() { return CachingCpuAllocator::instance().stats(); }
+
+size_t cached_cpu_block_bytes(const void* data) {
+  return CachingCpuAllocator::instance().block_bytes(data);
+}
+
+uint64_t release_cached_cpu_blocks() {
+  const uint64_t bytes = CachingCpuAllocator::instance().release_free();
+  // Blocks glibc kept in its heap (below its mmap threshold) go back too.
+  ::malloc_trim(0);
+  return bytes;
+}
 
 int setup_cpu_runtime(int threads, bool system_allocator) {
   const int n = configure_threads(threads);

@@ -30,6 +30,16 @@ struct CpuCacheStats {
 };
 CpuCacheStats caching_cpu_allocator_stats();
 
+// The cache's blocks are page-aligned (4096 bytes) and span whole MiBs. If `data` is the start of
+// a block the cache handed out and has not taken back, returns the block's bytes; otherwise 0.
+// A swapped tensor can keep such a block as its storage (the disk tier's O_DIRECT transfers need
+// the alignment) instead of being copied into one.
+size_t cached_cpu_block_bytes(const void* data);
+
+// Gives the cache's free blocks back to the system and returns their bytes. For after a one-off
+// pass (the swap planner's profiling) whose blocks the steps will not ask for again.
+uint64_t release_cached_cpu_blocks();
+
 // configure_threads(threads), then install_caching_cpu_allocator() unless `system_allocator`.
 int setup_cpu_runtime(int threads, bool system_allocator = false);
 

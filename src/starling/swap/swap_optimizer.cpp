@@ -96,6 +96,7 @@ void Swapper::step_streamed(double lr, const at::Tensor& coef) {
       // The gradient is spent: the next step starts without one.
       SwapSlot& g = grads_[job.p];
       track(-g.held());
+      if (g.resident()) release(g);
       params[job.p].value.mutable_grad().reset();
       g.tensor.reset();
       g.state = SwapSlot::State::kOut;

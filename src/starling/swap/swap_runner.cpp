@@ -87,7 +87,11 @@ class SwapStepRunner final : public train::StepRunner {
     return "swap: peak resident " + format_bytes(static_cast<double>(st.peak_resident)) +
            ", read " + format_bytes(static_cast<double>(st.read_bytes)) + ", written " +
            format_bytes(static_cast<double>(st.write_bytes)) + ", waited " +
-           train::fmt("%.2f s", st.wait_s) + " on " + swapper_->tier().describe();
+           train::fmt("%.2f s", st.wait_s) + " on " + swapper_->tier().describe() +
+           "; passes " + train::fmt("%.2f s", st.pass_s) + " (waiting " +
+           train::fmt("%.2f s", st.pass_wait_s) + "), optimizer " +
+           train::fmt("%.2f s", st.update_s) + " (waiting " + train::fmt("%.2f s", st.update_wait_s) +
+           ")";
   }
 
  private:
@@ -111,6 +115,9 @@ StepRunnerFactory swapped_step_runner() {
         auto swapper =
             std::make_unique<Swapper>(*s.dag, *s.optimizer, std::move(plan),
                                       make_tier(c.swap.tier, tier_dir(c)), c.train.grad_accum);
+        // The profiling pass's blocks (a whole model's gradients and activations) and the
+        // evicted state's would otherwise stay cached for the whole run, far over the budget.
+        release_cached_cpu_blocks();
         return std::make_unique<SwapStepRunner>(s, std::move(swapper));
       };
 }

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Allocator.h>
 
 #include <cstdint>
 
@@ -36,14 +37,20 @@ struct SwapSlot {
   int64_t held() const { return state == State::kOut ? 0 : static_cast<int64_t>(align_up(bytes)); }
 };
 
-// Moves `t`'s bytes into a fresh kSwapAlign-aligned buffer that becomes its storage (the tier's
-// transfers need the alignment). std::logic_error unless `t` is a contiguous CPU tensor that
-// starts its storage and spans all of it.
-void adopt_storage(const at::Tensor& t);
-// Gives the empty storage of `t` a fresh aligned buffer of `bytes` bytes (contents undefined).
-void allocate_storage(const at::Tensor& t, size_t bytes);
-// Frees the storage's buffer; the storage's size becomes 0.
-void free_storage(const at::Tensor& t);
+// Moves `t`'s bytes into `buffer` (kSwapAlign-aligned, spanning align_up of t's bytes; see
+// BufferPool::take), which becomes its storage (the tier's transfers need the alignment).
+// std::logic_error unless `t` is a contiguous CPU tensor that starts its storage and spans all
+// of it.
+void adopt_storage(const at::Tensor& t, at::DataPtr buffer);
+// Whether `t`'s storage can go to the tier as it is, without adopt_storage's copy: a contiguous
+// CPU tensor spanning all of its storage, whose buffer is a page-aligned block of the caching CPU
+// allocator (common/cpu_runtime.h) at least align_up(bytes) long. Autograd's gradients and the
+// model's large weights are.
+bool can_keep_storage(const at::Tensor& t);
+// Gives the empty storage of `t` `buffer`, as its `bytes` bytes (contents undefined).
+void allocate_storage(const at::Tensor& t, at::DataPtr buffer, size_t bytes);
+// Takes the storage's buffer away and returns it; the storage's size becomes 0.
+at::DataPtr free_storage(const at::Tensor& t);
 // The start of the storage's buffer.
 void* storage_data(const at::Tensor& t);
 

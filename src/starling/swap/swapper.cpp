@@ -46,7 +46,7 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
   auto slot = [&](const at::Tensor& t, bool pin) {
     if (t.scalar_type() != at::kFloat) throw std::logic_error("swap: training state must be fp32");
     // Only what may go to the tier needs aligned storage; a pinned slot never leaves.
-    if (!pin) adopt_storage(t);
+    if (!pin && !can_keep_storage(t)) adopt_storage(t, pool_.take(static_cast<size_t>(t.nbytes())));
     SwapSlot s;
     s.tensor = t;
     s.bytes = static_cast<size_t>(t.numel()) * t.element_size();
@@ -76,6 +76,7 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
     }
   make_room(0, true);
   drain_writes();
+  fit_pool();
   // Counted from here: adopting the state briefly held all of it.
   stats_.peak_resident = held_;
 }
@@ -100,6 +101,20 @@ Swapper::~Swapper() {
 void Swapper::track(int64_t delta) {
   held_ += delta;
   stats_.peak_resident = std::max(stats_.peak_resident, held_);
+  if (delta > 0) fit_pool();
+}
+
+// The room reserved for gradients a backward is about to create is not taken from the pool: those
+// gradients are made by autograd elsewhere and copied into kept buffers of their size.
+void Swapper::fit_pool() { pool_.trim(plan_.budget - held_); }
+
+void Swapper::release(SwapSlot& s) {
+  // A pinned gradient's buffer is autograd's and never goes to the tier: it is simply dropped.
+  // Other buffers, kept ones from the caching allocator too, serve later loads of their size.
+  if (s.pinned)
+    free_storage(s.tensor);
+  else
+    pool_.give(free_storage(s.tensor), s.bytes);
 }
 
 // ---- slots ----
@@ -107,7 +122,7 @@ void Swapper::track(int64_t delta) {
 void Swapper::evict(SwapSlot& s) {
   if (s.state != SwapSlot::State::kResident || s.pinned) return;
   if (!s.dirty) {
-    free_storage(s.tensor);
+    release(s);
     s.state = SwapSlot::State::kOut;
     track(-static_cast<int64_t>(align_up(s.bytes)));
     return;
@@ -120,7 +135,7 @@ void Swapper::evict(SwapSlot& s) {
 
 void Swapper::load(SwapSlot& s) {
   if (s.state != SwapSlot::State::kOut) return;
-  allocate_storage(s.tensor, s.bytes);
+  allocate_storage(s.tensor, pool_.take(s.bytes), s.bytes);
   track(static_cast<int64_t>(align_up(s.bytes)));
   s.io = tier_->read(s.key, 0, storage_data(s.tensor), s.bytes);
   s.state = SwapSlot::State::kLoading;
@@ -148,7 +163,7 @@ void Swapper::poll_writes() {
       s->dirty = false;
       return true;
     }
-    free_storage(s->tensor);
+    release(*s);
     s->state = SwapSlot::State::kOut;
     s->dirty = false;
     track(-static_cast<int64_t>(align_up(s->bytes)));
@@ -308,8 +323,10 @@ void Swapper::adopt_grads(int group) {
       g = g.contiguous().clone();
       params[p].value.mutable_grad() = g;
     }
-    // A pinned gradient is never written out: it keeps autograd's buffer (no copy per step).
-    if (!s.pinned) adopt_storage(g);
+    // Autograd's buffer is kept when the tier can write from it (a large gradient, from the
+    // caching CPU allocator) or when it never goes there (a pinned group's); only small
+    // gradients are copied into aligned buffers.
+    if (!s.pinned && !can_keep_storage(g)) adopt_storage(g, pool_.take(s.bytes));
     s.tensor = g;
     s.state = SwapSlot::State::kResident;
     s.dirty = true;
@@ -352,12 +369,15 @@ void Swapper::before(int node, graph::Phase phase) {
 void Swapper::begin_step() {
   leave();
   in_step_ = true;
+  step_start_s_ = now_s();
+  step_start_wait_s_ = stats_.wait_s;
   auto& params = dag_.params().params();
   for (size_t p = 0; p < params.size(); ++p) {
     SwapSlot& s = grads_[p];
     if (!s.tensor.defined()) continue;
     settle(s);
     track(-s.held());
+    if (s.resident()) release(s);
     params[p].value.mutable_grad().reset();
     s.tensor.reset();
     s.state = SwapSlot::State::kOut;
@@ -374,7 +394,20 @@ void Swapper::end_pass() { leave(); }
 at::Tensor Swapper::update(double lr, double max_norm) {
   at::NoGradGuard no_grad;
   leave();
+  const double start = now_s(), start_wait = stats_.wait_s;
+  if (in_step_) {
+    stats_.pass_s += start - step_start_s_;
+    stats_.pass_wait_s += start_wait - step_start_wait_s_;
+  }
   in_step_ = false;
+  struct Timed {
+    SwapStats& st;
+    double start, start_wait;
+    ~Timed() {
+      st.update_s += now_s() - start;
+      st.update_wait_s += st.wait_s - start_wait;
+    }
+  } timed{stats_, start, start_wait};
   std::vector<at::Tensor> norms;
   for (size_t p = 0; p < grads_.size(); ++p) {
     if (!grads_[p].tensor.defined()) continue;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "starling/graph/executor.h"
+#include "starling/swap/buffer_pool.h"
 #include "starling/swap/swap_plan.h"
 #include "starling/swap/swap_slot.h"
 #include "starling/swap/tier.h"
@@ -36,7 +37,11 @@ namespace starling::swap {
 struct SwapStats {
   int64_t peak_resident = 0;  // the largest resident set of the steps (checkpoints excluded)
   int64_t read_bytes = 0, write_bytes = 0;
-  double wait_s = 0;  // time the training thread waited for the tier
+  double wait_s = 0;  // time the training thread waited for the tier, in all
+  // Where the steps' time went: the micro-batches' passes (begin_step to update) and the
+  // optimizer (update), each with the part of it spent waiting for the tier.
+  double pass_s = 0, pass_wait_s = 0;
+  double update_s = 0, update_wait_s = 0;
 };
 
 class Swapper final : public graph::NodeObserver {
@@ -82,6 +87,8 @@ class Swapper final : public graph::NodeObserver {
   bool make_room(int64_t bytes, bool must);
   void adopt_grads(int group);
   void track(int64_t delta);
+  void fit_pool();                    // kept buffers give way to what is held
+  void release(SwapSlot& s);          // its buffer goes to the pool; the storage empties
   void step_streamed(double lr, const at::Tensor& coef);
 
   graph::OpDag& dag_;
@@ -96,6 +103,7 @@ class Swapper final : public graph::NodeObserver {
   std::vector<at::Tensor> norms_;  // per parameter, taken when its gradient is final
   std::vector<SwapSlot*> writing_;
   std::vector<char*> staging_;
+  BufferPool pool_;
   int64_t held_ = 0;
   int64_t reserved_ = 0;  // gradients the running group's backward is about to create
   uint64_t epoch_ = 1;    // slots start with guard 0: unguarded
@@ -104,6 +112,7 @@ class Swapper final : public graph::NodeObserver {
   int current_ = -1;
   bool current_backward_ = false;
   int64_t task_ = -1;
+  double step_start_s_ = 0, step_start_wait_s_ = 0;
   SwapStats stats_;
 };
 
