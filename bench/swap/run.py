@@ -126,7 +126,8 @@ def main():
                 "steady_rss_mb": statistics.median(x["steady_rss_mb"] for x in results),
                 "cache_mb": statistics.median(x["cache_mb"] for x in results),
                 "predicted_s": results[0]["predicted_s"],
-                "moved_gb": results[0]["moved_gb"]}
+                "moved_gb": results[0]["moved_gb"],
+                "optimizer_s": statistics.median(x["optimizer_s"] for x in results)}
 
     base = measure("plain", [])
     write_bw, read_bw = disk_bandwidth(swap_dir) if "disk" in args.tiers else (0, 0)
@@ -145,10 +146,11 @@ def main():
               f"(dd, O_DIRECT, 2 GB)")
     print("limit: max(unswapped step, the step's planned bytes at dd's disk bandwidth), the "
           "fastest a swapped step can be")
+    print("opt: seconds per step in the optimizer's pass (AdamW streamed through the tier)")
     print("RSS: peak over the steady steps (the whole run's peak, with model construction and "
           "the final checkpoint, in brackets); cache: page-cache growth over the steps")
     print(f"{'tier':5} {'budget':>10} {'tokens/s':>9} {'ratio':>6} {'s/step':>7} "
-          f"{'limit':>6} {'predicted':>9} {'RSS MB':>14} {'cache MB':>8}")
+          f"{'limit':>6} {'predicted':>9} {'opt':>5} {'RSS MB':>14} {'cache MB':>8}")
     for tier in args.tiers:
         for f in args.fractions:
             budget = int(state * f)
@@ -164,7 +166,7 @@ def main():
             io_s = read_gb / read_bw + write_gb / write_bw if tier == "disk" and read_bw else 0
             limit = max(base["step_s"], io_s)
             print(f"{tier:5} {f:>9.0%} {res['tokens_per_s']:>9.0f} {ratio:>6.2f} "
-                  f"{res['step_s']:>7.2f} {limit:>6.2f} {pred:>9} {rss:>14} "
+                  f"{res['step_s']:>7.2f} {limit:>6.2f} {pred:>9} {res['optimizer_s']:>5.2f} {rss:>14} "
                   f"{res['cache_mb']:>8.0f}")
     subprocess.run(["rm", "-rf", work])
 
@@ -213,12 +215,14 @@ def run_one(args, out_dir, sets):
     subprocess.run(["rm", "-rf", out_dir])
     predicted = re.search(r"predicted ([0-9.]+) s", text)
     moved = re.search(r"\(read ([0-9.]+) GB, write ([0-9.]+) GB\)", text)
+    optimizer = re.search(r"optimizer ([0-9.]+) s \(waiting", text)
     return {"tokens_per_s": tokens_per_s, "step_s": step_s,
             "rss_mb": int(re.search(r"maxrss_kb (\d+)", text).group(1)) / 1024,
             "steady_rss_mb": steady_rss_kb / 1024,
             "cache_mb": grown_mb,
             "predicted_s": float(predicted.group(1)) if predicted else None,
-            "moved_gb": (float(moved.group(1)), float(moved.group(2))) if moved else (0.0, 0.0)}
+            "moved_gb": (float(moved.group(1)), float(moved.group(2))) if moved else (0.0, 0.0),
+            "optimizer_s": float(optimizer.group(1)) / args.steps if optimizer else 0.0}
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ constexpr size_t kMinCached = size_t{1} << 20;
 // Large requests are rounded up to this granularity so that tensors of nearly equal size (e.g.
 // the last, shorter micro-batch) share blocks.
 constexpr size_t kGranule = size_t{1} << 20;
-constexpr size_t kAlignment = 64;  // what libtorch's own CPU allocator guarantees
+constexpr size_t kAlignment = 64;         // what libtorch's own CPU allocator guarantees
 constexpr size_t kBlockAlignment = 4096;  // large blocks: a page, for O_DIRECT transfers
 
 class CachingCpuAllocator final : public c10::Allocator {

@@ -51,7 +51,9 @@ void Swapper::step_streamed(double lr, const at::Tensor& coef) {
   auto issue = [&](size_t j) {
     const Job& job = jobs[j];
     auto slots = slots_of(job.p);
+    const double t0 = train::now_s();
     wait_all(writes[j % kSets]);
+    stats_.wait_s += train::now_s() - t0;
     for (int op = 0; op < kOperands; ++op) {
       SwapSlot& s = *slots[op];
       settle(s);

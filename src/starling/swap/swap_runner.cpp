@@ -87,11 +87,10 @@ class SwapStepRunner final : public train::StepRunner {
     return "swap: peak resident " + format_bytes(static_cast<double>(st.peak_resident)) +
            ", read " + format_bytes(static_cast<double>(st.read_bytes)) + ", written " +
            format_bytes(static_cast<double>(st.write_bytes)) + ", waited " +
-           train::fmt("%.2f s", st.wait_s) + " on " + swapper_->tier().describe() +
-           "; passes " + train::fmt("%.2f s", st.pass_s) + " (waiting " +
-           train::fmt("%.2f s", st.pass_wait_s) + "), optimizer " +
-           train::fmt("%.2f s", st.update_s) + " (waiting " + train::fmt("%.2f s", st.update_wait_s) +
-           ")";
+           train::fmt("%.2f s", st.wait_s) + " on " + swapper_->tier().describe() + "; passes " +
+           train::fmt("%.2f s", st.pass_s) + " (waiting " + train::fmt("%.2f s", st.pass_wait_s) +
+           "), optimizer " + train::fmt("%.2f s", st.update_s) + " (waiting " +
+           train::fmt("%.2f s", st.update_wait_s) + ")";
   }
 
  private:

@@ -87,8 +87,8 @@ class Swapper final : public graph::NodeObserver {
   bool make_room(int64_t bytes, bool must);
   void adopt_grads(int group);
   void track(int64_t delta);
-  void fit_pool();                    // kept buffers give way to what is held
-  void release(SwapSlot& s);          // its buffer goes to the pool; the storage empties
+  void fit_pool();            // kept buffers give way to what is held
+  void release(SwapSlot& s);  // its buffer goes to the pool; the storage empties
   void step_streamed(double lr, const at::Tensor& coef);
 
   graph::OpDag& dag_;
