@@ -104,8 +104,9 @@ void Swapper::track(int64_t delta) {
   if (delta > 0) fit_pool();
 }
 
-// The room reserved for gradients a backward is about to create is not taken from the pool: those
-// gradients are made by autograd elsewhere and copied into kept buffers of their size.
+// The room reserved for gradients a backward is about to create is not taken from the pool:
+// autograd makes them in its own blocks, which the large ones keep; small ones are copied into kept
+// buffers.
 void Swapper::fit_pool() { pool_.trim(plan_.budget - held_); }
 
 void Swapper::release(SwapSlot& s) {
