@@ -2,6 +2,8 @@
 // shaped link): every strategy keeps its replicas identical, a peer killed with SIGKILL costs the
 // others one timeout, a joiner adopts the running swarm's state, a stopped swarm resumes exactly,
 // the torchrun-style environment finds the peers, and atom's peers of unequal speed share steps.
+// Swapped peers (a [swap] budget) exchange their gradients a layer group at a time: ddp's stay
+// bit-identical to unswapped ones, and joins and kills work as without swapping.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -11,6 +13,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 #include <sstream>
 
 #include "run_cli.h"
@@ -110,9 +113,10 @@ class SwarmCliTest : public ::testing::Test {
   }
   static fs::path run_dir(const std::string& name) { return root_ / ("run_" + name); }
 
-  // argv of one `starling peer` (insecure, on loopback) of config `name`.
+  // argv of one `starling peer` (insecure, on loopback) of config `name`, with `extra` arguments.
   static std::vector<std::string> peer_argv(const std::string& name, int rank, int world,
-                                            const std::string& join, int64_t min_peers) {
+                                            const std::string& join, int64_t min_peers,
+                                            const std::vector<std::string>& extra = {}) {
     std::vector<std::string> argv = {
         STARLING_CLI_PATH,
         "peer",
@@ -130,7 +134,25 @@ class SwarmCliTest : public ::testing::Test {
         "--set",
         "net.min_peers=" + std::to_string(min_peers)};
     if (!join.empty()) argv.insert(argv.end(), {"--join", join});
+    argv.insert(argv.end(), extra.begin(), extra.end());
     return argv;
+  }
+
+  // Settings that swap a peer: two layers (so that there are groups to swap), and a budget
+  // of 600 KB of its 836 KB of training state on the disk tier.
+  static std::vector<std::string> swapped() {
+    return {"model.n_layer=2", "swap.budget=\"600KB\"", "swap.tier=\"disk\"",
+            "swap.dir=\"" + root_.string() + "\""};
+  }
+  static std::string as_sets(const std::vector<std::string>& sets) {
+    std::string out;
+    for (const auto& s : sets) out += " --set '" + s + "'";
+    return out;
+  }
+  static std::vector<std::string> as_argv(const std::vector<std::string>& sets) {
+    std::vector<std::string> out;
+    for (const auto& s : sets) out.insert(out.end(), {"--set", s});
+    return out;
   }
 
   // Two `starling peer` ranks of config `name`, launched as torchrun would (RANK, WORLD_SIZE,
@@ -172,19 +194,19 @@ class SwarmCliTest : public ::testing::Test {
   // Three peers of config `name` train `steps` steps; the third is killed with SIGKILL after
   // step `kill_after`. The two survivors must finish as a swarm of two with identical models.
   static void kill_one_of_three(const std::string& name, const std::string& strategy, int64_t steps,
-                                int64_t kill_after) {
+                                int64_t kill_after, const std::vector<std::string>& extra = {}) {
     // Step events only every 20 steps: a peer whose stdout nobody reads yet must not fill its pipe.
     write_config(name, strategy, steps, 20);
     fs::create_directories(run_dir(name));
     const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
     std::vector<Process> peers;
-    peers.emplace_back(peer_argv(name, 0, 3, "", 3), log(0).string());
+    peers.emplace_back(peer_argv(name, 0, 3, "", 3, extra), log(0).string());
     auto listening = wait_event(
         peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
     ASSERT_TRUE(listening);
     const std::string entry = (*listening)["endpoint"];
     for (int i = 1; i < 3; ++i)
-      peers.emplace_back(peer_argv(name, i, 3, entry, 3), log(i).string());
+      peers.emplace_back(peer_argv(name, i, 3, entry, 3, extra), log(i).string());
     ASSERT_TRUE(wait_event(
         peers[2], [&](const json& j) { return j["event"] == "step" && j["step"] >= kill_after; },
         60s));
@@ -312,6 +334,90 @@ TEST_F(SwarmCliTest, JoinerAdoptsTheRunningSwarmsState) {
   const std::string model = final_model(run_dir("join") / "peer-0", 300);
   EXPECT_TRUE(final_model(run_dir("join") / "peer-1", 300) == model);
   EXPECT_TRUE(final_model(run_dir("join") / "peer-2", 300) == model);
+}
+
+// Swapped peers: two ddp peers, so every sum is a + b whichever peer adds, train bit-identically
+// to unswapped ones although their gradients are summed a layer group at a time; three atom peers
+// keep identical replicas. Every peer really swapped and stayed within its budget.
+TEST_F(SwarmCliTest, SwappedPeersTrainLikeUnswappedOnes) {
+  const std::string two_layers = " --set model.n_layer=2";
+  const fs::path plain = write_config("swap_plain", "kind = \"ddp\"");
+  const auto a = run_cli("train -q --peers 2 --config " + plain.string() + two_layers);
+  ASSERT_EQ(a.code, 0) << a.output << read_file(run_dir("swap_plain") / "peer-0.log");
+  const fs::path ddp = write_config("swap_ddp", "kind = \"ddp\"");
+  const auto b = run_cli("train -q --peers 2 --config " + ddp.string() + as_sets(swapped()));
+  ASSERT_EQ(b.code, 0) << b.output << read_file(run_dir("swap_ddp") / "peer-0.log")
+                       << read_file(run_dir("swap_ddp") / "peer-1.log");
+  for (int i = 0; i < 2; ++i) {
+    const std::string peer = "peer-" + std::to_string(i);
+    EXPECT_EQ(val_losses(run_dir("swap_ddp") / peer), val_losses(run_dir("swap_plain") / peer));
+    EXPECT_TRUE(final_model(run_dir("swap_ddp") / peer, 16) ==
+                final_model(run_dir("swap_plain") / peer, 16))
+        << peer << ": the swapped replica's final model differs from the unswapped one's";
+  }
+
+  const fs::path atom = write_config("swap_atom", "kind = \"atom\"\ntarget_batch = 24");
+  const auto c = run_cli("train -q --peers 3 --config " + atom.string() + as_sets(swapped()));
+  ASSERT_EQ(c.code, 0) << c.output << read_file(run_dir("swap_atom") / "peer-0.log");
+  const std::string model = final_model(run_dir("swap_atom") / "peer-0", 16);
+  ASSERT_FALSE(model.empty());
+  const std::regex report("swap: peak resident ([0-9.]+) KB, read ([0-9.]+) (KB|MB)");
+  for (const std::string run : {"swap_ddp", "swap_atom"})
+    for (int i = 0; i < (run == "swap_ddp" ? 2 : 3); ++i) {
+      const std::string log = read_file(run_dir(run) / ("peer-" + std::to_string(i) + ".log"));
+      std::smatch m;
+      ASSERT_TRUE(std::regex_search(log, m, report)) << run << " peer " << i << ": " << log;
+      EXPECT_LE(std::stod(m[1].str()), 600.0 * 1.024) << log;  // format_bytes' KB are 1000 B
+      EXPECT_GT(std::stod(m[2].str()), 0) << log;
+      if (run == "swap_atom")
+        EXPECT_TRUE(final_model(run_dir(run) / ("peer-" + std::to_string(i)), 16) == model)
+            << "atom peer " << i << "'s final model differs";
+    }
+}
+
+// A swapped peer joins a running swarm of swapped atom peers: the running ones bring their whole
+// state in for the transfer and write the adopted values back to their tiers.
+TEST_F(SwarmCliTest, SwappedSwarmTakesAJoiner) {
+  write_config("swap_join", "kind = \"atom\"\ntarget_batch = 16", 120, 20);
+  fs::create_directories(run_dir("swap_join"));
+  const auto log = [&](int i) { return run_dir("swap_join") / ("p" + std::to_string(i) + ".log"); };
+  const auto extra = as_argv(swapped());
+  std::vector<Process> peers;
+  peers.emplace_back(peer_argv("swap_join", 0, 3, "", 2, extra), log(0).string());
+  auto listening = wait_event(
+      peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
+  ASSERT_TRUE(listening);
+  const std::string entry = (*listening)["endpoint"];
+  peers.emplace_back(peer_argv("swap_join", 1, 3, entry, 2, extra), log(1).string());
+  ASSERT_TRUE(wait_event(
+      peers[1], [](const json& j) { return j["event"] == "step" && j["step"] >= 20; }, 60s))
+      << read_file(log(1));
+  peers.emplace_back(peer_argv("swap_join", 2, 3, entry, 1, extra), log(2).string());
+  for (int i = 0; i < 3; ++i) {
+    auto done = wait_event(
+        peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
+    ASSERT_TRUE(done) << "peer " << i << ": " << read_file(log(i));
+    EXPECT_EQ((*done)["net"]["peers"], 3);
+    // The last step's exchange went through: the swarm trains on after the join.
+    EXPECT_GE((*done)["net"]["swarm_samples"].get<double>(), 16) << read_file(log(i));
+  }
+  EXPECT_NE(read_file(log(2)).find("adopting the swarm's state"), std::string::npos)
+      << read_file(log(2));
+  // One transfer repairs the step the join interrupted; not one per step from then on.
+  const std::string first = read_file(log(0));
+  size_t transfers = 0;
+  for (size_t at = first.find("adopting"); at != std::string::npos;
+       at = first.find("adopting", at + 1))
+    ++transfers;
+  EXPECT_LE(transfers, 3u) << first;
+  const std::string model = final_model(run_dir("swap_join") / "peer-0", 120);
+  ASSERT_FALSE(model.empty());
+  EXPECT_TRUE(final_model(run_dir("swap_join") / "peer-1", 120) == model);
+  EXPECT_TRUE(final_model(run_dir("swap_join") / "peer-2", 120) == model);
+}
+
+TEST_F(SwarmCliTest, SwappedAtomSurvivesAKilledPeer) {
+  kill_one_of_three("swap_kill", "kind = \"atom\"", 150, 20, as_argv(swapped()));
 }
 
 // Two peers, so every sum is a + b and bit-identical whichever peer adds: a stopped and resumed

@@ -7,6 +7,7 @@
 #include "starling/cli/commands.h"
 #include "starling/common/error.h"
 #include "starling/strategy/peer.h"
+#include "starling/swap/swap_runner.h"
 #include "starling/train/events.h"
 
 namespace starling::cli {
@@ -127,6 +128,7 @@ void add_peer_command(CLI::App& app) {
     o.train.data_rank = rank;
     o.train.data_world = world;
     o.train.json_events = a->json;
+    if (c.swap.enabled()) o.train.step_runner = swap::swapped_step_runner();
     const auto r = strategy::run_peer(c, o);
     if (a->json) {
       rusage usage{};

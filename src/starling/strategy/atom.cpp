@@ -55,32 +55,24 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
 
 void Atom::gradients_ready(train::Replica& r) {
   const Agreement a = agree(r);
-  at::Tensor& grads = grads_->device();
-  flat_->gather_grads(grads);
   // A peer that just adopted the swarm's parameters computed its gradients on other ones.
   const int64_t counted = a.contribute ? local_samples_ : 0;
-  if (!a.contribute) grads.zero_();
-  // The sample counts travel in fp32 beside the gradients (on their own tag, at the same time),
-  // whatever the gradients' wire precision.
+  // The sample counts travel in fp32, whatever the gradients' wire precision: launched first,
+  // waited for after the first piece of gradients. They share the gradients' tag: a peer that
+  // just joined (its agreement was in start(), the others' in this exchange) calls the next
+  // agreement on that tag, so every one of these collectives is refused at once instead of
+  // waiting for a peer that never calls it.
   at::Tensor count = at::full({1}, static_cast<float>(counted), at::kFloat);
-  net::CollectiveOptions count_options = options(net::WirePrecision::fp32);
-  count_options.tag = 1;
-  bool ok = a.contributors > 0;
-  if (ok) {
-    const net::Work counting = net_.all_reduce(as_span(count), count_options);
-    ok = all_reduce(*grads_, precision_, "gradient all-reduce");
-    ok = wait(counting, "sample count all-reduce") && ok;
-  }
-  swarm_samples_ = ok ? static_cast<int64_t>(count.item<float>()) : 0;
-  if (ok && swarm_samples_ > 0) {
-    grads.div_(static_cast<double>(swarm_samples_));
-  } else {
-    // No average this step: as in ddp, the update is skipped and the next agreement repairs.
-    grads.zero_();
-    need_state_ = true;
-  }
-  flat_->scatter_grads(grads);
-  ++rounds_;
+  std::optional<net::Work> counting;
+  if (a.contributors > 0)
+    counting = net_.all_reduce(as_span(count), options(net::WirePrecision::fp32));
+  swarm_samples_ = 0;
+  const bool ok = average_gradients(r, a, [&] {
+    if (!counting || !wait(*counting, "sample count all-reduce")) return 0.0;
+    swarm_samples_ = static_cast<int64_t>(count.item<float>());
+    return static_cast<double>(swarm_samples_);
+  });
+  if (!ok) swarm_samples_ = 0;
 }
 
 nlohmann::json Atom::checkpoint_state(std::vector<std::pair<std::string, at::Tensor>>&) {

@@ -2,30 +2,59 @@
 
 #include <ATen/ATen.h>
 
+#include <stdexcept>
+
+#include "starling/train/step_runner.h"
+
 namespace starling::strategy {
 
 Ddp::Ddp(const train::RunConfig& config, net::Collectives& net) : SwarmStrategy(config, net) {}
 
-void Ddp::allocate(train::Replica&) {
-  grads_.emplace(flat_->device(), flat_->numel(), through_host());
+// The gradient buffer is sized by the first exchange, when the runner's pieces are known.
+void Ddp::allocate(train::Replica&) {}
+
+bool Ddp::average_gradients(train::Replica& r, const Agreement& a,
+                            const std::function<double()>& divisor) {
+  if (r.runner == nullptr) throw std::logic_error("ddp: gradients exchanged before the first step");
+  ++rounds_;
+  if (a.contributors == 0) {
+    r.runner->visit_gradients([&](std::span<const int> piece) {
+      for (int i : piece) r.params.params()[i].value.mutable_grad().zero_();
+    });
+    return false;
+  }
+  bool ok = true;
+  double d = 0;
+  bool asked = false;
+  r.runner->visit_gradients([&](std::span<const int> piece) {
+    const int64_t n = flat_->numel(piece);
+    if (!grads_ || grads_->numel() < n) grads_.emplace(flat_->device(), n, through_host());
+    at::Tensor grads = grads_->device().narrow(0, 0, n);
+    flat_->gather_grads(piece, grads);
+    // A peer that just adopted the swarm's parameters computed its gradients on other ones.
+    if (!a.contribute) grads.zero_();
+    ok = all_reduce(*grads_, n, precision_, "gradient all-reduce") && ok;
+    if (!asked) {
+      d = divisor();
+      asked = true;
+      ok = ok && d > 0;
+    }
+    if (ok) {
+      grads.div_(d);
+    } else {
+      // No average this step: every peer that got here without one skips the update, and the
+      // next agreement brings any peer whose step went through differently back in line.
+      grads.zero_();
+    }
+    flat_->scatter_grads(piece, grads);
+  });
+  if (!ok) need_state_ = true;
+  return ok;
 }
 
 void Ddp::gradients_ready(train::Replica& r) {
   const Agreement a = agree(r);
-  at::Tensor& grads = grads_->device();
-  flat_->gather_grads(grads);
-  // A peer that just adopted the swarm's parameters computed its gradients on other ones.
-  if (!a.contribute) grads.zero_();
-  if (a.contributors > 0 && all_reduce(*grads_, precision_, "gradient all-reduce")) {
-    grads.div_(static_cast<double>(a.contributors));
-  } else {
-    // No average this step: every peer that got here without one skips the update, and the
-    // next agreement brings any peer whose step went through differently back in line.
-    grads.zero_();
-    need_state_ = true;
-  }
-  flat_->scatter_grads(grads);
-  ++rounds_;
+  average_gradients(r, a, [&a] { return static_cast<double>(a.contributors); });
 }
 
 bool Ddp::step_done(train::Replica&, bool) {

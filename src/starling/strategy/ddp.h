@@ -1,7 +1,11 @@
 // ddp: the baseline everyone knows. Every step all-reduces the gradients (mean over the peers),
 // so every replica takes the same optimizer step and stays identical; a joiner adopts the
-// parameters, AdamW moments and step.
+// parameters, AdamW moments and step. The gradients are reached through the step runner a piece
+// at a time (one piece for a replica in memory, a layer group's for a swapped one), so a swapped
+// replica exchanges them within its memory budget.
 #pragma once
+
+#include <functional>
 
 #include "starling/strategy/swarm_strategy.h"
 
@@ -23,7 +27,18 @@ class Ddp : public SwarmStrategy {
   void restore(train::Replica&, const nlohmann::json&, const SafetensorsFile&) override {}
 
  protected:
-  std::optional<Staging> grads_;
+  // Sums the peers' gradients piece by piece (StepRunner::visit_gradients) and divides them by
+  // divisor(), which is asked once, after the first piece's sum: a divisor that travels in a
+  // collective of its own arrives meanwhile. A peer that does not contribute (`a`) sends zeros.
+  // Every piece is summed even after one fails, so the peers' collectives stay matched. Returns
+  // false when a sum failed or the divisor is not positive: then the gradients visited from then
+  // on are zeroed, and the next agreement brings the replicas back in line (need_state_). A round
+  // without contributors (every peer has just adopted the root's state) sends nothing: every
+  // peer skips the update alike, and the next round is a normal one.
+  bool average_gradients(train::Replica& r, const Agreement& a,
+                         const std::function<double()>& divisor);
+
+  std::optional<Staging> grads_;  // the largest piece's gradients, as the network sends them
 };
 
 }  // namespace starling::strategy

@@ -40,11 +40,18 @@ void Flat::gather(at::Tensor& flat) const {
   concatenate(pieces, flat, device_);
 }
 
-void Flat::gather_grads(at::Tensor& flat) const {
+int64_t Flat::numel(std::span<const int> params) const {
+  int64_t n = 0;
+  for (int i : params) n += params_.params()[i].value.numel();
+  return n;
+}
+
+void Flat::gather_grads(std::span<const int> params, at::Tensor& flat) const {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> pieces;
-  pieces.reserve(params_.params().size());
-  for (const auto& p : params_.params()) {
+  pieces.reserve(params.size());
+  for (int i : params) {
+    const auto& p = params_.params()[i];
     const at::Tensor& g = p.value.grad();
     pieces.push_back(g.defined() ? g.reshape({-1})
                                  : at::zeros({p.value.numel()}, p.value.options()));
@@ -63,11 +70,12 @@ void Flat::scatter(const at::Tensor& flat) {
   }
 }
 
-void Flat::scatter_grads(const at::Tensor& flat) {
+void Flat::scatter_grads(std::span<const int> params, const at::Tensor& flat) {
   at::NoGradGuard no_grad;
   const at::Tensor src = flat.to(device_);
   int64_t offset = 0;
-  for (auto& p : params_.params()) {
+  for (int i : params) {
+    auto& p = params_.params()[i];
     const int64_t n = p.value.numel();
     if (!p.value.grad().defined()) p.value.mutable_grad() = at::zeros_like(p.value);
     p.value.mutable_grad().copy_(src.narrow(0, offset, n).view(p.value.sizes()));

@@ -23,13 +23,17 @@ class Flat {
   c10::Device device() const { return device_; }
   // A new zeroed float32 vector of numel() elements on device().
   at::Tensor zeros() const;
-  // flat <- parameters (or their gradients; a missing gradient reads as zero). `flat` may live on
-  // another device (a host buffer for a state transfer): it is then filled with one copy.
+  // flat <- parameters. `flat` may live on another device (a host buffer for a state transfer):
+  // it is then filled with one copy.
   void gather(at::Tensor& flat) const;
-  void gather_grads(at::Tensor& flat) const;
-  // parameters (or gradients) <- flat, from any device.
+  // parameters <- flat, from any device.
   void scatter(const at::Tensor& flat);
-  void scatter_grads(const at::Tensor& flat);
+  // The same for the gradients of some parameters (ParamStore indices, in that order; a
+  // StepRunner's piece): `flat` holds their elements one after the other, numel(params) of them;
+  // a missing gradient reads as zero, and is made when scattered to.
+  int64_t numel(std::span<const int> params) const;
+  void gather_grads(std::span<const int> params, at::Tensor& flat) const;
+  void scatter_grads(std::span<const int> params, const at::Tensor& flat);
 
  private:
   graph::ParamStore& params_;

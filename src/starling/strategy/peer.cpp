@@ -21,11 +21,12 @@ namespace starling::strategy {
 std::unique_ptr<train::StepHooks> make_strategy(const train::RunConfig& config,
                                                 net::Collectives& net) {
   const std::string& kind = config.strategy.kind;
-  if (config.swap.enabled())
-    throw ConfigError(
-        "swap.budget is set, but swapped training runs one replica for now: its "
-        "gradients and weights live outside memory where the strategies' exchanges "
-        "cannot reach them; drop swap.budget to train with peers");
+  // ddp and atom reach a swapped replica's gradients a layer group at a time; the others keep
+  // whole-model vectors (anchors, outer momentum) beside the replica, which a budget cannot hold.
+  if (config.swap.enabled() && kind != "ddp" && kind != "atom")
+    throw ConfigError("swap.budget is set, but strategy.kind = \"" + kind +
+                      "\" keeps whole-model vectors beside a swapped replica; swapped peers "
+                      "train with \"ddp\" or \"atom\", or drop swap.budget");
   if (kind == "ddp") return std::make_unique<Ddp>(config, net);
   if (kind == "localsgd") return std::make_unique<LocalSgd>(config, net);
   if (kind == "diloco") return std::make_unique<DiLoCo>(config, net);

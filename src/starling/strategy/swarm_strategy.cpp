@@ -8,6 +8,7 @@
 
 #include "starling/common/error.h"
 #include "starling/train/metrics.h"
+#include "starling/train/step_runner.h"
 
 namespace starling::strategy {
 namespace {
@@ -73,10 +74,17 @@ bool SwarmStrategy::all_reduce(at::Tensor& flat, net::WirePrecision precision, c
 }
 
 bool SwarmStrategy::all_reduce(Staging& staged, net::WirePrecision precision, const char* what) {
-  staged.download();
+  return all_reduce(staged, -1, precision, what);
+}
+
+bool SwarmStrategy::all_reduce(Staging& staged, int64_t n, net::WirePrecision precision,
+                               const char* what) {
+  if (n < 0) n = staged.numel();
+  staged.download(0, n);
   staged.wait_download();
-  if (!all_reduce(staged.host(), precision, what)) return false;
-  staged.upload();
+  at::Tensor host = staged.host().narrow(0, 0, n);
+  if (!all_reduce(host, precision, what)) return false;
+  staged.upload(0, n);
   staged.use_upload();
   return true;
 }
@@ -121,6 +129,9 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     }
     // Someone lacks the shared state: the longest-standing participant sends its own.
     const net::PeerId root = net_.longest_standing(a.ring);
+    // A swapping runner keeps weights and moments in its tier: all of them come in for the
+    // transfer (as for a checkpoint), and go back out with the adopted values.
+    if (r.runner != nullptr) r.runner->gather();
     at::Tensor state = at::zeros({kHeader + state_numel()},
                                  at::TensorOptions().dtype(at::kFloat).device(net_device()));
     at::Tensor header = at::zeros({kHeader}, at::kFloat);
@@ -149,6 +160,7 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     r.optimizer.set_steps(root_step);
     version_ = root_version;
     unpack_state(r, state.narrow(0, kHeader, state_numel()));
+    if (r.runner != nullptr) r.runner->state_replaced();
     need_state_ = false;
     a.synced = true;
     // Agree on who contributes: one more tiny sum.

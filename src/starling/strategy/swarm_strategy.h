@@ -69,8 +69,10 @@ class SwarmStrategy : public train::StepHooks {
   bool wait(const net::Work& work, const char* what);
   // Launches and waits; false (logged) if it failed.
   bool all_reduce(at::Tensor& flat, net::WirePrecision precision, const char* what);
-  // The same for a staged vector: its device copy is summed (through the host copy on a GPU).
+  // The same for a staged vector: its device copy's first `n` elements (-1: all) are summed
+  // (through the host copy on a GPU).
   bool all_reduce(Staging& staged, net::WirePrecision precision, const char* what);
+  bool all_reduce(Staging& staged, int64_t n, net::WirePrecision precision, const char* what);
 
   net::CollectiveOptions options(net::WirePrecision precision) const;
   // Where the vectors handed to the collectives live: the CPU, or the model's device for a

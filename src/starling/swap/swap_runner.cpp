@@ -63,7 +63,7 @@ class SwapStepRunner final : public train::StepRunner {
   ~SwapStepRunner() override { s_.executor->remove_observer(swapper_.get()); }
 
   at::Tensor run(int64_t micro_batches, double loss_scale) override {
-    swapper_->begin_step();
+    swapper_->begin_step(micro_batches);
     at::Tensor loss_sum;
     for (int64_t m = 0; m < micro_batches; ++m) {
       swapper_->begin_micro_batch(m);
@@ -75,12 +75,28 @@ class SwapStepRunner final : public train::StepRunner {
     return loss_sum / static_cast<double>(micro_batches);
   }
 
+  void begin_accumulation() override {
+    swapper_->begin_step(0);
+    micro_ = 0;
+  }
+
+  at::Tensor accumulate(double loss_scale) override {
+    swapper_->begin_micro_batch(micro_++);
+    at::Tensor l =
+        s_.executor->forward_backward(train::to_device(s_.loader->next(), s_.device), loss_scale);
+    swapper_->end_pass();
+    return l;
+  }
+
+  void visit_gradients(const GradientVisitor& visit) override { swapper_->visit_gradients(visit); }
+
   at::Tensor update(double lr, double max_norm, bool skip) override {
     if (skip) throw std::logic_error("swap: skipped updates (fp16) are not supported");
     return swapper_->update(lr, max_norm);
   }
 
   void gather() override { swapper_->gather(); }
+  void state_replaced() override { swapper_->state_replaced(); }
 
   std::string report() const override {
     const SwapStats& st = swapper_->stats();
@@ -90,12 +106,17 @@ class SwapStepRunner final : public train::StepRunner {
            train::fmt("%.2f s", st.wait_s) + " on " + swapper_->tier().describe() + "; passes " +
            train::fmt("%.2f s", st.pass_s) + " (waiting " + train::fmt("%.2f s", st.pass_wait_s) +
            "), optimizer " + train::fmt("%.2f s", st.update_s) + " (waiting " +
-           train::fmt("%.2f s", st.update_wait_s) + ")";
+           train::fmt("%.2f s", st.update_wait_s) + ")" +
+           (st.exchange_s > 0
+                ? ", exchanges " + train::fmt("%.2f s", st.exchange_s) + " (waiting for the tier " +
+                      train::fmt("%.2f s", st.exchange_wait_s) + ")"
+                : std::string());
   }
 
  private:
   train::Session& s_;
   std::unique_ptr<Swapper> swapper_;
+  int64_t micro_ = 0;  // micro-batches of the open-ended step so far
 };
 
 }  // namespace
@@ -110,10 +131,9 @@ StepRunnerFactory swapped_step_runner() {
         SwapPlan plan = plan_swap(problem);
         std::string text = describe_plan(plan, problem);
         while (!text.empty() && text.back() == '\n') text.pop_back();
-        progress.note(text);
-        auto swapper =
-            std::make_unique<Swapper>(*s.dag, *s.optimizer, std::move(plan),
-                                      make_tier(c.swap.tier, tier_dir(c)), c.train.grad_accum);
+        progress.log(text);
+        auto swapper = std::make_unique<Swapper>(*s.dag, *s.optimizer, std::move(plan),
+                                                 make_tier(c.swap.tier, tier_dir(c)));
         // The profiling pass's blocks (a whole model's gradients and activations) and the
         // evicted state's would otherwise stay cached for the whole run, far over the budget.
         release_cached_cpu_blocks();

@@ -21,7 +21,8 @@ using StepRunnerFactory =
 
 // The factory train::TrainOptions::step_runner takes for a config with a [swap] budget. The
 // runner it makes throws ConfigError for what swapping does not support yet (CUDA, fp16 loss
-// scaling). It trains one replica: peers (strategy hooks) refuse a [swap] budget.
+// scaling). With peers, ddp and atom exchange its gradients a layer group at a time
+// (StepRunner::visit_gradients); strategies that keep whole-model vectors refuse a [swap] budget.
 StepRunnerFactory swapped_step_runner();
 
 // `starling plan swap`: builds the config's model, profiles it and the tier, and returns the

@@ -16,12 +16,8 @@ namespace starling::swap {
 
 using train::now_s;
 Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
-                 std::unique_ptr<Tier> tier, int64_t micro_batches)
-    : dag_(dag),
-      optimizer_(optimizer),
-      plan_(std::move(plan)),
-      tier_(std::move(tier)),
-      micro_batches_(micro_batches) {
+                 std::unique_ptr<Tier> tier)
+    : dag_(dag), optimizer_(optimizer), plan_(std::move(plan)), tier_(std::move(tier)) {
   const int n = dag_.size();
   auto& params = dag_.params().params();
   node_group_ = plan_.node_groups(n);
@@ -98,10 +94,13 @@ Swapper::~Swapper() {
   for (char* b : staging_) std::free(b);
 }
 
+// The peak grows with what is brought in, not with what leaves: after a gather() (whose whole
+// state the peak leaves out) the resident set shrinks back to the budget through here.
 void Swapper::track(int64_t delta) {
   held_ += delta;
+  if (delta <= 0) return;
   stats_.peak_resident = std::max(stats_.peak_resident, held_);
-  if (delta > 0) fit_pool();
+  fit_pool();
 }
 
 // The room reserved for gradients a backward is about to create is not taken from the pool:
@@ -187,9 +186,12 @@ bool Swapper::make_room(int64_t bytes, bool must) {
   poll_writes();
   auto fits = [&] { return held_ + reserved_ + bytes <= budget; };
   if (fits()) return true;
+  // Writes in flight free their buffers when done, except those of slots wanted again (guarded),
+  // which stay resident.
   auto writing_bytes = [&] {
     int64_t b = 0;
-    for (SwapSlot* s : writing_) b += s->held();
+    for (SwapSlot* s : writing_)
+      if (s->guard != epoch_) b += s->held();
     return b;
   };
   std::vector<std::vector<SwapSlot>*> order = {&exp_avg_, &exp_avg_sq_, &grads_, &values_};
@@ -233,10 +235,11 @@ bool Swapper::make_room(int64_t bytes, bool must) {
 
 // ---- groups ----
 
+// Every micro-batch runs the groups forward, then backward; after a step's last one the next step
+// starts the same way.
 Swapper::Task Swapper::task_at(int64_t index) const {
   const int G = static_cast<int>(plan_.groups.size());
-  const int64_t per_step = 2 * G * micro_batches_;
-  const int64_t k = ((index % per_step) + per_step) % per_step % (2 * G);
+  const int64_t k = ((index % (2 * G)) + 2 * G) % (2 * G);
   return k < G ? Task{static_cast<int>(k), false} : Task{static_cast<int>(2 * G - 1 - k), true};
 }
 
@@ -343,7 +346,7 @@ void Swapper::leave() {
     adopt_grads(g);
     for (int p : group_params_[g])
       if (grads_[p].tensor.defined()) grads_[p].dirty = true;  // accumulated into
-    if (micro_ == micro_batches_ - 1) {
+    if (micro_batches_ > 0 && micro_ == micro_batches_ - 1) {
       // The gradient of a parameter is final once its first reader's group has run backward.
       for (int p : group_params_[g])
         if (owner_[p] == g && grads_[p].tensor.defined())
@@ -367,8 +370,9 @@ void Swapper::before(int node, graph::Phase phase) {
   enter(g, backward);
 }
 
-void Swapper::begin_step() {
+void Swapper::begin_step(int64_t micro_batches) {
   leave();
+  micro_batches_ = micro_batches;
   in_step_ = true;
   step_start_s_ = now_s();
   step_start_wait_s_ = stats_.wait_s;
@@ -384,23 +388,87 @@ void Swapper::begin_step() {
     s.state = SwapSlot::State::kOut;
     norms_[p].reset();
   }
+  // Down to the budget before anything loads: a gather() (checkpoint, state transfer) left the
+  // whole state resident, and the step's peak must not count it.
+  ++epoch_;
+  make_room(0, true);
 }
 
 void Swapper::begin_micro_batch(int64_t micro) { micro_ = micro; }
 
 void Swapper::end_pass() { leave(); }
 
+void Swapper::end_passes() {
+  if (!in_step_) return;
+  stats_.pass_s += now_s() - step_start_s_;
+  stats_.pass_wait_s += stats_.wait_s - step_start_wait_s_;
+  in_step_ = false;
+}
+
+// ---- the exchange ----
+
+void Swapper::make_gradient(int p) {
+  SwapSlot& s = grads_[p];
+  at::Tensor& value = dag_.params().params()[p].value;
+  make_room(static_cast<int64_t>(align_up(s.bytes)), true);
+  at::Tensor g = at::zeros(value.sizes(), value.options());
+  if (!s.pinned && !can_keep_storage(g)) adopt_storage(g, pool_.take(s.bytes));
+  value.mutable_grad() = g;
+  s.tensor = g;
+  s.state = SwapSlot::State::kResident;
+  s.dirty = true;
+  track(static_cast<int64_t>(align_up(s.bytes)));
+}
+
+void Swapper::visit_gradients(const std::function<void(std::span<const int>)>& visit) {
+  at::NoGradGuard no_grad;
+  leave();
+  end_passes();
+  const double start = now_s(), start_wait = stats_.wait_s;
+  const int G = static_cast<int>(plan_.groups.size());
+  std::vector<std::vector<int>> pieces(G);
+  for (size_t p = 0; p < owner_.size(); ++p)
+    pieces[std::max(owner_[p], 0)].push_back(static_cast<int>(p));  // unread ones: the first
+  std::erase_if(pieces, [](const std::vector<int>& piece) { return piece.empty(); });
+  // The backward passes ended with the first groups: their gradients are resident, so the walk
+  // starts there, and room is made from the pieces already visited (the lowest indices).
+  current_backward_ = false;
+  auto bring = [&](const std::vector<int>& piece, bool must) {
+    for (int p : piece) {
+      SwapSlot& s = grads_[p];
+      if (!s.tensor.defined()) {
+        if (must) make_gradient(p);
+        continue;
+      }
+      if (s.state != SwapSlot::State::kOut) continue;
+      if (!make_room(static_cast<int64_t>(align_up(s.bytes)), must)) return;
+      load(s);
+    }
+  };
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    ++epoch_;
+    for (size_t j = k; j < std::min(pieces.size(), k + 2); ++j)
+      for (int p : pieces[j]) grads_[p].guard = epoch_;
+    bring(pieces[k], true);
+    if (k + 1 < pieces.size()) bring(pieces[k + 1], false);  // loads while this piece is visited
+    for (int p : pieces[k]) settle(grads_[p]);
+    visit(pieces[k]);
+    for (int p : pieces[k]) {
+      grads_[p].dirty = true;
+      norms_[p] = at::_foreach_norm({grads_[p].tensor}, 2)[0];
+    }
+  }
+  stats_.exchange_s += now_s() - start;
+  stats_.exchange_wait_s += stats_.wait_s - start_wait;
+}
+
 // ---- the optimizer ----
 
 at::Tensor Swapper::update(double lr, double max_norm) {
   at::NoGradGuard no_grad;
   leave();
+  end_passes();
   const double start = now_s(), start_wait = stats_.wait_s;
-  if (in_step_) {
-    stats_.pass_s += start - step_start_s_;
-    stats_.pass_wait_s += start_wait - step_start_wait_s_;
-  }
-  in_step_ = false;
   struct Timed {
     SwapStats& st;
     double start, start_wait;
@@ -442,6 +510,14 @@ void Swapper::gather() {
   for (auto* list : {&values_, &exp_avg_, &exp_avg_sq_})
     for (SwapSlot& s : *list) settle(s);
   stats_.peak_resident = peak;
+}
+
+void Swapper::state_replaced() {
+  for (auto* list : {&values_, &exp_avg_, &exp_avg_sq_})
+    for (SwapSlot& s : *list) {
+      if (!s.resident()) throw std::logic_error("swap: state replaced without gather()");
+      s.dirty = true;
+    }
 }
 
 }  // namespace starling::swap

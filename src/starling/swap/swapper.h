@@ -8,15 +8,18 @@
 // does; the norms are taken while each final gradient is resident, so results are bit-identical
 // to unswapped training.
 //
-// A step is: begin_step(), then per micro-batch begin_micro_batch(m) + the executor's forward and
-// backward + end_pass(), then update(). Evaluation forwards work between steps (groups load on
-// demand). gather() makes weights and moments resident for a checkpoint or sampling; the next
-// step evicts down to the budget again.
+// A step is: begin_step(n), then per micro-batch begin_micro_batch(m) + the executor's forward and
+// backward + end_pass(), optionally visit_gradients() (an exchange with other replicas), then
+// update(). Evaluation forwards work between steps (groups load on demand). gather() makes
+// weights and moments resident for a checkpoint, sampling or a state transfer (after which
+// state_replaced() says they were overwritten); the next step evicts down to the budget again.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "starling/graph/executor.h"
@@ -42,25 +45,35 @@ struct SwapStats {
   // optimizer (update), each with the part of it spent waiting for the tier.
   double pass_s = 0, pass_wait_s = 0;
   double update_s = 0, update_wait_s = 0;
+  // Exchanges of the gradients with other replicas (visit_gradients), the network's time included.
+  double exchange_s = 0, exchange_wait_s = 0;
 };
 
 class Swapper final : public graph::NodeObserver {
  public:
   // Adopts every weight and moment (they must be resident, contiguous CPU fp32 tensors) and
-  // evicts down to the plan's budget. `micro_batches` is train.grad_accum.
-  Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan, std::unique_ptr<Tier> tier,
-          int64_t micro_batches);
+  // evicts down to the plan's budget.
+  Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan, std::unique_ptr<Tier> tier);
   ~Swapper() override;
 
   void before(int node, graph::Phase phase) override;
 
-  void begin_step();
+  // A step of `micro_batches` micro-batches, or of as many as the caller runs when 0 (a strategy
+  // that decides while it accumulates: gradient norms are then taken in update()).
+  void begin_step(int64_t micro_batches);
   void begin_micro_batch(int64_t micro);
   void end_pass();
+  // train::StepRunner::visit_gradients: the pieces are the parameters each layer group reads
+  // first, in group order; each piece's gradients are made resident (the next piece's loading
+  // meanwhile), visited, kept as changed, and their norms taken again.
+  void visit_gradients(const std::function<void(std::span<const int>)>& visit);
   // Clips to `max_norm` (0 = off) and applies one AdamW update with `lr`; drops the gradients.
   // Returns the gradient norm before clipping (0-dim fp32; 0 without gradients).
   at::Tensor update(double lr, double max_norm);
   void gather();
+  // After gather(), weights and moments were overwritten: they are written to the tier when
+  // evicted instead of dropped.
+  void state_replaced();
 
   const SwapPlan& plan() const { return plan_; }
   const SwapStats& stats() const { return stats_; }
@@ -90,12 +103,14 @@ class Swapper final : public graph::NodeObserver {
   void fit_pool();            // kept buffers give way to what is held
   void release(SwapSlot& s);  // its buffer goes to the pool; the storage empties
   void step_streamed(double lr, const at::Tensor& coef);
+  void end_passes();          // the step's passes are over: their time goes to the stats
+  void make_gradient(int p);  // a zero gradient for a parameter the passes gave none
 
   graph::OpDag& dag_;
   train::AdamW& optimizer_;
   SwapPlan plan_;
   std::unique_ptr<Tier> tier_;
-  int64_t micro_batches_;
+  int64_t micro_batches_ = 1;  // of the step running; 0: not known in advance
   std::vector<int> node_group_;
   std::vector<std::vector<int>> group_params_;  // parameters each group reads
   std::vector<int> owner_;                      // first group reading each parameter

@@ -57,6 +57,14 @@ void ProgressLine::note(const std::string& text) {
   std::cerr << text << "\n" << std::flush;
 }
 
+void ProgressLine::log(const std::string& text) {
+  if (enabled_) {
+    note(text);
+  } else {
+    std::cerr << text << "\n" << std::flush;
+  }
+}
+
 void ProgressLine::finish() {
   if (enabled_ && tty_ && last_width_ > 0) std::cerr << "\n" << std::flush;
   last_width_ = 0;

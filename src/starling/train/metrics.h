@@ -30,6 +30,9 @@ class ProgressLine {
   void update(const std::string& text, bool milestone);
   // Prints a permanent line (e.g. an eval result) without losing the progress line.
   void note(const std::string& text);
+  // The same, printed even without a progress line (quiet runs, a swarm's peer logs): for what a
+  // run's record must keep, such as a swap plan.
+  void log(const std::string& text);
   void finish();
 
  private:

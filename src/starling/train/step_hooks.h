@@ -29,6 +29,10 @@ struct Replica {
   AdamW& optimizer;
   int64_t step = 0;     // optimizer steps completed (the schedule's position)
   uint64_t tokens = 0;  // training tokens this replica consumed
+  // How the steps run, from the first step on (null in StepHooks::start, before it exists): an
+  // exchange reaches the gradients through it, and a state transfer gathers the state through it
+  // first, since a swapping runner keeps both outside memory.
+  StepRunner* runner = nullptr;
 };
 
 class StepHooks {

@@ -66,6 +66,16 @@ at::Tensor LocalStepRunner::accumulate(double loss_scale) {
   return executor_.forward_backward(to_device(loader_.next(), device_), loss_scale);
 }
 
+void LocalStepRunner::visit_gradients(const GradientVisitor& visit) {
+  std::vector<int> all(params_.params().size());
+  for (size_t i = 0; i < all.size(); ++i) {
+    all[i] = static_cast<int>(i);
+    at::Tensor& value = params_.params()[i].value;
+    if (!value.grad().defined()) value.mutable_grad() = at::zeros_like(value);
+  }
+  visit(all);
+}
+
 at::Tensor LocalStepRunner::update(double lr, double max_norm, bool skip) {
   const at::Tensor norm = clip_grad_norm(params_, max_norm);
   if (!skip) optimizer_.step(lr);

@@ -10,6 +10,8 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -52,9 +54,22 @@ class StepRunner {
   // the model's device; nothing waits for it).
   virtual at::Tensor update(double lr, double max_norm, bool skip) = 0;
 
-  // Makes every weight and optimizer tensor readable in full (before a checkpoint or sampling);
-  // a runner that keeps state elsewhere brings it in here.
+  // The step's gradients for an exchange between replicas, after the passes and before update():
+  // `visit` is called on pieces of the parameters (ParamStore indices, ascending, each parameter
+  // in exactly one piece, the same pieces on every call), with the piece's gradients resident in
+  // the parameters' .grad() while it runs (a missing gradient is made as zeros first). It may
+  // change them in place; update() uses what it leaves. The local runner visits every parameter
+  // in one piece; a runner that keeps gradients elsewhere brings them in a piece at a time, so an
+  // exchange needs no more memory than the runner's budget.
+  using GradientVisitor = std::function<void(std::span<const int> params)>;
+  virtual void visit_gradients(const GradientVisitor& visit) = 0;
+
+  // Makes every weight and optimizer tensor readable in full (before a checkpoint, sampling or a
+  // state transfer between replicas); a runner that keeps state elsewhere brings it in here.
   virtual void gather() {}
+  // After gather(), the weights and optimizer moments were overwritten (the replica adopted the
+  // swarm's state): a runner that keeps copies of them elsewhere must take the new values.
+  virtual void state_replaced() {}
 
   // One line on how the run went (what moved where), printed when training ends; "" for none.
   virtual std::string report() const { return ""; }
@@ -73,6 +88,7 @@ class LocalStepRunner : public StepRunner {
   void begin_accumulation() override;
   at::Tensor accumulate(double loss_scale) override;
   at::Tensor update(double lr, double max_norm, bool skip) override;
+  void visit_gradients(const GradientVisitor& visit) override;
 
  private:
   graph::Executor& executor_;

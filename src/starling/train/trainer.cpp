@@ -85,6 +85,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
                           : std::make_unique<LocalStepRunner>(*s.executor, s.dag->params(),
                                                               *s.optimizer, *s.loader, s.device);
   StepRunner& runner = *runner_owner;
+  replica.runner = &runner;
   const bool fp16 = c.train.dtype == "fp16";
   const auto tokens_per_step =
       static_cast<uint64_t>(c.train.batch_size * c.train.grad_accum * c.model.seq_len);
@@ -101,7 +102,6 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   // parameters are the shared model and a checkpoint can be taken.
   while (replica.step < last && !(g_stop.load() && at_boundary)) {
     const double t0 = now_s();
-    const double lr = learning_rate(c.optim, replica.step, c.train.steps);
     // The loss and the gradient norm stay on the device until they are reported: reading them
     // every step would make the host wait for the GPU and leave it idle between steps.
     const double loss_scale = fp16 ? s.scaler.scale() : 1.0;
@@ -118,6 +118,8 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
                     ": fp16 gradients overflowed; update skipped, loss scale now " +
                     fmt("%.0f", s.scaler.scale()));
     if (hooks) hooks->gradients_ready(replica);
+    // After the exchange: a peer that adopted the swarm's state there took the swarm's step too.
+    const double lr = learning_rate(c.optim, replica.step, c.train.steps);
     const at::Tensor grad_norm = runner.update(lr, c.optim.grad_clip, skip);
     ++replica.step;
     replica.tokens += work.tokens;
@@ -164,7 +166,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
       progress.note("checkpoint " + last_ckpt.string());
     }
   }
-  if (const std::string note = runner.report(); !note.empty()) progress.note(note);
+  if (const std::string note = runner.report(); !note.empty()) progress.log(note);
   progress.finish();
   if (hooks) {
     hooks->finish(replica);
