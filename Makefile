@@ -4,7 +4,7 @@ BUILD_DIR ?= build
 JOBS ?= 2
 CMAKE_ARGS ?=
 
-.PHONY: all deps configure build test demo bench bench-allreduce bench-strategies format clean
+.PHONY: all deps configure build test demo demo-atom bench bench-allreduce bench-strategies format clean
 
 all: build
 
@@ -24,6 +24,10 @@ test: build
 
 demo: build
 	scripts/demo.sh $(BUILD_DIR)
+
+# Two atom peers, each training the whole model through a memory budget below its state (docs/atom.md).
+demo-atom: build
+	scripts/demo-atom.sh $(BUILD_DIR)
 
 bench: build
 	/usr/bin/python3 bench/compute/run.py --starling $(BUILD_DIR)/starling

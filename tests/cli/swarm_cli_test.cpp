@@ -373,6 +373,15 @@ TEST_F(SwarmCliTest, SwappedPeersTrainLikeUnswappedOnes) {
         EXPECT_TRUE(final_model(run_dir(run) / ("peer-" + std::to_string(i)), 16) == model)
             << "atom peer " << i << "'s final model differs";
     }
+
+  // Strategies that keep whole-model vectors beside the replica refuse a budget, saying why,
+  // before any peer starts.
+  const fs::path co2 = write_config("swap_co2", "kind = \"co2\"\nlocal_steps = 4");
+  const auto d = run_cli("train -q --peers 2 --config " + co2.string() + as_sets(swapped()));
+  EXPECT_NE(d.code, 0);
+  EXPECT_NE(d.output.find("keeps whole-model vectors beside a swapped replica"), std::string::npos)
+      << d.output;
+  EXPECT_FALSE(fs::exists(run_dir("swap_co2") / "peer-0.log"));
 }
 
 // A swapped peer joins a running swarm of swapped atom peers: the running ones bring their whole
@@ -516,13 +525,17 @@ TEST_F(SwarmCliTest, BadSwarmArgumentsAreClearErrors) {
   r = run_cli("train --peers 2 --config " + write_config("badkind", "kind = \"gossip\"").string());
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("strategy.kind"), std::string::npos) << r.output;
-  // atom's progress announcements need the swarm's point-to-point messages.
+  // atom's progress announcements need the swarm's point-to-point messages: refused before any
+  // peer starts, by the launcher and by a peer on its own.
   r = run_cli("train --peers 2 --config " + write_config("atom_gloo", "kind = \"atom\"").string() +
               " --set net.backend=gloo");
   EXPECT_NE(r.code, 0);
-  const std::string atom_log = read_file(run_dir("atom_gloo") / "peer-0.log");
-  EXPECT_NE(atom_log.find("needs net.backend = \"starling\""), std::string::npos)
-      << r.output << atom_log;
+  EXPECT_NE(r.output.find("needs net.backend = \"starling\""), std::string::npos) << r.output;
+  r = run_cli("peer --config " + (root_ / "atom_gloo.toml").string() +
+              " --set net.backend=gloo --set net.rank=0 --set net.world_size=2 --set "
+              "net.store=127.0.0.1:0");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("needs net.backend = \"starling\""), std::string::npos) << r.output;
   r = run_cli("train --peers 2 --peer-cpus 1,0 --config " + (root_ / "atom_gloo.toml").string());
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("--peer-cpus: \"0\" is not a positive number"), std::string::npos)

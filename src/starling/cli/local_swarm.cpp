@@ -62,6 +62,7 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
   if (config.strategy.kind == "none")
     throw ConfigError("--peers needs a strategy: set strategy.kind to " +
                       strategy::swarm_strategy_list());
+  strategy::check_peer(config.strategy, config.swap.enabled(), config.net.backend);
   const fs::path out = config.train.out_dir;
   // Each peer would refuse on its own; saying so here spares the others a join timeout.
   if (!o.resume && fs::exists(out / "peer-0" / "checkpoints" / "latest"))

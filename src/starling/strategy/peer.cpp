@@ -21,29 +21,14 @@ namespace starling::strategy {
 std::unique_ptr<train::StepHooks> make_strategy(const train::RunConfig& config,
                                                 net::Collectives& net) {
   const std::string& kind = config.strategy.kind;
-  // ddp and atom reach a swapped replica's gradients a layer group at a time; the others keep
-  // whole-model vectors (anchors, outer momentum) beside the replica, which a budget cannot hold.
-  if (config.swap.enabled() && kind != "ddp" && kind != "atom")
-    throw ConfigError("swap.budget is set, but strategy.kind = \"" + kind +
-                      "\" keeps whole-model vectors beside a swapped replica; swapped peers "
-                      "train with \"ddp\" or \"atom\", or drop swap.budget");
+  check_peer(config.strategy, config.swap.enabled(), net.backend_name());
   if (kind == "ddp") return std::make_unique<Ddp>(config, net);
   if (kind == "localsgd") return std::make_unique<LocalSgd>(config, net);
   if (kind == "diloco") return std::make_unique<DiLoCo>(config, net);
   if (kind == "co2") return std::make_unique<Co2>(config, net);
-  if (kind == "atom") {
-    // Peers announce their progress on the swarm's point-to-point messages, which a fixed c10d
-    // group does not offer.
-    auto* node = dynamic_cast<net::Node*>(&net);
-    if (node == nullptr)
-      throw ConfigError(
-          "strategy.kind = \"atom\" needs net.backend = \"starling\" (peers announce "
-          "their progress to each other on the swarm), not \"" +
-          net.backend_name() + "\"");
-    return std::make_unique<Atom>(config, *node);
-  }
-  throw ConfigError("strategy.kind = \"" + kind + "\" does not train with peers; use " +
-                    swarm_strategy_list());
+  auto* node = dynamic_cast<net::Node*>(&net);
+  if (node == nullptr) throw std::logic_error("atom on a collective that is not a swarm node");
+  return std::make_unique<Atom>(config, *node);
 }
 
 namespace {
@@ -124,6 +109,7 @@ train::TrainResult run_group_rank(const train::RunConfig& config, const PeerOpti
 }  // namespace
 
 train::TrainResult run_peer(const train::RunConfig& config, const PeerOptions& options) {
+  check_peer(config.strategy, config.swap.enabled(), config.net.backend);
   if (config.net.backend == "starling") return run_swarm_peer(config, options);
   return run_group_rank(config, options);
 }

@@ -1,5 +1,7 @@
 #include "starling/strategy/strategy_config.h"
 
+#include <algorithm>
+
 #include "starling/common/error.h"
 #include "starling/config/config_keys.h"
 
@@ -55,6 +57,26 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
 
 void check(const StrategyConfig& c, const std::string& source) {
   if (c.outer_momentum >= 1) throw ConfigError(source + ": strategy.outer_momentum must be < 1");
+}
+
+void check_peer(const StrategyConfig& c, bool swapped, const std::string& net_backend) {
+  const auto& kinds = swarm_strategy_kinds();
+  if (std::find(kinds.begin(), kinds.end(), c.kind) == kinds.end())
+    throw ConfigError("strategy.kind = \"" + c.kind + "\" does not train with peers; use " +
+                      swarm_strategy_list());
+  // ddp and atom reach a swapped replica's gradients a layer group at a time; the others keep
+  // whole-model vectors (anchors, outer momentum) beside the replica, which a budget cannot hold.
+  if (swapped && c.kind != "ddp" && c.kind != "atom")
+    throw ConfigError("swap.budget is set, but strategy.kind = \"" + c.kind +
+                      "\" keeps whole-model vectors beside a swapped replica; swapped peers "
+                      "train with \"ddp\" or \"atom\", or drop swap.budget");
+  // Peers announce their progress on the swarm's point-to-point messages, which a fixed c10d
+  // group does not offer.
+  if (c.kind == "atom" && net_backend != "starling")
+    throw ConfigError(
+        "strategy.kind = \"atom\" needs net.backend = \"starling\" (peers announce their "
+        "progress to each other on the swarm), not \"" +
+        net_backend + "\"");
 }
 
 }  // namespace starling::strategy
