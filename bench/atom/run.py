@@ -3,6 +3,7 @@
 
     /usr/bin/python3 bench/atom/run.py --starling build/starling          # ~15 min on 2 cores
     /usr/bin/python3 bench/atom/run.py --steps 20 --targets 128           # quick look
+    /usr/bin/python3 bench/atom/run.py --targets 512 --steps 80 --plot docs/img/atom-loss.png
 
 The peers get unequal speeds through CPU quotas (`starling train --peers 4 --peer-cpus
 0.6,0.6,0.3,0.3`: two peers with twice the compute of the other two; cgroups, so it needs root).
@@ -19,6 +20,8 @@ for each target of --targets (sequences per swarm step, default 128 and 512).
 It prints each swarm's tokens/s against the sum of its peers' solo tokens/s (the ideal: no peer
 ever idle) and against ddp, and the validation loss at equal swarm tokens (atom's curve
 interpolated at ddp's final token count). Medians of --reps runs (loss: ddp's first run).
+With --plot PNG it also draws the validation loss of the first repetition's ddp and atom swarms
+against swarm tokens and against wall time (matplotlib; skipped with a note without it).
 """
 import argparse
 import os
@@ -60,8 +63,10 @@ def run(args, work, tag, kind, peers, cpus, extra=(), steps=None):
     for recs in per_peer:
         for r in recs:
             if "val_loss" in r:
-                e = evals.setdefault(r["step"], {"tokens": 0, "val_loss": r["val_loss"]})
+                e = evals.setdefault(r["step"], {"tokens": 0, "val_loss": r["val_loss"],
+                                                 "elapsed_s": 0.0})
                 e["tokens"] += r["tokens"]
+                e["elapsed_s"] = max(e["elapsed_s"], r.get("elapsed_s", 0.0))
     samples = [r["net"].get("swarm_samples", 0) for r in per_peer[0] if "net" in r]
     shutil.rmtree(out, ignore_errors=True)
     return {"tokens_per_s": tokens / seconds, "evals": [evals[s] for s in sorted(evals)],
@@ -89,6 +94,39 @@ def loss_at(evals, tokens):
     return pts[-1][1] if tokens >= pts[-1][0] else pts[0][1]
 
 
+def plot(path, runs, targets):
+    """Validation loss of each target's first ddp and atom run, against swarm tokens and time."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("plot skipped: matplotlib is missing (apt install python3-matplotlib)")
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    colors = {"ddp": "#1f77b4", "atom": "#d62728"}
+    styles = ["-", "--", ":", "-."]
+    for i, t in enumerate(targets):
+        for kind in ("ddp", "atom"):
+            evals = runs[(kind, t)][0]["evals"]
+            label = f"{kind}, {t} sequences/step"
+            kw = dict(color=colors[kind], linestyle=styles[i % len(styles)], marker="o", ms=3,
+                      label=label)
+            axes[0].plot([e["tokens"] / 1e6 for e in evals], [e["val_loss"] for e in evals], **kw)
+            axes[1].plot([e["elapsed_s"] for e in evals], [e["val_loss"] for e in evals], **kw)
+    axes[0].set_xlabel("swarm tokens (millions)")
+    axes[1].set_xlabel("wall time of the run (s)")
+    axes[0].set_ylabel("validation loss")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle(f"4 peers with CPU quotas {CPUS}: atom against ddp's lockstep")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--starling", default=os.path.join(ROOT, "build", "starling"))
@@ -98,11 +136,12 @@ def main():
     ap.add_argument("--targets", type=int, nargs="+", default=[128, 512],
                     help="sequences per swarm step (multiples of 16)")
     ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--plot", metavar="PNG", help="also draw the loss curves into PNG")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="starling_atom_bench_")
     solo_runs = {}
     runs = {(k, t): [] for k in ("ddp", "atom") for t in args.targets}
-    evals = f"train.eval_every={max(1, args.steps // 4)}"
+    evals = f"train.eval_every={max(1, args.steps // 8)}"
     for rep in range(args.reps):
         for c in sorted(set(CPUS)):
             # One peer alone: ddp with a swarm of one is plain training plus a trivial agreement.
@@ -136,6 +175,8 @@ def main():
     print("ideal: the sum of the peers' solo rates (no peer ever idle); batch: atom's median "
           "sequences per step; loss: validation loss at ddp's final swarm tokens (atom's curve "
           "interpolated)")
+    if args.plot:
+        plot(args.plot, runs, args.targets)
     shutil.rmtree(work, ignore_errors=True)
 
 
