@@ -59,7 +59,8 @@ class Swapper final : public graph::NodeObserver {
   void before(int node, graph::Phase phase) override;
 
   // A step of `micro_batches` micro-batches, or of as many as the caller runs when 0 (a strategy
-  // that decides while it accumulates: gradient norms are then taken in update()).
+  // that decides while it accumulates: gradient norms are then taken by visit_gradients() or
+  // update()).
   void begin_step(int64_t micro_batches);
   void begin_micro_batch(int64_t micro);
   void end_pass();

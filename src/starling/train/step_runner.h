@@ -55,12 +55,12 @@ class StepRunner {
   virtual at::Tensor update(double lr, double max_norm, bool skip) = 0;
 
   // The step's gradients for an exchange between replicas, after the passes and before update():
-  // `visit` is called on pieces of the parameters (ParamStore indices, ascending, each parameter
-  // in exactly one piece, the same pieces on every call), with the piece's gradients resident in
-  // the parameters' .grad() while it runs (a missing gradient is made as zeros first). It may
-  // change them in place; update() uses what it leaves. The local runner visits every parameter
-  // in one piece; a runner that keeps gradients elsewhere brings them in a piece at a time, so an
-  // exchange needs no more memory than the runner's budget.
+  // `visit` is called on pieces of the parameters (ParamStore indices, ascending within a piece,
+  // each parameter in exactly one piece, the same pieces on every call), with the piece's
+  // gradients resident in the parameters' .grad() while it runs (a missing gradient is made as
+  // zeros first). It may change them in place; update() uses what it leaves. The local runner
+  // visits every parameter in one piece; a runner that keeps gradients elsewhere brings them in a
+  // piece at a time, so an exchange needs no more memory than the runner's budget.
   using GradientVisitor = std::function<void(std::span<const int> params)>;
   virtual void visit_gradients(const GradientVisitor& visit) = 0;
 
