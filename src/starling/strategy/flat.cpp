@@ -52,9 +52,7 @@ void Flat::gather_grads(std::span<const int> params, at::Tensor& flat) const {
   pieces.reserve(params.size());
   for (int i : params) {
     const auto& p = params_.params()[i];
-    const at::Tensor& g = p.value.grad();
-    pieces.push_back(g.defined() ? g.reshape({-1})
-                                 : at::zeros({p.value.numel()}, p.value.options()));
+    pieces.push_back(p.value.grad().reshape({-1}));
   }
   concatenate(pieces, flat, device_);
 }
@@ -77,7 +75,6 @@ void Flat::scatter_grads(std::span<const int> params, const at::Tensor& flat) {
   for (int i : params) {
     auto& p = params_.params()[i];
     const int64_t n = p.value.numel();
-    if (!p.value.grad().defined()) p.value.mutable_grad() = at::zeros_like(p.value);
     p.value.mutable_grad().copy_(src.narrow(0, offset, n).view(p.value.sizes()));
     offset += n;
   }

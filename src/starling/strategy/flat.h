@@ -29,8 +29,8 @@ class Flat {
   // parameters <- flat, from any device.
   void scatter(const at::Tensor& flat);
   // The same for the gradients of some parameters (ParamStore indices, in that order; a
-  // StepRunner's piece): `flat` holds their elements one after the other, numel(params) of them;
-  // a missing gradient reads as zero, and is made when scattered to.
+  // StepRunner's piece, whose gradients the runner has made present): `flat` holds their elements
+  // one after the other, numel(params) of them.
   int64_t numel(std::span<const int> params) const;
   void gather_grads(std::span<const int> params, at::Tensor& flat) const;
   void scatter_grads(std::span<const int> params, const at::Tensor& flat);
