@@ -4,7 +4,7 @@ BUILD_DIR ?= build
 JOBS ?= 2
 CMAKE_ARGS ?=
 
-.PHONY: all deps configure build test demo demo-atom bench bench-allreduce bench-strategies format clean
+.PHONY: all deps configure build test demo demo-atom demo-big bench bench-allreduce bench-strategies format clean
 
 all: build
 
@@ -28,6 +28,11 @@ demo: build
 # Two atom peers, each training the whole model through a memory budget below its state (docs/atom.md).
 demo-atom: build
 	scripts/demo-atom.sh $(BUILD_DIR)
+
+# gpt2-1558m (25 GB of training state) through a 3 GB budget, with a checkpoint and a resume
+# (docs/swap.md); about 50 GB of free disk.
+demo-big: build
+	scripts/demo-big.sh $(BUILD_DIR)
 
 bench: build
 	/usr/bin/python3 bench/compute/run.py --starling $(BUILD_DIR)/starling

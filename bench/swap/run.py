@@ -10,8 +10,7 @@ For every tier (--tiers, default disk and host) and budget (--fractions of the t
 reports the median tokens/s of --reps runs (the first step, which profiles and warms up, is not
 counted), the ratio to the unswapped median, the peak RSS over the steady steps (sampled from
 /proc every 0.1 s between the first and the last step's record) beside the whole run's peak (GNU
-time; it includes building the model in RAM and the final checkpoint, which gathers the whole
-state), how much the page cache grew over those steps (/proc/meminfo Cached: O_DIRECT keeps it
+time; it includes building the model in RAM and profiling it, with all weights resident), how much the page cache grew over those steps (/proc/meminfo Cached: O_DIRECT keeps it
 flat), and the planner's predicted step time against the measured one. A budget the planner refuses is reported as such,
 with the smallest feasible budget it names. The data is a byte-level corpus made with
 `starling data prepare` from --text (default data/brown/text, made by `make data`).

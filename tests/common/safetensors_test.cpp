@@ -113,6 +113,58 @@ TEST(Safetensors, NoMetadataAndNoTensors) {
   EXPECT_TRUE(file.metadata.empty());
 }
 
+// A mapped read gives the same tensors as a copied one; writing to a mapped tensor never reaches
+// the file; the tensors outlive the SafetensorsFile; bytes not aligned to their element size (a
+// foreign file's) are copied instead of mapped.
+TEST(Safetensors, MappedReadEqualsACopiedOneAndNeverWritesTheFile) {
+  TempDir dir;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(12);
+  const fs::path path = dir / "m.safetensors";
+  write_safetensors(path, {{"w", at::randn({64, 33}, gen)}, {"b", at::randn({5}, gen)}});
+  const SafetensorsFile copied = read_safetensors(path);
+  at::Tensor w;
+  {
+    const SafetensorsFile mapped = read_safetensors(path, SafetensorsRead::kMap);
+    ASSERT_EQ(mapped.tensors.size(), 2u);
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_TRUE(at::equal(mapped.tensors[i].second, copied.tensors[i].second));
+    w = mapped.at("w");
+  }
+  EXPECT_TRUE(at::equal(w, copied.at("w")));  // the mapping outlives the file object
+  w.mul_(3);
+  EXPECT_TRUE(at::equal(read_safetensors(path).at("w"), copied.at("w")));
+
+  // U8 x3 then F32 at data byte 3: the float cannot be mapped in place.
+  const std::string header = R"({"u":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},)"
+                             R"("f":{"dtype":"F32","shape":[2],"data_offsets":[3,11]}})";
+  std::string padded = header;
+  while ((8 + padded.size()) % 8 != 0) padded.push_back(' ');
+  write_text(dir / "u.safetensors", file_bytes(padded, "abc" + float_bytes({1.5f, -4.0f})));
+  const auto odd = read_safetensors(dir / "u.safetensors", SafetensorsRead::kMap);
+  EXPECT_EQ(odd.at("f")[1].item<float>(), -4.0f);
+  EXPECT_EQ(odd.at("u")[2].item<uint8_t>(), 'c');
+}
+
+// A reader supplies each tensor's values as it is written (a swapping runner lends one at a
+// time); one that changes a tensor's shape is a programming error, caught.
+TEST(Safetensors, WritesThroughAReader) {
+  TempDir dir;
+  const std::vector<std::pair<std::string, at::Tensor>> tensors = {
+      {"a", at::arange(6, at::kFloat).view({2, 3})}, {"b", at::ones({4})}};
+  int reads = 0;
+  write_safetensors(dir / "r.safetensors", tensors, {}, [&](const at::Tensor& t) {
+    ++reads;
+    return t * 2;
+  });
+  EXPECT_EQ(reads, 2);
+  const auto file = read_safetensors(dir / "r.safetensors");
+  EXPECT_TRUE(at::equal(file.at("a"), tensors[0].second * 2));
+  EXPECT_TRUE(at::equal(file.at("b"), tensors[1].second * 2));
+  EXPECT_THROW(write_safetensors(dir / "s.safetensors", tensors, {},
+                                 [](const at::Tensor& t) { return t.view({-1}); }),
+               std::logic_error);
+}
+
 // A file written by hand in the published layout (as the Hugging Face library writes it: no
 // padding, tensors out of name order) reads back with the values the bytes hold.
 TEST(Safetensors, ReadsHandWrittenFile) {

@@ -2,6 +2,7 @@
 // synthetic model, and both tiers' transfers (the disk tier's bytes must bypass the page cache).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -173,6 +174,11 @@ void round_trip(Tier& tier) {
   EXPECT_EQ(std::memcmp(back + 3 * kSwapAlign, bufs[1] + 3 * kSwapAlign, kBytes - 3 * kSwapAlign),
             0);
   EXPECT_TRUE(tier.done(t.back()));
+  // A room never written reads as zeros (fresh AdamW moments start out there unwritten).
+  const uint64_t fresh = tier.reserve(kBytes);
+  std::memset(back, 0x5a, align_up(kBytes));
+  tier.wait(tier.read(fresh, 0, back, kBytes));
+  EXPECT_TRUE(std::all_of(back, back + kBytes, [](char c) { return c == 0; }));
   std::free(back);
   for (char* b : bufs) std::free(b);
 }
@@ -187,6 +193,25 @@ TEST(SwapTier, DiskRoundTrip) {
   tier.reset();
   // The file was unlinked while open: nothing is left behind.
   EXPECT_TRUE(fs::is_empty(dir));
+  fs::remove_all(dir);
+}
+
+// One transfer of more chunks than the ring holds: queuing its last chunks reaps its first ones.
+TEST(SwapTier, DiskTransferLargerThanTheRing) {
+  constexpr size_t kBytes = size_t{520} << 20;  // 65 chunks of 8 MB; the ring holds 64
+  const fs::path dir = fs::temp_directory_path() / "starling_tier_ring_test";
+  auto tier = make_tier("disk", dir);
+  const uint64_t key = tier->reserve(kBytes);
+  auto* buf = static_cast<uint32_t*>(std::aligned_alloc(kSwapAlign, kBytes));
+  for (size_t i = 0; i < kBytes / 4; ++i) buf[i] = static_cast<uint32_t>(i);
+  tier->wait(tier->write(key, 0, buf, kBytes));
+  std::memset(buf, 0, kBytes);
+  tier->wait(tier->read(key, 0, buf, kBytes));
+  size_t wrong = 0;
+  for (size_t i = 0; i < kBytes / 4; ++i) wrong += buf[i] != static_cast<uint32_t>(i);
+  EXPECT_EQ(wrong, 0u);
+  std::free(buf);
+  tier.reset();
   fs::remove_all(dir);
 }
 

@@ -483,6 +483,47 @@ TEST(AdamW, LoadStateRejectsWrongShapes) {
   EXPECT_CONTAINS(what, "exp_avg_sq.w");
 }
 
+// Deferred zero moments: claimed once by whoever takes them over; if nobody does, the first
+// step zeroes them, so the update equals an ordinary AdamW's bit for bit; load_state() writes
+// them (nothing left to claim) and, from a mapped checkpoint, adopts the file's tensors.
+TEST(AdamW, DeferredZeroStateIsClaimedOnceOrZeroedByTheFirstStep) {
+  auto make = [](graph::ParamStore& ps) {
+    ps.add("w", at::tensor({0.5f, -1.0f, 2.0f}), true);
+    ps.get("w").value.mutable_grad() = at::tensor({0.2f, -0.4f, 1.5f});
+  };
+  graph::ParamStore plain_ps, deferred_ps;
+  make(plain_ps);
+  make(deferred_ps);
+  AdamW plain(plain_ps, {});
+  AdamW deferred(deferred_ps, {.defer_zero_state = true});
+  EXPECT_THROW(deferred.state(), std::logic_error);  // no values to save yet
+  deferred.exp_avg(0).fill_(std::nanf(""));          // what an unwritten allocation may hold
+  deferred.exp_avg_sq(0).fill_(std::nanf(""));
+  plain.step(0.01);
+  deferred.step(0.01);
+  EXPECT_TRUE(at::equal(plain_ps.get("w").value, deferred_ps.get("w").value));
+  EXPECT_TRUE(at::equal(plain.exp_avg(0), deferred.exp_avg(0)));
+  EXPECT_FALSE(deferred.claim_zero_state());  // the step took them
+
+  graph::ParamStore claimed_ps;
+  make(claimed_ps);
+  AdamW claimed(claimed_ps, {.defer_zero_state = true});
+  EXPECT_TRUE(claimed.claim_zero_state());
+  EXPECT_FALSE(claimed.claim_zero_state());
+  EXPECT_FALSE(AdamW(plain_ps, {}).claim_zero_state());
+
+  TempDir dir;
+  write_safetensors(dir / "o.safetensors",
+                    {{"exp_avg.w", at::ones({3})}, {"exp_avg_sq.w", at::full({3}, 2.0f)}});
+  graph::ParamStore loaded_ps;
+  make(loaded_ps);
+  AdamW loaded(loaded_ps, {.defer_zero_state = true});
+  loaded.load_state(read_safetensors(dir / "o.safetensors", SafetensorsRead::kMap), 4);
+  EXPECT_FALSE(loaded.claim_zero_state());
+  EXPECT_TRUE(at::equal(loaded.exp_avg_sq(0), at::full({3}, 2.0f)));
+  EXPECT_EQ(loaded.steps(), 4);
+}
+
 TEST(ClipGradNorm, HandComputedNormAndScaling) {
   graph::ParamStore ps;
   ps.add("a", at::zeros({2}), true);

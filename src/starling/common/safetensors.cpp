@@ -2,12 +2,15 @@
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
 #include "starling/common/error.h"
 
@@ -55,6 +58,37 @@ void write_all(int fd, const void* data, size_t n, const std::filesystem::path& 
   }
 }
 
+// A private, writable mapping of a whole file (writes are copied on write, never reach the file).
+struct FileMapping {
+  void* data = nullptr;
+  size_t bytes = 0;
+  ~FileMapping() {
+    if (data != nullptr) ::munmap(data, bytes);
+  }
+  // A tensor whose bytes were [p, p + n) is gone: the whole pages it alone covered leave the
+  // process now rather than when the last tensor of the file goes (a resumed swapped run reads
+  // a moment, writes it to its tier and drops it, one after another).
+  void drop(void* p, size_t n) const {
+    const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+    const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+    if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  }
+};
+
+std::shared_ptr<FileMapping> map_file(const std::filesystem::path& path, uint64_t bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw CheckpointError(path.string() + ": cannot open: " + std::strerror(errno));
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  const int err = errno;
+  ::close(fd);  // the mapping keeps the file
+  if (p == MAP_FAILED) throw CheckpointError(path.string() + ": cannot map: " + std::strerror(err));
+  auto m = std::make_shared<FileMapping>();
+  m->data = p;
+  m->bytes = bytes;
+  return m;
+}
+
 }  // namespace
 
 const at::Tensor& SafetensorsFile::at(const std::string& name) const {
@@ -70,19 +104,17 @@ bool SafetensorsFile::contains(const std::string& name) const {
 
 void write_safetensors(const std::filesystem::path& path,
                        const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata,
+                       const TensorReader& read) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<at::Tensor> cpu;
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    at::Tensor c = t.detach().to(at::kCPU).contiguous();
-    const uint64_t bytes = static_cast<uint64_t>(c.numel()) * c.element_size();
-    header[name] = {{"dtype", dtype_name(c.scalar_type())},
-                    {"shape", c.sizes().vec()},
+    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
+    header[name] = {{"dtype", dtype_name(t.scalar_type())},
+                    {"shape", t.sizes().vec()},
                     {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
-    cpu.push_back(std::move(c));
   }
   std::string text = header.dump();
   // Pad the header with spaces so the data starts 8-byte aligned, as the reference writer does.
@@ -96,7 +128,12 @@ void write_safetensors(const std::filesystem::path& path,
   try {
     write_all(fd, len, 8, path);
     write_all(fd, text.data(), text.size(), path);
-    for (const auto& c : cpu) write_all(fd, c.data_ptr(), c.numel() * c.element_size(), path);
+    for (const auto& [name, t] : tensors) {
+      const at::Tensor c = (read ? read(t) : t).detach().to(at::kCPU).contiguous();
+      if (c.sizes() != t.sizes() || c.scalar_type() != t.scalar_type())
+        throw std::logic_error("write_safetensors: the reader changed tensor \"" + name + "\"");
+      write_all(fd, c.data_ptr(), c.numel() * c.element_size(), path);
+    }
     if (::fsync(fd) != 0)
       throw CheckpointError(path.string() + ": fsync failed: " + std::strerror(errno));
   } catch (...) {
@@ -107,13 +144,14 @@ void write_safetensors(const std::filesystem::path& path,
     throw CheckpointError(path.string() + ": close failed: " + std::strerror(errno));
 }
 
-SafetensorsFile read_safetensors(const std::filesystem::path& path) {
+SafetensorsFile read_safetensors(const std::filesystem::path& path, SafetensorsRead mode) {
   const std::string where = path.string();
   std::ifstream in(path, std::ios::binary);
   if (!in) throw CheckpointError(where + ": cannot open (missing or unreadable)");
   in.seekg(0, std::ios::end);
   const uint64_t file_size = static_cast<uint64_t>(in.tellg());
   in.seekg(0);
+  if (!in) throw CheckpointError(where + ": cannot read its size (not a regular file?)");
   if (file_size < 8)
     throw CheckpointError(where + ": not a safetensors file (only " + std::to_string(file_size) +
                           " bytes)");
@@ -196,9 +234,27 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path) {
     if (entries[i].begin < entries[i - 1].end)
       throw CheckpointError(where + ": tensors \"" + entries[i - 1].name + "\" and \"" +
                             entries[i].name + "\" overlap");
+  std::shared_ptr<FileMapping> mapping;
+  if (mode == SafetensorsRead::kMap && !entries.empty()) mapping = map_file(path, file_size);
   for (const auto& e : entries) {
+    const uint64_t at_byte = 8 + header_len + e.begin;
+    // A mapped tensor keeps the mapping alive; one whose bytes are not aligned to its element
+    // size (possible in foreign files) is copied instead.
+    if (mapping && at_byte % c10::elementSize(e.type) == 0) {
+      std::shared_ptr<FileMapping> keep = mapping;
+      char* data = static_cast<char*>(mapping->data) + at_byte;
+      const size_t bytes = e.end - e.begin;
+      result.tensors.emplace_back(e.name, at::from_blob(
+                                              data, e.shape,
+                                              [keep, bytes](void* p) mutable {
+                                                keep->drop(p, bytes);
+                                                keep.reset();
+                                              },
+                                              at::TensorOptions(e.type)));
+      continue;
+    }
     at::Tensor t = at::empty(e.shape, at::TensorOptions(e.type));
-    in.seekg(static_cast<std::streamoff>(8 + header_len + e.begin));
+    in.seekg(static_cast<std::streamoff>(at_byte));
     in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
     if (!in) throw CheckpointError(where + ": read failed for tensor \"" + e.name + "\"");
     result.tensors.emplace_back(e.name, std::move(t));

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -25,15 +26,29 @@ struct SafetensorsFile {
   std::filesystem::path file;
 };
 
-// Writes tensors (moved to CPU, made contiguous) in the given order and fsyncs the file.
-// Supported dtypes: F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL.
+// How write_safetensors reads a tensor's values just before writing them: the identity by
+// default. A caller whose tensors keep their bytes elsewhere (a swapping runner's tier) returns a
+// readable tensor of the same shape and dtype, so only one is held at a time.
+using TensorReader = std::function<at::Tensor(const at::Tensor&)>;
+
+// Writes tensors (moved to CPU, made contiguous, one at a time) in the given order and fsyncs
+// the file. Supported dtypes: F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL.
 void write_safetensors(const std::filesystem::path& path,
                        const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {},
+                       const TensorReader& read = {});
+
+// kCopy reads every tensor into memory of its own. kMap maps the file privately instead: each
+// tensor's bytes stay in the page cache until they are read (and a write to one is copied on
+// write, never reaching the file), so reading a checkpoint larger than RAM commits no memory.
+// A mapped file must not be truncated or rewritten in place while its tensors live (checkpoints
+// never are: they are written under a new name and only ever deleted).
+enum class SafetensorsRead { kCopy, kMap };
 
 // Reads and validates a whole file. CheckpointError naming the file (and the tensor, where one is
 // at fault) for: missing/short file, header length beyond the file, malformed JSON, unknown
 // dtype, shape and offsets that disagree, offsets outside the data or overlapping.
-SafetensorsFile read_safetensors(const std::filesystem::path& path);
+SafetensorsFile read_safetensors(const std::filesystem::path& path,
+                                 SafetensorsRead mode = SafetensorsRead::kCopy);
 
 }  // namespace starling

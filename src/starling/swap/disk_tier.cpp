@@ -76,6 +76,10 @@ std::string DiskTier::describe() const {
 
 uint64_t DiskTier::reserve(size_t bytes) {
   const uint64_t key = end_;
+  // Growing the file leaves a hole, which reads as zeros and takes no disk space until written.
+  if (::ftruncate(fd_, static_cast<off_t>(end_ + align_up(bytes))) != 0)
+    throw Error("swap tier " + describe() + ": cannot grow the swap file to " +
+                std::to_string(end_ + align_up(bytes)) + " bytes: " + errno_text(errno));
   extents_[key] = align_up(bytes);
   end_ += align_up(bytes);
   return key;
@@ -96,10 +100,12 @@ Ticket DiskTier::submit(bool write, uint64_t key, size_t at, char* buf, size_t b
     throw std::logic_error("DiskTier: transfer outside a reserved extent");
   const uint64_t offset = key + at;
   const Ticket t = ++issued_;
-  int chunks = 0;
-  for (size_t done = 0; done < bytes; done += kChunk, ++chunks)
+  if (bytes == 0) return t;  // nothing to wait for
+  // Counted before queuing: with the ring full, queue() reaps completions, which may already be
+  // this request's first chunks.
+  pending_[t] = static_cast<int>((bytes + kChunk - 1) / kChunk);
+  for (size_t done = 0; done < bytes; done += kChunk)
     queue({t, write, buf + done, std::min(kChunk, bytes - done), offset + done});
-  pending_[t] = chunks;
   io_uring_submit(ring_.get());
   return t;
 }

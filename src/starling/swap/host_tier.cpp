@@ -21,6 +21,7 @@ HostTier::~HostTier() {
 uint64_t HostTier::reserve(size_t bytes) {
   void* p = std::aligned_alloc(kSwapAlign, align_up(bytes));
   if (p == nullptr) throw std::bad_alloc();
+  std::memset(p, 0, align_up(bytes));  // rooms read as zeros until written (tier.h)
   buffers_.push_back(static_cast<char*>(p));
   reserved_ += static_cast<int64_t>(align_up(bytes));
   return buffers_.size() - 1;

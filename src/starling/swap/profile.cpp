@@ -31,6 +31,23 @@ class NodeTimer final : public graph::NodeObserver {
   double start_ = 0;
 };
 
+// Drops each node's parameter gradients once its backward has made them, so profiling a model
+// holds one node's gradients at a time, not a whole model's (which, with the weights, need not
+// fit in RAM: the budget is there for that).
+class GradientDropper final : public graph::NodeObserver {
+ public:
+  GradientDropper(graph::ParamStore& params, const std::vector<NodeCost>& nodes)
+      : params_(params), nodes_(nodes) {}
+  void after(int node, graph::Phase phase) override {
+    if (phase != graph::Phase::kBackward) return;
+    for (int p : nodes_[node].params) params_.params()[p].value.mutable_grad().reset();
+  }
+
+ private:
+  graph::ParamStore& params_;
+  const std::vector<NodeCost>& nodes_;
+};
+
 // AdamW's time per element, from a few passes over scratch tensors of 4M elements.
 double optimizer_seconds_per_element() {
   constexpr int64_t n = int64_t{1} << 22;
@@ -63,10 +80,13 @@ SwapProblem profile_nodes(graph::OpDag& dag, const graph::ExecutorOptions& optio
   // ids, and no random generator is drawn from.
   const at::Tensor tokens = at::zeros({batch, seq_len}, at::kLong);
   graph::Executor exec(dag, options);
+  GradientDropper dropper(dag.params(), p.nodes);
+  exec.add_observer(&dropper);
   exec.forward_backward({tokens, tokens});  // warm-up: allocator, kernels, caches
-  dag.params().zero_grad();
   NodeTimer timer(p.nodes);
+  exec.remove_observer(&dropper);  // the timer first, so dropping is not timed as the node's work
   exec.add_observer(&timer);
+  exec.add_observer(&dropper);
   exec.forward_backward({tokens, tokens});
   dag.params().zero_grad();
   int64_t elements = 0;

@@ -95,7 +95,9 @@ class SwapStepRunner final : public train::StepRunner {
     return swapper_->update(lr, max_norm);
   }
 
-  void gather() override { swapper_->gather(); }
+  void gather() override { swapper_->gather(true); }
+  void gather_weights() override { swapper_->gather(false); }
+  at::Tensor read_state(const at::Tensor& t) override { return swapper_->read_state(t); }
   void state_replaced() override { swapper_->state_replaced(); }
 
   std::string report() const override {
@@ -132,10 +134,12 @@ StepRunnerFactory swapped_step_runner() {
         std::string text = describe_plan(plan, problem);
         while (!text.empty() && text.back() == '\n') text.pop_back();
         progress.log(text);
+        // The profiling pass's blocks (a whole model's gradients and activations) go back before
+        // the state is adopted, and the evicted state's after: either would otherwise stay
+        // cached for the whole run, far over the budget.
+        release_cached_cpu_blocks();
         auto swapper = std::make_unique<Swapper>(*s.dag, *s.optimizer, std::move(plan),
                                                  make_tier(c.swap.tier, tier_dir(c)));
-        // The profiling pass's blocks (a whole model's gradients and activations) and the
-        // evicted state's would otherwise stay cached for the whole run, far over the budget.
         release_cached_cpu_blocks();
         return std::make_unique<SwapStepRunner>(s, std::move(swapper));
       };

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <set>
 
 #include "starling/common/error.h"
@@ -39,22 +40,40 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
       for (int p : group_params_[g]) pinned[p] = true;
 
   at::NoGradGuard no_grad;
-  auto slot = [&](const at::Tensor& t, bool pin) {
+  // Fresh moments are zeros the optimizer never wrote: they start out in the tier, whose rooms
+  // read as zeros, without being held or written (a model whose moments exceed RAM can start).
+  const bool zero_moments = optimizer_.claim_zero_state();
+  auto slot = [&](const at::Tensor& t, bool pin, bool zero) {
     if (t.scalar_type() != at::kFloat) throw std::logic_error("swap: training state must be fp32");
-    // Only what may go to the tier needs aligned storage; a pinned slot never leaves.
-    if (!pin && !can_keep_storage(t)) adopt_storage(t, pool_.take(static_cast<size_t>(t.nbytes())));
     SwapSlot s;
     s.tensor = t;
     s.bytes = static_cast<size_t>(t.numel()) * t.element_size();
     s.key = tier_->reserve(s.bytes);
     s.pinned = pin;
+    if (zero && !pin) {
+      free_storage(t);
+      s.state = SwapSlot::State::kOut;
+      s.dirty = false;
+      return s;
+    }
+    if (zero) t.zero_();
+    // Only what may go to the tier needs aligned storage; a pinned slot never leaves. Beyond the
+    // budget, a tensor that cannot keep its storage (a checkpoint's mapped moments) goes straight
+    // to the tier instead of being copied in whole with the rest.
+    if (!pin && !can_keep_storage(t)) {
+      if (held_ + static_cast<int64_t>(align_up(s.bytes)) > plan_.budget) {
+        write_through(s);
+        return s;
+      }
+      adopt_storage(t, pool_.take(s.bytes));
+    }
     held_ += s.held();
     return s;
   };
   for (size_t i = 0; i < params.size(); ++i) {
-    values_.push_back(slot(params[i].value, pinned[i]));
-    exp_avg_.push_back(slot(optimizer_.exp_avg(i), plan_.everything_resident));
-    exp_avg_sq_.push_back(slot(optimizer_.exp_avg_sq(i), plan_.everything_resident));
+    values_.push_back(slot(params[i].value, pinned[i], false));
+    exp_avg_.push_back(slot(optimizer_.exp_avg(i), plan_.everything_resident, zero_moments));
+    exp_avg_sq_.push_back(slot(optimizer_.exp_avg_sq(i), plan_.everything_resident, zero_moments));
     SwapSlot g;
     g.bytes = values_.back().bytes;
     g.key = tier_->reserve(g.bytes);
@@ -63,6 +82,8 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
     grads_.push_back(std::move(g));
   }
   norms_.resize(params.size());
+  for (auto* list : {&values_, &exp_avg_, &exp_avg_sq_})
+    for (SwapSlot& s : *list) slot_of_[s.tensor.unsafeGetTensorImpl()] = &s;
   if (!plan_.everything_resident)
     for (int i = 0; i < kStagingChunks; ++i) {
       void* b = std::aligned_alloc(kSwapAlign, static_cast<size_t>(plan_.chunk_bytes));
@@ -118,6 +139,20 @@ void Swapper::release(SwapSlot& s) {
 }
 
 // ---- slots ----
+
+void Swapper::write_through(SwapSlot& s) {
+  at::DataPtr buffer = pool_.take(s.bytes);
+  std::memcpy(buffer.get(), s.tensor.data_ptr(), s.bytes);
+  free_storage(s.tensor);  // the original bytes go (a mapping's pages, to the page cache)
+  const double t0 = now_s();
+  tier_->wait(tier_->write(s.key, 0, buffer.get(), s.bytes));
+  stats_.wait_s += now_s() - t0;
+  stats_.write_bytes += static_cast<int64_t>(align_up(s.bytes));
+  pool_.give(std::move(buffer), s.bytes);
+  fit_pool();
+  s.state = SwapSlot::State::kOut;
+  s.dirty = false;
+}
 
 void Swapper::evict(SwapSlot& s) {
   if (s.state != SwapSlot::State::kResident || s.pinned) return;
@@ -498,18 +533,37 @@ at::Tensor Swapper::update(double lr, double max_norm) {
   return total;
 }
 
-void Swapper::gather() {
-  // A checkpoint or sample briefly holds the whole state; the peak reports the steps.
+void Swapper::gather(bool moments) {
+  // A sample or a state transfer briefly holds the whole state; the peak reports the steps.
   const int64_t peak = stats_.peak_resident;
   leave();
-  for (auto* list : {&values_, &exp_avg_, &exp_avg_sq_})
+  std::vector<std::vector<SwapSlot>*> lists = {&values_};
+  if (moments) lists.insert(lists.end(), {&exp_avg_, &exp_avg_sq_});
+  for (auto* list : lists)
     for (SwapSlot& s : *list) {
       settle(s);
       load(s);
     }
-  for (auto* list : {&values_, &exp_avg_, &exp_avg_sq_})
+  for (auto* list : lists)
     for (SwapSlot& s : *list) settle(s);
   stats_.peak_resident = peak;
+}
+
+at::Tensor Swapper::read_state(const at::Tensor& t) {
+  const auto it = slot_of_.find(t.unsafeGetTensorImpl());
+  if (it == slot_of_.end()) return t;
+  SwapSlot& s = *it->second;
+  settle(s);
+  if (s.resident()) return t;
+  void* buffer = std::aligned_alloc(kSwapAlign, align_up(s.bytes));
+  if (buffer == nullptr) throw std::bad_alloc();
+  at::Tensor copy = at::from_blob(
+      buffer, t.sizes(), [](void* p) { std::free(p); }, at::TensorOptions(at::kFloat));
+  const double t0 = now_s();
+  tier_->wait(tier_->read(s.key, 0, buffer, s.bytes));
+  stats_.wait_s += now_s() - t0;
+  stats_.read_bytes += static_cast<int64_t>(align_up(s.bytes));
+  return copy;
 }
 
 void Swapper::state_replaced() {

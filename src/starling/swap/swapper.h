@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "starling/graph/executor.h"
@@ -71,7 +72,11 @@ class Swapper final : public graph::NodeObserver {
   // Clips to `max_norm` (0 = off) and applies one AdamW update with `lr`; drops the gradients.
   // Returns the gradient norm before clipping (0-dim fp32; 0 without gradients).
   at::Tensor update(double lr, double max_norm);
-  void gather();
+  // Makes the weights (and with `moments` AdamW's moments) resident.
+  void gather(bool moments);
+  // train::StepRunner::read_state: a resident slot's tensor as it is; an evicted one's bytes read
+  // from the tier into a temporary tensor; any other tensor unchanged.
+  at::Tensor read_state(const at::Tensor& t);
   // After gather(), weights and moments were overwritten: they are written to the tier when
   // evicted instead of dropped.
   void state_replaced();
@@ -95,7 +100,8 @@ class Swapper final : public graph::NodeObserver {
   bool needed_soon(int group) const;
   void evict(SwapSlot& s);
   void load(SwapSlot& s);
-  void settle(SwapSlot& s);  // waits for its transfer; resident or out afterwards
+  void write_through(SwapSlot& s);  // resident to out, synchronously, through a pool buffer
+  void settle(SwapSlot& s);         // waits for its transfer; resident or out afterwards
   void poll_writes();
   void drain_writes();  // waits for every write in flight and frees its buffer
   bool make_room(int64_t bytes, bool must);
@@ -116,6 +122,7 @@ class Swapper final : public graph::NodeObserver {
   std::vector<std::vector<int>> group_params_;  // parameters each group reads
   std::vector<int> owner_;                      // first group reading each parameter
   std::vector<SwapSlot> values_, grads_, exp_avg_, exp_avg_sq_;
+  std::unordered_map<const void*, SwapSlot*> slot_of_;  // weights and moments, by TensorImpl
   std::vector<at::Tensor> norms_;  // per parameter, taken when its gradient is final
   std::vector<SwapSlot*> writing_;
   std::vector<char*> staging_;

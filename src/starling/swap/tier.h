@@ -23,7 +23,9 @@ class Tier {
  public:
   virtual ~Tier() = default;
 
-  // Reserves room for one tensor of `bytes` bytes; returns its key.
+  // Reserves room for one tensor of `bytes` bytes; returns its key. The room reads as zeros until
+  // it is written, so a tensor known to be zero (fresh AdamW moments) can start out in the tier
+  // without ever being written or even held in compute memory.
   virtual uint64_t reserve(size_t bytes) = 0;
   // Queues a copy of `bytes` bytes from `src` into the tensor's room at `offset` / from there into
   // `dst`. Buffers and offsets are kSwapAlign-aligned, buffers span align_up(bytes), and they must

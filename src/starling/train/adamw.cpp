@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <stdexcept>
 
 #include "starling/common/error.h"
 #include "starling/common/torch_version.h"
@@ -10,9 +11,11 @@
 namespace starling::train {
 
 AdamW::AdamW(graph::ParamStore& params, AdamWOptions options) : params_(params), options_(options) {
+  zeros_pending_ = options_.defer_zero_state;
   for (const auto& p : params_.params()) {
-    exp_avg_.push_back(at::zeros_like(p.value));
-    exp_avg_sq_.push_back(at::zeros_like(p.value));
+    // at::empty maps its memory without touching it: nothing is committed until it is written.
+    exp_avg_.push_back(zeros_pending_ ? at::empty_like(p.value) : at::zeros_like(p.value));
+    exp_avg_sq_.push_back(zeros_pending_ ? at::empty_like(p.value) : at::zeros_like(p.value));
   }
 #if STARLING_TORCH_AT_LEAST(2, 1)
   const auto& params_list = params_.params();
@@ -22,8 +25,17 @@ AdamW::AdamW(graph::ParamStore& params, AdamWOptions options) : params_(params),
 #endif
 }
 
+bool AdamW::claim_zero_state() {
+  const bool pending = zeros_pending_;
+  zeros_pending_ = false;
+  return pending;
+}
+
 void AdamW::step(double lr) {
   at::NoGradGuard no_grad;
+  if (claim_zero_state())
+    for (auto* list : {&exp_avg_, &exp_avg_sq_})
+      for (at::Tensor& t : *list) t.zero_();
   ++steps_;
   if (fused_)
     step_fused(lr);
@@ -80,6 +92,8 @@ void update_elements(at::Tensor& w, const at::Tensor& g, at::Tensor& m, at::Tens
 }
 
 std::vector<std::pair<std::string, at::Tensor>> AdamW::state() const {
+  if (zeros_pending_)
+    throw std::logic_error("AdamW::state(): the deferred zero moments were never claimed");
   std::vector<std::pair<std::string, at::Tensor>> out;
   const auto& params = params_.params();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -100,9 +114,13 @@ void AdamW::load_state(const SafetensorsFile& file, int64_t steps) {
         throw CheckpointError(file.file.string() + ": optimizer tensor \"" + name +
                               "\" has shape " + c10::str(t.sizes()) + ", the model needs " +
                               c10::str(params[i].value.sizes()));
-      (*pair)[i].copy_(t);
+      if (options_.defer_zero_state && t.scalar_type() == at::kFloat && t.is_contiguous())
+        (*pair)[i] = t;  // no copy: the deferred moments were never written
+      else
+        (*pair)[i].copy_(t);
     }
   }
+  zeros_pending_ = false;
   steps_ = steps;
 }
 

@@ -23,6 +23,11 @@ namespace starling::train {
 struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   bool fused = true;  // the fused multi-tensor kernel where available (false: per-parameter ops)
+  // The moments start allocated but unwritten, so no memory is committed for them (a swapping
+  // runner takes them over as zeros through claim_zero_state() and keeps them in a slower tier:
+  // a model whose moments do not fit in RAM can then be built). Whatever is not claimed is zeroed
+  // by the first step().
+  bool defer_zero_state = false;
 };
 
 class AdamW {
@@ -45,11 +50,17 @@ class AdamW {
   const AdamWOptions& options() const { return options_; }
   // Counts one update without touching any parameter: the caller applies update_elements.
   void begin_step() { ++steps_; }
+  // With defer_zero_state: true once, if the moments are still the unwritten allocation that
+  // stands for zeros (no load_state() or step() since construction); the caller then treats
+  // them as zeros and owns their contents from here. False otherwise, and on every later call.
+  bool claim_zero_state();
 
   // Checkpoint state: "exp_avg.<param>" and "exp_avg_sq.<param>" for every parameter.
+  // std::logic_error while deferred zeros are unclaimed (the tensors hold no values yet).
   std::vector<std::pair<std::string, at::Tensor>> state() const;
   // Restores state written by state(); CheckpointError naming the tensor on a missing name or
-  // shape mismatch.
+  // shape mismatch. With defer_zero_state the moments become the file's fp32 tensors themselves
+  // (a checkpoint read by mapping stays in the page cache, not in the process's memory).
   void load_state(const SafetensorsFile& file, int64_t steps);
 
  private:
@@ -61,6 +72,7 @@ class AdamW {
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
   int64_t steps_ = 0;
   bool fused_ = false;
+  bool zeros_pending_ = false;  // deferred zero moments not yet claimed or written
 };
 
 // One AdamW update of the elements of `w` from `g` with moments `m`, `v` (same shapes) at update

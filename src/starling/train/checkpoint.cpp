@@ -133,7 +133,7 @@ fs::path save_checkpoint_unchecked(const fs::path& run_dir, const graph::ParamSt
 
   std::vector<std::pair<std::string, at::Tensor>> weights;
   for (const auto& p : params.params()) weights.emplace_back(p.name, p.value);
-  write_safetensors(tmp / "model.safetensors", weights, {{"format", "pt"}});
+  write_safetensors(tmp / "model.safetensors", weights, {{"format", "pt"}}, options.read_state);
   stage("model");
 
   auto state = optimizer.state();
@@ -144,7 +144,8 @@ fs::path save_checkpoint_unchecked(const fs::path& run_dir, const graph::ParamSt
     state.emplace_back(name, t);
   }
   write_safetensors(tmp / "optimizer.safetensors", state,
-                    {{"optimizer", "adamw"}, {"steps", std::to_string(optimizer.steps())}});
+                    {{"optimizer", "adamw"}, {"steps", std::to_string(optimizer.steps())}},
+                    options.read_state);
   stage("optimizer");
 
   if (!options.tokenizer_model.empty()) {
@@ -225,8 +226,8 @@ Checkpoint read_checkpoint(const fs::path& dir) {
     throw CheckpointError(meta_path.string() + ": not valid JSON: " + e.what());
   }
   c.meta = meta_from_json(j, meta_path.string());
-  c.model = read_safetensors(dir / "model.safetensors");
-  c.optimizer = read_safetensors(dir / "optimizer.safetensors");
+  c.model = read_safetensors(dir / "model.safetensors", SafetensorsRead::kMap);
+  c.optimizer = read_safetensors(dir / "optimizer.safetensors", SafetensorsRead::kMap);
   return c;
 }
 

@@ -42,6 +42,10 @@ struct SaveOptions {
   std::function<void(const std::string& stage)> on_stage;
   // Written beside the optimizer state in optimizer.safetensors (names start with "strategy.").
   std::vector<std::pair<std::string, at::Tensor>> strategy_tensors;
+  // Reads each weight and optimizer tensor just before it is written (write_safetensors): a step
+  // runner that keeps the state in a slower tier lends one tensor at a time (StepRunner::
+  // read_state), so a checkpoint never needs the whole state in memory.
+  TensorReader read_state;
 };
 
 // Saves into <run_dir>/checkpoints and returns the new checkpoint directory.
@@ -61,6 +65,8 @@ struct Checkpoint {
 };
 
 // Reads and validates meta.json and both tensor files. CheckpointError names the file and field.
+// The tensors are mapped from the files (SafetensorsRead::kMap): they occupy the page cache, not
+// the process's memory, until they are copied or written to.
 Checkpoint read_checkpoint(const std::filesystem::path& dir);
 
 // Copies checkpoint weights into the model. CheckpointError naming the tensor on a missing or

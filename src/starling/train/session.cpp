@@ -12,6 +12,7 @@
 #include "starling/model/hf_gpt2.h"
 #include "starling/train/compute_bench.h"
 #include "starling/train/precision.h"
+#include "starling/train/step_runner.h"
 
 namespace starling::train {
 namespace fs = std::filesystem;
@@ -81,7 +82,10 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
       std::make_unique<AdamW>(s->dag->params(), AdamWOptions{.beta1 = c.optim.beta1,
                                                              .beta2 = c.optim.beta2,
                                                              .eps = c.optim.eps,
-                                                             .weight_decay = c.optim.weight_decay});
+                                                             .weight_decay = c.optim.weight_decay,
+                                                             // A swapping runner takes the moments
+                                                             // over as zeros in its tier.
+                                                             .defer_zero_state = c.swap.enabled()});
   s->loader = std::make_unique<data::TokenLoader>(ds.train_shards,
                                                   data::LoaderOptions{.seq_len = c.model.seq_len,
                                                                       .batch = c.train.batch_size,
@@ -121,7 +125,10 @@ fs::path Session::save(StepHooks* hooks) {
       run_dir(), dag->params(), *optimizer, meta,
       {.keep = config.train.keep_checkpoints,
        .tokenizer_model = dataset.tokenizer_model.empty() ? "" : dataset.tokenizer_model.string(),
-       .strategy_tensors = std::move(strategy_tensors)});
+       .strategy_tensors = std::move(strategy_tensors),
+       .read_state = [this](const at::Tensor& t) {
+         return replica->runner != nullptr ? replica->runner->read_state(t) : t;
+       }});
 }
 
 }  // namespace starling::train

@@ -64,9 +64,15 @@ class StepRunner {
   using GradientVisitor = std::function<void(std::span<const int> params)>;
   virtual void visit_gradients(const GradientVisitor& visit) = 0;
 
-  // Makes every weight and optimizer tensor readable in full (before a checkpoint, sampling or a
-  // state transfer between replicas); a runner that keeps state elsewhere brings it in here.
+  // Makes every weight and optimizer tensor readable in full (before a state transfer between
+  // replicas); a runner that keeps state elsewhere brings it in here.
   virtual void gather() {}
+  // gather() for the weights only (sampling needs no optimizer state).
+  virtual void gather_weights() {}
+  // The values of one weight or optimizer tensor, for a checkpoint that writes them one at a
+  // time (SaveOptions::read_state): `t` itself, or, where the runner keeps it elsewhere, a
+  // temporary copy of the same shape. Any other tensor comes back as it is.
+  virtual at::Tensor read_state(const at::Tensor& t) { return t; }
   // After gather(), the weights and optimizer moments were overwritten (the replica adopted the
   // swarm's state): a runner that keeps copies of them elsewhere must take the new values.
   virtual void state_replaced() {}

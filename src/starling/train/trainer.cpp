@@ -67,6 +67,14 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   Session& s = *session;
   Replica& replica = *s.replica;
   StepHooks* const hooks = options.hooks;
+  // The runner exists before the strategy starts: a swapping runner takes the state over first,
+  // so a state transfer at the start (a joiner) goes through it like any later one.
+  const std::unique_ptr<StepRunner> runner_owner =
+      options.step_runner ? options.step_runner(s, progress)
+                          : std::make_unique<LocalStepRunner>(*s.executor, s.dag->params(),
+                                                              *s.optimizer, *s.loader, s.device);
+  StepRunner& runner = *runner_owner;
+  replica.runner = &runner;
   if (hooks)
     hooks->start(replica, s.restored ? s.restored->meta.strategy : nlohmann::json(),
                  s.restored ? &s.restored->optimizer : nullptr);
@@ -80,12 +88,6 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
       options.stop_at >= 0 ? std::min(options.stop_at, c.train.steps) : c.train.steps;
   StepReporter reporter(c, progress, options.json_events, peak_gflops, last,
                         options.resume ? replica.step : -1);
-  const std::unique_ptr<StepRunner> runner_owner =
-      options.step_runner ? options.step_runner(s, progress)
-                          : std::make_unique<LocalStepRunner>(*s.executor, s.dag->params(),
-                                                              *s.optimizer, *s.loader, s.device);
-  StepRunner& runner = *runner_owner;
-  replica.runner = &runner;
   const bool fp16 = c.train.dtype == "fp16";
   const auto tokens_per_step =
       static_cast<uint64_t>(c.train.batch_size * c.train.grad_accum * c.model.seq_len);
@@ -160,7 +162,6 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
       reporter.eval(replica.step, s.val_loss, replica.tokens);
     }
     if (crossed(c.train.checkpoint_every, std::max<int64_t>(saved_step, 0)) || final_step) {
-      runner.gather();
       last_ckpt = s.save(hooks);
       saved_step = replica.step;
       progress.note("checkpoint " + last_ckpt.string());
@@ -179,7 +180,6 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   // Between boundaries a strategy's parameters are local progress, not the shared model.
   if (result.interrupted && replica.step > 0 && saved_step != replica.step && at_boundary) {
     // Stopped early (signal or stop_at): make sure the last step is on disk.
-    runner.gather();
     last_ckpt = s.save(hooks);
     std::cerr << "stopped at step " << replica.step << "; checkpoint " << last_ckpt.string()
               << "; continue with --resume\n";
@@ -196,7 +196,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     auto tokenizer = data::load_dataset_tokenizer(s.dataset);
     std::vector<uint32_t> prompt = tokenizer->encode(c.sample.prompt);
     if (prompt.empty()) prompt.push_back(0);
-    runner.gather();
+    runner.gather_weights();
     auto ids = generate(*s.dag, c.model, prompt, c.sample);
     result.sample = tokenizer->decode(ids);
   }
