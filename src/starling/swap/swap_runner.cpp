@@ -112,7 +112,11 @@ class SwapStepRunner final : public train::StepRunner {
            (st.exchange_s > 0
                 ? ", exchanges " + train::fmt("%.2f s", st.exchange_s) + " (waiting for the tier " +
                       train::fmt("%.2f s", st.exchange_wait_s) + ")"
-                : std::string());
+                : std::string()) +
+           // Outside the budget: freed activation and gradient blocks the CPU allocator keeps
+           // for the next step (common/cpu_runtime.h), most of the resident set's overhead.
+           "; CPU allocator cache " +
+           format_bytes(static_cast<double>(caching_cpu_allocator_stats().cached_bytes));
   }
 
  private:
