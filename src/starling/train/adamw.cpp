@@ -114,8 +114,11 @@ void AdamW::load_state(const SafetensorsFile& file, int64_t steps) {
         throw CheckpointError(file.file.string() + ": optimizer tensor \"" + name +
                               "\" has shape " + c10::str(t.sizes()) + ", the model needs " +
                               c10::str(params[i].value.sizes()));
-      if (options_.defer_zero_state && t.scalar_type() == at::kFloat && t.is_contiguous())
-        (*pair)[i] = t;  // no copy: the deferred moments were never written
+      // While the deferred moments are unwritten and unclaimed, nothing else holds them: the
+      // file's tensor can take their place without a copy. Later (a swapper owns them), the
+      // values are copied into the tensors it holds.
+      if (zeros_pending_ && t.scalar_type() == at::kFloat && t.is_contiguous())
+        (*pair)[i] = t;
       else
         (*pair)[i].copy_(t);
     }

@@ -59,7 +59,7 @@ class AdamW {
   // std::logic_error while deferred zeros are unclaimed (the tensors hold no values yet).
   std::vector<std::pair<std::string, at::Tensor>> state() const;
   // Restores state written by state(); CheckpointError naming the tensor on a missing name or
-  // shape mismatch. With defer_zero_state the moments become the file's fp32 tensors themselves
+  // shape mismatch. Deferred moments not yet claimed become the file's fp32 tensors themselves
   // (a checkpoint read by mapping stays in the page cache, not in the process's memory).
   void load_state(const SafetensorsFile& file, int64_t steps);
 
