@@ -8,7 +8,8 @@ unswapped training of the same model, data and seeds, measured in the same run.
 For every tier (--tiers, default disk and host) and budget (--fractions of the training state,
 16 bytes per parameter; default 1.0 0.5 0.3 0.15) it runs `starling train` for --steps steps and
 reports the median tokens/s of --reps runs (the first step, which profiles and warms up, is not
-counted), the ratio to the unswapped median, the peak RSS over the steady steps (sampled from
+counted), the ratio to unswapped runs interleaved with the swapped ones (each swapped run
+follows one of its own; the median of the pairs' ratios), the peak RSS over the steady steps (sampled from
 /proc every 0.1 s between the first and the last step's record) beside the whole run's peak (GNU
 time; it includes building the model in RAM and profiling it, with all weights resident), how much the page cache grew over those steps (/proc/meminfo Cached: O_DIRECT keeps it
 flat), and the planner's predicted step time against the measured one. A budget the planner refuses is reported as such,
@@ -111,15 +112,24 @@ def main():
                        check=True, capture_output=True)
     swap_dir = args.swap_dir or work
 
-    def measure(tag, sets):
-        results = []
+    plain_runs = []
+
+    def measure(tag, sets, paired=False):
+        # Paired: every swapped run follows an unswapped one of its own, and the ratio is the
+        # median of the pairs' ratios, so a shared machine's drift does not bias it.
+        results, ratios = [], []
         for r in range(args.reps):
+            plain = run_one(args, os.path.join(work, f"plain_{tag}_{r}"), []) if paired else None
             out = os.path.join(work, f"{tag}_{r}")
             res = run_one(args, out, sets)
             if "refused" in res:
                 return res
             results.append(res)
+            if plain:
+                plain_runs.append(plain)
+                ratios.append(res["tokens_per_s"] / plain["tokens_per_s"])
         return {"tokens_per_s": statistics.median(x["tokens_per_s"] for x in results),
+                "ratio": statistics.median(ratios) if ratios else None,
                 "step_s": statistics.median(x["step_s"] for x in results),
                 "rss_mb": statistics.median(x["rss_mb"] for x in results),
                 "steady_rss_mb": statistics.median(x["steady_rss_mb"] for x in results),
@@ -129,6 +139,7 @@ def main():
                 "optimizer_s": statistics.median(x["optimizer_s"] for x in results)}
 
     base = measure("plain", [])
+    plain_runs.clear()
     write_bw, read_bw = disk_bandwidth(swap_dir) if "disk" in args.tiers else (0, 0)
     info = subprocess.run([args.starling, "model", "presets"], capture_output=True, text=True).stdout
     m = re.search(rf"^{re.escape(args.preset)}\s.*?([0-9.]+)M params", info, re.M)
@@ -145,7 +156,8 @@ def main():
               f"(dd, O_DIRECT, 2 GB)")
     print("limit: max(unswapped step, the step's planned bytes at dd's disk bandwidth), the "
           "fastest a swapped step can be")
-    print("opt: seconds per step in the optimizer's pass (AdamW streamed through the tier)")
+    print("opt: seconds per step in the optimizer (AdamW streamed through the tier; swapped, most of it"
+          " overlaps the next step's forward)")
     print("RSS: peak over the steady steps (the whole run's peak, with model construction and "
           "the final checkpoint, in brackets); cache: page-cache growth over the steps")
     print(f"{'tier':5} {'budget':>10} {'tokens/s':>9} {'ratio':>6} {'s/step':>7} "
@@ -154,11 +166,11 @@ def main():
         for f in args.fractions:
             budget = int(state * f)
             res = measure(f"{tier}_{f}", [f"swap.budget=\"{budget}B\"", f"swap.tier={tier}",
-                                           f"swap.dir={swap_dir}"])
+                                           f"swap.dir={swap_dir}"], paired=True)
             if "refused" in res:
                 print(f"{tier:5} {f:>9.0%} refused: the smallest feasible budget is {res['refused']}")
                 continue
-            ratio = res["tokens_per_s"] / base["tokens_per_s"]
+            ratio = res["ratio"]
             pred = f"{res['predicted_s']:.2f}" if res["predicted_s"] else "-"
             rss = f"{res['steady_rss_mb']:.0f} ({res['rss_mb']:.0f})"
             read_gb, write_gb = res["moved_gb"]
@@ -167,6 +179,11 @@ def main():
             print(f"{tier:5} {f:>9.0%} {res['tokens_per_s']:>9.0f} {ratio:>6.2f} "
                   f"{res['step_s']:>7.2f} {limit:>6.2f} {pred:>9} {res['optimizer_s']:>5.2f} {rss:>14} "
                   f"{res['cache_mb']:>8.0f}")
+    if plain_runs:
+        print(f"unswapped runs paired with the rows: median "
+              f"{statistics.median(x['tokens_per_s'] for x in plain_runs):.0f} tokens/s, range "
+              f"{min(x['tokens_per_s'] for x in plain_runs):.0f}-"
+              f"{max(x['tokens_per_s'] for x in plain_runs):.0f}")
     subprocess.run(["rm", "-rf", work])
 
 

@@ -136,6 +136,7 @@ struct Case {
   bool recompute;
   int accum;
   const char* tier;
+  bool overlap = true;  // swap.overlap_update
 };
 
 class SwapIdentity : public SwapCliTest, public ::testing::WithParamInterface<Case> {};
@@ -143,7 +144,7 @@ class SwapIdentity : public SwapCliTest, public ::testing::WithParamInterface<Ca
 TEST_P(SwapIdentity, SwappedTrainingIsBitIdenticalToUnswapped) {
   const Case c = GetParam();
   const std::string name = std::string(c.preset) + (c.recompute ? "_rc" : "") + "_acc" +
-                           std::to_string(c.accum) + "_" + c.tier;
+                           std::to_string(c.accum) + "_" + c.tier + (c.overlap ? "" : "_after");
   const fs::path plain = config(name + "_plain", c.preset, c.recompute, c.accum);
   const fs::path swapped = config(name + "_swap", c.preset, c.recompute, c.accum);
   const std::string budget = smallest_budget(swapped, c.tier);
@@ -152,7 +153,8 @@ TEST_P(SwapIdentity, SwappedTrainingIsBitIdenticalToUnswapped) {
   const auto a = run_cli("train -q --config " + plain.string());
   ASSERT_EQ(a.code, 0) << a.output;
   const auto b = run_cli("train --config " + swapped.string() + " --set swap.budget=" + budget +
-                         " --set swap.tier=" + c.tier + " --set swap.dir=" + root_.string());
+                         " --set swap.tier=" + c.tier + " --set swap.dir=" + root_.string() +
+                         " --set swap.overlap_update=" + (c.overlap ? "true" : "false"));
   ASSERT_EQ(b.code, 0) << b.output;
 
   // It really swapped, and stayed under the budget.
@@ -186,11 +188,13 @@ INSTANTIATE_TEST_SUITE_P(
     Models, SwapIdentity,
     ::testing::Values(Case{"gpt2-tiny", false, 2, "disk"}, Case{"gpt2-tiny", true, 1, "host"},
                       Case{"gpt2-tiny", true, 2, "disk"}, Case{"llama-tiny", true, 2, "disk"},
-                      Case{"llama-tiny", false, 1, "host"}, Case{"llama-tiny", false, 2, "disk"}),
+                      Case{"llama-tiny", false, 1, "host"}, Case{"llama-tiny", false, 2, "disk"},
+                      Case{"gpt2-tiny", false, 2, "disk", false}),
     [](const auto& info) {
       return std::string(info.param.preset[0] == 'g' ? "Gpt2" : "Llama") +
              (info.param.recompute ? "Recompute" : "") + "Accum" +
-             std::to_string(info.param.accum) + (info.param.tier[0] == 'd' ? "Disk" : "Host");
+             std::to_string(info.param.accum) + (info.param.tier[0] == 'd' ? "Disk" : "Host") +
+             (info.param.overlap ? "" : "UpdateAfterPasses");
     });
 
 TEST_F(SwapCliTest, ResumedSwappedRunMatchesAStraightOne) {
@@ -198,7 +202,8 @@ TEST_F(SwapCliTest, ResumedSwappedRunMatchesAStraightOne) {
   const fs::path split = config("resume_split", "gpt2-tiny", true, 2);
   const std::string budget = smallest_budget(straight, "disk");
   const std::string swap = " --set swap.budget=" + budget + " --set swap.dir=" + root_.string();
-  ASSERT_EQ(run_cli("train -q --config " + straight.string() + swap).code, 0);
+  const auto whole = run_cli("train -q --config " + straight.string() + swap);
+  ASSERT_EQ(whole.code, 0) << whole.output;
   const auto first = run_cli("train -q --config " + split.string() + swap + " --stop-at 4");
   ASSERT_EQ(first.code, 0) << first.output;
   const auto second = run_cli("train -q --config " + split.string() + swap + " --resume");

@@ -28,6 +28,9 @@ void add_config_keys(SwapConfig& c, config::Keys& k) {
                       "nodes per swapped layer group; 0 = the planner chooses"));
   k.push_back(int_key("swap", "depth", &c.depth, -1,
                       "layer groups loaded ahead of the computing one; -1 = the planner chooses"));
+  k.push_back(bool_key("swap", "overlap_update", &c.overlap_update,
+                       "run the optimizer's update behind the next step's forward (true) or on "
+                       "its own after the passes (false)"));
 }
 
 void check(const SwapConfig& c, const std::string& source) {

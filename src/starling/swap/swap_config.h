@@ -19,6 +19,9 @@ struct SwapConfig {
   std::string dir;            // directory of the disk tier's file; "" = train.out_dir
   int64_t group_nodes = 0;    // nodes per layer group; 0 = the planner chooses
   int64_t depth = -1;         // groups loaded ahead of the one computing; -1 = the planner chooses
+  // The optimizer's update runs behind the next step's forward (true) or on its own after the
+  // passes (false).
+  bool overlap_update = true;
 
   bool enabled() const { return !budget.empty(); }
 };

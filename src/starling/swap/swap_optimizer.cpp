@@ -1,10 +1,16 @@
-// The swapped optimizer step (Swapper::step_streamed): every parameter goes through AdamW in
-// chunks, each operand (weight, gradient, two moments) read where it is: in place when resident,
-// otherwise through a staging buffer loaded from the tier and, for the weight and moments,
-// written back. Three sets of staging buffers pipeline the chunks: one computing, the next
-// loading, the previous draining.
+// The swapped optimizer step, deferred (Swapper::start_update and what advances it): every
+// parameter goes through AdamW in chunks, each operand (weight, gradient, two moments) read where
+// it is: in place when resident, otherwise through a staging buffer loaded from the tier and, for
+// the weight and moments, written back. Three sets of staging buffers pipeline the chunks: one
+// computing, the next loading, the previous draining.
+//
+// The chunks run in the order the next forward reads the parameters, and the swapper advances the
+// stream whenever the executor moves to another node: the update's transfers then overlap the
+// next step's computation instead of leaving the cores idle between steps, and a layer group
+// waits only for its own parameters' chunks.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 
@@ -19,93 +25,185 @@ namespace {
 constexpr int kSets = kStagingSets;
 enum Operand { kWeight, kGrad, kMoment1, kMoment2, kOperands };
 
+// The optimizer's time, wherever its chunks run.
+struct UpdateTimer {
+  SwapStats& st;
+  double start = train::now_s(), start_wait = st.wait_s;
+  ~UpdateTimer() {
+    st.update_s += train::now_s() - start;
+    st.update_wait_s += st.wait_s - start_wait;
+  }
+};
+
 }  // namespace
 
-void Swapper::step_streamed(double lr, const at::Tensor& coef) {
+void Swapper::start_update(double lr, const at::Tensor& coef) {
   auto& params = dag_.params().params();
-  const train::AdamWOptions& options = optimizer_.options();
-  const int64_t steps = optimizer_.steps();
+  update_lr_ = lr;
+  update_coef_ = coef;
+  update_steps_ = optimizer_.steps();
+  jobs_.clear();
+  issued_ = computed_ = 0;
+  // The next forward reads the parameters by their first reader's group (unread ones first).
+  std::vector<int> order;
+  for (size_t p = 0; p < params.size(); ++p)
+    if (grads_[p].tensor.defined()) order.push_back(static_cast<int>(p));
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return owner_[a] < owner_[b]; });
   const int64_t chunk = plan_.everything_resident ? INT64_MAX : plan_.chunk_bytes / 4;
-
-  struct Job {
-    int p;
-    int64_t begin, end;
-    bool last;  // the parameter's last chunk
-  };
-  std::vector<Job> jobs;
-  for (size_t p = 0; p < params.size(); ++p) {
-    if (!grads_[p].tensor.defined()) continue;
+  for (int p : order) {
+    pending_[p] = Pending::kQueued;
+    chunks_done_[p] = false;
+    writes_left_[p] = 0;
     const int64_t n = params[p].value.numel();
     for (int64_t b = 0; b < n; b += chunk)
-      jobs.push_back({static_cast<int>(p), b, std::min(n, b + chunk), b + chunk >= n});
+      jobs_.push_back({p, b, std::min(n, b + chunk), b + chunk >= n});
   }
-  auto slots_of = [&](int p) {
+  pump_update();
+}
+
+void Swapper::settle_update_writes(bool wait) {
+  for (auto& set : update_writes_)
+    std::erase_if(set, [&](const UpdateWrite& w) {
+      if (wait) {
+        const double t0 = train::now_s();
+        tier_->wait(w.ticket);
+        stats_.wait_s += train::now_s() - t0;
+      } else if (!tier_->done(w.ticket)) {
+        return false;
+      }
+      if (--writes_left_[w.p] == 0 && chunks_done_[w.p]) pending_[w.p] = Pending::kNone;
+      return true;
+    });
+}
+
+bool Swapper::advance_update(bool wait) {
+  if (jobs_.empty()) return false;
+  at::NoGradGuard no_grad;
+  UpdateTimer timer{stats_};
+  auto& params = dag_.params().params();
+  auto operands = [&](int p) {
     return std::array<SwapSlot*, kOperands>{&values_[p], &grads_[p], &exp_avg_[p], &exp_avg_sq_[p]};
   };
-  std::array<std::vector<Ticket>, kSets> reads, writes;
-  auto wait_all = [&](std::vector<Ticket>& tickets) {
-    for (Ticket t : tickets) tier_->wait(t);
-    tickets.clear();
-  };
   auto staging = [&](size_t j, int op) { return staging_[(j % kSets) * kOperands + op]; };
-  auto issue = [&](size_t j) {
-    const Job& job = jobs[j];
-    auto slots = slots_of(job.p);
+  auto chunk_bytes = [](const UpdateJob& job) {
+    return static_cast<size_t>(job.end - job.begin) * 4;
+  };
+  auto waited = [&](Ticket t) {
     const double t0 = train::now_s();
-    wait_all(writes[j % kSets]);
+    tier_->wait(t);
     stats_.wait_s += train::now_s() - t0;
-    for (int op = 0; op < kOperands; ++op) {
-      SwapSlot& s = *slots[op];
-      settle(s);
-      if (s.resident()) continue;
-      const size_t bytes = static_cast<size_t>(job.end - job.begin) * 4;
-      reads[j % kSets].push_back(
-          tier_->read(s.key, static_cast<size_t>(job.begin) * 4, staging(j, op), bytes));
-      stats_.read_bytes += static_cast<int64_t>(align_up(bytes));
-    }
   };
 
-  if (!jobs.empty()) issue(0);
-  for (size_t j = 0; j < jobs.size(); ++j) {
-    if (j + 1 < jobs.size()) issue(j + 1);
-    const Job& job = jobs[j];
-    auto slots = slots_of(job.p);
-    const double t0 = train::now_s();
-    wait_all(reads[j % kSets]);
-    stats_.wait_s += train::now_s() - t0;
-    const int64_t len = job.end - job.begin;
-    std::array<at::Tensor, kOperands> t;
+  settle_update_writes(false);
+  bool moved = false;
+  // Reads for every free set: a set is free once its previous chunk is computed and written.
+  while (issued_ < jobs_.size() && issued_ < computed_ + kSets &&
+         update_writes_[issued_ % kSets].empty()) {
+    const size_t j = issued_++;
+    const UpdateJob& job = jobs_[j];
+    auto slots = operands(job.p);
+    if (pending_[job.p] == Pending::kQueued) {
+      // Where each operand is now decides how all of its chunks are read: a resident one stays
+      // (busy) and is updated in place, the others go through staging.
+      for (SwapSlot* s : slots) {
+        settle(*s);
+        s->busy = s->resident();
+      }
+      pending_[job.p] = Pending::kStreaming;
+    }
     for (int op = 0; op < kOperands; ++op) {
       SwapSlot& s = *slots[op];
-      t[op] = s.resident() ? s.tensor.view({-1}).narrow(0, job.begin, len)
-                           : at::from_blob(staging(j, op), {len}, at::kFloat);
+      if (s.busy) continue;
+      update_reads_[j % kSets].push_back(
+          tier_->read(s.key, static_cast<size_t>(job.begin) * 4, staging(j, op), chunk_bytes(job)));
+      stats_.read_bytes += static_cast<int64_t>(align_up(chunk_bytes(job)));
     }
-    if (coef.defined()) t[kGrad].mul_(coef);
-    train::update_elements(t[kWeight], t[kGrad], t[kMoment1], t[kMoment2], lr, params[job.p].decay,
-                           options, steps);
-    for (int op : {kWeight, kMoment1, kMoment2}) {
-      SwapSlot& s = *slots[op];
-      if (s.resident()) {
-        s.dirty = true;
-        continue;
+    moved = true;
+  }
+
+  if (computed_ < issued_) {
+    auto& reads = update_reads_[computed_ % kSets];
+    const bool ready =
+        std::all_of(reads.begin(), reads.end(), [&](Ticket t) { return tier_->done(t); });
+    if (ready || wait) {
+      const size_t j = computed_++;
+      for (Ticket t : reads) waited(t);
+      reads.clear();
+      const UpdateJob& job = jobs_[j];
+      auto slots = operands(job.p);
+      const int64_t len = job.end - job.begin;
+      std::array<at::Tensor, kOperands> t;
+      for (int op = 0; op < kOperands; ++op) {
+        SwapSlot& s = *slots[op];
+        t[op] = s.busy ? s.tensor.view({-1}).narrow(0, job.begin, len)
+                       : at::from_blob(staging(j, op), {len}, at::kFloat);
       }
-      const size_t bytes = static_cast<size_t>(len) * 4;
-      writes[j % kSets].push_back(
-          tier_->write(s.key, static_cast<size_t>(job.begin) * 4, staging(j, op), bytes));
-      stats_.write_bytes += static_cast<int64_t>(align_up(bytes));
-    }
-    if (job.last) {
-      // The gradient is spent: the next step starts without one.
-      SwapSlot& g = grads_[job.p];
-      track(-g.held());
-      if (g.resident()) release(g);
-      params[job.p].value.mutable_grad().reset();
-      g.tensor.reset();
-      g.state = SwapSlot::State::kOut;
-      norms_[job.p].reset();
+      if (update_coef_.defined()) t[kGrad].mul_(update_coef_);
+      train::update_elements(t[kWeight], t[kGrad], t[kMoment1], t[kMoment2], update_lr_,
+                             params[job.p].decay, optimizer_.options(), update_steps_);
+      for (int op : {kWeight, kMoment1, kMoment2}) {
+        SwapSlot& s = *slots[op];
+        if (s.busy) {
+          s.dirty = true;
+          continue;
+        }
+        update_writes_[j % kSets].push_back({tier_->write(s.key, static_cast<size_t>(job.begin) * 4,
+                                                          staging(j, op), chunk_bytes(job)),
+                                             job.p});
+        ++writes_left_[job.p];
+        stats_.write_bytes += static_cast<int64_t>(align_up(chunk_bytes(job)));
+      }
+      if (job.last) {
+        for (SwapSlot* s : slots) s->busy = false;
+        // The gradient is spent: the next step starts without one.
+        SwapSlot& g = grads_[job.p];
+        track(-g.held());
+        if (g.resident()) release(g);
+        params[job.p].value.mutable_grad().reset();
+        g.tensor.reset();
+        g.state = SwapSlot::State::kOut;
+        norms_[job.p].reset();
+        chunks_done_[job.p] = true;
+        if (writes_left_[job.p] == 0) pending_[job.p] = Pending::kNone;
+      }
+      return true;
     }
   }
-  for (auto& w : writes) wait_all(w);
+  if (moved || !wait) return moved;
+
+  // Nothing moves without waiting: for the writes that keep the next set busy, or the last ones.
+  for (int k = 0; k < kSets; ++k) {
+    auto& set = update_writes_[(issued_ + k) % kSets];
+    if (set.empty()) continue;
+    waited(set.front().ticket);
+    settle_update_writes(false);
+    return true;
+  }
+  jobs_.clear();  // every chunk computed and written
+  issued_ = computed_ = 0;
+  update_coef_.reset();
+  return false;
+}
+
+void Swapper::pump_update() {
+  while (advance_update(false)) {
+  }
+}
+
+void Swapper::finish_params(const std::vector<int>& list) {
+  for (int p : list)
+    while (pending_[p] != Pending::kNone)
+      if (!advance_update(true) && pending_[p] != Pending::kNone)
+        throw std::logic_error("swap: the deferred update lost parameter " + std::to_string(p) +
+                               " (state " + std::to_string(static_cast<int>(pending_[p])) +
+                               ", writes " + std::to_string(writes_left_[p]) + ", chunks done " +
+                               std::to_string(chunks_done_[p]) + ", jobs " +
+                               std::to_string(jobs_.size()) + ")");
+}
+
+void Swapper::finish_update() {
+  while (advance_update(true)) {
+  }
 }
 
 }  // namespace starling::swap

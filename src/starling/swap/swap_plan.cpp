@@ -106,12 +106,56 @@ int64_t moving_bytes(const SwapProblem& p, const Grouping& g, const std::set<int
   return b;  // one of the two (weights or gradients)
 }
 
+// The tier's time: transfers, each placed in the earliest idle stretch after it can start (a
+// prefetch issued early goes ahead of a write that becomes ready later).
+class IoTimeline {
+ public:
+  // Returns when a transfer of `seconds` that can start at `ready` is done.
+  double place(double ready, double seconds) {
+    if (seconds <= 0) return ready;
+    double start = ready;
+    auto it = busy_.begin();
+    for (; it != busy_.end(); ++it) {
+      if (it->second <= start) continue;
+      if (it->first >= start + seconds) break;  // fits in the gap before this one
+      start = it->second;
+    }
+    busy_.insert(it, {start, start + seconds});
+    return start + seconds;
+  }
+  double end() const { return busy_.empty() ? 0 : busy_.back().second; }
+
+ private:
+  std::vector<std::pair<double, double>> busy_;  // sorted, disjoint
+};
+
 // Two streams, compute and I/O: a group's load may start once the group `depth + 1` tasks back has
 // finished computing (its room is free) and the I/O stream is idle; it computes after its load;
-// gradients are written after its backward.
+// gradients are written after its backward. The previous step's optimizer update is deferred
+// into this step's first forward: the I/O stream starts with it, in the order the forward reads
+// the parameters, and each group computes only once its own parameters' update is through.
 void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
   const std::set<int> pinned = pinned_params(g);
   const int G = static_cast<int>(g.groups.size());
+  // The optimizer streams the moments (and moving weights and gradients) through the staging
+  // area, each parameter's share just before its first reader group's forward.
+  const double r = p.read_bps, w = p.write_bps;
+  std::vector<double> opt_io(G, 0), opt_compute(G, 0);
+  int64_t opt_read = 0, opt_write = 0, all_bytes = 0;
+  for (int64_t b : p.param_bytes) all_bytes += b;
+  std::vector<bool> seen(p.param_bytes.size(), false);
+  for (int i = 0; i < G; ++i)
+    for (int q : g.params[i]) {
+      if (seen[q]) continue;
+      seen[q] = true;
+      const int64_t b = aligned(p.param_bytes[q]);
+      const int64_t in = 2 * b + (pinned.count(q) ? 0 : 2 * b);
+      const int64_t out = 2 * b + (pinned.count(q) ? 0 : b);
+      opt_read += in;
+      opt_write += out;
+      opt_io[i] += in / r + out / w;
+      opt_compute[i] += p.optimizer_s * p.param_bytes[q] / std::max<int64_t>(all_bytes, 1);
+    }
   struct Task {
     int group;
     bool backward;
@@ -122,9 +166,9 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
     for (int i = 0; i < G; ++i) tasks.push_back({i, false, m});
     for (int i = G - 1; i >= 0; --i) tasks.push_back({i, true, m});
   }
-  const double r = p.read_bps, w = p.write_bps;
   std::vector<double> end(tasks.size(), 0);
-  double io_free = 0, cp_free = 0, compute = 0;
+  IoTimeline io;
+  double cp_free = 0, compute = 0, update_done = 0;
   int64_t read = 0, written = 0;
   for (size_t k = 0; k < tasks.size(); ++k) {
     const Task& t = tasks[k];
@@ -133,6 +177,13 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
     for (int n = grp.first; n <= grp.last; ++n)
       c += t.backward ? p.nodes[n].backward_s : p.nodes[n].forward_s;
     compute += c;
+    double ready = 0;
+    if (p.overlap_update && !t.backward && t.micro == 0) {
+      // The update's stream runs from the step's start, one parameter after the other.
+      update_done = io.place(update_done, opt_io[t.group]);
+      ready = update_done;
+      c += opt_compute[t.group];
+    }
     // Still resident when it ran within the last depth + 1 tasks.
     bool recent = false;
     for (size_t j = k >= static_cast<size_t>(plan.depth + 1) ? k - plan.depth - 1 : 0; j < k; ++j)
@@ -145,28 +196,24 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
     }
     const double window_open =
         k >= static_cast<size_t>(plan.depth + 1) ? end[k - plan.depth - 1] : 0;
-    const double load_done = std::max(io_free, window_open) + load / r;
-    if (load > 0) io_free = load_done;
-    const double start = std::max(cp_free, load > 0 ? load_done : 0.0);
-    end[k] = start + c;
+    if (load > 0) ready = std::max(ready, io.place(window_open, load / r));
+    end[k] = std::max(cp_free, ready) + c;
     cp_free = end[k];
-    if (write > 0) io_free = std::max(io_free, end[k]) + write / w;
+    if (write > 0) io.place(end[k], write / w);
     read += load;
     written += write;
   }
-  // The optimizer streams the moments (and moving weights and gradients) through the staging area.
-  int64_t opt_read = 0, opt_write = 0;
-  for (size_t q = 0; q < p.param_bytes.size(); ++q) {
-    const int64_t b = aligned(p.param_bytes[q]);
-    opt_read += 2 * b + (pinned.count(static_cast<int>(q)) ? 0 : 2 * b);
-    opt_write += 2 * b + (pinned.count(static_cast<int>(q)) ? 0 : b);
-  }
-  const double opt_io = opt_read / r + opt_write / w;
   plan.compute_s = compute + p.optimizer_s;
   plan.read_bytes = read + opt_read;
   plan.write_bytes = written + opt_write;
   plan.io_s = plan.read_bytes / r + plan.write_bytes / w;
-  plan.predicted_s = std::max(cp_free, io_free) + std::max(p.optimizer_s, opt_io);
+  plan.predicted_s = std::max(cp_free, io.end());
+  if (!p.overlap_update) {
+    // The update after the passes: its transfers and AdamW's compute, whichever is longer.
+    double opt_s = 0;
+    for (double s : opt_io) opt_s += s;
+    plan.predicted_s += std::max(p.optimizer_s, opt_s);
+  }
 }
 
 }  // namespace
@@ -188,6 +235,7 @@ SwapPlan plan_swap(const SwapProblem& p) {
   if (p.nodes.empty()) throw std::logic_error("plan_swap: no nodes");
   SwapPlan base;
   base.budget = p.budget;
+  base.overlap_update = p.overlap_update;
   int64_t largest = 0;
   for (int64_t b : p.param_bytes) {
     base.state_bytes += 4 * aligned(b);

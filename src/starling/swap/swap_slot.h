@@ -31,6 +31,7 @@ struct SwapSlot {
   Ticket io = 0;        // the transfer in flight (kWriting, kLoading)
   bool pinned = false;  // never evicted (a pinned group's weights and gradients)
   uint64_t guard = 0;   // equal to the swapper's epoch while the current window needs it
+  bool busy = false;    // an operand the deferred optimizer update is rewriting in place
 
   bool resident() const { return state == State::kResident || state == State::kWriting; }
   // Bytes of compute memory the slot holds now (its aligned buffer), 0 when out.

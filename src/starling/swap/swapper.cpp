@@ -82,6 +82,9 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
     grads_.push_back(std::move(g));
   }
   norms_.resize(params.size());
+  pending_.assign(params.size(), Pending::kNone);
+  writes_left_.assign(params.size(), 0);
+  chunks_done_.assign(params.size(), false);
   for (auto* list : {&values_, &exp_avg_, &exp_avg_sq_})
     for (SwapSlot& s : *list) slot_of_[s.tensor.unsafeGetTensorImpl()] = &s;
   if (!plan_.everything_resident)
@@ -99,7 +102,18 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
 }
 
 Swapper::~Swapper() {
-  // Transfers in flight read or write buffers owned by the slots: let them finish.
+  // Transfers in flight read or write buffers owned by the slots or the staging area: let them
+  // finish. A deferred update nobody read is dropped.
+  for (auto& set : update_reads_)
+    for (Ticket t : set) try {
+        tier_->wait(t);
+      } catch (...) {
+      }
+  for (auto& set : update_writes_)
+    for (const UpdateWrite& w : set) try {
+        tier_->wait(w.ticket);
+      } catch (...) {
+      }
   for (SwapSlot* s : std::vector<SwapSlot*>(writing_)) {
     try {
       tier_->wait(s->io);
@@ -155,7 +169,7 @@ void Swapper::write_through(SwapSlot& s) {
 }
 
 void Swapper::evict(SwapSlot& s) {
-  if (s.state != SwapSlot::State::kResident || s.pinned) return;
+  if (s.state != SwapSlot::State::kResident || s.pinned || s.busy) return;
   if (!s.dirty) {
     release(s);
     s.state = SwapSlot::State::kOut;
@@ -236,7 +250,7 @@ bool Swapper::make_room(int64_t bytes, bool must) {
     // backward passes the latest.
     for (int k = 0; k < n && held_ - writing_bytes() + reserved_ + bytes > budget; ++k) {
       SwapSlot& s = (*list)[current_backward_ ? n - 1 - k : k];
-      if (s.guard == epoch_ || s.pinned) continue;
+      if (s.guard == epoch_ || s.pinned || s.busy) continue;
       if (s.state == SwapSlot::State::kLoading) settle(s);  // loaded ahead, no longer wanted
       evict(s);
     }
@@ -244,6 +258,11 @@ bool Swapper::make_room(int64_t bytes, bool must) {
     if (fits()) return true;
   }
   if (!must) return fits();
+  if (!jobs_.empty()) {
+    // The deferred update holds operands in place: finished, it lets them go.
+    finish_update();
+    return make_room(bytes, must);
+  }
   while (!fits() && !writing_.empty()) {
     const double t0 = now_s();
     tier_->wait(writing_.front()->io);
@@ -304,6 +323,8 @@ void Swapper::narrow_to(int group, bool backward, int64_t bytes) {
 // or loading. `must`: make room whatever it takes.
 void Swapper::want(int group, bool backward, bool must) {
   for (int p : group_params_[group]) {
+    // The deferred update is rewriting its tier copy: it loads once the update is done.
+    if (pending_[p] == Pending::kStreaming) continue;
     std::vector<SwapSlot*> slots = {&values_[p]};
     if (backward && grads_[p].tensor.defined()) slots.push_back(&grads_[p]);
     for (SwapSlot* s : slots) {
@@ -319,6 +340,8 @@ void Swapper::want(int group, bool backward, bool must) {
 }
 
 void Swapper::enter(int group, bool backward) {
+  // The group reads its parameters' new values.
+  finish_params(group_params_[group]);
   current_ = group;
   current_backward_ = backward;
   ++epoch_;
@@ -398,6 +421,7 @@ void Swapper::leave() {
 }
 
 void Swapper::before(int node, graph::Phase phase) {
+  pump_update();
   const int g = node_group_[node];
   const bool backward = phase != graph::Phase::kForward;
   if (g == current_ && backward == current_backward_) return;
@@ -414,7 +438,8 @@ void Swapper::begin_step(int64_t micro_batches) {
   auto& params = dag_.params().params();
   for (size_t p = 0; p < params.size(); ++p) {
     SwapSlot& s = grads_[p];
-    if (!s.tensor.defined()) continue;
+    // A gradient the deferred update has not reached yet stays until it has.
+    if (!s.tensor.defined() || pending_[p] != Pending::kNone) continue;
     settle(s);
     track(-s.held());
     if (s.resident()) release(s);
@@ -457,6 +482,7 @@ void Swapper::make_gradient(int p) {
 
 void Swapper::visit_gradients(const std::function<void(std::span<const int>)>& visit) {
   at::NoGradGuard no_grad;
+  finish_update();
   leave();
   end_passes();
   const double start = now_s(), start_wait = stats_.wait_s;
@@ -503,39 +529,40 @@ at::Tensor Swapper::update(double lr, double max_norm) {
   at::NoGradGuard no_grad;
   leave();
   end_passes();
-  const double start = now_s(), start_wait = stats_.wait_s;
-  struct Timed {
-    SwapStats& st;
-    double start, start_wait;
-    ~Timed() {
-      st.update_s += now_s() - start;
-      st.update_wait_s += st.wait_s - start_wait;
+  finish_update();  // the previous step's, were any of it left
+  at::Tensor total, coef;
+  {
+    const double start = now_s(), start_wait = stats_.wait_s;
+    std::vector<at::Tensor> norms;
+    for (size_t p = 0; p < grads_.size(); ++p) {
+      if (!grads_[p].tensor.defined()) continue;
+      if (!norms_[p].defined()) {
+        settle(grads_[p]);
+        make_room(static_cast<int64_t>(align_up(grads_[p].bytes)), true);
+        load(grads_[p]);
+        settle(grads_[p]);
+        norms_[p] = at::_foreach_norm({grads_[p].tensor}, 2)[0];
+      }
+      norms.push_back(norms_[p]);
     }
-  } timed{stats_, start, start_wait};
-  std::vector<at::Tensor> norms;
-  for (size_t p = 0; p < grads_.size(); ++p) {
-    if (!grads_[p].tensor.defined()) continue;
-    if (!norms_[p].defined()) {
-      settle(grads_[p]);
-      make_room(static_cast<int64_t>(align_up(grads_[p].bytes)), true);
-      load(grads_[p]);
-      settle(grads_[p]);
-      norms_[p] = at::_foreach_norm({grads_[p].tensor}, 2)[0];
-    }
-    norms.push_back(norms_[p]);
+    stats_.update_s += now_s() - start;
+    stats_.update_wait_s += stats_.wait_s - start_wait;
+    if (norms.empty()) return at::zeros({}, at::kFloat);
+    total = at::stack(norms).norm(2);
   }
-  if (norms.empty()) return at::zeros({}, at::kFloat);
-  const at::Tensor total = at::stack(norms).norm(2);
-  at::Tensor coef;
   if (max_norm > 0) coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
   optimizer_.begin_step();
-  step_streamed(lr, coef);
+  start_update(lr, coef);
+  // With nothing to move there is nothing to overlap: the update completes here, as it does
+  // when swap.overlap_update is off.
+  if (plan_.everything_resident || !plan_.overlap_update) finish_update();
   return total;
 }
 
 void Swapper::gather(bool moments) {
   // A sample or a state transfer briefly holds the whole state; the peak reports the steps.
   const int64_t peak = stats_.peak_resident;
+  finish_update();
   leave();
   std::vector<std::vector<SwapSlot>*> lists = {&values_};
   if (moments) lists.insert(lists.end(), {&exp_avg_, &exp_avg_sq_});
@@ -552,6 +579,7 @@ void Swapper::gather(bool moments) {
 at::Tensor Swapper::read_state(const at::Tensor& t) {
   const auto it = slot_of_.find(t.unsafeGetTensorImpl());
   if (it == slot_of_.end()) return t;
+  finish_update();
   SwapSlot& s = *it->second;
   settle(s);
   if (s.resident()) return t;
@@ -567,6 +595,7 @@ at::Tensor Swapper::read_state(const at::Tensor& t) {
 }
 
 void Swapper::state_replaced() {
+  finish_update();
   for (auto* list : {&values_, &exp_avg_, &exp_avg_sq_})
     for (SwapSlot& s : *list) {
       if (!s.resident()) throw std::logic_error("swap: state replaced without gather()");

@@ -8,6 +8,13 @@
 // does; the norms are taken while each final gradient is resident, so results are bit-identical
 // to unswapped training.
 //
+// The update is deferred: update() takes the norms, fixes the step's learning rate and clipping
+// coefficient, and only starts streaming. The chunks advance, a few at a time, whenever the
+// executor moves to another node, so the update's transfers run while the next step's forward
+// computes; a group's parameters are finished (at the latest) when a pass enters the group, and
+// everything is finished before anything else reads the state (gather, read_state, the exchange,
+// the next update). The arithmetic is the same elementwise AdamW, so results stay bit-identical.
+//
 // A step is: begin_step(n), then per micro-batch begin_micro_batch(m) + the executor's forward and
 // backward + end_pass(), optionally visit_gradients() (an exchange with other replicas), then
 // update(). Evaluation forwards work between steps (groups load on demand). gather() makes
@@ -17,6 +24,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <span>
@@ -45,6 +53,8 @@ struct SwapStats {
   // Where the steps' time went: the micro-batches' passes (begin_step to update) and the
   // optimizer (update), each with the part of it spent waiting for the tier.
   double pass_s = 0, pass_wait_s = 0;
+  // The optimizer's time counts the update's chunks wherever they ran, much of it inside the
+  // next step's passes when the update overlaps them.
   double update_s = 0, update_wait_s = 0;
   // Exchanges of the gradients with other replicas (visit_gradients), the network's time included.
   double exchange_s = 0, exchange_wait_s = 0;
@@ -69,9 +79,13 @@ class Swapper final : public graph::NodeObserver {
   // first, in group order; each piece's gradients are made resident (the next piece's loading
   // meanwhile), visited, kept as changed, and their norms taken again.
   void visit_gradients(const std::function<void(std::span<const int>)>& visit);
-  // Clips to `max_norm` (0 = off) and applies one AdamW update with `lr`; drops the gradients.
-  // Returns the gradient norm before clipping (0-dim fp32; 0 without gradients).
+  // Clips to `max_norm` (0 = off) and applies one AdamW update with `lr`, deferred (see above);
+  // each gradient goes once its parameter is updated. Returns the gradient norm before clipping
+  // (0-dim fp32; 0 without gradients).
   at::Tensor update(double lr, double max_norm);
+  // Completes the deferred update: every weight and moment holds its new value (in memory or in
+  // the tier) afterwards.
+  void finish_update();
   // Makes the weights (and with `moments` AdamW's moments) resident.
   void gather(bool moments);
   // train::StepRunner::read_state: a resident slot's tensor as it is; an evicted one's bytes read
@@ -109,7 +123,12 @@ class Swapper final : public graph::NodeObserver {
   void track(int64_t delta);
   void fit_pool();            // kept buffers give way to what is held
   void release(SwapSlot& s);  // its buffer goes to the pool; the storage empties
-  void step_streamed(double lr, const at::Tensor& coef);
+  // The deferred update (swap_optimizer.cpp).
+  void start_update(double lr, const at::Tensor& coef);
+  bool advance_update(bool wait);  // one move of the stream; returns whether it moved
+  void pump_update();              // as many moves as need no waiting
+  void finish_params(const std::vector<int>& params);
+  void settle_update_writes(bool wait);
   void end_passes();          // the step's passes are over: their time goes to the stats
   void make_gradient(int p);  // a zero gradient for a parameter the passes gave none
 
@@ -124,6 +143,31 @@ class Swapper final : public graph::NodeObserver {
   std::vector<SwapSlot> values_, grads_, exp_avg_, exp_avg_sq_;
   std::unordered_map<const void*, SwapSlot*> slot_of_;  // weights and moments, by TensorImpl
   std::vector<at::Tensor> norms_;  // per parameter, taken when its gradient is final
+  // The deferred update: chunks of the parameters in the order the next forward reads them, the
+  // step's constants, and how far the stream has got. A parameter is kQueued until its first
+  // chunk is issued, then kStreaming until its last chunk is computed and the staging writes of
+  // its tier-held operands are complete. While streaming, its resident operands are `busy` (they
+  // stay, updated in place) and the others must not load (the tier is being rewritten).
+  enum class Pending : uint8_t { kNone, kQueued, kStreaming };
+  struct UpdateJob {
+    int p;
+    int64_t begin, end;
+    bool last;  // the parameter's last chunk
+  };
+  struct UpdateWrite {
+    Ticket ticket;
+    int p;
+  };
+  std::vector<Pending> pending_;   // per parameter
+  std::vector<int> writes_left_;   // per parameter: its staging writes in flight
+  std::vector<bool> chunks_done_;  // per parameter: its last chunk computed
+  std::vector<UpdateJob> jobs_;
+  size_t issued_ = 0, computed_ = 0;
+  double update_lr_ = 0;
+  at::Tensor update_coef_;
+  int64_t update_steps_ = 0;
+  std::array<std::vector<Ticket>, kStagingSets> update_reads_;
+  std::array<std::vector<UpdateWrite>, kStagingSets> update_writes_;
   std::vector<SwapSlot*> writing_;
   std::vector<char*> staging_;
   BufferPool pool_;
