@@ -61,16 +61,12 @@ void Swapper::start_update(double lr, const at::Tensor& coef) {
   pump_update();
 }
 
-void Swapper::settle_update_writes(bool wait) {
+// Retires the staging writes that are complete; a parameter whose chunks are all computed is done
+// once its last write is.
+void Swapper::retire_update_writes() {
   for (auto& set : update_writes_)
     std::erase_if(set, [&](const UpdateWrite& w) {
-      if (wait) {
-        const double t0 = train::now_s();
-        tier_->wait(w.ticket);
-        stats_.wait_s += train::now_s() - t0;
-      } else if (!tier_->done(w.ticket)) {
-        return false;
-      }
+      if (!tier_->done(w.ticket)) return false;
       if (--writes_left_[w.p] == 0 && chunks_done_[w.p]) pending_[w.p] = Pending::kNone;
       return true;
     });
@@ -94,7 +90,7 @@ bool Swapper::advance_update(bool wait) {
     stats_.wait_s += train::now_s() - t0;
   };
 
-  settle_update_writes(false);
+  retire_update_writes();
   bool moved = false;
   // Reads for every free set: a set is free once its previous chunk is computed and written.
   while (issued_ < jobs_.size() && issued_ < computed_ + kSets &&
@@ -176,7 +172,7 @@ bool Swapper::advance_update(bool wait) {
     auto& set = update_writes_[(issued_ + k) % kSets];
     if (set.empty()) continue;
     waited(set.front().ticket);
-    settle_update_writes(false);
+    retire_update_writes();
     return true;
   }
   jobs_.clear();  // every chunk computed and written

@@ -79,6 +79,7 @@ class SwapStepRunner final : public train::StepRunner {
   void begin_accumulation() override {
     swapper_->begin_step(0);
     micro_ = 0;
+    open_ended_ = true;
   }
 
   at::Tensor accumulate(double loss_scale) override {
@@ -93,7 +94,13 @@ class SwapStepRunner final : public train::StepRunner {
 
   at::Tensor update(double lr, double max_norm, bool skip) override {
     if (skip) throw std::logic_error("swap: skipped updates (fp16) are not supported");
-    return swapper_->update(lr, max_norm);
+    at::Tensor norm = swapper_->update(lr, max_norm);
+    // An open-ended step (atom) does not overlap its update with the next one: with the update
+    // deferred, atom's swarm sometimes closed its last round short of the target batch (cause not
+    // found yet), which it never did with the update completed here.
+    if (open_ended_) swapper_->finish_update();
+    open_ended_ = false;
+    return norm;
   }
 
   void gather() override { swapper_->gather(true); }
@@ -123,7 +130,8 @@ class SwapStepRunner final : public train::StepRunner {
  private:
   train::Session& s_;
   std::unique_ptr<Swapper> swapper_;
-  int64_t micro_ = 0;  // micro-batches of the open-ended step so far
+  int64_t micro_ = 0;        // micro-batches of the open-ended step so far
+  bool open_ended_ = false;  // the step running began with begin_accumulation()
 };
 
 }  // namespace

@@ -128,7 +128,7 @@ class Swapper final : public graph::NodeObserver {
   bool advance_update(bool wait);  // one move of the stream; returns whether it moved
   void pump_update();              // as many moves as need no waiting
   void finish_params(const std::vector<int>& params);
-  void settle_update_writes(bool wait);
+  void retire_update_writes();
   void end_passes();          // the step's passes are over: their time goes to the stats
   void make_gradient(int p);  // a zero gradient for a parameter the passes gave none
 
