@@ -50,6 +50,11 @@ add_library(starling STATIC
   src/starling/strategy/co2.cpp
   src/starling/strategy/progress_board.cpp
   src/starling/strategy/atom.cpp
+  src/starling/strategy/pipeline_config.cpp
+  src/starling/strategy/pipeline_layout.cpp
+  src/starling/strategy/tensor_message.cpp
+  src/starling/strategy/pipeline_runner.cpp
+  src/starling/strategy/pipeline_peer.cpp
   src/starling/strategy/peer.cpp
   src/starling/swap/swap_config.cpp
   src/starling/swap/tier.cpp
@@ -123,6 +128,7 @@ add_executable(starling_tests
   tests/net/nccl_backend_test.cpp
   tests/strategy/co2_test.cpp
   tests/strategy/progress_board_test.cpp
+  tests/strategy/pipeline_test.cpp
   tests/train/precision_test.cpp
   tests/train/cuda_test.cpp
   tests/swap/buffer_pool_test.cpp

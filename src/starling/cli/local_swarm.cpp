@@ -55,14 +55,41 @@ struct PeerView {
   std::optional<int> exit_code;
 };
 
+// The last non-empty line of a peer's log: its error, when it failed.
+std::string last_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
+  return last;
+}
+
 }  // namespace
 
 LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwarmOptions& o) {
   if (o.peers < 1 || o.peers > 64) throw ConfigError("--peers must be in [1, 64]");
-  if (config.strategy.kind == "none")
-    throw ConfigError("--peers needs a strategy: set strategy.kind to " +
-                      strategy::swarm_strategy_list());
-  strategy::check_peer(config.strategy, config.swap.enabled(), config.net.backend);
+  const bool pipeline = config.pipeline.enabled();
+  if (pipeline) {
+    // Peer i runs stage i; every peer would refuse a bad setting on its own, after the others
+    // started waiting for it.
+    if (o.peers != config.pipeline.count())
+      throw ConfigError("--peers " + std::to_string(o.peers) + " for a pipeline of " +
+                        std::to_string(config.pipeline.count()) +
+                        " stages: a pipeline takes one peer per stage (replicas are not "
+                        "available yet)");
+    strategy::check_pipeline_peer(config.pipeline, {.strategy_kind = config.strategy.kind,
+                                                    .dtype = config.train.dtype,
+                                                    .net_backend = config.net.backend,
+                                                    .swapped = config.swap.enabled(),
+                                                    .stage = 0});
+  } else {
+    if (config.strategy.kind == "none")
+      throw ConfigError("--peers needs a strategy: set strategy.kind to " +
+                        strategy::swarm_strategy_list() +
+                        ", or cut the model into a pipeline "
+                        "with [pipeline]");
+    strategy::check_peer(config.strategy, config.swap.enabled(), config.net.backend);
+  }
   const fs::path out = config.train.out_dir;
   // Each peer would refuse on its own; saying so here spares the others a join timeout.
   if (!o.resume && fs::exists(out / "peer-0" / "checkpoints" / "latest"))
@@ -108,8 +135,11 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
       const auto prefix = lab->exec_prefix(i);
       argv.insert(argv.end(), prefix.begin(), prefix.end());
     }
-    argv.insert(argv.end(), {o.starling, "peer", "--json", "-q", "--data-rank", std::to_string(i),
-                             "--data-world", std::to_string(o.peers)});
+    // Each peer of a swarm trains on its share of the data; every stage of a pipeline reads the
+    // same batches.
+    argv.insert(argv.end(), {o.starling, "peer", "--json", "-q", "--data-rank",
+                             std::to_string(pipeline ? 0 : i), "--data-world",
+                             std::to_string(pipeline ? 1 : o.peers)});
     if (!o.config_file.empty()) argv.insert(argv.end(), {"--config", o.config_file});
     for (const auto& s : o.overrides) argv.insert(argv.end(), {"--set", s});
     const fs::path dir = out / ("peer-" + std::to_string(i));
@@ -130,6 +160,7 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
           "net.join_timeout_s=" + std::to_string(std::max<int64_t>(config.net.join_timeout_s, 120)),
           "net.join=[" + (join.empty() ? "" : "\"" + join + "\"") + "]"};
     }
+    if (pipeline) sets.push_back("pipeline.stage=" + std::to_string(i));
     for (const std::string& s : sets) argv.insert(argv.end(), {"--set", s});
     if (o.resume) argv.push_back("--resume");
     if (o.stop_at >= 0) argv.insert(argv.end(), {"--stop-at", std::to_string(o.stop_at)});
@@ -168,8 +199,12 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
   }
   if (entry.empty()) throw Error("peer 0 did not start; see " + log_of(0));
   for (int i = 1; i < o.peers; ++i) procs.emplace_back(argv_for(i, entry), log_of(i));
-  std::cerr << "swarm: " << o.peers << " peers (" << config.strategy.kind << "), logs in "
-            << (out / "peer-<i>.log").string() << ", entry point " << entry << "\n";
+  std::cerr << "swarm: " << o.peers << " peers ("
+            << (pipeline ? "pipeline of " + std::to_string(o.peers) + " stages, " +
+                               config.pipeline.schedule
+                         : config.strategy.kind)
+            << "), logs in " << (out / "peer-<i>.log").string() << ", entry point " << entry
+            << "\n";
 
   train::ProgressLine progress(o.progress);
   LocalSwarmResult result;
@@ -229,8 +264,10 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
         v.running = false;
         if (v.exit_code.value_or(-1) != 0) {
           ++result.failed_peers;
+          const std::string why = last_line(log_of(i));
           progress.note("swarm: peer " + std::to_string(i) + " exited with code " +
-                        std::to_string(v.exit_code.value_or(-1)) + "; see " + log_of(i));
+                        std::to_string(v.exit_code.value_or(-1)) + (why.empty() ? "" : ": " + why) +
+                        "; see " + log_of(i));
         }
       }
       any_running = any_running || v.running;
@@ -245,7 +282,8 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
       steps = std::max(steps, v.steps);
       lo = std::min(lo, v.loss);
       hi = std::max(hi, v.loss);
-      tps += v.running ? v.tokens_per_s : 0;
+      // Every stage of a pipeline reports the pipeline's tokens: count them once.
+      tps += v.running ? v.tokens_per_s / (pipeline ? o.peers : 1) : 0;
       sent += v.bytes_sent;
       wait = std::max(wait, v.net_wait_s);
       elapsed = std::max(elapsed, v.elapsed_s);
@@ -269,21 +307,22 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
   progress.finish();
   double total_tokens = 0, longest = 0;
   for (const auto& v : views) {
-    total_tokens += static_cast<double>(v.tokens);
+    total_tokens += static_cast<double>(v.tokens) / (pipeline ? o.peers : 1);
     longest = std::max(longest, v.elapsed_s);
   }
   result.tokens_per_s = longest > 0 ? total_tokens / longest : 0;
   // The run's summary for scripts (bench/strategies, the demo's plot).
-  std::ofstream(out / "swarm.json") << nlohmann::json{{"peers", o.peers},
-                                                      {"strategy", config.strategy.kind},
-                                                      {"link_rate", o.link_rate},
-                                                      {"tokens", total_tokens},
-                                                      {"elapsed_s", longest},
-                                                      {"tokens_per_s", result.tokens_per_s},
-                                                      {"failed_peers", result.failed_peers},
-                                                      {"done", done_events}}
-                                           .dump(2)
-                                    << "\n";
+  std::ofstream(out / "swarm.json")
+      << nlohmann::json{{"peers", o.peers},
+                        {"strategy", pipeline ? "pipeline" : config.strategy.kind},
+                        {"link_rate", o.link_rate},
+                        {"tokens", total_tokens},
+                        {"elapsed_s", longest},
+                        {"tokens_per_s", result.tokens_per_s},
+                        {"failed_peers", result.failed_peers},
+                        {"done", done_events}}
+             .dump(2)
+      << "\n";
   return result;
 }
 

@@ -102,7 +102,7 @@ void add_peer_command(CLI::App& app) {
   cmd->add_flag("--json", a->json, "one JSON object per step and event on stdout");
   cmd->callback([a] {
     auto c = train::load_run_config(a->config, a->sets);
-    if (c.strategy.kind == "none")
+    if (c.strategy.kind == "none" && !c.pipeline.enabled())
       throw ConfigError(a->config + ": strategy.kind must be " + strategy::swarm_strategy_list() +
                         " for a peer");
     if (!a->listen.empty()) c.net.listen = a->listen;
@@ -122,6 +122,13 @@ void add_peer_command(CLI::App& app) {
     if (world < 1 || rank < 0 || rank >= world)
       throw ConfigError("--data-rank " + std::to_string(rank) + " must be in [0, --data-world " +
                         std::to_string(world) + ")");
+    if (c.pipeline.enabled()) {
+      // A flat rank (RANK, --data-rank) names the stage unless pipeline.stage does; every stage
+      // of the one pipeline reads the same batches.
+      if (c.pipeline.stage < 0) c.pipeline.stage = rank % c.pipeline.count();
+      rank = 0;
+      world = 1;
+    }
     o.train.resume = a->resume;
     o.train.progress = !a->quiet;
     o.train.stop_at = a->stop_at;

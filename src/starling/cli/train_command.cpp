@@ -73,6 +73,9 @@ void add_train_command(CLI::App& app) {
                               " peers failed; see " + config.train.out_dir + "/peer-<i>.log");
       return;
     }
+    if (config.pipeline.enabled())
+      std::cerr << "note: [pipeline] cuts the model across peers (--peers "
+                << config.pipeline.count() << ", or `starling peer`); training it whole\n";
     if (config.strategy.kind != "none")
       std::cerr << "note: strategy.kind = \"" << config.strategy.kind
                 << "\" needs peers (--peers N, or `starling peer`); training one replica\n";

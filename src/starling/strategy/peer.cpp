@@ -14,6 +14,7 @@
 #include "starling/strategy/ddp.h"
 #include "starling/strategy/diloco.h"
 #include "starling/strategy/localsgd.h"
+#include "starling/strategy/pipeline_peer.h"
 #include "starling/train/events.h"
 
 namespace starling::strategy {
@@ -109,6 +110,14 @@ train::TrainResult run_group_rank(const train::RunConfig& config, const PeerOpti
 }  // namespace
 
 train::TrainResult run_peer(const train::RunConfig& config, const PeerOptions& options) {
+  if (config.pipeline.enabled()) {
+    check_pipeline_peer(config.pipeline, {.strategy_kind = config.strategy.kind,
+                                          .dtype = config.train.dtype,
+                                          .net_backend = config.net.backend,
+                                          .swapped = config.swap.enabled(),
+                                          .stage = config.pipeline.stage});
+    return run_pipeline_peer(config, options);
+  }
   check_peer(config.strategy, config.swap.enabled(), config.net.backend);
   if (config.net.backend == "starling") return run_swarm_peer(config, options);
   return run_group_rank(config, options);

@@ -24,6 +24,7 @@ struct PeerOptions {
   bool store_hosted_elsewhere = false;
 };
 
+// With [pipeline] set: one stage of a pipeline (pipeline_peer.h). Otherwise,
 // net.backend = "starling": joins (or starts) the swarm, waits for net.min_peers, trains with
 // the strategy and leaves. With train.json_events the first stdout line is
 // {"event":"listening","endpoint":...}, the address (with public key) other peers join through.

@@ -100,6 +100,7 @@ std::vector<Key> bind(RunConfig& c) {
   strategy::add_config_keys(c.strategy, k);
   net::add_config_keys(c.net, k);
   swap::add_config_keys(c.swap, k);
+  strategy::add_config_keys(c.pipeline, k);
   return k;
 }
 
@@ -231,6 +232,7 @@ RunConfig parse_run_config(std::string_view text, const std::string& source,
   strategy::check(config.strategy, source);
   net::check(config.net, source);
   swap::check(config.swap, source);
+  strategy::check(config.pipeline, source);
   return config;
 }
 

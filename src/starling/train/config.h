@@ -13,6 +13,7 @@
 
 #include "starling/model/config.h"
 #include "starling/net/net_config.h"
+#include "starling/strategy/pipeline_config.h"
 #include "starling/strategy/strategy_config.h"
 #include "starling/swap/swap_config.h"
 
@@ -75,6 +76,7 @@ struct RunConfig {
   strategy::StrategyConfig strategy;  // [strategy], declared by the strategy layer
   net::NetConfig net;                 // [net], declared by the network layer
   swap::SwapConfig swap;              // [swap], declared by the swap layer
+  strategy::PipelineConfig pipeline;  // [pipeline], declared by the strategy layer
 };
 
 // Parses TOML text. `source` names the text in errors (a file path or "<checkpoint>").

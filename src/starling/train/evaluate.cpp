@@ -7,8 +7,8 @@
 
 namespace starling::train {
 
-double evaluate(graph::Executor& exec, const data::DatasetInfo& ds, const RunConfig& c,
-                const c10::Device& device) {
+double evaluate(StepRunner& runner, graph::Executor& exec, const data::DatasetInfo& ds,
+                const RunConfig& c, const c10::Device& device) {
   data::LoaderOptions opts{.seq_len = c.model.seq_len,
                            .batch = c.train.batch_size,
                            .seed = c.train.seed,
@@ -18,7 +18,7 @@ double evaluate(graph::Executor& exec, const data::DatasetInfo& ds, const RunCon
   data::TokenLoader val(ds.val_shards, opts);
   at::Tensor total = at::zeros({}, at::TensorOptions(at::kDouble).device(device));
   for (int64_t i = 0; i < c.train.eval_batches; ++i)
-    total += exec.forward(to_device(val.next(), device));
+    total += runner.evaluation_loss(exec, to_device(val.next(), device));
   return total.item<double>() / static_cast<double>(c.train.eval_batches);
 }
 

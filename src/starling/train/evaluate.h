@@ -10,7 +10,11 @@
 
 namespace starling::train {
 
-double evaluate(graph::Executor& executor, const data::DatasetInfo& dataset,
+class StepRunner;
+
+// Each batch's loss comes from runner.evaluation_loss (the whole model through `executor`, or a
+// pipeline's stages together).
+double evaluate(StepRunner& runner, graph::Executor& executor, const data::DatasetInfo& dataset,
                 const RunConfig& config, const c10::Device& device);
 
 }  // namespace starling::train

@@ -33,6 +33,11 @@ at::Tensor StepRunner::accumulate(double) {
   return {};
 }
 
+at::Tensor StepRunner::evaluation_loss(graph::Executor& executor,
+                                       const std::vector<at::Tensor>& batch) {
+  return executor.forward(batch);
+}
+
 // The hooks' default step lives here, beside the runner it drives.
 StepHooks::StepWork StepHooks::run_step(StepRunner& runner, Replica& replica, double loss_scale) {
   const TrainConfig& t = replica.config.train;

@@ -11,9 +11,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
+
+#include "starling/train/strategy_report.h"
 
 namespace starling::data {
 class TokenLoader;
@@ -76,6 +79,16 @@ class StepRunner {
   // After gather(), the weights and optimizer moments were overwritten (the replica adopted the
   // swarm's state): a runner that keeps copies of them elsewhere must take the new values.
   virtual void state_replaced() {}
+
+  // The loss of one evaluation batch ([inputs, targets] on the model's device) without training,
+  // 0-dim on the model's device. By default `executor` runs the whole model here; a pipeline
+  // stage runs its part with the other stages, and every stage returns the loss.
+  virtual at::Tensor evaluation_loss(graph::Executor& executor,
+                                     const std::vector<at::Tensor>& batch);
+
+  // What a runner that itself talks to other peers (a pipeline stage) reports about that
+  // traffic, for the progress line and the launcher when no strategy reports; none by default.
+  virtual std::optional<StrategyReport> network_report() const { return std::nullopt; }
 
   // One line on how the run went (what moved where), printed when training ends; "" for none.
   virtual std::string report() const { return ""; }

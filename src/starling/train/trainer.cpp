@@ -55,8 +55,8 @@ std::string describe(const Session& s, double peak_gflops) {
          fmt("%.1f", peak_gflops) + " GFLOP/s";
 }
 
-std::optional<StrategyReport> report_of(const StepHooks* hooks) {
-  return hooks ? std::optional<StrategyReport>(hooks->report()) : std::nullopt;
+std::optional<StrategyReport> report_of(const StepHooks* hooks, const StepRunner& runner) {
+  return hooks ? std::optional<StrategyReport>(hooks->report()) : runner.network_report();
 }
 
 }  // namespace
@@ -147,7 +147,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
                         .seconds = now_s() - t0};
     if (milestone) outcome.grad_norm = grad_norm.item<double>();
     if (fp16) outcome.loss_scale = s.scaler.scale();
-    reporter.step(outcome, milestone, report_of(hooks));
+    reporter.step(outcome, milestone, report_of(hooks, runner));
 
     if (!at_boundary) continue;  // evaluation and checkpoints only see the shared model
     const bool final_step = replica.step == c.train.steps;
@@ -157,7 +157,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     };
     if (!s.dataset.val_shards.empty() &&
         (crossed(c.train.eval_every, evaluated_step) || final_step)) {
-      s.val_loss = evaluate(*s.executor, s.dataset, c, s.device);
+      s.val_loss = evaluate(runner, *s.executor, s.dataset, c, s.device);
       evaluated_step = replica.step;
       reporter.eval(replica.step, s.val_loss, replica.tokens);
     }
@@ -169,10 +169,8 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   }
   if (const std::string note = runner.report(); !note.empty()) progress.log(note);
   progress.finish();
-  if (hooks) {
-    hooks->finish(replica);
-    result.net = hooks->report();
-  }
+  if (hooks) hooks->finish(replica);
+  result.net = report_of(hooks, runner);
   result.step = replica.step;
   result.val_loss = s.val_loss;
   result.tokens_per_s = reporter.run_tokens_per_s();

@@ -1,0 +1,121 @@
+#include "starling/strategy/pipeline_config.h"
+
+#include "starling/common/error.h"
+#include "starling/config/config_keys.h"
+
+namespace starling::strategy {
+namespace {
+
+std::string range_text(const std::pair<int64_t, int64_t>& r) {
+  return "[" + std::to_string(r.first) + ", " + std::to_string(r.second) + "]";
+}
+
+// pipeline.stages: an array of [first, last] integer pairs.
+config::Key stages_key(PipelineConfig& c) {
+  auto* p = &c.stages;
+  return {
+      "pipeline",
+      "stages",
+      "array of [first, last]",
+      "node ranges of the stages, e.g. [[0, 4], [5, 9]] (`starling model show` numbers "
+      "the nodes); [] = pipeline.num_stages stages of about equal node count",
+      [=](const toml::node& n, const std::string& where) {
+        const auto* a = n.as_array();
+        if (!a) config::wrong_type(n, where, "an array of [first, last] pairs");
+        std::vector<std::pair<int64_t, int64_t>> v;
+        for (const auto& e : *a) {
+          const std::string at = where + "[" + std::to_string(v.size()) + "]";
+          const auto* pair = e.as_array();
+          if (!pair || pair->size() != 2 || !(*pair)[0].is_integer() || !(*pair)[1].is_integer())
+            config::wrong_type(e, at, "a pair of node indices [first, last]");
+          v.emplace_back((*pair)[0].as_integer()->get(), (*pair)[1].as_integer()->get());
+        }
+        *p = std::move(v);
+      },
+      [=](toml::table& t) {
+        toml::array a;
+        for (const auto& [first, last] : *p) a.push_back(toml::array{first, last});
+        t.insert_or_assign("stages", std::move(a));
+      }};
+}
+
+}  // namespace
+
+void add_config_keys(PipelineConfig& c, config::Keys& k) {
+  using namespace config;
+  k.push_back(stages_key(c));
+  k.push_back(int_key("pipeline", "num_stages", &c.num_stages, 0,
+                      "stages of an even split by node count when pipeline.stages is empty; 0 or "
+                      "1 = no pipeline"));
+  k.push_back(string_key("pipeline", "schedule", &c.schedule,
+                         "micro-batch order on each stage: \"1f1b\" (one forward, one backward: "
+                         "at most stages - stage micro-batches held) or \"gpipe\" (all forwards, "
+                         "then all backwards)",
+                         {"1f1b", "gpipe"}));
+  k.push_back(int_key("pipeline", "stage", &c.stage, -1,
+                      "the stage this peer runs; -1 = net.rank modulo the stage count (`starling "
+                      "train --peers N` sets it)"));
+}
+
+void check(const PipelineConfig& c, const std::string& source) {
+  for (size_t i = 0; i < c.stages.size(); ++i) {
+    const auto& r = c.stages[i];
+    const int64_t expected_first = i == 0 ? 0 : c.stages[i - 1].second + 1;
+    if (r.first != expected_first || r.second < r.first)
+      throw ConfigError(source + ": pipeline.stages[" + std::to_string(i) + "] = " + range_text(r) +
+                        ": stages must be contiguous node ranges in order from "
+                        "node 0, each [first, last] with last >= first (expected it to start at " +
+                        std::to_string(expected_first) + ")");
+  }
+  if (c.stage >= 0 && c.enabled() && c.stage >= c.count())
+    throw ConfigError(source + ": pipeline.stage = " + std::to_string(c.stage) +
+                      " but the pipeline has " + std::to_string(c.count()) + " stages");
+}
+
+std::vector<std::pair<int, int>> stage_ranges(const PipelineConfig& c, int nodes) {
+  std::vector<std::pair<int, int>> out;
+  if (!c.stages.empty()) {
+    if (c.stages.back().second != nodes - 1)
+      throw ConfigError("pipeline.stages end at node " + std::to_string(c.stages.back().second) +
+                        ", but the model's nodes are 0 .. " + std::to_string(nodes - 1) +
+                        ": the stages must cover every node once");
+    for (const auto& [first, last] : c.stages)
+      out.emplace_back(static_cast<int>(first), static_cast<int>(last));
+    return out;
+  }
+  const int64_t s = c.num_stages;
+  if (s > nodes)
+    throw ConfigError("pipeline.num_stages = " + std::to_string(s) + " but the model has only " +
+                      std::to_string(nodes) + " nodes");
+  for (int64_t i = 0; i < s; ++i)
+    out.emplace_back(static_cast<int>(i * nodes / s), static_cast<int>((i + 1) * nodes / s - 1));
+  return out;
+}
+
+void check_pipeline_peer(const PipelineConfig& c, const PipelinePeerSettings& s) {
+  if (s.strategy_kind != "none")
+    throw ConfigError(
+        "a pipeline (pipeline.stages or pipeline.num_stages) runs with "
+        "strategy.kind = \"none\": pipeline replicas averaged by a strategy are not "
+        "available yet (strategy.kind = \"" +
+        s.strategy_kind + "\")");
+  if (s.swapped)
+    throw ConfigError(
+        "a pipeline stage cannot swap yet: drop swap.budget (each stage holds only "
+        "its own layers' training state)");
+  if (s.dtype == "fp16")
+    throw ConfigError(
+        "train.dtype = \"fp16\" is not available in a pipeline (its loss scale "
+        "would have to agree across stages); use \"bf16\" or \"fp32\"");
+  if (s.net_backend != "starling")
+    throw ConfigError(
+        "a pipeline's activations travel on the swarm's point-to-point messages: "
+        "it needs net.backend = \"starling\", not \"" +
+        s.net_backend + "\"");
+  if (s.stage < 0 || s.stage >= c.count())
+    throw ConfigError("this peer's pipeline stage is " + std::to_string(s.stage) +
+                      "; set pipeline.stage to 0 .. " + std::to_string(c.count() - 1) +
+                      " (or net.rank)");
+}
+
+}  // namespace starling::strategy

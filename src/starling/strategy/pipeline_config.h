@@ -1,0 +1,50 @@
+// The [pipeline] table: the model's OP-DAG cut into contiguous stages that run on different peers,
+// activations flowing forward and their gradients back over the swarm (docs/pipeline.md). The
+// strategy layer owns these settings and their keys; train/config.h places the table in a run's
+// config. Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "starling/config/keys_fwd.h"
+
+namespace starling::strategy {
+
+struct PipelineConfig {
+  // Node ranges [first, last] of each stage, in order, covering every node of the model once
+  // (`starling model show` numbers them). Empty: `num_stages` stages of about equal node count.
+  std::vector<std::pair<int64_t, int64_t>> stages;
+  int64_t num_stages = 0;         // with `stages` empty; 0 or 1 = no pipeline
+  std::string schedule = "1f1b";  // micro-batch order: "1f1b" or "gpipe"
+  int64_t stage = -1;             // the stage this peer runs; -1 = from net.rank (rank % stages)
+
+  bool enabled() const { return !stages.empty() || num_stages > 1; }
+  int64_t count() const {
+    return stages.empty() ? num_stages : static_cast<int64_t>(stages.size());
+  }
+};
+
+// Appends the [pipeline] keys, bound to `c`'s fields.
+void add_config_keys(PipelineConfig& c, config::Keys& keys);
+// Checks what spans keys (stages ordered and contiguous from node 0, stage within the count);
+// ConfigError prefixed with `source`. How the stages fit a model is checked when it is built.
+void check(const PipelineConfig& c, const std::string& source);
+
+// The node ranges of the stages for a model of `nodes` nodes: the configured ones (ConfigError
+// unless they cover exactly nodes 0 .. nodes-1), or an even split by node count.
+std::vector<std::pair<int, int>> stage_ranges(const PipelineConfig& c, int nodes);
+
+// What a pipeline peer refuses about the rest of its config (ConfigError naming the keys):
+// checked by `starling peer` and by the local launcher before any peer starts. `stage` is the
+// peer's stage after net.rank was applied.
+struct PipelinePeerSettings {
+  std::string strategy_kind, dtype, net_backend;
+  bool swapped = false;
+  int64_t stage = -1;
+};
+void check_pipeline_peer(const PipelineConfig& c, const PipelinePeerSettings& s);
+
+}  // namespace starling::strategy

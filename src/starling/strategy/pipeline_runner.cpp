@@ -1,0 +1,326 @@
+#include "starling/strategy/pipeline_runner.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <thread>
+#include <utility>
+
+#include "starling/common/error.h"
+#include "starling/data/loader.h"
+#include "starling/graph/param_store.h"
+#include "starling/train/adamw.h"
+#include "starling/train/metrics.h"
+
+namespace starling::strategy {
+namespace {
+
+// Message tags: one per (kind, producer node); messages of one tag from one peer arrive in the
+// order they were sent, and every stage sends and receives micro-batches in the same order.
+constexpr uint64_t kMessageTag = 0x7069706500000000;     // "pipe"
+constexpr uint64_t kCollectiveTag = 0x7069706300000000;  // "pipc"
+constexpr uint64_t kNormTag = kCollectiveTag | 0xffffffff;
+
+uint64_t tag_of(TensorKind kind, int node) {
+  return kMessageTag | (static_cast<uint64_t>(kind) << 24) | static_cast<uint64_t>(node);
+}
+
+}  // namespace
+
+struct PipelineStepRunner::InFlight {
+  int32_t index = 0;
+  graph::MicroBatch mb;
+  std::map<int, net::Transfer> activations;                // producer -> its receive
+  std::map<std::pair<int, int>, net::Transfer> gradients;  // (output, reader stage) -> receive
+  at::Tensor loss;                                         // last stage: this micro-batch's loss
+};
+
+PipelineStepRunner::PipelineStepRunner(net::Node& node, PipelineLayout layout,
+                                       PipelineRunnerOptions options, graph::Executor& executor,
+                                       graph::OpDag& dag, train::AdamW& optimizer,
+                                       data::TokenLoader& loader, c10::Device device)
+    : node_(node),
+      layout_(std::move(layout)),
+      options_(std::move(options)),
+      executor_(executor),
+      dag_(dag),
+      optimizer_(optimizer),
+      loader_(loader),
+      device_(device) {
+  if (static_cast<int>(options_.peers.size()) != layout_.stages())
+    throw std::invalid_argument("PipelineStepRunner: one peer per stage");
+  dtypes_ = {c10::ScalarType::Float};
+  if (options_.autocast != c10::ScalarType::Float) dtypes_.push_back(options_.autocast);
+}
+
+std::vector<int64_t> PipelineStepRunner::shape_of(int node) const {
+  return dag_.nodes()
+      .at(static_cast<size_t>(node))
+      .op->output_shape(options_.batch, options_.seq_len);
+}
+
+std::string PipelineStepRunner::peer_name(int stage) const {
+  return "stage " + std::to_string(stage) + " (peer " +
+         net::short_peer_id(options_.peers.at(static_cast<size_t>(stage))) + ")";
+}
+
+void PipelineStepRunner::send(int stage, const TensorLabel& label, const at::Tensor& t) {
+  std::vector<uint8_t> bytes = encode_tensor(label, t);
+  bytes_sent_ += bytes.size();
+  // A send completes once queued: the bytes go out while this stage computes on. It fails at
+  // once when the peer is gone; the receive that waits for its answer then names it too.
+  node_.send(options_.peers.at(static_cast<size_t>(stage)), tag_of(label.kind, label.node),
+             std::move(bytes));
+}
+
+net::Transfer PipelineStepRunner::post(int stage, TensorKind kind, int node) {
+  return node_.recv(options_.peers.at(static_cast<size_t>(stage)), tag_of(kind, node));
+}
+
+at::Tensor PipelineStepRunner::receive(net::Transfer& t, int stage,
+                                       const TensorExpectation& expect) {
+  const double t0 = train::now_s();
+  std::vector<uint8_t> bytes;
+  try {
+    bytes = t.wait();
+  } catch (const NetError& e) {
+    throw NetError("pipeline stage " + std::to_string(options_.stage) + ": waiting for the " +
+                   tensor_kind_name(expect.label.kind) + " of node " +
+                   std::to_string(expect.label.node) + " from " + peer_name(stage) + ": " +
+                   e.what());
+  }
+  wait_s_ += train::now_s() - t0;
+  return decode_tensor(bytes, expect, peer_name(stage)).to(device_);
+}
+
+void PipelineStepRunner::forward(InFlight& f, const std::vector<at::Tensor>& batch,
+                                 bool /*training*/) {
+  const StageLayout& st = layout_.stage(options_.stage);
+  graph::EdgeTensors incoming;
+  for (const auto& [producer, from] : st.receives)
+    incoming[producer] = receive(f.activations.at(producer), from,
+                                 {.label = {TensorKind::activation, round_, f.index, producer},
+                                  .shape = shape_of(producer),
+                                  .dtypes = dtypes_});
+  const double t0 = train::now_s();
+  f.mb = executor_.forward_stage(batch, st.range, incoming);
+  compute_s_ += train::now_s() - t0;
+  for (const auto& [node, t] : f.mb.outputs()) {
+    if (node == layout_.loss_node()) {
+      f.loss = t;
+      continue;
+    }
+    for (const int to : st.sends.at(node))
+      send(to, {TensorKind::activation, round_, f.index, node}, t);
+  }
+}
+
+void PipelineStepRunner::backward(InFlight& f, double seed) {
+  const StageLayout& st = layout_.stage(options_.stage);
+  graph::EdgeTensors output_grads;
+  if (f.loss.defined()) output_grads[layout_.loss_node()] = at::full({}, seed, f.loss.options());
+  for (const auto& [node, readers] : st.sends) {
+    at::Tensor sum;
+    for (const int r : readers) {
+      at::Tensor g = receive(f.gradients.at({node, r}), r,
+                             {.label = {TensorKind::gradient, round_, f.index, node},
+                              .shape = shape_of(node),
+                              .dtypes = dtypes_});
+      sum = sum.defined() ? sum + g : g;
+    }
+    output_grads[node] = sum;
+  }
+  const double t0 = train::now_s();
+  graph::EdgeTensors input_grads = executor_.backward_stage(f.mb, output_grads);
+  compute_s_ += train::now_s() - t0;
+  f.mb = graph::MicroBatch();  // frees the activations
+  for (const auto& [producer, from] : st.receives) {
+    auto it = input_grads.find(producer);
+    // No gradient flowed to this input: its producer adds zeros, as a local backward would.
+    const at::Tensor g =
+        it != input_grads.end() && it->second.defined()
+            ? it->second
+            : at::zeros(shape_of(producer), at::TensorOptions(device_).dtype(at::kFloat));
+    send(from, {TensorKind::gradient, round_, f.index, producer}, g);
+  }
+}
+
+at::Tensor PipelineStepRunner::share_loss(const at::Tensor& loss) {
+  const int last = layout_.stages() - 1;
+  const TensorLabel label{TensorKind::loss, round_, 0, layout_.loss_node()};
+  if (options_.stage == last) {
+    for (int s = 0; s < last; ++s) send(s, label, loss.to(at::kFloat));
+    return loss;
+  }
+  net::Transfer t = post(last, TensorKind::loss, layout_.loss_node());
+  return receive(t, last, {.label = label, .shape = {}, .dtypes = {c10::ScalarType::Float}});
+}
+
+at::Tensor PipelineStepRunner::run(int64_t micro_batches, double loss_scale) {
+  const StageLayout& st = layout_.stage(options_.stage);
+  dag_.params().zero_grad();
+  const auto m_count = static_cast<int32_t>(micro_batches);
+  // Every receive of the step is posted up front, so messages land in their buffers as they
+  // arrive while this stage computes.
+  std::vector<InFlight> f(static_cast<size_t>(m_count));
+  for (int32_t m = 0; m < m_count; ++m) {
+    f[static_cast<size_t>(m)].index = m;
+    for (const auto& [producer, from] : st.receives)
+      f[static_cast<size_t>(m)].activations.emplace(producer,
+                                                    post(from, TensorKind::activation, producer));
+    for (const auto& [node, readers] : st.sends)
+      for (const int r : readers)
+        f[static_cast<size_t>(m)].gradients.emplace(std::pair{node, r},
+                                                    post(r, TensorKind::gradient, node));
+  }
+  const double seed = loss_scale / static_cast<double>(micro_batches);
+  at::Tensor loss_sum;
+  auto fwd = [&](int32_t m) {
+    InFlight& x = f[static_cast<size_t>(m)];
+    forward(x, train::to_device(loader_.next(), device_), true);
+    if (x.loss.defined()) loss_sum = loss_sum.defined() ? loss_sum + x.loss : x.loss;
+  };
+  auto bwd = [&](int32_t m) { backward(f[static_cast<size_t>(m)], seed); };
+  if (!options_.one_f_one_b) {
+    for (int32_t m = 0; m < m_count; ++m) fwd(m);
+    for (int32_t m = 0; m < m_count; ++m) bwd(m);
+  } else {
+    // Stage s runs stages - 1 - s forwards ahead, then alternates, so at most that many
+    // micro-batches' activations are held at once (one on the last stage).
+    const int32_t warm = std::min(layout_.stages() - 1 - options_.stage, m_count);
+    for (int32_t m = 0; m < warm; ++m) fwd(m);
+    for (int32_t m = warm; m < m_count; ++m) {
+      fwd(m);
+      bwd(m - warm);
+    }
+    for (int32_t m = m_count - warm; m < m_count; ++m) bwd(m);
+  }
+  const at::Tensor loss =
+      share_loss(loss_sum.defined() ? loss_sum / static_cast<double>(micro_batches) : loss_sum);
+  ++round_;
+  ++steps_;
+  return loss;
+}
+
+std::string PipelineStepRunner::gone_stages() const {
+  // A ring collective reports the neighbour it stopped hearing from, which need not be the peer
+  // that died; the membership says which one did, once its timeout has passed.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (true) {
+    std::string gone;
+    const auto members = node_.members();
+    for (int s = 0; s < layout_.stages(); ++s) {
+      const net::PeerId id = options_.peers[static_cast<size_t>(s)];
+      const auto it = std::find_if(members.begin(), members.end(),
+                                   [&](const net::MemberView& m) { return m.info.id == id; });
+      if (it == members.end() || it->state != net::MemberState::alive)
+        gone += (gone.empty() ? "" : ", ") + peer_name(s);
+    }
+    if (!gone.empty()) return " (" + gone + " is gone)";
+    if (std::chrono::steady_clock::now() > deadline) return "";
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+void PipelineStepRunner::all_reduce(at::Tensor& t, const std::vector<int>& stages, uint64_t tag) {
+  net::CollectiveOptions o;
+  o.op = net::ReduceOp::sum;
+  o.order = net::RingOrder::by_id;
+  o.tag = tag;
+  for (const int s : stages) o.group.push_back(options_.peers.at(static_cast<size_t>(s)));
+  at::Tensor host = t.to(at::kCPU, at::kFloat).contiguous();
+  const double t0 = train::now_s();
+  try {
+    node_.all_reduce(std::span<float>(host.data_ptr<float>(), static_cast<size_t>(host.numel())), o)
+        .wait();
+  } catch (const NetError& e) {
+    throw NetError("pipeline stage " + std::to_string(options_.stage) +
+                   ": summing across stages failed" + gone_stages() + ": " + e.what());
+  }
+  wait_s_ += train::now_s() - t0;
+  if (!host.is_same(t)) t.copy_(host);
+}
+
+at::Tensor PipelineStepRunner::update(double lr, double max_norm, bool skip) {
+  at::NoGradGuard no_grad;
+  const StageLayout& st = layout_.stage(options_.stage);
+  auto& params = dag_.params().params();
+  // Parameters several stages read (a tied embedding and head): each holds its readers' part of
+  // the gradient, and every one of those stages needs the sum to step its copy the same way.
+  for (const SharedParam& sp : layout_.shared()) {
+    if (std::find(sp.stages.begin(), sp.stages.end(), options_.stage) == sp.stages.end()) continue;
+    at::Tensor& value = params[static_cast<size_t>(sp.param)].value;
+    if (!value.grad().defined()) value.mutable_grad() = at::zeros_like(value);
+    at::Tensor g = value.grad();
+    all_reduce(g, sp.stages, kCollectiveTag | static_cast<uint64_t>(sp.param));
+  }
+  // The global norm: each stage's sum of squares over the parameters it counts, added up.
+  at::Tensor sumsq = at::zeros({1}, at::TensorOptions(device_).dtype(at::kFloat));
+  std::vector<at::Tensor> grads;
+  for (const int p : st.params) {
+    const at::Tensor& g = params[static_cast<size_t>(p)].value.grad();
+    if (!g.defined()) continue;
+    grads.push_back(g);
+    if (layout_.counts_in_norm(options_.stage, p)) sumsq += g.to(at::kFloat).pow(2).sum();
+  }
+  std::vector<int> all(static_cast<size_t>(layout_.stages()));
+  for (int s = 0; s < layout_.stages(); ++s) all[static_cast<size_t>(s)] = s;
+  all_reduce(sumsq, all, kNormTag);
+  const at::Tensor total = sumsq.sqrt().reshape({});
+  if (max_norm > 0) {
+    const at::Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+    for (auto& g : grads) g.mul_(coef);
+  }
+  if (!skip) optimizer_.step(lr);
+  return total;
+}
+
+void PipelineStepRunner::visit_gradients(const GradientVisitor& visit) {
+  const StageLayout& st = layout_.stage(options_.stage);
+  for (const int p : st.params) {
+    at::Tensor& value = dag_.params().params()[static_cast<size_t>(p)].value;
+    if (!value.grad().defined()) value.mutable_grad() = at::zeros_like(value);
+  }
+  visit(st.params);
+}
+
+at::Tensor PipelineStepRunner::evaluation_loss(graph::Executor& /*executor*/,
+                                               const std::vector<at::Tensor>& batch) {
+  const StageLayout& st = layout_.stage(options_.stage);
+  InFlight f;
+  for (const auto& [producer, from] : st.receives)
+    f.activations.emplace(producer, post(from, TensorKind::activation, producer));
+  forward(f, batch, false);
+  f.mb = graph::MicroBatch();
+  const at::Tensor loss = share_loss(f.loss);
+  ++round_;
+  return loss;
+}
+
+std::optional<train::StrategyReport> PipelineStepRunner::network_report() const {
+  train::StrategyReport r;
+  r.peers = layout_.stages();
+  r.bytes_sent = static_cast<double>(node_.bytes_sent());
+  r.net_wait_s = wait_s_;
+  r.round = steps_;
+  r.figures["stage"] = options_.stage;
+  r.figures["compute_s"] = compute_s_;
+  r.figures["pipeline_bytes"] = static_cast<double>(bytes_sent_);
+  return r;
+}
+
+std::string PipelineStepRunner::report() const {
+  const StageLayout& st = layout_.stage(options_.stage);
+  const double busy = compute_s_ + wait_s_;
+  return "pipeline stage " + std::to_string(options_.stage) + " of " +
+         std::to_string(layout_.stages()) + " (nodes " + std::to_string(st.range.first) + "-" +
+         std::to_string(st.range.last) + "): computed " + train::fmt("%.1f", compute_s_) +
+         " s, waited for other stages " + train::fmt("%.1f", wait_s_) + " s (" +
+         train::fmt("%.0f", busy > 0 ? 100 * wait_s_ / busy : 0.0) + "%), sent " +
+         train::fmt("%.1f", static_cast<double>(bytes_sent_) / 1e6) + " MB over " +
+         std::to_string(steps_) + " steps";
+}
+
+}  // namespace starling::strategy

@@ -1,0 +1,96 @@
+// One stage of a pipeline across peers (FusionLLM's remote autodiff): the step runner that runs
+// this peer's contiguous range of the model's nodes for every micro-batch, receiving the
+// activations it reads from earlier stages and sending its outputs on, then, backward, receiving
+// the gradients of its outputs and sending back those of its inputs. Tensors cross the swarm's
+// point-to-point messages (encrypted like all traffic) in tensor_message.h's format, so nothing
+// but tensors is shared between stages.
+//
+// A step: every stage draws the same micro-batches from its own loader (the first stage reads the
+// tokens, the last the targets), runs them in the configured order (GPipe: all forwards, then all
+// backwards; 1F1B: after a warm-up of stages - 1 - stage forwards, one forward and one backward in
+// turn), and the last stage sends the step's mean loss to the others. update() adds up the
+// gradients of parameters several stages read (tied embeddings), clips to the global norm over
+// all stages (each parameter counted once), and steps this stage's parameters. The result is
+// single-process training of the same batch up to fp32 rounding.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "starling/net/node.h"
+#include "starling/strategy/pipeline_layout.h"
+#include "starling/strategy/tensor_message.h"
+#include "starling/train/step_runner.h"
+
+namespace starling::data {
+class TokenLoader;
+}
+namespace starling::train {
+class AdamW;
+}
+
+namespace starling::strategy {
+
+struct PipelineRunnerOptions {
+  int stage = 0;                   // the stage this peer runs
+  std::vector<net::PeerId> peers;  // the peer running each stage
+  bool one_f_one_b = true;         // "1f1b" (true) or "gpipe"
+  int64_t batch = 1, seq_len = 1;  // a micro-batch's shape (for checking what arrives)
+  c10::ScalarType autocast = c10::ScalarType::Float;
+};
+
+class PipelineStepRunner : public train::StepRunner {
+ public:
+  PipelineStepRunner(net::Node& node, PipelineLayout layout, PipelineRunnerOptions options,
+                     graph::Executor& executor, graph::OpDag& dag, train::AdamW& optimizer,
+                     data::TokenLoader& loader, c10::Device device);
+
+  at::Tensor run(int64_t micro_batches, double loss_scale) override;
+  at::Tensor update(double lr, double max_norm, bool skip) override;
+  // This stage's parameters, in one piece (for an exchange with its counterparts in other
+  // pipeline replicas).
+  void visit_gradients(const GradientVisitor& visit) override;
+  at::Tensor evaluation_loss(graph::Executor& executor,
+                             const std::vector<at::Tensor>& batch) override;
+  // Stages in the pipeline, bytes this peer sent, time spent waiting for other stages.
+  std::optional<train::StrategyReport> network_report() const override;
+  std::string report() const override;
+
+ private:
+  struct InFlight;  // one micro-batch between its forward and its backward
+  void forward(InFlight& f, const std::vector<at::Tensor>& batch, bool training);
+  void backward(InFlight& f, double seed);
+  void send(int stage, const TensorLabel& label, const at::Tensor& t);
+  net::Transfer post(int stage, TensorKind kind, int node);
+  at::Tensor receive(net::Transfer& t, int stage, const TensorExpectation& expect);
+  // The step's mean loss: the last stage sends it to the others, which receive it.
+  at::Tensor share_loss(const at::Tensor& loss);
+  std::vector<int64_t> shape_of(int node) const;
+  std::string peer_name(int stage) const;
+  // " (stage 1 (peer ab12cd34) is gone)" for the stages whose peers the membership no longer
+  // counts as alive (waiting up to 10 s for it to notice); "" when all are.
+  std::string gone_stages() const;
+  // Sums a tensor over the peers of `stages` (a collective on the stages' group).
+  void all_reduce(at::Tensor& t, const std::vector<int>& stages, uint64_t tag);
+
+  net::Node& node_;
+  PipelineLayout layout_;
+  PipelineRunnerOptions options_;
+  graph::Executor& executor_;
+  graph::OpDag& dag_;
+  train::AdamW& optimizer_;
+  data::TokenLoader& loader_;
+  c10::Device device_;
+  std::vector<c10::ScalarType> dtypes_;  // what activations and gradients may arrive as
+  int64_t round_ = 0;                    // steps and evaluation batches so far (message labels)
+  uint64_t bytes_sent_ = 0;
+  double wait_s_ = 0;     // receiving from other stages
+  double compute_s_ = 0;  // this stage's forward and backward
+  int64_t steps_ = 0;
+};
+
+}  // namespace starling::strategy

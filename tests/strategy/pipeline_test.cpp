@@ -1,0 +1,424 @@
+// Pipelines across peers: the tensor format that crosses a stage boundary and its checks, the
+// layout of a cut model (what each stage sends, receives and owns), the [pipeline] settings, and
+// end to end with real processes: a 2-, 3- and 4-stage pipeline (GPT-2 and LLaMA, GPipe and 1F1B,
+// with accumulation) trains like one process on the same batches, loss for loss and weight for
+// weight within fp32 rounding.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../cli/run_cli.h"
+#include "../cli/run_files.h"
+#include "starling/common/error.h"
+#include "starling/common/safetensors.h"
+#include "starling/model/build.h"
+#include "starling/strategy/pipeline_layout.h"
+#include "starling/strategy/tensor_message.h"
+#include "starling/train/config.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using starling::NetError;
+using starling::testing::run_cli;
+using namespace starling::strategy;
+
+TensorExpectation expect(TensorKind kind, int64_t step, int32_t mb, int32_t node,
+                         std::vector<int64_t> shape) {
+  return {.label = {kind, step, mb, node},
+          .shape = std::move(shape),
+          .dtypes = {c10::ScalarType::Float, c10::ScalarType::BFloat16}};
+}
+
+// The NetError's text, or "" when none was thrown.
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const NetError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TensorMessage, RoundTripsEveryLinkDtype) {
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor t = at::randn({2, 3, 4}).to(dtype);
+    const auto bytes = encode_tensor({TensorKind::activation, 7, 2, 5}, t);
+    const at::Tensor back =
+        decode_tensor(bytes, expect(TensorKind::activation, 7, 2, 5, {2, 3, 4}), "stage 1");
+    EXPECT_EQ(back.scalar_type(), dtype);
+    EXPECT_TRUE(at::equal(back, t));
+  }
+  const at::Tensor scalar = at::full({}, 2.5);
+  const auto bytes = encode_tensor({TensorKind::loss, 1, 0, 9}, scalar);
+  EXPECT_EQ(decode_tensor(bytes, expect(TensorKind::loss, 1, 0, 9, {}), "x").item<double>(), 2.5);
+}
+
+TEST(TensorMessage, AMismatchedOrMalformedMessageNamesTheSenderAndTheField) {
+  const at::Tensor t = at::randn({2, 3});
+  const auto good = encode_tensor({TensorKind::gradient, 3, 1, 4}, t);
+  const auto want = expect(TensorKind::gradient, 3, 1, 4, {2, 3});
+  ASSERT_EQ(error_of([&] { decode_tensor(good, want, "stage 2 (peer ab12)"); }), "");
+
+  const std::string shape = error_of([&] {
+    decode_tensor(good, expect(TensorKind::gradient, 3, 1, 4, {3, 2}), "P");
+  });
+  EXPECT_NE(shape.find("shape [2, 3], expected [3, 2]"), std::string::npos) << shape;
+  EXPECT_NE(shape.find("from P"), std::string::npos) << shape;
+
+  const std::string step = error_of([&] {
+    decode_tensor(good, expect(TensorKind::gradient, 4, 1, 4, {2, 3}), "P");
+  });
+  EXPECT_NE(step.find("out of step"), std::string::npos) << step;
+
+  auto truncated = good;
+  truncated.resize(truncated.size() - 5);
+  const std::string cut = error_of([&] { decode_tensor(truncated, want, "stage 2 (peer ab12)"); });
+  EXPECT_NE(cut.find("bytes of elements"), std::string::npos) << cut;
+  EXPECT_NE(cut.find("stage 2 (peer ab12)"), std::string::npos) << cut;
+
+  auto header_cut = good;
+  header_cut.resize(30);
+  EXPECT_NE(error_of([&] { decode_tensor(header_cut, want, "P"); }).find("truncated"),
+            std::string::npos);
+
+  auto dtype = good;
+  dtype[5] = 99;
+  EXPECT_NE(error_of([&] { decode_tensor(dtype, want, "P"); }).find("unknown dtype"),
+            std::string::npos);
+
+  auto dims = good;
+  dims[6] = 200;
+  EXPECT_NE(error_of([&] { decode_tensor(dims, want, "P"); }).find("dimensions"),
+            std::string::npos);
+
+  const std::vector<uint8_t> junk = {1, 2, 3};
+  EXPECT_NE(error_of([&] { decode_tensor(junk, want, "P"); }).find("not a pipeline tensor"),
+            std::string::npos);
+
+  const auto f16 = encode_tensor({TensorKind::gradient, 3, 1, 4}, t.to(at::kHalf));
+  EXPECT_NE(error_of([&] { decode_tensor(f16, want, "P"); }).find("does not accept"),
+            std::string::npos);
+}
+
+starling::train::RunConfig model_config(const std::string& preset, const std::string& extra = "") {
+  return starling::train::parse_run_config("[data]\ndir = \"unused\"\n[model]\npreset = \"" +
+                                               preset +
+                                               "\"\nn_layer = 2\nd_model = 32\nn_head = 2\n"
+                                               "seq_len = 16\n" +
+                                               extra,
+                                           "<test>");
+}
+
+TEST(PipelineLayout, StagesSendTheirBoundaryAndShareTiedWeights) {
+  const auto c = model_config("gpt2-tiny");
+  auto dag = starling::model::build_model(c.model, 1, c10::kCPU);
+  const int n = dag->size();
+  PipelineLayout layout(*dag, {{0, 1}, {2, n - 1}});
+  ASSERT_EQ(layout.stages(), 2);
+  EXPECT_EQ(layout.loss_node(), n - 1);
+  // What stage 1 reads from before it is exactly what stage 0 sends it.
+  ASSERT_FALSE(layout.stage(1).receives.empty());
+  for (const auto& [producer, from] : layout.stage(1).receives) {
+    EXPECT_EQ(from, 0);
+    ASSERT_TRUE(layout.stage(0).sends.count(producer));
+    EXPECT_EQ(layout.stage(0).sends.at(producer), std::vector<int>{1});
+  }
+  EXPECT_TRUE(layout.stage(0).receives.empty());
+  EXPECT_TRUE(layout.stage(1).sends.empty());
+  // GPT-2 ties the token embedding to the head: both stages read it, the first counts it.
+  const auto tied = dag->tied_params();
+  ASSERT_EQ(tied.size(), 1u);
+  ASSERT_EQ(layout.shared().size(), 1u);
+  EXPECT_EQ(layout.shared()[0].stages, (std::vector<int>{0, 1}));
+  EXPECT_TRUE(layout.counts_in_norm(0, layout.shared()[0].param));
+  EXPECT_FALSE(layout.counts_in_norm(1, layout.shared()[0].param));
+  // Every parameter is owned by some stage.
+  size_t owned = 0;
+  for (int s = 0; s < 2; ++s) owned += layout.stage(s).params.size();
+  EXPECT_EQ(owned, dag->params().params().size() + 1);  // the tied one twice
+
+  EXPECT_THROW(PipelineLayout(*dag, {{0, 1}, {3, n - 1}}), std::invalid_argument);
+  EXPECT_THROW(PipelineLayout(*dag, {{0, 1}, {2, n - 2}}), std::invalid_argument);
+}
+
+TEST(PipelineConfig, StagesAreReadCheckedAndSplit) {
+  auto c = model_config("gpt2-tiny", "[pipeline]\nstages = [[0, 2], [3, 7]]\n");
+  EXPECT_TRUE(c.pipeline.enabled());
+  EXPECT_EQ(c.pipeline.count(), 2);
+  EXPECT_EQ(c.pipeline.stages[1], (std::pair<int64_t, int64_t>{3, 7}));
+  // Written back and read again, it is the same.
+  const auto again = starling::train::parse_run_config(starling::train::to_toml(c), "<again>");
+  EXPECT_EQ(again.pipeline.stages, c.pipeline.stages);
+
+  EXPECT_THROW(model_config("gpt2-tiny", "[pipeline]\nstages = [[0, 2], [4, 7]]\n"),
+               starling::ConfigError);
+  EXPECT_THROW(model_config("gpt2-tiny", "[pipeline]\nstages = [[1, 2]]\n"), starling::ConfigError);
+  EXPECT_THROW(model_config("gpt2-tiny", "[pipeline]\nstages = [0, 2]\n"), starling::ConfigError);
+  EXPECT_THROW(model_config("gpt2-tiny", "[pipeline]\nnum_stages = 2\nstage = 2\n"),
+               starling::ConfigError);
+  EXPECT_THROW(model_config("gpt2-tiny", "[pipeline]\nschedule = \"zigzag\"\n"),
+               starling::ConfigError);
+
+  PipelineConfig even;
+  even.num_stages = 3;
+  EXPECT_EQ(stage_ranges(even, 9), (std::vector<std::pair<int, int>>{{0, 2}, {3, 5}, {6, 8}}));
+  even.num_stages = 10;
+  EXPECT_THROW(stage_ranges(even, 9), starling::ConfigError);
+  EXPECT_THROW(stage_ranges(c.pipeline, 9), starling::ConfigError);  // ends at 7, not 8
+}
+
+// End to end through the binary.
+class PipelineRunTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = fs::temp_directory_path() / ("starling_pipeline_test_" + std::to_string(::getpid()));
+    fs::remove_all(root_);
+    fs::create_directories(root_ / "text");
+    std::mt19937 rng(5);
+    const char* words[] = {"a",    "stage", "pipe",  "batch", "micro", "send", "receive",
+                           "grad", "loss",  "layer", "cut",   "edge",  "node", "peer"};
+    for (int d = 0; d < 8; ++d) {
+      std::ofstream out(root_ / "text" / ("doc" + std::to_string(d) + ".txt"));
+      for (int s = 0; s < 60; ++s)
+        for (int w = 0; w < 12; ++w) out << words[rng() % 14] << (w == 11 ? ".\n" : " ");
+    }
+    const auto prep = run_cli("data prepare " + (root_ / "text").string() + " --out " +
+                              (root_ / "data").string() + " --val-fraction 0.2");
+    ASSERT_EQ(prep.code, 0) << prep.output;
+  }
+  static void TearDownTestSuite() { fs::remove_all(root_); }
+
+  static fs::path config(const std::string& name, const std::string& preset, int accum,
+                         bool recompute) {
+    const fs::path path = root_ / (name + ".toml");
+    std::ofstream(path) << "[model]\npreset = \"" << preset
+                        << "\"\nn_layer = 3\nd_model = 32\nn_head = 2\nseq_len = 16\n"
+                        << "[data]\ndir = \"" << (root_ / "data").string() << "\"\n"
+                        << "[train]\nsteps = 4\nbatch_size = 2\ngrad_accum = " << accum
+                        << "\nthreads = 1\nlog_every = 1\neval_every = 2\neval_batches = 2\n"
+                        << "checkpoint_every = 0\nsample_at_end = false\nrecompute = "
+                        << (recompute ? "true" : "false") << "\nout_dir = \""
+                        << (root_ / ("run_" + name)).string() << "\"\n"
+                        << "[optim]\nlr = 1e-2\nwarmup_steps = 1\ngrad_clip = 0.5\n";
+    return path;
+  }
+
+  static fs::path root_;
+};
+fs::path PipelineRunTest::root_;
+
+// (step, loss) and (step, val_loss) of a run's metrics, in order.
+std::vector<std::pair<std::string, double>> losses(const fs::path& run) {
+  std::ifstream in(run / "metrics.jsonl");
+  std::vector<std::pair<std::string, double>> out;
+  const std::regex field("\"(loss|val_loss)\":([-0-9.eE+]+)");
+  for (std::string line; std::getline(in, line);)
+    for (auto it = std::sregex_iterator(line.begin(), line.end(), field);
+         it != std::sregex_iterator(); ++it)
+      out.emplace_back((*it)[1].str(), std::stod((*it)[2].str()));
+  return out;
+}
+
+struct Case {
+  const char* preset;
+  int stages;
+  const char* schedule;
+  int accum;
+  bool recompute = false;
+  bool explicit_cut = false;  // pipeline.stages instead of num_stages
+};
+
+class PipelineEquivalence : public PipelineRunTest, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(PipelineEquivalence, TrainsLikeOneProcess) {
+  const Case c = GetParam();
+  const std::string name = std::string(c.preset) + "_" + std::to_string(c.stages) + "_" +
+                           c.schedule + "_acc" + std::to_string(c.accum) +
+                           (c.recompute ? "_rc" : "") + (c.explicit_cut ? "_cut" : "");
+  const fs::path one = config(name + "_one", c.preset, c.accum, c.recompute);
+  const fs::path pipe = config(name + "_pipe", c.preset, c.accum, c.recompute);
+  const auto model = starling::train::load_run_config(one);
+  auto dag = starling::model::build_model(model.model, model.train.seed, c10::kCPU);
+  PipelineConfig pc;
+  pc.num_stages = c.stages;
+  std::vector<std::pair<int, int>> ranges = stage_ranges(pc, dag->size());
+  std::string cut = "--set pipeline.num_stages=" + std::to_string(c.stages);
+  if (c.explicit_cut) {
+    // An uneven cut: the first stage one node longer than the even split.
+    ranges[0].second += 1;
+    ranges[1].first += 1;
+    cut = "--set 'pipeline.stages=[";
+    for (size_t s = 0; s < ranges.size(); ++s)
+      cut += (s ? ", [" : "[") + std::to_string(ranges[s].first) + ", " +
+             std::to_string(ranges[s].second) + "]";
+    cut += "]'";
+  }
+
+  const auto a = run_cli("train -q --config " + one.string());
+  ASSERT_EQ(a.code, 0) << a.output;
+  const auto b =
+      run_cli("train -q --config " + pipe.string() + " --peers " + std::to_string(c.stages) + " " +
+              cut + " --set pipeline.schedule=" + c.schedule);
+  ASSERT_EQ(b.code, 0) << b.output;
+
+  const fs::path run_one = root_ / ("run_" + name + "_one");
+  const fs::path run_pipe = root_ / ("run_" + name + "_pipe");
+  const auto la = losses(run_one);
+  ASSERT_EQ(la.size(), 4u + 2u);  // 4 steps, 2 evaluations
+  for (int s = 0; s < c.stages; ++s) {
+    const auto lb = losses(run_pipe / ("peer-" + std::to_string(s)));
+    ASSERT_EQ(lb.size(), la.size()) << "stage " << s;
+    for (size_t i = 0; i < la.size(); ++i) {
+      EXPECT_EQ(la[i].first, lb[i].first);
+      EXPECT_NEAR(la[i].second, lb[i].second, 1e-5 * std::abs(la[i].second))
+          << "stage " << s << ", record " << i;
+    }
+  }
+
+  // Each stage's parameters after 4 steps are the single process's.
+  const PipelineLayout layout(*dag, ranges);
+  const auto whole =
+      starling::read_safetensors(run_one / "checkpoints" / "step_00000004" / "model.safetensors");
+  const auto& params = dag->params().params();
+  for (int s = 0; s < c.stages; ++s) {
+    const auto part =
+        starling::read_safetensors(run_pipe / ("peer-" + std::to_string(s)) / "checkpoints" /
+                                   "step_00000004" / "model.safetensors");
+    for (const int p : layout.stage(s).params) {
+      const std::string& pname = params[static_cast<size_t>(p)].name;
+      const at::Tensor x = whole.at(pname), y = part.at(pname);
+      EXPECT_TRUE(at::allclose(x, y, 1e-4, 1e-5))
+          << pname << " on stage " << s << ": max difference "
+          << (x - y).abs().max().item<double>();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuts, PipelineEquivalence,
+                         ::testing::Values(Case{"gpt2-tiny", 2, "gpipe", 2},
+                                           Case{"gpt2-tiny", 2, "1f1b", 3, false, true},
+                                           Case{"gpt2-tiny", 3, "1f1b", 4, true},
+                                           Case{"llama-tiny", 4, "1f1b", 4},
+                                           Case{"llama-tiny", 3, "gpipe", 1},
+                                           Case{"llama-tiny", 2, "1f1b", 2, true}),
+                         [](const auto& info) {
+                           const Case& c = info.param;
+                           return std::string(c.preset[0] == 'g' ? "Gpt2" : "Llama") +
+                                  std::to_string(c.stages) + "Stages" +
+                                  (c.schedule[0] == 'g' ? "Gpipe" : "OneFOneB") + "Accum" +
+                                  std::to_string(c.accum) + (c.recompute ? "Recompute" : "") +
+                                  (c.explicit_cut ? "UnevenCut" : "");
+                         });
+
+TEST_F(PipelineRunTest, BadPipelineSettingsAreRefusedBeforeAnyPeerStarts) {
+  const fs::path cfg = config("bad", "gpt2-tiny", 1, false);
+  const auto peers =
+      run_cli("train -q --config " + cfg.string() + " --peers 3 --set pipeline.num_stages=2");
+  EXPECT_NE(peers.code, 0);
+  EXPECT_NE(peers.output.find("one peer per stage"), std::string::npos) << peers.output;
+  const auto fp16 = run_cli("train -q --config " + cfg.string() +
+                            " --peers 2 --set pipeline.num_stages=2 --set train.dtype=fp16");
+  EXPECT_NE(fp16.code, 0);
+  EXPECT_NE(fp16.output.find("fp16"), std::string::npos) << fp16.output;
+  const auto strat = run_cli("train -q --config " + cfg.string() +
+                             " --peers 2 --set pipeline.num_stages=2 --set strategy.kind=ddp");
+  EXPECT_NE(strat.code, 0);
+  EXPECT_NE(strat.output.find("strategy.kind = \"none\""), std::string::npos) << strat.output;
+  // Only the peers know the model's nodes: the failing peer's error reaches the launcher's output.
+  const auto cover = run_cli("train --config " + cfg.string() +
+                             " --peers 2 --set 'pipeline.stages=[[0, 2], [3, 4]]'");
+  EXPECT_NE(cover.code, 0);
+  EXPECT_NE(cover.output.find("cover every node"), std::string::npos) << cover.output;
+}
+
+}  // namespace
+
+namespace {
+
+TEST_F(PipelineRunTest, AResumedPipelineMatchesAStraightOne) {
+  const fs::path straight = config("straight", "gpt2-tiny", 2, false);
+  const fs::path resumed = config("resumed", "gpt2-tiny", 2, false);
+  const std::string pipe = " --peers 2 --set pipeline.num_stages=2";
+  const auto a = run_cli("train -q --config " + straight.string() + pipe);
+  ASSERT_EQ(a.code, 0) << a.output;
+  const auto b1 = run_cli("train -q --config " + resumed.string() + pipe + " --stop-at 2");
+  ASSERT_EQ(b1.code, 0) << b1.output;
+  const auto b2 = run_cli("train -q --config " + resumed.string() + pipe + " --resume");
+  ASSERT_EQ(b2.code, 0) << b2.output;
+  for (int s = 0; s < 2; ++s) {
+    const std::string peer = "peer-" + std::to_string(s);
+    const fs::path ck = fs::path(peer) / "checkpoints" / "step_00000004" / "model.safetensors";
+    const auto x = starling::read_safetensors(root_ / "run_straight" / ck);
+    const auto y = starling::read_safetensors(root_ / "run_resumed" / ck);
+    ASSERT_EQ(x.tensors.size(), y.tensors.size());
+    for (size_t i = 0; i < x.tensors.size(); ++i)
+      EXPECT_TRUE(at::equal(x.tensors[i].second, y.tensors[i].second))
+          << x.tensors[i].first << " on stage " << s;
+    const auto la = losses(root_ / "run_straight" / peer);
+    const auto lb = losses(root_ / "run_resumed" / peer);
+    ASSERT_FALSE(la.empty());
+    EXPECT_EQ(la.back(), lb.back()) << "the last record of stage " << s;
+  }
+}
+
+TEST_F(PipelineRunTest, AKilledStageStopsThePipelineWithAClearError) {
+  const fs::path cfg = config("kill", "llama-tiny", 2, false);
+  const fs::path run = root_ / "run_kill";
+  const fs::path log = root_ / "kill.log";
+  // The swarm in the background (its pid on stdout), 3 stages and many steps.
+  FILE* p =
+      ::popen(("sh -c '" + std::string(STARLING_CLI_PATH) + " train -q --config " + cfg.string() +
+               " --peers 3 --set pipeline.num_stages=3 --set train.steps=100000 "
+               "--set train.eval_every=0 --set net.peer_timeout_ms=2000 >" +
+               log.string() + " 2>&1 & echo $!'")
+                  .c_str(),
+              "r");
+  ASSERT_NE(p, nullptr);
+  char buf[64] = {};
+  ASSERT_NE(std::fgets(buf, sizeof buf, p), nullptr);
+  ::pclose(p);
+  const pid_t launcher = std::stoi(buf);
+  // Until stage 1 has trained a few steps.
+  auto records = [&](const fs::path& f) {
+    std::ifstream in(f);
+    int n = 0;
+    for (std::string line; std::getline(in, line);) ++n;
+    return n;
+  };
+  for (int i = 0; i < 600 && records(run / "peer-1" / "metrics.jsonl") < 3; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_GE(records(run / "peer-1" / "metrics.jsonl"), 3) << starling::testing::read_file(log);
+  // "[p]" keeps the pattern from matching the shell that runs pkill.
+  ASSERT_EQ(std::system(("pkill -9 -f '" + (run / "[p]eer-1").string() + "\"'").c_str()), 0);
+  const auto killed = std::chrono::steady_clock::now();
+  while (::kill(launcher, 0) == 0 &&
+         std::chrono::steady_clock::now() - killed < std::chrono::seconds(90))
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  ASSERT_NE(::kill(launcher, 0), 0) << "the swarm still runs 90 s after a stage died";
+  // The other stages stop within about one peer timeout, each naming the dead stage.
+  EXPECT_LT(took, 30) << starling::testing::read_file(log);
+  for (const int s : {0, 2}) {
+    const std::string peer_log =
+        starling::testing::read_file(run / ("peer-" + std::to_string(s) + ".log"));
+    EXPECT_TRUE(
+        std::regex_search(peer_log, std::regex("error: pipeline.*(stage 1 \\(peer|peer-1)")))
+        << peer_log;
+  }
+  const std::string out = starling::testing::read_file(log);
+  EXPECT_NE(out.find("peers failed"), std::string::npos) << out;
+}
+
+}  // namespace
