@@ -326,15 +326,19 @@ TEST_F(PipelineRunTest, BadPipelineSettingsAreRefusedBeforeAnyPeerStarts) {
   const auto peers =
       run_cli("train -q --config " + cfg.string() + " --peers 3 --set pipeline.num_stages=2");
   EXPECT_NE(peers.code, 0);
-  EXPECT_NE(peers.output.find("one peer per stage"), std::string::npos) << peers.output;
+  EXPECT_NE(peers.output.find("multiple of the stage count"), std::string::npos) << peers.output;
+  const auto alone =
+      run_cli("train -q --config " + cfg.string() + " --peers 4 --set pipeline.num_stages=2");
+  EXPECT_NE(alone.code, 0);
+  EXPECT_NE(alone.output.find("need a strategy"), std::string::npos) << alone.output;
   const auto fp16 = run_cli("train -q --config " + cfg.string() +
                             " --peers 2 --set pipeline.num_stages=2 --set train.dtype=fp16");
   EXPECT_NE(fp16.code, 0);
   EXPECT_NE(fp16.output.find("fp16"), std::string::npos) << fp16.output;
   const auto strat = run_cli("train -q --config " + cfg.string() +
-                             " --peers 2 --set pipeline.num_stages=2 --set strategy.kind=ddp");
+                             " --peers 4 --set pipeline.num_stages=2 --set strategy.kind=atom");
   EXPECT_NE(strat.code, 0);
-  EXPECT_NE(strat.output.find("strategy.kind = \"none\""), std::string::npos) << strat.output;
+  EXPECT_NE(strat.output.find("not \"atom\""), std::string::npos) << strat.output;
   // Only the peers know the model's nodes: the failing peer's error reaches the launcher's output.
   const auto cover = run_cli("train --config " + cfg.string() +
                              " --peers 2 --set 'pipeline.stages=[[0, 2], [3, 4]]'");
@@ -419,6 +423,179 @@ TEST_F(PipelineRunTest, AKilledStageStopsThePipelineWithAClearError) {
   }
   const std::string out = starling::testing::read_file(log);
   EXPECT_NE(out.find("peers failed"), std::string::npos) << out;
+}
+
+}  // namespace
+
+namespace {
+
+// Pipeline replicas: R pipelines of S stages, each stage averaged with its counterparts by a
+// strategy, train like R plain replicas of the whole model with that strategy (the same data
+// shares, the same rounds), loss for loss and weight for weight within fp32 rounding.
+struct ReplicaCase {
+  const char* preset;
+  const char* strategy;
+  int stages;
+  bool zero = false;  // co2's sharded outer state
+};
+
+class PipelineReplicas : public PipelineRunTest,
+                         public ::testing::WithParamInterface<ReplicaCase> {};
+
+TEST_P(PipelineReplicas, TrainLikeReplicasOfTheWholeModel) {
+  const ReplicaCase c = GetParam();
+  const std::string name = std::string("replicas_") + c.preset + "_" + c.strategy + "_" +
+                           std::to_string(c.stages) + (c.zero ? "_zero" : "");
+  const fs::path plain = config(name + "_plain", c.preset, 2, false);
+  const fs::path piped = config(name + "_piped", c.preset, 2, false);
+  // Rounds of two local steps where the strategy has rounds; evaluations at round boundaries.
+  const std::string strategy = std::string(" --set strategy.kind=") + c.strategy +
+                               " --set strategy.local_steps=2 --set net.peer_timeout_ms=20000" +
+                               (c.zero ? " --set strategy.zero=true" : "");
+  const auto a = run_cli("train -q --config " + plain.string() + " --peers 2" + strategy);
+  ASSERT_EQ(a.code, 0) << a.output;
+  const auto b =
+      run_cli("train -q --config " + piped.string() + " --peers " + std::to_string(2 * c.stages) +
+              " --set pipeline.num_stages=" + std::to_string(c.stages) + strategy);
+  ASSERT_EQ(b.code, 0) << b.output;
+  EXPECT_NE(b.output.find("2 pipelines of " + std::to_string(c.stages) + " stages"),
+            std::string::npos)
+      << b.output;
+
+  const auto model = starling::train::load_run_config(plain);
+  auto dag = starling::model::build_model(model.model, model.train.seed, c10::kCPU);
+  PipelineConfig pc;
+  pc.num_stages = c.stages;
+  const PipelineLayout layout(*dag, stage_ranges(pc, dag->size()));
+  const auto& params = dag->params().params();
+  for (int r = 0; r < 2; ++r) {
+    const fs::path whole_run = root_ / ("run_" + name + "_plain") / ("peer-" + std::to_string(r));
+    const auto la = losses(whole_run);
+    ASSERT_EQ(la.size(), 4u + 2u);  // 4 steps, 2 evaluations
+    const auto whole = starling::read_safetensors(whole_run / "checkpoints" / "step_00000004" /
+                                                  "model.safetensors");
+    for (int s = 0; s < c.stages; ++s) {
+      // Peer r * stages + s runs stage s of replica r, on replica r's share of the data.
+      const fs::path stage_run =
+          root_ / ("run_" + name + "_piped") / ("peer-" + std::to_string(r * c.stages + s));
+      const auto lb = losses(stage_run);
+      ASSERT_EQ(lb.size(), la.size()) << "replica " << r << ", stage " << s;
+      for (size_t i = 0; i < la.size(); ++i) {
+        EXPECT_EQ(la[i].first, lb[i].first);
+        EXPECT_NEAR(la[i].second, lb[i].second, 1e-5 * std::abs(la[i].second))
+            << "replica " << r << ", stage " << s << ", record " << i;
+      }
+      const auto part = starling::read_safetensors(stage_run / "checkpoints" / "step_00000004" /
+                                                   "model.safetensors");
+      for (const int p : layout.stage(s).params) {
+        const std::string& pname = params[static_cast<size_t>(p)].name;
+        const at::Tensor x = whole.at(pname), y = part.at(pname);
+        EXPECT_TRUE(at::allclose(x, y, 1e-4, 1e-5))
+            << pname << " on replica " << r << ", stage " << s << ": max difference "
+            << (x - y).abs().max().item<double>();
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, PipelineReplicas,
+                         ::testing::Values(ReplicaCase{"gpt2-tiny", "ddp", 2},
+                                           ReplicaCase{"llama-tiny", "diloco", 2},
+                                           ReplicaCase{"gpt2-tiny", "co2", 2},
+                                           ReplicaCase{"gpt2-tiny", "co2", 3, true}),
+                         [](const auto& info) {
+                           const ReplicaCase& c = info.param;
+                           return std::string(c.preset[0] == 'g' ? "Gpt2" : "Llama") + c.strategy +
+                                  std::to_string(c.stages) + "Stages" + (c.zero ? "Zero" : "");
+                         });
+
+TEST_F(PipelineRunTest, AKilledStageStopsItsPipelineWhileTheOtherReplicaGoesOn) {
+  const fs::path cfg = config("kill_replica", "gpt2-tiny", 2, false);
+  const fs::path run = root_ / "run_kill_replica";
+  const fs::path log = root_ / "kill_replica.log";
+  FILE* p =
+      ::popen(("sh -c '" + std::string(STARLING_CLI_PATH) + " train -q --config " + cfg.string() +
+               " --peers 4 --set pipeline.num_stages=2 --set strategy.kind=ddp "
+               "--set train.steps=150 --set train.eval_every=0 "
+               "--set net.peer_timeout_ms=2000 >" +
+               log.string() + " 2>&1 & echo $!'")
+                  .c_str(),
+              "r");
+  ASSERT_NE(p, nullptr);
+  char buf[64] = {};
+  ASSERT_NE(std::fgets(buf, sizeof buf, p), nullptr);
+  ::pclose(p);
+  const pid_t launcher = std::stoi(buf);
+  auto records = [&](const fs::path& f) {
+    std::ifstream in(f);
+    int n = 0;
+    for (std::string line; std::getline(in, line);) ++n;
+    return n;
+  };
+  for (int i = 0; i < 600 && records(run / "peer-3" / "metrics.jsonl") < 3; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_GE(records(run / "peer-3" / "metrics.jsonl"), 3) << starling::testing::read_file(log);
+  // Stage 1 of replica 1.
+  ASSERT_EQ(std::system(("pkill -9 -f '" + (run / "[p]eer-3").string() + "\"'").c_str()), 0);
+  const int at_kill = records(run / "peer-0" / "metrics.jsonl");
+  while (::kill(launcher, 0) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const std::string out = starling::testing::read_file(log);
+  // Replica 1's other stage stops, naming the dead one.
+  const std::string peer2 = starling::testing::read_file(run / "peer-2.log");
+  EXPECT_TRUE(std::regex_search(peer2, std::regex("error: pipeline.*(stage 1 \\(peer|peer-3)")))
+      << peer2;
+  // Replica 0 trains on to the end and saves its final checkpoint on both stages.
+  for (const int s : {0, 1}) {
+    const fs::path dir = run / ("peer-" + std::to_string(s));
+    EXPECT_TRUE(fs::exists(dir / "checkpoints" / "step_00000150" / "model.safetensors"))
+        << "stage " << s << " of replica 0 did not finish:\n"
+        << starling::testing::read_file(run / ("peer-" + std::to_string(s) + ".log"));
+    EXPECT_GT(records(dir / "metrics.jsonl"), at_kill) << out;
+  }
+  EXPECT_NE(out.find("peers failed"), std::string::npos) << out;
+}
+
+}  // namespace
+
+namespace {
+
+// Under a torchrun-style launch (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), each `starling peer`
+// finds its stage (rank mod stages) and replica (rank / stages) itself, and each replica trains
+// on its own share of the data.
+TEST_F(PipelineRunTest, TorchrunRanksPlaceStagesAndReplicas) {
+  const fs::path cfg = config("torchrun", "gpt2-tiny", 2, false);
+  const fs::path run = root_ / "run_torchrun";
+  const std::string port = std::to_string(20000 + (::getpid() + 4243) % 20000);
+  const fs::path script = root_ / "torchrun.sh";
+  {
+    std::ofstream out(script);
+    for (int r = 0; r < 4; ++r)
+      out << "RANK=" << r << " WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=" << port
+          << " timeout 180 " << STARLING_CLI_PATH << " peer -q --insecure --config " << cfg.string()
+          << " --set pipeline.num_stages=2 --set strategy.kind=ddp --set 'train.out_dir=\""
+          << (run / std::to_string(r)).string() << "\"' > " << (run.string() + std::to_string(r))
+          << ".log 2>&1 &\n";
+    out << "wait\n";
+  }
+  const int code = std::system(("sh " + script.string()).c_str());
+  std::string logs;
+  for (int r = 0; r < 4; ++r)
+    logs += starling::testing::read_file(run.string() + std::to_string(r) + ".log");
+  ASSERT_EQ(code, 0) << logs;
+  for (int r = 0; r < 4; ++r) {
+    const std::string log = starling::testing::read_file(run.string() + std::to_string(r) + ".log");
+    EXPECT_NE(log.find("(pipeline stage " + std::to_string(r % 2) + " of 2, replica " +
+                       std::to_string(r / 2) + " of 2)"),
+              std::string::npos)
+        << log;
+  }
+  // The stages of a replica log its loss; the replicas' first losses differ (their data does).
+  const auto r0 = losses(run / "0"), r1 = losses(run / "1"), r2 = losses(run / "2");
+  ASSERT_FALSE(r0.empty());
+  EXPECT_EQ(r0.size(), r1.size());
+  EXPECT_NEAR(r0[0].second, r1[0].second, 1e-5 * r0[0].second);
+  ASSERT_FALSE(r2.empty());
+  EXPECT_GT(std::abs(r0[0].second - r2[0].second), 1e-4) << "both replicas read the same data";
 }
 
 }  // namespace

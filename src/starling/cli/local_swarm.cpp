@@ -69,19 +69,28 @@ std::string last_line(const std::string& path) {
 LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwarmOptions& o) {
   if (o.peers < 1 || o.peers > 64) throw ConfigError("--peers must be in [1, 64]");
   const bool pipeline = config.pipeline.enabled();
+  const int64_t stages = pipeline ? config.pipeline.count() : 1;
   if (pipeline) {
-    // Peer i runs stage i; every peer would refuse a bad setting on its own, after the others
-    // started waiting for it.
-    if (o.peers != config.pipeline.count())
-      throw ConfigError("--peers " + std::to_string(o.peers) + " for a pipeline of " +
-                        std::to_string(config.pipeline.count()) +
-                        " stages: a pipeline takes one peer per stage (replicas are not "
-                        "available yet)");
+    // Peer i runs stage i % stages of replica i / stages (its flat rank places it, as RANK would
+    // under torchrun); every peer would refuse a bad setting on its own, after the others started
+    // waiting for it.
+    strategy::PipelineConfig placed = config.pipeline;
+    strategy::place_pipeline_peer(placed, 0, o.peers);
+    if (config.pipeline.replicas > 0 && placed.replicas * stages != o.peers)
+      throw ConfigError("--peers " + std::to_string(o.peers) + " for " +
+                        std::to_string(placed.replicas) + " replicas of a pipeline of " +
+                        std::to_string(stages) + " stages: a pipeline takes one peer per stage");
+    if (config.pipeline.stage >= 0 || config.pipeline.replica >= 0)
+      throw ConfigError(
+          "--peers places each peer itself: drop pipeline.stage and "
+          "pipeline.replica");
     strategy::check_pipeline_peer(config.pipeline, {.strategy_kind = config.strategy.kind,
                                                     .dtype = config.train.dtype,
                                                     .net_backend = config.net.backend,
                                                     .swapped = config.swap.enabled(),
-                                                    .stage = 0});
+                                                    .stage = 0,
+                                                    .replica = 0,
+                                                    .replicas = placed.replicas});
   } else {
     if (config.strategy.kind == "none")
       throw ConfigError("--peers needs a strategy: set strategy.kind to " +
@@ -135,11 +144,10 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
       const auto prefix = lab->exec_prefix(i);
       argv.insert(argv.end(), prefix.begin(), prefix.end());
     }
-    // Each peer of a swarm trains on its share of the data; every stage of a pipeline reads the
-    // same batches.
-    argv.insert(argv.end(), {o.starling, "peer", "--json", "-q", "--data-rank",
-                             std::to_string(pipeline ? 0 : i), "--data-world",
-                             std::to_string(pipeline ? 1 : o.peers)});
+    // Each peer of a swarm trains on its share of the data; in a swarm of pipelines the flat
+    // rank places the peer, and every stage of a replica reads the replica's share.
+    argv.insert(argv.end(), {o.starling, "peer", "--json", "-q", "--data-rank", std::to_string(i),
+                             "--data-world", std::to_string(o.peers)});
     if (!o.config_file.empty()) argv.insert(argv.end(), {"--config", o.config_file});
     for (const auto& s : o.overrides) argv.insert(argv.end(), {"--set", s});
     const fs::path dir = out / ("peer-" + std::to_string(i));
@@ -160,7 +168,6 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
           "net.join_timeout_s=" + std::to_string(std::max<int64_t>(config.net.join_timeout_s, 120)),
           "net.join=[" + (join.empty() ? "" : "\"" + join + "\"") + "]"};
     }
-    if (pipeline) sets.push_back("pipeline.stage=" + std::to_string(i));
     for (const std::string& s : sets) argv.insert(argv.end(), {"--set", s});
     if (o.resume) argv.push_back("--resume");
     if (o.stop_at >= 0) argv.insert(argv.end(), {"--stop-at", std::to_string(o.stop_at)});
@@ -200,9 +207,12 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
   if (entry.empty()) throw Error("peer 0 did not start; see " + log_of(0));
   for (int i = 1; i < o.peers; ++i) procs.emplace_back(argv_for(i, entry), log_of(i));
   std::cerr << "swarm: " << o.peers << " peers ("
-            << (pipeline ? "pipeline of " + std::to_string(o.peers) + " stages, " +
-                               config.pipeline.schedule
-                         : config.strategy.kind)
+            << (!pipeline ? config.strategy.kind
+                : o.peers == stages
+                    ? "pipeline of " + std::to_string(stages) + " stages, " +
+                          config.pipeline.schedule
+                    : std::to_string(o.peers / stages) + " pipelines of " + std::to_string(stages) +
+                          " stages, " + config.pipeline.schedule + ", " + config.strategy.kind)
             << "), logs in " << (out / "peer-<i>.log").string() << ", entry point " << entry
             << "\n";
 
@@ -283,7 +293,7 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
       lo = std::min(lo, v.loss);
       hi = std::max(hi, v.loss);
       // Every stage of a pipeline reports the pipeline's tokens: count them once.
-      tps += v.running ? v.tokens_per_s / (pipeline ? o.peers : 1) : 0;
+      tps += v.running ? v.tokens_per_s / static_cast<double>(stages) : 0;
       sent += v.bytes_sent;
       wait = std::max(wait, v.net_wait_s);
       elapsed = std::max(elapsed, v.elapsed_s);
@@ -307,14 +317,17 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
   progress.finish();
   double total_tokens = 0, longest = 0;
   for (const auto& v : views) {
-    total_tokens += static_cast<double>(v.tokens) / (pipeline ? o.peers : 1);
+    total_tokens += static_cast<double>(v.tokens) / static_cast<double>(stages);
     longest = std::max(longest, v.elapsed_s);
   }
   result.tokens_per_s = longest > 0 ? total_tokens / longest : 0;
   // The run's summary for scripts (bench/strategies, the demo's plot).
   std::ofstream(out / "swarm.json")
       << nlohmann::json{{"peers", o.peers},
-                        {"strategy", pipeline ? "pipeline" : config.strategy.kind},
+                        {"strategy", !pipeline ? config.strategy.kind
+                                     : config.strategy.kind == "none"
+                                         ? "pipeline"
+                                         : "pipeline+" + config.strategy.kind},
                         {"link_rate", o.link_rate},
                         {"tokens", total_tokens},
                         {"elapsed_s", longest},

@@ -123,11 +123,11 @@ void add_peer_command(CLI::App& app) {
       throw ConfigError("--data-rank " + std::to_string(rank) + " must be in [0, --data-world " +
                         std::to_string(world) + ")");
     if (c.pipeline.enabled()) {
-      // A flat rank (RANK, --data-rank) names the stage unless pipeline.stage does; every stage
-      // of the one pipeline reads the same batches.
-      if (c.pipeline.stage < 0) c.pipeline.stage = rank % c.pipeline.count();
-      rank = 0;
-      world = 1;
+      // A flat rank (RANK, --data-rank) names the stage and the replica unless pipeline.stage
+      // and pipeline.replica do; every stage of a replica reads that replica's batches.
+      strategy::place_pipeline_peer(c.pipeline, rank, world);
+      rank = static_cast<int>(c.pipeline.replica);
+      world = static_cast<int>(c.pipeline.replicas);
     }
     o.train.resume = a->resume;
     o.train.progress = !a->quiet;

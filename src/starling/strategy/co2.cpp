@@ -58,6 +58,11 @@ at::Tensor Co2::sum_over_shards(const at::Tensor& local) {
   return v.reshape({}).to(local.device());
 }
 
+at::Tensor Co2::squares(const at::Tensor& part) {
+  const int64_t begin = zero() ? shard_begin_ : 0;
+  return sum_over_model(sum_over_shards(counted(part, begin).pow(2).sum()));
+}
+
 void Co2::advance() {
   if (pending_launch_ && exchange_->download_done()) {
     pending_launch_ = false;
@@ -102,8 +107,8 @@ void Co2::update_momentum() {
   const auto& s = config_.strategy;
   at::Tensor gap = at::zeros({}, momentum_.options());
   if (has_previous_) {
-    const at::Tensor diff = sum_over_shards((average_ - previous_).pow(2).sum());
-    const at::Tensor prev = sum_over_shards(previous_.pow(2).sum());
+    const at::Tensor diff = squares(average_ - previous_);
+    const at::Tensor prev = squares(previous_);
     gap = diff.sqrt() / (prev.sqrt() + kGapEps);
     gap = at::where(at::isfinite(gap), gap, at::zeros_like(gap));  // a failed norm exchange
   }
@@ -112,7 +117,7 @@ void Co2::update_momentum() {
   if (s.clip == "value") {
     momentum_.clamp_(-s.clip_threshold, s.clip_threshold);
   } else if (s.clip == "norm") {
-    const at::Tensor norm = sum_over_shards(momentum_.pow(2).sum()).sqrt();
+    const at::Tensor norm = squares(momentum_).sqrt();
     const at::Tensor over = at::isfinite(norm).logical_and(norm > s.clip_threshold);
     momentum_.mul_(at::where(over, norm.reciprocal() * s.clip_threshold, at::ones_like(norm)));
   }

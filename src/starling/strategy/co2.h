@@ -15,6 +15,8 @@
 // mean(e_t) + alpha*m (since x_t - x_{t+1} = alpha*m), updates its shard, and the next anchor is
 // rebuilt by an all-gather. The all-gather is on the critical path; the reduce-scatter overlaps.
 // Norms for the gap and for clipping by norm are summed over shards with a two-float all-reduce.
+// A pipeline stage's co2 averages that stage with its counterparts, and its norms are summed over
+// the pipeline's stages too, so they are the whole model's.
 // A change of membership moves the shard boundaries: the outer momentum restarts then.
 //
 // On a GPU the outer state and the math stay on the device; only the exchange crosses to pinned
@@ -69,6 +71,9 @@ class Co2 final : public SwarmStrategy {
   void set_shard(const std::vector<net::PeerId>& ring);
   // A 0-dim device sum over every peer's shard (itself without zero; NaN if the exchange fails).
   at::Tensor sum_over_shards(const at::Tensor& local);
+  // The sum of squares of `part` (the full vector, or this peer's shard with zero) over the whole
+  // model: every shard, and every stage of a pipeline (a tied weight counted once).
+  at::Tensor squares(const at::Tensor& part);
 
   at::Tensor anchor_, momentum_, previous_;  // full, or this peer's shard with zero (device)
   std::optional<Staging> exchange_;          // the exchange in flight (always full size)

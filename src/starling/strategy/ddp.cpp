@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 
 #include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "starling/train/step_runner.h"
 
@@ -62,17 +65,30 @@ bool Ddp::step_done(train::Replica&, bool) {
   return true;
 }
 
+namespace {
+
+// The AdamW moments of the parameters `flat` covers, in its order: every first moment, then every
+// second. The tensors share the optimizer's storage.
+std::vector<at::Tensor> moments(train::Replica& r, const Flat& flat) {
+  std::unordered_map<std::string, at::Tensor> state;
+  for (auto& [name, t] : r.optimizer.state()) state.emplace(name, t);
+  std::vector<at::Tensor> out;
+  for (const char* prefix : {"exp_avg.", "exp_avg_sq."})
+    for (const int i : flat.indices())
+      out.push_back(state.at(prefix + r.params.params()[static_cast<size_t>(i)].name));
+  return out;
+}
+
+}  // namespace
+
 void Ddp::pack_state(train::Replica& r, at::Tensor& out) {
   const int64_t n = flat_->numel();
   at::Tensor part = out.narrow(0, 0, n);
   flat_->gather(part);
   int64_t offset = n;
-  for (const char* prefix : {"exp_avg.", "exp_avg_sq."}) {
-    for (const auto& [name, t] : r.optimizer.state()) {
-      if (name.rfind(prefix, 0) != 0) continue;
-      out.narrow(0, offset, t.numel()).copy_(t.reshape({t.numel()}));
-      offset += t.numel();
-    }
+  for (const at::Tensor& t : moments(r, *flat_)) {
+    out.narrow(0, offset, t.numel()).copy_(t.reshape({t.numel()}));
+    offset += t.numel();
   }
 }
 
@@ -80,13 +96,9 @@ void Ddp::unpack_state(train::Replica& r, const at::Tensor& in) {
   const int64_t n = flat_->numel();
   flat_->scatter(in.narrow(0, 0, n));
   int64_t offset = n;
-  for (const char* prefix : {"exp_avg.", "exp_avg_sq."}) {
-    for (auto& [name, t] : r.optimizer.state()) {
-      if (name.rfind(prefix, 0) != 0) continue;
-      at::Tensor dst = t;  // shares the optimizer's storage
-      dst.copy_(in.narrow(0, offset, t.numel()).view(t.sizes()));
-      offset += t.numel();
-    }
+  for (at::Tensor& t : moments(r, *flat_)) {
+    t.copy_(in.narrow(0, offset, t.numel()).view(t.sizes()));
+    offset += t.numel();
   }
 }
 

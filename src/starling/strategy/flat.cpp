@@ -25,8 +25,16 @@ void concatenate(const std::vector<at::Tensor>& pieces, at::Tensor& flat, c10::D
 
 }  // namespace
 
-Flat::Flat(graph::ParamStore& params)
-    : params_(params), numel_(params.numel()), device_(params_device(params)) {}
+Flat::Flat(graph::ParamStore& params, std::optional<std::vector<int>> only)
+    : params_(params), device_(params_device(params)) {
+  if (only) {
+    indices_ = std::move(*only);
+  } else {
+    indices_.resize(params.params().size());
+    for (size_t i = 0; i < indices_.size(); ++i) indices_[i] = static_cast<int>(i);
+  }
+  numel_ = numel(indices_);
+}
 
 at::Tensor Flat::zeros() const {
   return at::zeros({numel_}, at::TensorOptions().dtype(at::kFloat).device(device_));
@@ -35,8 +43,8 @@ at::Tensor Flat::zeros() const {
 void Flat::gather(at::Tensor& flat) const {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> pieces;
-  pieces.reserve(params_.params().size());
-  for (const auto& p : params_.params()) pieces.push_back(p.value.detach().reshape({-1}));
+  pieces.reserve(indices_.size());
+  for (int i : indices_) pieces.push_back(params_.params()[i].value.detach().reshape({-1}));
   concatenate(pieces, flat, device_);
 }
 
@@ -61,7 +69,8 @@ void Flat::scatter(const at::Tensor& flat) {
   at::NoGradGuard no_grad;
   const at::Tensor src = flat.to(device_);  // one transfer, then device-local copies
   int64_t offset = 0;
-  for (auto& p : params_.params()) {
+  for (int i : indices_) {
+    auto& p = params_.params()[i];
     const int64_t n = p.value.numel();
     p.value.copy_(src.narrow(0, offset, n).view(p.value.sizes()));
     offset += n;

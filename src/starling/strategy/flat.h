@@ -9,7 +9,9 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <vector>
 
 #include "starling/graph/param_store.h"
 
@@ -17,8 +19,12 @@ namespace starling::strategy {
 
 class Flat {
  public:
-  explicit Flat(graph::ParamStore& params);
+  // All of `params`, or only those listed (ParamStore indices, ascending: a pipeline stage's own
+  // parameters). gather() and scatter() then cover just those, in that order.
+  explicit Flat(graph::ParamStore& params, std::optional<std::vector<int>> only = std::nullopt);
   int64_t numel() const { return numel_; }
+  // The parameters the vector covers, in its order.
+  const std::vector<int>& indices() const { return indices_; }
   // The parameters' device: where zeros() allocates and where the strategies' math runs.
   c10::Device device() const { return device_; }
   // A new zeroed float32 vector of numel() elements on device().
@@ -37,6 +43,7 @@ class Flat {
 
  private:
   graph::ParamStore& params_;
+  std::vector<int> indices_;
   int64_t numel_ = 0;
   c10::Device device_;
 };

@@ -20,16 +20,26 @@
 namespace starling::strategy {
 
 std::unique_ptr<train::StepHooks> make_strategy(const train::RunConfig& config,
-                                                net::Collectives& net) {
+                                                net::Collectives& net,
+                                                std::vector<net::PeerId> group) {
   const std::string& kind = config.strategy.kind;
   check_peer(config.strategy, config.swap.enabled(), net.backend_name());
-  if (kind == "ddp") return std::make_unique<Ddp>(config, net);
-  if (kind == "localsgd") return std::make_unique<LocalSgd>(config, net);
-  if (kind == "diloco") return std::make_unique<DiLoCo>(config, net);
-  if (kind == "co2") return std::make_unique<Co2>(config, net);
-  auto* node = dynamic_cast<net::Node*>(&net);
-  if (node == nullptr) throw std::logic_error("atom on a collective that is not a swarm node");
-  return std::make_unique<Atom>(config, *node);
+  std::unique_ptr<SwarmStrategy> s;
+  if (kind == "ddp") {
+    s = std::make_unique<Ddp>(config, net);
+  } else if (kind == "localsgd") {
+    s = std::make_unique<LocalSgd>(config, net);
+  } else if (kind == "diloco") {
+    s = std::make_unique<DiLoCo>(config, net);
+  } else if (kind == "co2") {
+    s = std::make_unique<Co2>(config, net);
+  } else {
+    auto* node = dynamic_cast<net::Node*>(&net);
+    if (node == nullptr) throw std::logic_error("atom on a collective that is not a swarm node");
+    s = std::make_unique<Atom>(config, *node);
+  }
+  s->restrict_to(std::move(group));
+  return s;
 }
 
 namespace {
@@ -115,7 +125,9 @@ train::TrainResult run_peer(const train::RunConfig& config, const PeerOptions& o
                                           .dtype = config.train.dtype,
                                           .net_backend = config.net.backend,
                                           .swapped = config.swap.enabled(),
-                                          .stage = config.pipeline.stage});
+                                          .stage = config.pipeline.stage,
+                                          .replica = config.pipeline.replica,
+                                          .replicas = config.pipeline.replicas});
     return run_pipeline_peer(config, options);
   }
   check_peer(config.strategy, config.swap.enabled(), config.net.backend);

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "starling/net/node.h"
 #include "starling/train/config.h"
@@ -14,9 +15,11 @@
 
 namespace starling::strategy {
 
-// The strategy named by config.strategy.kind (not "none"); ConfigError for an unknown kind.
+// The strategy named by config.strategy.kind (not "none"); ConfigError for an unknown kind. Its
+// collectives run among `group` (a pipeline stage's counterparts), or the whole swarm when empty.
 std::unique_ptr<train::StepHooks> make_strategy(const train::RunConfig& config,
-                                                net::Collectives& net);
+                                                net::Collectives& net,
+                                                std::vector<net::PeerId> group = {});
 
 struct PeerOptions {
   train::TrainOptions train;  // resume, progress, stop_at, data share, json_events
@@ -24,7 +27,8 @@ struct PeerOptions {
   bool store_hosted_elsewhere = false;
 };
 
-// With [pipeline] set: one stage of a pipeline (pipeline_peer.h). Otherwise,
+// With [pipeline] set: one stage of a pipeline replica (pipeline_peer.h; pipeline.stage,
+// replica and replicas placed first, see place_pipeline_peer). Otherwise,
 // net.backend = "starling": joins (or starts) the swarm, waits for net.min_peers, trains with
 // the strategy and leaves. With train.json_events the first stdout line is
 // {"event":"listening","endpoint":...}, the address (with public key) other peers join through.

@@ -53,8 +53,15 @@ void add_config_keys(PipelineConfig& c, config::Keys& k) {
                          "then all backwards)",
                          {"1f1b", "gpipe"}));
   k.push_back(int_key("pipeline", "stage", &c.stage, -1,
-                      "the stage this peer runs; -1 = net.rank modulo the stage count (`starling "
-                      "train --peers N` sets it)"));
+                      "the stage this peer runs; -1 = the peer's rank (RANK, --data-rank) "
+                      "modulo the stage count"));
+  k.push_back(int_key("pipeline", "replicas", &c.replicas, 0,
+                      "pipeline replicas, each stage averaged with its counterparts by "
+                      "strategy.kind (ddp, localsgd, diloco, co2); 0 = the world size (WORLD_SIZE, "
+                      "--data-world, `starling train --peers N`) over the stage count"));
+  k.push_back(int_key("pipeline", "replica", &c.replica, -1,
+                      "the replica this peer belongs to; -1 = the peer's rank over the stage "
+                      "count"));
 }
 
 void check(const PipelineConfig& c, const std::string& source) {
@@ -70,6 +77,27 @@ void check(const PipelineConfig& c, const std::string& source) {
   if (c.stage >= 0 && c.enabled() && c.stage >= c.count())
     throw ConfigError(source + ": pipeline.stage = " + std::to_string(c.stage) +
                       " but the pipeline has " + std::to_string(c.count()) + " stages");
+  if (c.replicas < 0)
+    throw ConfigError(source + ": pipeline.replicas = " + std::to_string(c.replicas) +
+                      " must be 0 (from the world size) or more");
+  if (c.replica >= 0 && c.replicas > 0 && c.replica >= c.replicas)
+    throw ConfigError(source + ": pipeline.replica = " + std::to_string(c.replica) +
+                      " but there are " + std::to_string(c.replicas) + " replicas");
+}
+
+void place_pipeline_peer(PipelineConfig& c, int64_t rank, int64_t world) {
+  const int64_t stages = c.count();
+  if (c.replicas <= 0) {
+    if (world > 1 && world % stages != 0)
+      throw ConfigError("a swarm of " + std::to_string(world) +
+                        " peers (WORLD_SIZE, --data-world "
+                        "or --peers) for a pipeline of " +
+                        std::to_string(stages) +
+                        " stages: pipeline replicas need a multiple of the stage count");
+    c.replicas = world > stages ? world / stages : 1;
+  }
+  if (c.stage < 0) c.stage = rank % stages;
+  if (c.replica < 0) c.replica = c.replicas > 1 ? rank / stages : 0;
 }
 
 std::vector<std::pair<int, int>> stage_ranges(const PipelineConfig& c, int nodes) {
@@ -93,12 +121,18 @@ std::vector<std::pair<int, int>> stage_ranges(const PipelineConfig& c, int nodes
 }
 
 void check_pipeline_peer(const PipelineConfig& c, const PipelinePeerSettings& s) {
-  if (s.strategy_kind != "none")
+  const std::string& k = s.strategy_kind;
+  if (k != "none" && k != "ddp" && k != "localsgd" && k != "diloco" && k != "co2")
     throw ConfigError(
-        "a pipeline (pipeline.stages or pipeline.num_stages) runs with "
-        "strategy.kind = \"none\": pipeline replicas averaged by a strategy are not "
-        "available yet (strategy.kind = \"" +
-        s.strategy_kind + "\")");
+        "pipeline replicas average their stages with strategy.kind = \"ddp\", "
+        "\"localsgd\", \"diloco\" or \"co2\", not \"" +
+        k +
+        "\" (atom's open-ended steps would need every stage to agree on each "
+        "step's micro-batches)");
+  if (k == "none" && s.replicas > 1)
+    throw ConfigError(std::to_string(s.replicas) +
+                      " pipeline replicas need a strategy to average their stages: set "
+                      "strategy.kind to \"ddp\", \"localsgd\", \"diloco\" or \"co2\"");
   if (s.swapped)
     throw ConfigError(
         "a pipeline stage cannot swap yet: drop swap.budget (each stage holds only "
@@ -116,6 +150,10 @@ void check_pipeline_peer(const PipelineConfig& c, const PipelinePeerSettings& s)
     throw ConfigError("this peer's pipeline stage is " + std::to_string(s.stage) +
                       "; set pipeline.stage to 0 .. " + std::to_string(c.count() - 1) +
                       " (or net.rank)");
+  if (s.replicas < 1 || s.replica < 0 || s.replica >= s.replicas)
+    throw ConfigError("this peer's pipeline replica is " + std::to_string(s.replica) + " of " +
+                      std::to_string(s.replicas) + "; set pipeline.replica to 0 .. " +
+                      std::to_string(s.replicas - 1));
 }
 
 }  // namespace starling::strategy

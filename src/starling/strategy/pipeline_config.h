@@ -19,7 +19,12 @@ struct PipelineConfig {
   std::vector<std::pair<int64_t, int64_t>> stages;
   int64_t num_stages = 0;         // with `stages` empty; 0 or 1 = no pipeline
   std::string schedule = "1f1b";  // micro-batch order: "1f1b" or "gpipe"
-  int64_t stage = -1;             // the stage this peer runs; -1 = from net.rank (rank % stages)
+  int64_t stage = -1;             // the stage this peer runs; -1 = from the rank (rank % stages)
+  // Pipeline replicas of the same cut, each stage averaged with its counterparts in the others by
+  // strategy.kind (ddp, localsgd, diloco or co2): the swarm has stages x replicas peers. 0 = from
+  // the world size (WORLD_SIZE, --data-world) divided by the stage count, else 1.
+  int64_t replicas = 0;
+  int64_t replica = -1;  // the replica this peer belongs to; -1 = from the rank (rank / stages)
 
   bool enabled() const { return !stages.empty() || num_stages > 1; }
   int64_t count() const {
@@ -38,13 +43,18 @@ void check(const PipelineConfig& c, const std::string& source);
 std::vector<std::pair<int, int>> stage_ranges(const PipelineConfig& c, int nodes);
 
 // What a pipeline peer refuses about the rest of its config (ConfigError naming the keys):
-// checked by `starling peer` and by the local launcher before any peer starts. `stage` is the
-// peer's stage after net.rank was applied.
+// checked by `starling peer` and by the local launcher before any peer starts.
 struct PipelinePeerSettings {
   std::string strategy_kind, dtype, net_backend;
   bool swapped = false;
-  int64_t stage = -1;
+  int64_t stage = -1, replica = 0, replicas = 1;  // after the rank was applied
 };
 void check_pipeline_peer(const PipelineConfig& c, const PipelinePeerSettings& s);
+
+// This peer's place in the swarm of pipelines from its flat rank among `world` peers (RANK and
+// WORLD_SIZE, or --data-rank and --data-world): fills pipeline.stage (rank % stages),
+// pipeline.replica (rank / stages) and pipeline.replicas (world / stages) where they are unset.
+// ConfigError when a world of several peers is not a multiple of the stage count.
+void place_pipeline_peer(PipelineConfig& c, int64_t rank, int64_t world);
 
 }  // namespace starling::strategy

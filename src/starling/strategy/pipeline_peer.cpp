@@ -16,45 +16,53 @@ constexpr uint64_t kRoleTag = 0x70697065726f6c65;  // "pipe" "role"
 
 }  // namespace
 
-std::vector<net::PeerId> pipeline_roles(net::Node& node, int stage, int stages,
-                                        std::chrono::milliseconds timeout) {
+PipelineGrid pipeline_roles(net::Node& node, int stage, int replica, int stages, int replicas,
+                            std::chrono::milliseconds timeout) {
   std::vector<net::PeerId> others;
   for (const auto& m : node.members())
     if (m.state == net::MemberState::alive && m.info.id != node.id()) others.push_back(m.info.id);
-  if (static_cast<int>(others.size()) + 1 != stages)
+  const int places = stages * replicas;
+  if (static_cast<int>(others.size()) + 1 != places)
     throw NetError("pipeline: the swarm has " + std::to_string(others.size() + 1) + " peers for " +
+                   std::to_string(replicas) + " replica" + (replicas == 1 ? "" : "s") + " of " +
                    std::to_string(stages) +
-                   " stages; a pipeline needs exactly one peer per stage (pipeline replicas are "
-                   "not available yet)");
-  std::vector<uint8_t> mine(4);
-  const auto s32 = static_cast<int32_t>(stage);
-  std::memcpy(mine.data(), &s32, 4);
+                   " stages; it needs exactly one peer per stage of each "
+                   "replica (pipeline.replicas)");
+  std::vector<uint8_t> mine(8);
+  const int32_t said[2] = {static_cast<int32_t>(stage), static_cast<int32_t>(replica)};
+  std::memcpy(mine.data(), said, 8);
   std::vector<net::Transfer> answers;
   for (const net::PeerId p : others) {
     node.send(p, kRoleTag, mine);
     answers.push_back(node.recv(p, kRoleTag));
   }
-  std::vector<net::PeerId> peers(static_cast<size_t>(stages), 0);
-  peers[static_cast<size_t>(stage)] = node.id();
+  PipelineGrid grid(static_cast<size_t>(replicas),
+                    std::vector<net::PeerId>(static_cast<size_t>(stages), 0));
+  grid[static_cast<size_t>(replica)][static_cast<size_t>(stage)] = node.id();
   for (size_t i = 0; i < others.size(); ++i) {
     const std::string who = "peer " + net::short_peer_id(others[i]);
     if (!answers[i].wait_for(timeout))
       throw NetError("pipeline: " + who + " did not say which stage it runs within " +
                      std::to_string(timeout.count() / 1000) + " s");
     const std::vector<uint8_t> bytes = answers[i].wait();
-    int32_t theirs = -1;
-    if (bytes.size() == 4) std::memcpy(&theirs, bytes.data(), 4);
-    if (theirs < 0 || theirs >= stages)
-      throw NetError("pipeline: " + who + " claims stage " + std::to_string(theirs) +
-                     " of a pipeline with " + std::to_string(stages) + " stages");
-    net::PeerId& slot = peers[static_cast<size_t>(theirs)];
+    int32_t theirs[2] = {-1, -1};
+    if (bytes.size() == 8) std::memcpy(theirs, bytes.data(), 8);
+    if (theirs[0] < 0 || theirs[0] >= stages || theirs[1] < 0 || theirs[1] >= replicas)
+      throw NetError("pipeline: " + who + " claims stage " + std::to_string(theirs[0]) +
+                     " of replica " + std::to_string(theirs[1]) + " in a swarm of " +
+                     std::to_string(replicas) + " replica" + (replicas == 1 ? "" : "s") + " of " +
+                     std::to_string(stages) +
+                     " stages (pipeline.replicas and num_stages must "
+                     "agree on every peer)");
+    net::PeerId& slot = grid[static_cast<size_t>(theirs[1])][static_cast<size_t>(theirs[0])];
     if (slot != 0)
-      throw NetError("pipeline: stage " + std::to_string(theirs) + " is claimed by " + who +
-                     " and by peer " + net::short_peer_id(slot) +
-                     "; give each peer its own pipeline.stage");
+      throw NetError("pipeline: stage " + std::to_string(theirs[0]) + " of replica " +
+                     std::to_string(theirs[1]) + " is claimed by " + who + " and by peer " +
+                     net::short_peer_id(slot) +
+                     "; give each peer its own pipeline.stage and pipeline.replica");
     slot = others[i];
   }
-  return peers;
+  return grid;
 }
 
 train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerOptions& options) {
@@ -65,21 +73,31 @@ train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerO
   if (options.train.json_events) std::cout << train::events::listening(entry).dump() << std::endl;
   const int stages = static_cast<int>(config.pipeline.count());
   const int stage = static_cast<int>(config.pipeline.stage);
+  const int replicas = static_cast<int>(config.pipeline.replicas);
+  const int replica = static_cast<int>(config.pipeline.replica);
+  const int places = stages * replicas;
   std::cerr << "peer " << net::short_peer_id(node.id()) << " (pipeline stage " << stage << " of "
-            << stages << ") listening at " << entry << "\n";
+            << stages;
+  if (replicas > 1) std::cerr << ", replica " << replica << " of " << replicas;
+  std::cerr << ") listening at " << entry << "\n";
   const auto timeout = std::chrono::seconds(config.net.join_timeout_s);
-  if (!node.wait_for_members(static_cast<size_t>(stages), timeout))
-    throw NetError("only " + std::to_string(node.members().size()) + " of the pipeline's " +
-                   std::to_string(stages) + " peers arrived within net.join_timeout_s = " +
+  if (!node.wait_for_members(static_cast<size_t>(places), timeout))
+    throw NetError("only " + std::to_string(node.members().size()) + " of the " +
+                   std::to_string(places) + " pipeline peers arrived within net.join_timeout_s = " +
                    std::to_string(config.net.join_timeout_s) + " s");
-  const std::vector<net::PeerId> peers = pipeline_roles(node, stage, stages, timeout);
+  const PipelineGrid grid = pipeline_roles(node, stage, replica, stages, replicas, timeout);
+  // This stage's counterparts in every replica average it through the strategy.
+  std::vector<net::PeerId> counterparts;
+  for (const auto& pipeline : grid) counterparts.push_back(pipeline[static_cast<size_t>(stage)]);
 
   // A stage holds its own layers only in the sense that it trains only them: the end-of-run
   // sample would need the whole model on one peer.
   train::RunConfig c = config;
   c.train.sample_at_end = false;
   train::TrainOptions t = options.train;
-  t.hooks = nullptr;
+  std::unique_ptr<train::StepHooks> hooks;
+  if (c.strategy.kind != "none") hooks = make_strategy(c, node, counterparts);
+  t.hooks = hooks.get();
   t.step_runner = [&](train::Session& s,
                       train::ProgressLine&) -> std::unique_ptr<train::StepRunner> {
     PipelineLayout layout(*s.dag, stage_ranges(c.pipeline, s.dag->size()));
@@ -89,7 +107,7 @@ train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerO
               << s.dag->nodes()[static_cast<size_t>(r.last)].name << "), " << c.pipeline.schedule
               << " schedule\n";
     PipelineRunnerOptions o{.stage = stage,
-                            .peers = peers,
+                            .peers = grid[static_cast<size_t>(replica)],
                             .one_f_one_b = c.pipeline.schedule == "1f1b",
                             .batch = c.train.batch_size,
                             .seq_len = c.model.seq_len,

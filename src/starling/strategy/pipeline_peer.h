@@ -10,12 +10,15 @@
 
 namespace starling::strategy {
 
-// Every member tells every other which stage it runs (a point-to-point message each way); the
-// result is the peer of each stage, this one's included. NetError when a member does not answer
-// within `timeout`, two claim the same stage, a stage has no peer, or the swarm has more members
-// than stages.
-std::vector<net::PeerId> pipeline_roles(net::Node& node, int stage, int stages,
-                                        std::chrono::milliseconds timeout);
+// Where each member of a swarm of pipeline replicas sits: peers[replica][stage].
+using PipelineGrid = std::vector<std::vector<net::PeerId>>;
+
+// Every member tells every other which replica and stage it runs (a point-to-point message each
+// way); the result holds the peer of every place, this one's included. NetError when a member
+// does not answer within `timeout`, claims a place out of range or one already claimed, or the
+// swarm's size is not stages x replicas.
+PipelineGrid pipeline_roles(net::Node& node, int stage, int replica, int stages, int replicas,
+                            std::chrono::milliseconds timeout);
 
 // The whole run of a pipeline stage peer (net.backend = "starling"; check_pipeline_peer passed).
 train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerOptions& options);

@@ -22,6 +22,7 @@ namespace {
 constexpr uint64_t kMessageTag = 0x7069706500000000;     // "pipe"
 constexpr uint64_t kCollectiveTag = 0x7069706300000000;  // "pipc"
 constexpr uint64_t kNormTag = kCollectiveTag | 0xffffffff;
+constexpr uint64_t kModelSumTag = kCollectiveTag | 0xfffffffe;  // sums a strategy asks for
 
 uint64_t tag_of(TensorKind kind, int node) {
   return kMessageTag | (static_cast<uint64_t>(kind) << 24) | static_cast<uint64_t>(node);
@@ -275,6 +276,23 @@ at::Tensor PipelineStepRunner::update(double lr, double max_norm, bool skip) {
   }
   if (!skip) optimizer_.step(lr);
   return total;
+}
+
+std::optional<train::StepRunner::ModelPart> PipelineStepRunner::trained_params() const {
+  ModelPart part;
+  const std::vector<int>& params = layout_.stage(options_.stage).params;
+  for (const int p : params)
+    if (layout_.counts_in_norm(options_.stage, p)) part.params.push_back(p);
+  part.counted = part.params.size();
+  for (const int p : params)
+    if (!layout_.counts_in_norm(options_.stage, p)) part.params.push_back(p);
+  return part;
+}
+
+void PipelineStepRunner::sum_over_model(at::Tensor& t) {
+  std::vector<int> all(static_cast<size_t>(layout_.stages()));
+  for (int s = 0; s < layout_.stages(); ++s) all[static_cast<size_t>(s)] = s;
+  all_reduce(t, all, kModelSumTag);
 }
 
 void PipelineStepRunner::visit_gradients(const GradientVisitor& visit) {

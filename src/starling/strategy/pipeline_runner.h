@@ -54,6 +54,10 @@ class PipelineStepRunner : public train::StepRunner {
   // This stage's parameters, in one piece (for an exchange with its counterparts in other
   // pipeline replicas).
   void visit_gradients(const GradientVisitor& visit) override;
+  // This stage's parameters, a tied one last unless this stage counts it in the norm.
+  std::optional<ModelPart> trained_params() const override;
+  // Sums over the stages of this pipeline.
+  void sum_over_model(at::Tensor& t) override;
   at::Tensor evaluation_loss(graph::Executor& executor,
                              const std::vector<at::Tensor>& batch) override;
   // Stages in the pipeline, bytes this peer sent, time spent waiting for other stages.

@@ -46,7 +46,19 @@ net::CollectiveOptions SwarmStrategy::options(net::WirePrecision precision) cons
   o.precision = precision;
   o.op = net::ReduceOp::sum;
   o.order = net::RingOrder::by_id;  // shards stay with the same peer from round to round
+  o.group = group_;
   return o;
+}
+
+at::Tensor SwarmStrategy::counted(const at::Tensor& part, int64_t begin) const {
+  return part.narrow(0, 0, std::clamp<int64_t>(counted_numel_ - begin, 0, part.numel()));
+}
+
+at::Tensor SwarmStrategy::sum_over_model(const at::Tensor& t) const {
+  if (!model_part_) return t;
+  at::Tensor v = t.detach().to(at::kFloat).reshape({-1}).contiguous().clone();
+  runner_->sum_over_model(v);
+  return v.reshape(t.sizes()).to(t.device(), t.scalar_type());
 }
 
 void SwarmStrategy::log(const std::string& line) const {
@@ -181,7 +193,16 @@ void SwarmStrategy::start(train::Replica& r, const nlohmann::json& state,
   // A peer restored from its checkpoint keeps its state if the swarm's agreement finds every
   // other peer at the same step and round (a whole swarm resumed together); any other peer, and
   // any disagreement, takes the root's state, so replicas always start identical.
-  flat_.emplace(r.params);
+  runner_ = r.runner;
+  const auto part = r.runner != nullptr ? r.runner->trained_params() : std::nullopt;
+  model_part_ = part.has_value();
+  if (part) {
+    flat_.emplace(r.params, part->params);
+    counted_numel_ = flat_->numel(std::span<const int>(part->params).first(part->counted));
+  } else {
+    flat_.emplace(r.params);
+    counted_numel_ = flat_->numel();
+  }
   allocate(r);
   need_state_ = true;
   if (tensors != nullptr && state.is_object()) {

@@ -42,6 +42,10 @@ class SwarmStrategy : public train::StepHooks {
  public:
   SwarmStrategy(const train::RunConfig& config, net::Collectives& net);
 
+  // The collectives run among these peers only, this one among them (a pipeline stage's
+  // counterparts in the other pipeline replicas); by default the whole swarm. Set before start().
+  void restrict_to(std::vector<net::PeerId> group) { group_ = std::move(group); }
+
   train::StrategyReport report() const override;
   void start(train::Replica& r, const nlohmann::json& state,
              const SafetensorsFile* tensors) override;
@@ -74,6 +78,14 @@ class SwarmStrategy : public train::StepHooks {
   bool all_reduce(Staging& staged, net::WirePrecision precision, const char* what);
   bool all_reduce(Staging& staged, int64_t n, net::WirePrecision precision, const char* what);
 
+  // The elements of a slice of the flat vector (`part`, starting at element `begin`) that count
+  // in model-wide sums: all of them, unless the replica trains a pipeline stage whose tied weight
+  // another stage counts (those lie at the end of flat_).
+  at::Tensor counted(const at::Tensor& part, int64_t begin) const;
+  // Adds up a small float tensor over the other parts of the model (a pipeline's stages: see
+  // StepRunner::sum_over_model); a no-op when the replica holds the whole model.
+  at::Tensor sum_over_model(const at::Tensor& t) const;
+
   net::CollectiveOptions options(net::WirePrecision precision) const;
   // Where the vectors handed to the collectives live: the CPU, or the model's device for a
   // backend that works on device memory (then Staging keeps no host copy).
@@ -83,7 +95,9 @@ class SwarmStrategy : public train::StepHooks {
 
   const train::RunConfig& config_;
   net::Collectives& net_;
-  std::optional<Flat> flat_;  // the model's parameters as one vector (set in start())
+  // The parameters the replica trains (all of them, or a pipeline stage's) as one vector (set in
+  // start()).
+  std::optional<Flat> flat_;
   net::WirePrecision precision_;
   int64_t version_ = 0;     // averages applied to the shared state so far
   bool need_state_ = true;  // this peer's shared state is not known to match the swarm's
@@ -92,6 +106,10 @@ class SwarmStrategy : public train::StepHooks {
   double net_wait_s_ = 0;
 
  private:
+  std::vector<net::PeerId> group_;  // empty: the whole swarm
+  train::StepRunner* runner_ = nullptr;
+  bool model_part_ = false;    // the replica trains part of the model (a pipeline stage)
+  int64_t counted_numel_ = 0;  // the leading elements of flat_ that count in model-wide sums
   // Header fields packed before the strategy's state in a transfer.
   static constexpr int64_t kHeader = 4;
 };

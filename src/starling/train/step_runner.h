@@ -67,6 +67,20 @@ class StepRunner {
   using GradientVisitor = std::function<void(std::span<const int> params)>;
   virtual void visit_gradients(const GradientVisitor& visit) = 0;
 
+  // The parameters this runner trains when it trains only part of the model (a pipeline stage's:
+  // the ones visit_gradients visits); nullopt = all of them. A strategy averages and transfers
+  // only these. The first `counted` count in model-wide sums such as a norm; the rest are counted
+  // by another part (a weight tied to another stage's, which that stage counts).
+  struct ModelPart {
+    std::vector<int> params;  // ParamStore indices
+    size_t counted = 0;
+  };
+  virtual std::optional<ModelPart> trained_params() const { return std::nullopt; }
+  // Adds up `t` (a small float tensor) over the peers that hold the other parts of the model (a
+  // pipeline's other stages), in place; nothing to do for a runner that holds all of it. Every
+  // part calls it at the same point.
+  virtual void sum_over_model(at::Tensor& /*t*/) {}
+
   // Makes every weight and optimizer tensor readable in full (before a state transfer between
   // replicas); a runner that keeps state elsewhere brings it in here.
   virtual void gather() {}

@@ -55,8 +55,17 @@ std::string describe(const Session& s, double peak_gflops) {
          fmt("%.1f", peak_gflops) + " GFLOP/s";
 }
 
+// The strategy's report, the runner's (a pipeline stage's traffic with the other stages), or both:
+// then the strategy's, with the runner's waits added and its figures beside the strategy's.
 std::optional<StrategyReport> report_of(const StepHooks* hooks, const StepRunner& runner) {
-  return hooks ? std::optional<StrategyReport>(hooks->report()) : runner.network_report();
+  std::optional<StrategyReport> own = runner.network_report();
+  if (hooks == nullptr) return own;
+  StrategyReport r = hooks->report();
+  if (own) {
+    r.net_wait_s += own->net_wait_s;
+    r.figures.insert(own->figures.begin(), own->figures.end());
+  }
+  return r;
 }
 
 }  // namespace
