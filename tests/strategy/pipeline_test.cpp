@@ -331,6 +331,12 @@ TEST_F(PipelineRunTest, BadPipelineSettingsAreRefusedBeforeAnyPeerStarts) {
       run_cli("train -q --config " + cfg.string() + " --peers 4 --set pipeline.num_stages=2");
   EXPECT_NE(alone.code, 0);
   EXPECT_NE(alone.output.find("need a strategy"), std::string::npos) << alone.output;
+  const auto few = run_cli("train -q --config " + cfg.string() +
+                           " --peers 2 --set pipeline.num_stages=2 --set pipeline.replicas=2 "
+                           "--set strategy.kind=ddp");
+  EXPECT_NE(few.code, 0);
+  EXPECT_NE(few.output.find("one peer per stage, 4 for pipeline.replicas = 2"), std::string::npos)
+      << few.output;
   const auto fp16 = run_cli("train -q --config " + cfg.string() +
                             " --peers 2 --set pipeline.num_stages=2 --set train.dtype=fp16");
   EXPECT_NE(fp16.code, 0);

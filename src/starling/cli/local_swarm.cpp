@@ -76,10 +76,11 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
     // waiting for it.
     strategy::PipelineConfig placed = config.pipeline;
     strategy::place_pipeline_peer(placed, 0, o.peers);
-    if (config.pipeline.replicas > 0 && placed.replicas * stages != o.peers)
-      throw ConfigError("--peers " + std::to_string(o.peers) + " for " +
-                        std::to_string(placed.replicas) + " replicas of a pipeline of " +
-                        std::to_string(stages) + " stages: a pipeline takes one peer per stage");
+    if (placed.replicas * stages != o.peers)
+      throw ConfigError("--peers " + std::to_string(o.peers) + ": a pipeline of " +
+                        std::to_string(stages) + " stages takes one peer per stage, " +
+                        std::to_string(placed.replicas * stages) + " for pipeline.replicas = " +
+                        std::to_string(placed.replicas));
     if (config.pipeline.stage >= 0 || config.pipeline.replica >= 0)
       throw ConfigError(
           "--peers places each peer itself: drop pipeline.stage and "
