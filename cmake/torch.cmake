@@ -120,6 +120,7 @@ add_executable(starling_tests
   tests/model/config_test.cpp
   tests/model/oracle_test.cpp
   tests/model/hf_gpt2_test.cpp
+  tests/model/build_part_test.cpp
   tests/common/safetensors_test.cpp
   tests/common/cpu_runtime_test.cpp
   tests/train/config_test.cpp

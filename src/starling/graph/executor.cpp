@@ -45,10 +45,14 @@ Executor::Executor(OpDag& dag, ExecutorOptions options) : dag_(dag), options_(op
     for (const auto& name : node.op->param_names()) {
       const auto it =
           std::find_if(all.begin(), all.end(), [&](const Param& p) { return p.name == name; });
-      if (it == all.end())
+      if (it != all.end()) {
+        slots.push_back(static_cast<size_t>(it - all.begin()));
+      } else if (dag_.params().held_elsewhere(name)) {
+        slots.push_back(kHeldElsewhere);  // a node of another peer's part: never run here
+      } else {
         throw std::logic_error("Executor: node " + node.name + " reads parameter " + name +
                                ", which the ParamStore lacks");
-      slots.push_back(static_cast<size_t>(it - all.begin()));
+      }
     }
   }
 }
@@ -57,7 +61,13 @@ std::vector<at::Tensor> Executor::params_of(int node) const {
   const auto& all = dag_.params().params();
   std::vector<at::Tensor> out;
   out.reserve(param_slots_[node].size());
-  for (size_t slot : param_slots_[node]) out.push_back(all[slot].value);
+  for (size_t slot : param_slots_[node]) {
+    if (slot == kHeldElsewhere)
+      throw std::logic_error("Executor: node " + dag_.nodes()[static_cast<size_t>(node)].name +
+                             " reads a parameter that another peer holds; this peer runs only "
+                             "the nodes of its own part of the model");
+    out.push_back(all[slot].value);
+  }
   return out;
 }
 

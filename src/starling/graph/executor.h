@@ -73,6 +73,8 @@ class MicroBatch {
 
 class Executor {
  public:
+  // The DAG's ParamStore may hold only part of the model (ParamStore::held_elsewhere): running a
+  // node whose parameters another peer holds is then a std::logic_error.
   Executor(OpDag& dag, ExecutorOptions options = {});
 
   // Forward and backward of one micro-batch through the whole DAG. The last node's output must be
@@ -111,6 +113,8 @@ class Executor {
   std::vector<at::Tensor> params_of(int node) const;
 
   OpDag& dag_;
+  // A parameter slot of a node whose parameter another peer holds (ParamStore::held_elsewhere).
+  static constexpr size_t kHeldElsewhere = static_cast<size_t>(-1);
   std::vector<std::vector<size_t>> param_slots_;  // per node: indices into dag_.params()
   ExecutorOptions options_;
   std::vector<NodeObserver*> observers_;

@@ -7,16 +7,27 @@
 namespace starling::graph {
 
 at::Tensor ParamStore::add(const std::string& name, at::Tensor value, bool decay) {
-  if (index_.count(name)) throw std::logic_error("parameter registered twice: " + name);
+  if (index_.count(name) || elsewhere_.count(name))
+    throw std::logic_error("parameter registered twice: " + name);
   value = value.detach().requires_grad_(true);
   index_.emplace(name, params_.size());
   params_.push_back(Param{name, value, decay});
   return value;
 }
 
+void ParamStore::add_elsewhere(const std::string& name) {
+  if (index_.count(name) || elsewhere_.count(name))
+    throw std::logic_error("parameter registered twice: " + name);
+  elsewhere_.insert(name);
+  elsewhere_order_.push_back(name);
+}
+
 const Param& ParamStore::get(const std::string& name) const {
   auto it = index_.find(name);
-  if (it == index_.end()) throw std::out_of_range("no parameter named " + name);
+  if (it == index_.end())
+    throw std::out_of_range(elsewhere_.count(name)
+                                ? "parameter " + name + " is held by another peer"
+                                : "no parameter named " + name);
   return params_[it->second];
 }
 

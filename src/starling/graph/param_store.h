@@ -1,5 +1,7 @@
 // The named parameters of a model, in a fixed order. Ops hold handles to these tensors; the
-// optimizer, checkpoints and collectives address them by name.
+// optimizer, checkpoints and collectives address them by name. A peer that runs part of a model (a
+// pipeline stage) holds only that part's parameters; the store also knows the names of the ones
+// held elsewhere, so a checkpoint or a weights file of the whole model still loads into the part.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -7,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace starling::graph {
@@ -23,7 +26,15 @@ class ParamStore {
   // duplicate name: names are built by code, not read from users.
   at::Tensor add(const std::string& name, at::Tensor value, bool decay);
 
+  // Records a parameter of the model that another peer holds: no tensor here, and no entry in
+  // params(). Throws std::logic_error if the name is already known.
+  void add_elsewhere(const std::string& name);
+
   bool contains(const std::string& name) const { return index_.count(name) > 0; }
+  // Whether the model has a parameter of that name that this store does not hold.
+  bool held_elsewhere(const std::string& name) const { return elsewhere_.count(name) > 0; }
+  // The names of the model's parameters held elsewhere, in the order they were recorded.
+  const std::vector<std::string>& elsewhere() const { return elsewhere_order_; }
   // std::out_of_range naming the parameter if absent.
   const Param& get(const std::string& name) const;
   Param& get(const std::string& name);
@@ -41,6 +52,8 @@ class ParamStore {
  private:
   std::vector<Param> params_;
   std::unordered_map<std::string, size_t> index_;
+  std::unordered_set<std::string> elsewhere_;
+  std::vector<std::string> elsewhere_order_;
 };
 
 }  // namespace starling::graph

@@ -15,6 +15,10 @@ class Placement {
   virtual ~Placement() = default;
   // The device the parameter called `name` is created on.
   virtual c10::Device device_of(const std::string& name) const = 0;
+  // Whether this peer holds the parameter at all; false for the parameters of another peer's part
+  // of the model (a pipeline's other stages), which are then only named
+  // (ParamStore::add_elsewhere).
+  virtual bool holds(const std::string& /*name*/) const { return true; }
 };
 
 class OnDevice final : public Placement {

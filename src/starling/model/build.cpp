@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
+#include <set>
 #include <stdexcept>
 
 #include "starling/model/ops/attention.h"
@@ -17,6 +18,8 @@ namespace starling::model {
 namespace {
 
 // Creates parameters in a fixed order from one seeded generator, each where the placement says.
+// A parameter the placement does not hold is only named; its draw is owed, and made (into scratch
+// memory) before the next held parameter's, so every held value is the one the whole model gets.
 class Initializer {
  public:
   Initializer(graph::ParamStore& store, uint64_t seed, const graph::Placement& placement)
@@ -25,12 +28,22 @@ class Initializer {
         placement_(placement) {}
 
   std::string normal(const std::string& name, at::IntArrayRef shape, double std) {
+    if (!placement_.holds(name)) {
+      owed_.push_back({shape.vec(), std});
+      store_.add_elsewhere(name);
+      return name;
+    }
+    pay_owed_draws();
     at::Tensor t = at::empty(shape, at::kFloat);
     t.normal_(0.0, std, gen_);
     store_.add(name, t.to(placement_.device_of(name)), /*decay=*/true);
     return name;
   }
   std::string constant(const std::string& name, at::IntArrayRef shape, double value) {
+    if (!placement_.holds(name)) {
+      store_.add_elsewhere(name);
+      return name;
+    }
     // Norm gains and biases: no weight decay.
     store_.add(
         name,
@@ -40,9 +53,40 @@ class Initializer {
   }
 
  private:
+  struct Draw {
+    std::vector<int64_t> shape;
+    double std;
+  };
+  // The same draws into one reused buffer: a tensor of the same shape, contiguous, takes the same
+  // numbers from the generator as the parameter would have.
+  void pay_owed_draws() {
+    for (const Draw& d : owed_) {
+      int64_t n = 1;
+      for (const int64_t k : d.shape) n *= k;
+      if (scratch_.numel() < n) scratch_ = at::empty({n}, at::kFloat);
+      scratch_.narrow(0, 0, n).view(d.shape).normal_(0.0, d.std, gen_);
+    }
+    owed_.clear();
+  }
+
   graph::ParamStore& store_;
   at::Generator gen_;
   const graph::Placement& placement_;
+  std::vector<Draw> owed_;
+  at::Tensor scratch_ = at::empty({0}, at::kFloat);
+};
+
+// Holds the named parameters on one device, and no others.
+class HoldsOnly final : public graph::Placement {
+ public:
+  HoldsOnly(c10::Device device, std::set<std::string> names)
+      : device_(device), names_(std::move(names)) {}
+  c10::Device device_of(const std::string&) const override { return device_; }
+  bool holds(const std::string& name) const override { return names_.count(name) > 0; }
+
+ private:
+  c10::Device device_;
+  std::set<std::string> names_;
 };
 
 NormParams make_norm(Initializer& init, const ModelConfig& c, const std::string& prefix) {
@@ -109,6 +153,23 @@ std::unique_ptr<graph::OpDag> build_model(const ModelConfig& c, uint64_t seed,
   dag->add_node("loss", std::make_unique<LossOp>(c),
                 {{Source::Kind::kNode, prev}, {Source::Kind::kGraphInput, kTargetsInput}});
   return dag;
+}
+
+std::unique_ptr<graph::OpDag> build_model_part(const ModelConfig& c, uint64_t seed,
+                                               c10::Device device, const NodesOf& part) {
+  // The structure first, with no weights and no draws, to learn what the part's nodes read.
+  const auto skeleton = build_model(c, seed, HoldsOnly(device, {}));
+  graph::StageRange range = part(*skeleton);
+  if (range.last < 0) range.last = skeleton->size() - 1;
+  if (range.first < 0 || range.first > range.last || range.last >= skeleton->size())
+    throw std::out_of_range("build_model_part: nodes [" + std::to_string(range.first) + ", " +
+                            std::to_string(range.last) + "] are not a range of a " +
+                            std::to_string(skeleton->size()) + "-node model");
+  std::set<std::string> read;
+  for (int i = range.first; i <= range.last; ++i)
+    for (const auto& name : skeleton->nodes()[static_cast<size_t>(i)].op->param_names())
+      read.insert(name);
+  return build_model(c, seed, HoldsOnly(device, std::move(read)));
 }
 
 int logits_node(const graph::OpDag& dag) {

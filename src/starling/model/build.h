@@ -11,9 +11,11 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "starling/graph/dag.h"
+#include "starling/graph/executor.h"
 #include "starling/graph/placement.h"
 #include "starling/model/config.h"
 
@@ -31,6 +33,15 @@ std::unique_ptr<graph::OpDag> build_model(const ModelConfig& config, uint64_t se
 // Every parameter on `device`.
 std::unique_ptr<graph::OpDag> build_model(const ModelConfig& config, uint64_t seed,
                                           c10::Device device = c10::kCPU);
+
+// The nodes a peer runs, chosen from the whole model's DAG (which has no weights when it is asked).
+using NodesOf = std::function<graph::StageRange(const graph::OpDag& whole)>;
+// The whole DAG, holding on `device` only the parameters that the nodes `part` picks read (a
+// pipeline stage's); the others are named (ParamStore::held_elsewhere) but take no memory. The
+// held values equal build_model's for the same (config, seed): the skipped parameters' draws are
+// still made, in order, up to the last held one.
+std::unique_ptr<graph::OpDag> build_model_part(const ModelConfig& config, uint64_t seed,
+                                               c10::Device device, const NodesOf& part);
 
 // Index of the node that produces logits ("head").
 int logits_node(const graph::OpDag& dag);

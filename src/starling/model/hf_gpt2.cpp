@@ -69,6 +69,10 @@ void load_hf_gpt2(const std::filesystem::path& file, graph::OpDag& dag, const Mo
                             std::to_string(c.n_layer) + "-layer GPT-2 (model.n_layer too small?)");
     if (!tensor.is_floating_point())
       throw CheckpointError(where + ": tensor \"" + raw + "\" is not floating point");
+    if (dag.params().held_elsewhere(it->second.ours)) {  // another peer's part of the model
+      filled.insert(it->second.ours);
+      continue;
+    }
     at::Tensor value = tensor.to(at::kFloat);
     if (it->second.transpose) {
       if (value.dim() != 2)

@@ -13,6 +13,7 @@ namespace starling::model {
 // Copies the weights into `dag` (built from `config`, which must be arch "gpt2" with tied
 // embeddings). A model with a shorter seq_len takes the first seq_len learned positions.
 // CheckpointError naming the file and tensor when one is missing, unexpected or mis-shaped.
+// Tensors of parameters that `dag` holds elsewhere (a pipeline stage's model) are skipped.
 void load_hf_gpt2(const std::filesystem::path& file, graph::OpDag& dag, const ModelConfig& config);
 
 }  // namespace starling::model

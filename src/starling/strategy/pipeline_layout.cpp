@@ -24,11 +24,9 @@ PipelineLayout::PipelineLayout(const graph::OpDag& dag,
   }
   loss_node_ = n - 1;
 
-  std::map<std::string, int> param_index;
-  const auto& params = dag.params().params();
-  for (size_t i = 0; i < params.size(); ++i) param_index[params[i].name] = static_cast<int>(i);
-  std::vector<std::set<int>> readers(params.size());
-
+  // Each parameter's readers, the parameters in the order the nodes first read them.
+  std::vector<std::string> order;
+  std::map<std::string, std::set<int>> readers;
   const auto& nodes = dag.nodes();
   for (int i = 0; i < n; ++i) {
     const int s = stage_of[static_cast<size_t>(i)];
@@ -40,25 +38,31 @@ PipelineLayout::PipelineLayout(const graph::OpDag& dag,
       auto& to = stages_[static_cast<size_t>(from)].sends[src.index];
       if (std::find(to.begin(), to.end(), s) == to.end()) to.push_back(s);
     }
-    for (const auto& name : nodes[static_cast<size_t>(i)].op->param_names())
-      readers[static_cast<size_t>(param_index.at(name))].insert(s);
+    for (const auto& name : nodes[static_cast<size_t>(i)].op->param_names()) {
+      auto& r = readers[name];
+      if (r.empty()) order.push_back(name);
+      r.insert(s);
+    }
   }
 
-  first_reader_.assign(params.size(), -1);
-  for (size_t p = 0; p < params.size(); ++p) {
-    for (const int s : readers[p])
-      stages_[static_cast<size_t>(s)].params.push_back(static_cast<int>(p));
-    if (!readers[p].empty()) first_reader_[p] = *readers[p].begin();
-    if (readers[p].size() > 1)
-      shared_.push_back(
-          {static_cast<int>(p), std::vector<int>(readers[p].begin(), readers[p].end())});
+  for (size_t id = 0; id < order.size(); ++id) {
+    const std::string& name = order[id];
+    const std::set<int>& r = readers.at(name);
+    for (const int s : r) {
+      auto& own = stages_[static_cast<size_t>(s)].params;
+      if (std::find(own.begin(), own.end(), name) == own.end()) own.push_back(name);
+    }
+    first_reader_[name] = *r.begin();
+    if (r.size() > 1)
+      shared_.push_back({name, static_cast<int>(id), std::vector<int>(r.begin(), r.end())});
   }
   for (auto& st : stages_)
     for (auto& [producer, to] : st.sends) std::sort(to.begin(), to.end());
 }
 
-bool PipelineLayout::counts_in_norm(int s, int param) const {
-  return first_reader_.at(static_cast<size_t>(param)) == s;
+bool PipelineLayout::counts_in_norm(int s, const std::string& name) const {
+  const auto it = first_reader_.find(name);
+  return it != first_reader_.end() && it->second == s;
 }
 
 }  // namespace starling::strategy

@@ -90,11 +90,14 @@ train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerO
   std::vector<net::PeerId> counterparts;
   for (const auto& pipeline : grid) counterparts.push_back(pipeline[static_cast<size_t>(stage)]);
 
-  // A stage holds its own layers only in the sense that it trains only them: the end-of-run
-  // sample would need the whole model on one peer.
+  // The end-of-run sample would need the whole model on one peer.
   train::RunConfig c = config;
   c.train.sample_at_end = false;
   train::TrainOptions t = options.train;
+  // A stage builds, holds, steps and checkpoints only the parameters its nodes read.
+  t.model_part = [&c, stage](int nodes) {
+    return stage_ranges(c.pipeline, nodes).at(static_cast<size_t>(stage));
+  };
   std::unique_ptr<train::StepHooks> hooks;
   if (c.strategy.kind != "none") hooks = make_strategy(c, node, counterparts);
   t.hooks = hooks.get();
@@ -104,8 +107,11 @@ train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerO
     const graph::StageRange r = layout.stage(stage).range;
     std::cerr << "pipeline stage " << stage << ": nodes " << r.first << "-" << r.last << " ("
               << s.dag->nodes()[static_cast<size_t>(r.first)].name << " .. "
-              << s.dag->nodes()[static_cast<size_t>(r.last)].name << "), " << c.pipeline.schedule
-              << " schedule\n";
+              << s.dag->nodes()[static_cast<size_t>(r.last)].name << "), "
+              << s.dag->params().params().size() << " parameters ("
+              << train::fmt("%.1f", static_cast<double>(s.dag->params().bytes()) / 1e6)
+              << " MB; the other stages hold " << s.dag->params().elsewhere().size() << "), "
+              << c.pipeline.schedule << " schedule\n";
     PipelineRunnerOptions o{.stage = stage,
                             .peers = grid[static_cast<size_t>(replica)],
                             .one_f_one_b = c.pipeline.schedule == "1f1b",

@@ -54,6 +54,20 @@ PipelineStepRunner::PipelineStepRunner(net::Node& node, PipelineLayout layout,
     throw std::invalid_argument("PipelineStepRunner: one peer per stage");
   dtypes_ = {c10::ScalarType::Float};
   if (options_.autocast != c10::ScalarType::Float) dtypes_.push_back(options_.autocast);
+  // This stage's parameters as ParamStore indices, in the store's order (the order every
+  // counterpart in another replica uses too).
+  const auto& held = dag_.params().params();
+  for (const std::string& name : layout_.stage(options_.stage).params) {
+    if (!dag_.params().contains(name))
+      throw std::invalid_argument("PipelineStepRunner: stage " + std::to_string(options_.stage) +
+                                  " reads parameter " + name + ", which this peer does not hold");
+    const auto it = std::find_if(held.begin(), held.end(),
+                                 [&](const graph::Param& p) { return p.name == name; });
+    own_.push_back(static_cast<int>(it - held.begin()));
+  }
+  std::sort(own_.begin(), own_.end());
+  for (const int p : own_)
+    counted_.push_back(layout_.counts_in_norm(options_.stage, held[static_cast<size_t>(p)].name));
 }
 
 std::vector<int64_t> PipelineStepRunner::shape_of(int node) const {
@@ -246,25 +260,24 @@ void PipelineStepRunner::all_reduce(at::Tensor& t, const std::vector<int>& stage
 
 at::Tensor PipelineStepRunner::update(double lr, double max_norm, bool skip) {
   at::NoGradGuard no_grad;
-  const StageLayout& st = layout_.stage(options_.stage);
   auto& params = dag_.params().params();
   // Parameters several stages read (a tied embedding and head): each holds its readers' part of
   // the gradient, and every one of those stages needs the sum to step its copy the same way.
   for (const SharedParam& sp : layout_.shared()) {
     if (std::find(sp.stages.begin(), sp.stages.end(), options_.stage) == sp.stages.end()) continue;
-    at::Tensor& value = params[static_cast<size_t>(sp.param)].value;
+    at::Tensor& value = dag_.params().get(sp.name).value;
     if (!value.grad().defined()) value.mutable_grad() = at::zeros_like(value);
     at::Tensor g = value.grad();
-    all_reduce(g, sp.stages, kCollectiveTag | static_cast<uint64_t>(sp.param));
+    all_reduce(g, sp.stages, kCollectiveTag | static_cast<uint64_t>(sp.id));
   }
   // The global norm: each stage's sum of squares over the parameters it counts, added up.
   at::Tensor sumsq = at::zeros({1}, at::TensorOptions(device_).dtype(at::kFloat));
   std::vector<at::Tensor> grads;
-  for (const int p : st.params) {
-    const at::Tensor& g = params[static_cast<size_t>(p)].value.grad();
+  for (size_t i = 0; i < own_.size(); ++i) {
+    const at::Tensor& g = params[static_cast<size_t>(own_[i])].value.grad();
     if (!g.defined()) continue;
     grads.push_back(g);
-    if (layout_.counts_in_norm(options_.stage, p)) sumsq += g.to(at::kFloat).pow(2).sum();
+    if (counted_[i]) sumsq += g.to(at::kFloat).pow(2).sum();
   }
   std::vector<int> all(static_cast<size_t>(layout_.stages()));
   for (int s = 0; s < layout_.stages(); ++s) all[static_cast<size_t>(s)] = s;
@@ -280,12 +293,11 @@ at::Tensor PipelineStepRunner::update(double lr, double max_norm, bool skip) {
 
 std::optional<train::StepRunner::ModelPart> PipelineStepRunner::trained_params() const {
   ModelPart part;
-  const std::vector<int>& params = layout_.stage(options_.stage).params;
-  for (const int p : params)
-    if (layout_.counts_in_norm(options_.stage, p)) part.params.push_back(p);
+  for (size_t i = 0; i < own_.size(); ++i)
+    if (counted_[i]) part.params.push_back(own_[i]);
   part.counted = part.params.size();
-  for (const int p : params)
-    if (!layout_.counts_in_norm(options_.stage, p)) part.params.push_back(p);
+  for (size_t i = 0; i < own_.size(); ++i)
+    if (!counted_[i]) part.params.push_back(own_[i]);
   return part;
 }
 
@@ -296,12 +308,11 @@ void PipelineStepRunner::sum_over_model(at::Tensor& t) {
 }
 
 void PipelineStepRunner::visit_gradients(const GradientVisitor& visit) {
-  const StageLayout& st = layout_.stage(options_.stage);
-  for (const int p : st.params) {
+  for (const int p : own_) {
     at::Tensor& value = dag_.params().params()[static_cast<size_t>(p)].value;
     if (!value.grad().defined()) value.mutable_grad() = at::zeros_like(value);
   }
-  visit(st.params);
+  visit(own_);
 }
 
 at::Tensor PipelineStepRunner::evaluation_loss(graph::Executor& /*executor*/,

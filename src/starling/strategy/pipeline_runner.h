@@ -90,6 +90,8 @@ class PipelineStepRunner : public train::StepRunner {
   data::TokenLoader& loader_;
   c10::Device device_;
   std::vector<c10::ScalarType> dtypes_;  // what activations and gradients may arrive as
+  std::vector<int> own_;                 // ParamStore indices of this stage's parameters, ascending
+  std::vector<bool> counted_;            // per own_ entry: this stage counts it in model-wide sums
   int64_t round_ = 0;                    // steps and evaluation batches so far (message labels)
   uint64_t bytes_sent_ = 0;
   double wait_s_ = 0;     // receiving from other stages

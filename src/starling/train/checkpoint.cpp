@@ -248,7 +248,7 @@ void load_params(const SafetensorsFile& weights, graph::ParamStore& params) {
     p.value.copy_(t);
   }
   for (const auto& [name, _] : weights.tensors)
-    if (!params.contains(name))
+    if (!params.contains(name) && !params.held_elsewhere(name))  // another part's: skipped
       throw CheckpointError(weights.file.string() + ": tensor \"" + name +
                             "\" is not a parameter of this model (different model config?)");
 }

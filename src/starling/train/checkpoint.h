@@ -70,7 +70,9 @@ struct Checkpoint {
 Checkpoint read_checkpoint(const std::filesystem::path& dir);
 
 // Copies checkpoint weights into the model. CheckpointError naming the tensor on a missing or
-// unexpected name or a shape that does not match the model.
+// unexpected name or a shape that does not match the model. A store that holds part of the model
+// takes its own tensors and skips the ones held elsewhere (a whole model's checkpoint loads into a
+// pipeline stage).
 void load_params(const SafetensorsFile& weights, graph::ParamStore& params);
 
 // The RNG state tensor stored in optimizer.safetensors ("rng.cpu").

@@ -74,7 +74,15 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
                       " already holds a checkpoint; pass --resume to continue "
                       "that run, or set train.out_dir to a new directory");
 
-  s->dag = model::build_model(c.model, c.train.seed, s->device);
+  if (options.model_part) {
+    s->dag =
+        model::build_model_part(c.model, c.train.seed, s->device, [&](const graph::OpDag& whole) {
+          const auto [first, last] = options.model_part(whole.size());
+          return graph::StageRange{first, last};
+        });
+  } else {
+    s->dag = model::build_model(c.model, c.train.seed, s->device);
+  }
   s->executor = std::make_unique<graph::Executor>(
       *s->dag, graph::ExecutorOptions{.recompute = c.train.recompute,
                                       .autocast = parse_dtype(c.train.dtype, "train.dtype")});

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "starling/train/config.h"
 #include "starling/train/strategy_report.h"
@@ -34,6 +35,11 @@ struct TrainOptions {
   // Makes the runner that produces each step's gradients and applies the optimizer (e.g. the
   // swapping runner of swap/swap_runner.h); empty runs every step locally (LocalStepRunner).
   std::function<std::unique_ptr<StepRunner>(Session&, ProgressLine&)> step_runner;
+  // The first and last node this peer runs when it trains only part of the model (a pipeline
+  // stage), given the model's node count: the session then holds only the parameters those nodes
+  // read (model::build_model_part), and its optimizer state and checkpoints cover only them.
+  // Empty = the whole model.
+  std::function<std::pair<int, int>(int nodes)> model_part;
 };
 
 struct TrainResult {
