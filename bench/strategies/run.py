@@ -52,7 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.dirname(HERE))  # bench/, for netlab.py
 from netlab import NETLAB, labs_unavailable, netlab  # noqa: E402  (bench/netlab.py)
-from records import read_jsonl  # noqa: E402  (bench/records.py)
+from records import peer_dirs, read_jsonl, steady_tokens_per_s  # noqa: E402  (bench/records.py)
 from report import PEERS, check_targets, print_report, summarize  # noqa: E402  (report.py)
 TORCH_DDP = os.path.join(HERE, "torch_ddp.py")
 PYTHON = "/usr/bin/python3"  # Debian's, which has torch
@@ -75,34 +75,6 @@ def log(msg):
 
 
 # --- reading what a run left behind ------------------------------------------------------------
-
-
-def peer_dirs(run_dir):
-    names = [n for n in os.listdir(run_dir) if n.startswith("peer-") and
-             os.path.isdir(os.path.join(run_dir, n))]
-    return [os.path.join(run_dir, n) for n in sorted(names, key=lambda n: int(n[5:]))]
-
-
-def steady_tokens_per_s(records, skip_steps, end_step):
-    """One peer's tokens/s over the metric windows inside (skip_steps, end_step].
-
-    Each training line carries the tokens/s of its window (the steps since the previous line,
-    communication at round boundaries included, evaluation and checkpoints excluded), so the
-    window's time is its tokens over that rate. Returns (tokens/s, steps measured), or (None, 0)
-    when no window qualifies."""
-    prev_step, prev_tokens = 0, 0
-    tokens = seconds = 0.0
-    steps = 0
-    for r in records:
-        if "loss" not in r or "tokens_per_s" not in r:
-            continue  # an evaluation line
-        window = r["tokens"] - prev_tokens
-        if prev_step >= skip_steps and r["step"] <= end_step and r["tokens_per_s"] > 0:
-            tokens += window
-            seconds += window / r["tokens_per_s"]
-            steps += r["step"] - prev_step
-        prev_step, prev_tokens = r["step"], r["tokens"]
-    return (tokens / seconds if seconds > 0 else None), steps
 
 
 def summarize_run(run_dir, skip_steps, end_step):
