@@ -112,6 +112,27 @@ TEST_P(ExecutorTest, StagesRunAloneGiveTheWholeDagsGradients) {
   }
 }
 
+TEST_P(ExecutorTest, ForwardOnlyStagesBuildNoGraphAndRefuseBackward) {
+  // Evaluation through stages: the same outputs as a training forward, no autograd history.
+  const auto [arch, recompute] = GetParam();
+  const auto c = tiny(arch);
+  auto in = batch(c, 2, 5);
+  auto dag = model::build_model(c, 3);
+  graph::Executor exec(*dag, {.recompute = recompute});
+  const int n = dag->size(), cut = n / 2;
+  graph::MicroBatch a = exec.forward_stage(in, {0, cut - 1}, {}, /*for_backward=*/false);
+  graph::MicroBatch b = exec.forward_stage(in, {cut, n - 1}, a.outputs(), false);
+  graph::MicroBatch ta = exec.forward_stage(in, {0, cut - 1});
+  graph::MicroBatch tb = exec.forward_stage(in, {cut, n - 1}, ta.outputs());
+  // Kernels may differ without autograd (a fused attention), so fp32 rounding is allowed.
+  EXPECT_TRUE(at::allclose(b.outputs().at(n - 1), tb.outputs().at(n - 1), 1e-5, 1e-6));
+  for (const auto& [node, t] : a.outputs()) {
+    EXPECT_TRUE(at::allclose(t, ta.outputs().at(node), 1e-5, 1e-6));
+    EXPECT_FALSE(t.requires_grad());
+  }
+  EXPECT_THROW(exec.backward_stage(b, {{n - 1, at::ones({})}}), std::logic_error);
+}
+
 TEST_P(ExecutorTest, TwoMicroBatchesInFlight) {
   const auto [arch, recompute] = GetParam();
   const auto c = tiny(arch);

@@ -109,7 +109,7 @@ std::vector<at::Tensor> Executor::gather_inputs(int node,
 }
 
 MicroBatch Executor::forward_stage(const std::vector<at::Tensor>& inputs, StageRange range,
-                                   const EdgeTensors& incoming) {
+                                   const EdgeTensors& incoming, bool for_backward) {
   const int n = dag_.size();
   auto& nodes = dag_.nodes();
   MicroBatch mb;
@@ -134,7 +134,11 @@ MicroBatch Executor::forward_stage(const std::vector<at::Tensor>& inputs, StageR
   std::optional<AutocastScope> autocast(std::in_place, mb.device_, options_.autocast);
   for (int i = first; i <= last; ++i) {
     notify(i, Phase::kForward, false);
-    if (options_.recompute) {
+    if (!for_backward) {
+      at::NoGradGuard no_grad;
+      mb.outputs_[i] = nodes[i].op->forward(
+          gather_inputs(i, inputs, mb.outputs_, /*as_leaves=*/false), params_of(i));
+    } else if (options_.recompute) {
       at::NoGradGuard no_grad;
       mb.node_inputs_[i] = gather_inputs(i, inputs, mb.outputs_, /*as_leaves=*/false);
       mb.outputs_[i] = nodes[i].op->forward(mb.node_inputs_[i], params_of(i));
@@ -153,10 +157,13 @@ MicroBatch Executor::forward_stage(const std::vector<at::Tensor>& inputs, StageR
       if (s.kind == Source::Kind::kNode && s.index >= first && s.index <= last)
         mb.boundary_[s.index] = mb.outputs_[s.index].detach();
   if (last == n - 1) mb.boundary_[last] = mb.outputs_[last].detach();
+  mb.forward_only_ = !for_backward;
   return mb;
 }
 
 EdgeTensors Executor::backward_stage(MicroBatch& mb, const EdgeTensors& output_grads) {
+  if (mb.forward_only_)
+    throw std::logic_error("Executor: this micro-batch ran forward only (for_backward = false)");
   if (mb.done_) throw std::logic_error("Executor: this micro-batch already ran backward");
   mb.done_ = true;
   const int n = dag_.size();

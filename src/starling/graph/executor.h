@@ -69,6 +69,7 @@ class MicroBatch {
   std::vector<std::vector<at::Tensor>> node_inputs_;  // per node of the range
   EdgeTensors boundary_;
   bool done_ = false;
+  bool forward_only_ = false;  // made without autograd: no backward
 };
 
 class Executor {
@@ -87,8 +88,10 @@ class Executor {
   // Forward of the nodes in `range`, keeping what their backward needs. `inputs` are the graph
   // inputs (tokens, targets; undefined where the stage reads none); `incoming` holds every
   // activation the range reads from nodes before it. std::invalid_argument names a missing one.
+  // With `for_backward` false (evaluation) nothing is kept for a backward and no autograd graph is
+  // built; backward_stage then refuses the micro-batch.
   MicroBatch forward_stage(const std::vector<at::Tensor>& inputs, StageRange range,
-                           const EdgeTensors& incoming = {});
+                           const EdgeTensors& incoming = {}, bool for_backward = true);
   // Backward of a micro-batch's stage. `output_grads` holds the gradient of each of its outputs()
   // (for the loss node: the seed, e.g. a 0-dim tensor of the loss scale); an output without one
   // gets no gradient. Parameter gradients accumulate; returns the gradients of `incoming`

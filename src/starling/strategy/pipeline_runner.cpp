@@ -110,8 +110,7 @@ at::Tensor PipelineStepRunner::receive(net::Transfer& t, int stage,
   return decode_tensor(bytes, expect, peer_name(stage)).to(device_);
 }
 
-void PipelineStepRunner::forward(InFlight& f, const std::vector<at::Tensor>& batch,
-                                 bool /*training*/) {
+void PipelineStepRunner::forward(InFlight& f, const std::vector<at::Tensor>& batch, bool training) {
   const StageLayout& st = layout_.stage(options_.stage);
   graph::EdgeTensors incoming;
   for (const auto& [producer, from] : st.receives)
@@ -120,7 +119,7 @@ void PipelineStepRunner::forward(InFlight& f, const std::vector<at::Tensor>& bat
                                   .shape = shape_of(producer),
                                   .dtypes = dtypes_});
   const double t0 = train::now_s();
-  f.mb = executor_.forward_stage(batch, st.range, incoming);
+  f.mb = executor_.forward_stage(batch, st.range, incoming, /*for_backward=*/training);
   compute_s_ += train::now_s() - t0;
   for (const auto& [node, t] : f.mb.outputs()) {
     if (node == layout_.loss_node()) {

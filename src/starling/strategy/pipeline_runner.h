@@ -66,6 +66,7 @@ class PipelineStepRunner : public train::StepRunner {
 
  private:
   struct InFlight;  // one micro-batch between its forward and its backward
+  // `training` false (evaluation): no autograd graph, and the micro-batch cannot run backward.
   void forward(InFlight& f, const std::vector<at::Tensor>& batch, bool training);
   void backward(InFlight& f, double seed);
   void send(int stage, const TensorLabel& label, const at::Tensor& t);
