@@ -79,8 +79,8 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
     if (placed.replicas * stages != o.peers)
       throw ConfigError("--peers " + std::to_string(o.peers) + ": a pipeline of " +
                         std::to_string(stages) + " stages takes one peer per stage, " +
-                        std::to_string(placed.replicas * stages) + " for pipeline.replicas = " +
-                        std::to_string(placed.replicas));
+                        std::to_string(placed.replicas * stages) +
+                        " for pipeline.replicas = " + std::to_string(placed.replicas));
     if (config.pipeline.stage >= 0 || config.pipeline.replica >= 0)
       throw ConfigError(
           "--peers places each peer itself: drop pipeline.stage and "
@@ -321,7 +321,16 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
     total_tokens += static_cast<double>(v.tokens) / static_cast<double>(stages);
     longest = std::max(longest, v.elapsed_s);
   }
-  result.tokens_per_s = longest > 0 ? total_tokens / longest : 0;
+  // The swarm's rate is the sum of its peers' own rates over their steps (each pipeline counted
+  // once), as every peer reports it when done: the run's wall time would count evaluations,
+  // checkpoints and the wait for the slowest peer's start as if no one trained meanwhile. Without
+  // every peer's report (one failed), the tokens over the longest run.
+  double rates = 0;
+  for (const auto& d : done_events) rates += d.value("tokens_per_s", 0.0);
+  result.tokens_per_s = static_cast<int>(done_events.size()) == o.peers && rates > 0
+                            ? rates / static_cast<double>(stages)
+                        : longest > 0 ? total_tokens / longest
+                                      : 0;
   // The run's summary for scripts (bench/strategies, the demo's plot).
   std::ofstream(out / "swarm.json")
       << nlohmann::json{{"peers", o.peers},

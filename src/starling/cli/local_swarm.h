@@ -31,7 +31,7 @@ struct LocalSwarmResult {
   int failed_peers = 0;     // peers that exited with an error
   int64_t step = 0;         // the furthest step any peer reached
   double val_loss = -1;     // the last validation loss reported
-  double tokens_per_s = 0;  // the swarm's, over the run
+  double tokens_per_s = 0;  // the sum of the peers' own rates (evaluation and checkpoints excluded)
   std::string sample;       // peer 0's end-of-training sample
 };
 
