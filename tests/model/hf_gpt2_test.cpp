@@ -272,6 +272,28 @@ TEST_F(HfGpt2Errors, LayoutFileImports) {
   EXPECT_TRUE(at::equal(dag->params().get("final_norm.bias").value, file.at("ln_f.bias")));
 }
 
+TEST_F(HfGpt2Errors, APartOfTheModelTakesItsOwnTensors) {
+  // A pipeline stage initialised from Hugging Face weights: its tensors come from the file, the
+  // others' are skipped, and a tensor of the model that the file lacks is still an error.
+  const auto c = fixture_config();
+  auto part = model::build_model_part(c, 1, c10::kCPU, [](const graph::OpDag& whole) {
+    return graph::StageRange{whole.size() / 2, whole.size() - 1};
+  });
+  ASSERT_FALSE(part->params().elsewhere().empty());
+  ASSERT_NO_THROW(model::load_hf_gpt2(file_, *part, c));
+  const auto file = read_safetensors(file_);
+  EXPECT_TRUE(at::equal(part->params().get("final_norm.bias").value, file.at("ln_f.bias")));
+  EXPECT_TRUE(at::equal(part->params().get("embed.tok.weight").value, file.at("wte.weight")));
+  EXPECT_FALSE(part->params().contains("layers.0.attn.qkv.weight"));
+  auto fewer = c;
+  fewer.n_layer = 3;  // the file lacks h.2.*, which this part reads
+  part = model::build_model_part(fewer, 1, c10::kCPU, [](const graph::OpDag& whole) {
+    return graph::StageRange{whole.size() / 2, whole.size() - 1};
+  });
+  expect_error<CheckpointError>([&] { model::load_hf_gpt2(file_, *part, fewer); },
+                                {file_.string(), "\"h.2."});
+}
+
 TEST_F(HfGpt2Errors, WrongWidthNamesTensor) {
   auto c = fixture_config();
   c.d_model = 32;
