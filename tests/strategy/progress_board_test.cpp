@@ -1,7 +1,7 @@
 // atom's progress board between real swarm peers on loopback: announcements reach the other
-// peers and count only for their round, a peer that has not announced in a round yet is projected
-// at its old pace, a ready peer is seen, and a malformed announcement is dropped and counted,
-// never a crash.
+// peers and count only for their round, a peer that has not announced in a round yet counts
+// nothing, a started one is projected at its pace, a ready peer is seen, and a malformed
+// announcement is dropped and counted, never a crash.
 #include "starling/strategy/progress_board.h"
 
 #include <gtest/gtest.h>
@@ -60,10 +60,14 @@ TEST(ProgressBoard, ProjectsPeersAtTheirPace) {
   // Half a second ahead, b will have about 50 more.
   v = a.view(0.5);
   EXPECT_NEAR(v.projected, 60, 5);
-  // A new round: b has not announced yet, but it started when a did, at the same pace.
+  // A new round: until b says it has started (it may still be checkpointing), it counts nothing.
   a.begin_round(2);
   v = a.view(1.0);
   EXPECT_EQ(v.samples, 0);
+  EXPECT_DOUBLE_EQ(v.projected, 0);
+  // Its start announcement: from then on it gains at its pace.
+  b.announce(2, 0, 100.0, false);
+  v = wait_view(a, 1.0, [](const auto& v) { return v.projected > 0; });
   EXPECT_NEAR(v.projected, 100, 5);
   // A ready peer gains nothing more.
   b.announce(2, 30, 100.0, true);

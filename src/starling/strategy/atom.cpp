@@ -25,6 +25,9 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
                                           double loss_scale) {
   const int64_t batch = config_.train.batch_size;
   board_.begin_round(version_);
+  // The others project this peer from the moment they hear it has started, not from their own
+  // starts: a peer may begin a round late (a longer checkpoint, evaluation or swap write-back).
+  board_.announce(version_, 0, pace(), false);
   runner.begin_accumulation();
   at::Tensor loss_sum;
   int64_t mine = 0, micro = 0;

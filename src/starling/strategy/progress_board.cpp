@@ -22,10 +22,7 @@ static_assert(sizeof(Message) == 32);
 
 ProgressBoard::ProgressBoard(net::Node& node) : node_(node) {}
 
-void ProgressBoard::begin_round(int64_t round) {
-  round_ = round;
-  round_start_ = train::now_s();
-}
+void ProgressBoard::begin_round(int64_t round) { round_ = round; }
 
 void ProgressBoard::announce(int64_t round, int64_t samples, double rate, bool ready) {
   const Message m{round, samples, ready ? 1 : 0, rate};
@@ -95,8 +92,11 @@ ProgressBoard::View ProgressBoard::view(double horizon_s) {
   for (const auto& [peer, l] : latest_) {
     if (!receives_.contains(peer) || l.round > round_) continue;
     if (l.round < round_) {
-      // Not heard from in this round yet: it started when this peer did, at its old pace.
-      v.projected += l.rate * (until - round_start_);
+      // Not heard from in this round yet. Every peer announces the start of its round, so it
+      // has not started (or its start is still in flight): it may be checkpointing, evaluating
+      // or writing back, and nothing of it can be counted on. Crediting it at its old pace from
+      // this peer's start made every peer stop at its first micro-batch after a checkpoint that
+      // took some peers longer.
       continue;
     }
     v.samples += l.samples;

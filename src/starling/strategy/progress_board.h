@@ -5,11 +5,11 @@
 // accumulating until the swarm together will hold the target batch by the end of its next
 // micro-batch, or until another peer says it is ready and waits.
 //
-// Counts are projected forward with each peer's announced pace (samples per second), also across
-// the start of a round, before the peer's first announcement of it arrives: peers start a round
-// together (the exchange ends everywhere at once) and keep their pace from round to round. Without
-// that, every peer would see only itself at its first micro-batch of a round and the swarm would
-// overshoot its target by up to a micro-batch per peer. Torch-free.
+// Counts are projected forward with each peer's announced pace (samples per second) from the
+// moment its announcement arrived. Every peer announces the start of its round (0 samples, its
+// pace from the last round), so the others project it from when it really started: the exchange
+// ends everywhere at once, but a checkpoint, an evaluation or a swapped peer's write-back may hold
+// one peer back. A peer not yet heard from in the round counts nothing. Torch-free.
 #pragma once
 
 #include <cstdint>
@@ -64,7 +64,6 @@ class ProgressBoard {
   std::map<net::PeerId, net::Transfer> receives_;  // one posted receive per live member
   std::map<net::PeerId, Latest> latest_;
   int64_t round_ = 0;
-  double round_start_ = 0;
   int64_t rejected_ = 0;
 };
 
