@@ -9,6 +9,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "run_cli.h"
 #include "run_files.h"
@@ -187,6 +188,30 @@ TEST_F(CliTest, BadDataFilesNameTheFile) {
   r = run("train -q --config " + cfg.string() + " --set data.dir=" + (root_ / "absent").string());
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("absent"), std::string::npos) << r.output;
+}
+
+TEST_F(CliTest, ATokenTheModelCannotEmbedNamesTheShardAndPosition) {
+  // Every token of a copy's training shard becomes 4000, past the byte vocabulary of 256: the
+  // first batch must stop with an error naming the shard and the token, not a libtorch trace.
+  const fs::path bad = root_ / "big_tokens";
+  fs::remove_all(bad);
+  fs::copy(root_ / "data", bad, fs::copy_options::recursive);
+  const fs::path shard = bad / "train_000.bin";
+  const auto tokens = (fs::file_size(shard) - 1024) / 2;  // after the 256-int32 header
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(1024);
+    const std::vector<uint16_t> big(tokens, 4000);
+    f.write(reinterpret_cast<const char*>(big.data()),
+            static_cast<std::streamsize>(big.size() * sizeof(uint16_t)));
+  }
+  const fs::path cfg = write_config("big_tokens");
+  const Result r = run("train -q --config " + cfg.string() + " --set data.dir=" + bad.string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("train_000.bin: token 4000 at token index"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("model.vocab_size"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("index out of range"), std::string::npos) << r.output;
 }
 
 TEST_F(CliTest, BadCheckpointsNameTheFile) {

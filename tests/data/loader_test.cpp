@@ -101,6 +101,25 @@ TEST_F(LoaderTest, UnshuffledIsFileOrder) {
   EXPECT_EQ(loader.state().cursor, 2u);
 }
 
+TEST_F(LoaderTest, ATokenOutsideTheVocabularyNamesTheShardAndItsIndex) {
+  // Tokens 0..499 fit a vocabulary of 500: windows 0..30 (tokens 0..496) load, window 31
+  // (tokens 496..512) holds the first token that does not.
+  LoaderOptions o = options(1);
+  o.shuffle = false;
+  o.vocab_size = 500;
+  TokenLoader loader(shards_, o);
+  for (int i = 0; i < 31; ++i) ASSERT_NO_THROW(loader.next()) << "window " << i;
+  try {
+    loader.next();
+    FAIL() << "expected a DataError";
+  } catch (const DataError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("train_000.bin"), std::string::npos) << what;
+    EXPECT_NE(what.find("token 500 at token index 500"), std::string::npos) << what;
+    EXPECT_NE(what.find("model.vocab_size"), std::string::npos) << what;
+  }
+}
+
 TEST_F(LoaderTest, EachEpochIsAPermutationInADifferentOrder) {
   TokenLoader loader(shards_, options(1));
   const auto epoch0 = firsts(loader, kWindows);

@@ -120,9 +120,21 @@ void TokenLoader::fill_row(uint64_t window, int64_t row, Batch& batch) const {
   const uint16_t* tokens = shards_[shard].tokens().data() + first;
   int64_t* inputs = batch.inputs.data() + row * batch.seq_len;
   int64_t* targets = batch.targets.data() + row * batch.seq_len;
+  uint16_t largest = 0;
   for (int64_t t = 0; t < batch.seq_len; ++t) {
     inputs[t] = tokens[t];
     targets[t] = tokens[t + 1];
+    largest = std::max({largest, tokens[t], tokens[t + 1]});
+  }
+  if (options_.vocab_size > 0 && largest >= options_.vocab_size) {
+    for (int64_t t = 0; t <= batch.seq_len; ++t)
+      if (tokens[t] >= options_.vocab_size)
+        throw DataError(shards_[shard].path().string() + ": token " + std::to_string(tokens[t]) +
+                        " at token index " + std::to_string(first + static_cast<uint64_t>(t)) +
+                        " is outside the model's vocabulary of " +
+                        std::to_string(options_.vocab_size) +
+                        " (model.vocab_size); the data was made with a larger vocabulary, or "
+                        "the shard is damaged");
   }
 }
 

@@ -39,6 +39,10 @@ struct LoaderOptions {
   int rank = 0;
   int world = 1;
   bool shuffle = true;  // false: windows in file order (used for evaluation)
+  // The model's vocabulary: a token id at or above it is a DataError naming the shard and the
+  // token's position when its window is read (an embedding would fail on it with no such
+  // context). 0 = any uint16 id is accepted.
+  int64_t vocab_size = 0;
 };
 
 class TokenLoader {
@@ -59,7 +63,8 @@ class TokenLoader {
  private:
   // Makes `order_` this peer's windows of `epoch` (no-op if it already is).
   void build_order(uint64_t epoch);
-  // Copies window `window` (global index) into row `row` of `batch`.
+  // Copies window `window` (global index) into row `row` of `batch`; DataError on a token id
+  // outside options_.vocab_size.
   void fill_row(uint64_t window, int64_t row, Batch& batch) const;
 
   uint64_t total_windows_ = 0;

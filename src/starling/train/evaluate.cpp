@@ -14,7 +14,8 @@ double evaluate(StepRunner& runner, graph::Executor& exec, const data::DatasetIn
                            .seed = c.train.seed,
                            .rank = 0,
                            .world = 1,
-                           .shuffle = false};
+                           .shuffle = false,
+                           .vocab_size = c.model.vocab_size};
   data::TokenLoader val(ds.val_shards, opts);
   at::Tensor total = at::zeros({}, at::TensorOptions(at::kDouble).device(device));
   for (int64_t i = 0; i < c.train.eval_batches; ++i)

@@ -94,13 +94,14 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
                                                              // A swapping runner takes the moments
                                                              // over as zeros in its tier.
                                                              .defer_zero_state = c.swap.enabled()});
-  s->loader = std::make_unique<data::TokenLoader>(ds.train_shards,
-                                                  data::LoaderOptions{.seq_len = c.model.seq_len,
-                                                                      .batch = c.train.batch_size,
-                                                                      .seed = c.train.seed,
-                                                                      .rank = options.data_rank,
-                                                                      .world = options.data_world,
-                                                                      .shuffle = true});
+  s->loader = std::make_unique<data::TokenLoader>(
+      ds.train_shards, data::LoaderOptions{.seq_len = c.model.seq_len,
+                                           .batch = c.train.batch_size,
+                                           .seed = c.train.seed,
+                                           .rank = options.data_rank,
+                                           .world = options.data_world,
+                                           .shuffle = true,
+                                           .vocab_size = c.model.vocab_size});
   s->replica = std::make_unique<Replica>(Replica{c, s->dag->params(), *s->optimizer});
 
   if (options.resume && has_checkpoint) {
