@@ -215,6 +215,27 @@ class PipelineRunTest : public ::testing::Test {
     return path;
   }
 
+  // Starts `starling train <args>` in the background with its output in `log`; returns the
+  // launcher's pid (so a test can kill one of its peers and watch the rest).
+  static pid_t launch(const std::string& args, const fs::path& log) {
+    FILE* p = ::popen(("sh -c '" + std::string(STARLING_CLI_PATH) + " train -q " + args + " >" +
+                       log.string() + " 2>&1 & echo $!'")
+                          .c_str(),
+                      "r");
+    if (p == nullptr) return -1;
+    char buf[64] = {};
+    const bool read = std::fgets(buf, sizeof buf, p) != nullptr;
+    ::pclose(p);
+    return read ? std::stoi(buf) : -1;
+  }
+  // Lines in a file so far (records of a metrics.jsonl being written); 0 if absent.
+  static int lines(const fs::path& f) {
+    std::ifstream in(f);
+    int n = 0;
+    for (std::string line; std::getline(in, line);) ++n;
+    return n;
+  }
+
   static fs::path root_;
 };
 fs::path PipelineRunTest::root_;
@@ -388,25 +409,14 @@ TEST_F(PipelineRunTest, AKilledStageStopsThePipelineWithAClearError) {
   const fs::path run = root_ / "run_kill";
   const fs::path log = root_ / "kill.log";
   // The swarm in the background (its pid on stdout), 3 stages and many steps.
-  FILE* p =
-      ::popen(("sh -c '" + std::string(STARLING_CLI_PATH) + " train -q --config " + cfg.string() +
-               " --peers 3 --set pipeline.num_stages=3 --set train.steps=100000 "
-               "--set train.eval_every=0 --set net.peer_timeout_ms=2000 >" +
-               log.string() + " 2>&1 & echo $!'")
-                  .c_str(),
-              "r");
-  ASSERT_NE(p, nullptr);
-  char buf[64] = {};
-  ASSERT_NE(std::fgets(buf, sizeof buf, p), nullptr);
-  ::pclose(p);
-  const pid_t launcher = std::stoi(buf);
+  const pid_t launcher = launch("--config " + cfg.string() +
+                                    " --peers 3 --set pipeline.num_stages=3 --set "
+                                    "train.steps=100000 --set train.eval_every=0 --set "
+                                    "net.peer_timeout_ms=2000",
+                                log);
+  ASSERT_GT(launcher, 0);
   // Until stage 1 has trained a few steps.
-  auto records = [&](const fs::path& f) {
-    std::ifstream in(f);
-    int n = 0;
-    for (std::string line; std::getline(in, line);) ++n;
-    return n;
-  };
+  const auto records = lines;
   for (int i = 0; i < 600 && records(run / "peer-1" / "metrics.jsonl") < 3; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   ASSERT_GE(records(run / "peer-1" / "metrics.jsonl"), 3) << starling::testing::read_file(log);
@@ -520,25 +530,13 @@ TEST_F(PipelineRunTest, AKilledStageStopsItsPipelineWhileTheOtherReplicaGoesOn) 
   const fs::path cfg = config("kill_replica", "gpt2-tiny", 2, false);
   const fs::path run = root_ / "run_kill_replica";
   const fs::path log = root_ / "kill_replica.log";
-  FILE* p =
-      ::popen(("sh -c '" + std::string(STARLING_CLI_PATH) + " train -q --config " + cfg.string() +
-               " --peers 4 --set pipeline.num_stages=2 --set strategy.kind=ddp "
-               "--set train.steps=150 --set train.eval_every=0 "
-               "--set net.peer_timeout_ms=2000 >" +
-               log.string() + " 2>&1 & echo $!'")
-                  .c_str(),
-              "r");
-  ASSERT_NE(p, nullptr);
-  char buf[64] = {};
-  ASSERT_NE(std::fgets(buf, sizeof buf, p), nullptr);
-  ::pclose(p);
-  const pid_t launcher = std::stoi(buf);
-  auto records = [&](const fs::path& f) {
-    std::ifstream in(f);
-    int n = 0;
-    for (std::string line; std::getline(in, line);) ++n;
-    return n;
-  };
+  const pid_t launcher = launch("--config " + cfg.string() +
+                                    " --peers 4 --set pipeline.num_stages=2 --set "
+                                    "strategy.kind=ddp --set train.steps=150 --set "
+                                    "train.eval_every=0 --set net.peer_timeout_ms=2000",
+                                log);
+  ASSERT_GT(launcher, 0);
+  const auto records = lines;
   for (int i = 0; i < 600 && records(run / "peer-3" / "metrics.jsonl") < 3; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   ASSERT_GE(records(run / "peer-3" / "metrics.jsonl"), 3) << starling::testing::read_file(log);
