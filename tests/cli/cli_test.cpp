@@ -2,8 +2,10 @@
 // training straight through, and bad input of every kind ends in a clear error (exit code 2, a
 // message naming what was wrong) instead of a crash.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -212,6 +214,74 @@ TEST_F(CliTest, ATokenTheModelCannotEmbedNamesTheShardAndPosition) {
       << r.output;
   EXPECT_NE(r.output.find("model.vocab_size"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("index out of range"), std::string::npos) << r.output;
+}
+
+// A disk that fills up: small tmpfs mounts in a private mount namespace (root only; CI is root).
+// A checkpoint of this model takes 272 KB (estimated at about 340 KB): 500 KB hold one, 760 KB two
+// but not three.
+// With "stop" the run ends at the checkpoint that does not fit, naming the directory and the
+// bytes, the previous checkpoint intact and nothing half-written left; after room is made,
+// --resume goes on. With "continue" it trains to the end and only the last checkpoint is an
+// error. With keep_checkpoints = 2 the older checkpoint is removed early to make room.
+TEST_F(CliTest, AFullDiskKeepsThePreviousCheckpointAndStopsOrGoesOn) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs (CI runs as root)";
+  if (std::system("unshare -m true >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "unshare -m is not available here (no mount namespaces)";
+  const fs::path cfg = write_config("full_disk");
+  const fs::path d = root_ / "full_disk";
+  fs::remove_all(d);
+  const fs::path script = root_ / "full_disk.sh";
+  std::ofstream(script) << "d=" << d.string() << "\nS=" << STARLING_CLI_PATH
+                        << "\nCFG=" << cfg.string() << R"SH(
+mkdir -p $d/a $d/b $d/c
+mount -t tmpfs -o size=500k tmpfs $d/a || { echo MOUNT_FAILED; exit 0; }
+mount -t tmpfs -o size=500k tmpfs $d/b
+mount -t tmpfs -o size=760k tmpfs $d/c
+run() { out=$1; shift; $S train -q --config $CFG --set train.steps=6 --set train.checkpoint_every=2 \
+  --set train.eval_every=0 --set train.log_every=1 --set "train.out_dir=\"$out\"" "$@"; }
+run $d/a/run --set train.keep_checkpoints=1; echo "A_EXIT=$?"
+echo "A_FILES=$(ls -A $d/a/run/checkpoints | tr '\n' ' ')"
+echo "A_LATEST=$(cat $d/a/run/checkpoints/latest)"
+mount -o remount,size=8m $d/a
+run $d/a/run --set train.keep_checkpoints=1 --resume; echo "A_RESUME_EXIT=$?"
+echo "A_AFTER=$(cat $d/a/run/checkpoints/latest)"
+run $d/b/run --set train.keep_checkpoints=1 --set 'train.on_checkpoint_error="continue"'
+echo "B_EXIT=$?"
+echo "B_STEPS=$(grep -c '"loss"' $d/b/run/metrics.jsonl)"
+echo "B_FILES=$(ls -A $d/b/run/checkpoints | tr '\n' ' ')"
+run $d/c/run --set train.keep_checkpoints=2; echo "C_EXIT=$?"
+echo "C_FILES=$(ls -A $d/c/run/checkpoints | tr '\n' ' ')"
+)SH";
+  FILE* p = ::popen(("unshare -m sh " + script.string() + " 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  ::pclose(p);
+  if (out.find("MOUNT_FAILED") != std::string::npos)
+    GTEST_SKIP() << "cannot mount a tmpfs here: " << out;
+  auto has = [&](const std::string& s) { return out.find(s) != std::string::npos; };
+
+  // stop: the checkpoint of step 4 does not fit beside step 2's.
+  EXPECT_TRUE(has("A_EXIT=2")) << out;
+  EXPECT_TRUE(has((d / "a" / "run" / "checkpoints").string() +
+                  ": the checkpoint of step_00000004 needs about"))
+      << out;
+  EXPECT_TRUE(has("MB free; the newest checkpoint, step_00000002, is intact; free some space"))
+      << out;
+  EXPECT_TRUE(has("A_FILES=latest step_00000002 \n")) << out;  // no .tmp- left behind
+  EXPECT_TRUE(has("A_LATEST=step_00000002")) << out;
+  EXPECT_TRUE(has("A_RESUME_EXIT=0")) << out;
+  EXPECT_TRUE(has("A_AFTER=step_00000006")) << out;
+  // continue: step 4's checkpoint is skipped, training reaches step 6, whose checkpoint must fit.
+  EXPECT_TRUE(has("checkpoint at step 4 skipped")) << out;
+  EXPECT_TRUE(has("B_EXIT=2")) << out;
+  EXPECT_TRUE(has("B_STEPS=6")) << out;
+  EXPECT_TRUE(has("B_FILES=latest step_00000002 \n")) << out;
+  // keep 2: step 2's checkpoint makes room for step 6's.
+  EXPECT_TRUE(has("removed checkpoint step_00000002 to make room for step_00000006")) << out;
+  EXPECT_TRUE(has("C_EXIT=0")) << out;
+  EXPECT_TRUE(has("C_FILES=latest step_00000004 step_00000006 \n")) << out;
 }
 
 TEST_F(CliTest, BadCheckpointsNameTheFile) {

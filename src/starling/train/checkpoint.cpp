@@ -116,18 +116,81 @@ void prune(const fs::path& ckpt_dir, int keep, const std::string& current) {
 
 namespace {
 
-fs::path save_checkpoint_unchecked(const fs::path& run_dir, const graph::ParamStore& params,
-                                   const AdamW& optimizer, const CheckpointMeta& meta,
-                                   const SaveOptions& options) {
+// Bytes a checkpoint of this state takes on disk, headers and meta.json included (an estimate
+// from above: the tensors exactly, the rest generously).
+uint64_t checkpoint_bytes(const graph::ParamStore& params, const AdamW& optimizer,
+                          const SaveOptions& options) {
+  uint64_t n = 64 << 10;  // meta.json, the RNG state
+  auto add = [&](const at::Tensor& t) {
+    // The tensor, its safetensors header entry, and a page of file-system slack.
+    n += static_cast<uint64_t>(t.numel()) * static_cast<uint64_t>(t.element_size()) + 256;
+  };
+  for (const auto& p : params.params()) add(p.value);
+  for (const auto& [name, t] : optimizer.state()) add(t);
+  for (const auto& [name, t] : options.strategy_tensors) add(t);
+  if (!options.tokenizer_model.empty()) {
+    std::error_code ec;
+    const auto size = fs::file_size(options.tokenizer_model, ec);
+    if (!ec) n += size;
+  }
+  return n;
+}
+
+std::string megabytes(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MB", static_cast<double>(bytes) / 1e6);
+  return buf;
+}
+
+// The complete checkpoints of `ckpt_dir`, oldest first.
+std::vector<std::string> checkpoint_names(const fs::path& ckpt_dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(ckpt_dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("step_", 0) == 0 && e.is_directory()) names.push_back(n);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// The disk cannot hold the next checkpoint (the message names the directory and the bytes).
+struct NoRoom : CheckpointError {
+  using CheckpointError::CheckpointError;
+};
+
+// Frees room for a checkpoint of `needed` bytes before writing it: leftovers of interrupted saves
+// first, then the oldest checkpoints while more than one is kept; the newest complete one is never
+// touched. NoRoom when the disk still cannot hold it.
+void make_room(const fs::path& ckpt_dir, uint64_t needed, const std::string& name,
+               const SaveOptions& options) {
+  auto available = [&] { return fs::space(ckpt_dir).available; };
+  if (available() >= needed) return;
+  for (const auto& e : fs::directory_iterator(ckpt_dir))
+    if (e.path().filename().string().rfind(".tmp-", 0) == 0) fs::remove_all(e.path());
+  std::vector<std::string> names = checkpoint_names(ckpt_dir);
+  std::erase(names, name);  // a re-save of this step replaces it only once the new one is whole
+  for (size_t i = 0; i + 1 < names.size() && available() < needed; ++i) {
+    fs::remove_all(ckpt_dir / names[i]);
+    if (options.on_note)
+      options.on_note("removed checkpoint " + names[i] + " to make room for " + name);
+  }
+  if (const uint64_t free = available(); free < needed)
+    throw NoRoom(ckpt_dir.string() + ": the checkpoint of " + name + " needs about " +
+                 megabytes(needed) + " and the disk has " + megabytes(free) + " free" +
+                 (names.empty() ? std::string()
+                                : "; the newest checkpoint, " + names.back() + ", is intact"));
+}
+
+fs::path save_checkpoint_unchecked(const fs::path& run_dir, const fs::path& tmp,
+                                   const graph::ParamStore& params, const AdamW& optimizer,
+                                   const CheckpointMeta& meta, const SaveOptions& options) {
   auto stage = [&](const char* s) {
     if (options.on_stage) options.on_stage(s);
   };
   const fs::path ckpt_dir = run_dir / "checkpoints";
   std::error_code ec;
-  fs::create_directories(ckpt_dir, ec);
-  if (ec) throw CheckpointError(ckpt_dir.string() + ": cannot create: " + ec.message());
   const std::string name = step_name(meta.step);
-  const fs::path tmp = ckpt_dir / (".tmp-" + name + "-" + std::to_string(::getpid()));
+  make_room(ckpt_dir, checkpoint_bytes(params, optimizer, options), name, options);
   fs::remove_all(tmp);
   fs::create_directory(tmp);
 
@@ -184,12 +247,31 @@ fs::path save_checkpoint_unchecked(const fs::path& run_dir, const graph::ParamSt
 fs::path save_checkpoint(const fs::path& run_dir, const graph::ParamStore& params,
                          const AdamW& optimizer, const CheckpointMeta& meta,
                          const SaveOptions& options) {
+  const fs::path ckpt_dir = run_dir / "checkpoints";
+  std::error_code ec;
+  fs::create_directories(ckpt_dir, ec);
+  if (ec) throw CheckpointError(ckpt_dir.string() + ": cannot create: " + ec.message());
+  const fs::path tmp =
+      ckpt_dir / (".tmp-" + step_name(meta.step) + "-" + std::to_string(::getpid()));
+  // Disk full, permissions, a vanished directory: the previous checkpoint is untouched, and what
+  // this save wrote is removed so that it takes no room.
+  auto failed = [&](const std::string& why) {
+    fs::remove_all(tmp, ec);
+    std::string room;
+    if (const auto space = fs::space(ckpt_dir, ec); !ec)
+      room = " (it needs about " + megabytes(checkpoint_bytes(params, optimizer, options)) + "; " +
+             megabytes(space.available) + " free now)";
+    return CheckpointError("saving a checkpoint in " + ckpt_dir.string() + " failed" + room + ": " +
+                           why);
+  };
   try {
-    return save_checkpoint_unchecked(run_dir, params, optimizer, meta, options);
+    return save_checkpoint_unchecked(run_dir, tmp, params, optimizer, meta, options);
   } catch (const fs::filesystem_error& e) {
-    // Disk full, permissions, a vanished directory: the previous checkpoint is untouched.
-    throw CheckpointError("saving a checkpoint in " + (run_dir / "checkpoints").string() +
-                          " failed: " + e.what());
+    throw failed(e.what());
+  } catch (const NoRoom&) {
+    throw;  // nothing was written
+  } catch (const CheckpointError& e) {
+    throw failed(e.what());
   }
 }
 

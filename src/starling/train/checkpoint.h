@@ -40,6 +40,9 @@ struct SaveOptions {
   // Called after each stage ("model", "optimizer", "meta", "renamed", "committed"): progress
   // reporting, and crash tests that kill the process between stages.
   std::function<void(const std::string& stage)> on_stage;
+  // Told what a save did besides writing: older checkpoints removed early to make room when the
+  // disk could not hold one more (the newest complete one is never removed).
+  std::function<void(const std::string& note)> on_note;
   // Written beside the optimizer state in optimizer.safetensors (names start with "strategy.").
   std::vector<std::pair<std::string, at::Tensor>> strategy_tensors;
   // Reads each weight and optimizer tensor just before it is written (write_safetensors): a step
@@ -48,7 +51,11 @@ struct SaveOptions {
   TensorReader read_state;
 };
 
-// Saves into <run_dir>/checkpoints and returns the new checkpoint directory.
+// Saves into <run_dir>/checkpoints and returns the new checkpoint directory. Checks the free
+// space first, removing older checkpoints (never the newest) if that makes room; CheckpointError
+// naming the directory, the bytes the checkpoint needs and those free when the disk cannot hold
+// it, or when a write fails (a disk that fills meanwhile): what the save wrote is removed, and the
+// previous checkpoints and `latest` are as they were.
 std::filesystem::path save_checkpoint(const std::filesystem::path& run_dir,
                                       const graph::ParamStore& params, const AdamW& optimizer,
                                       const CheckpointMeta& meta, const SaveOptions& options);

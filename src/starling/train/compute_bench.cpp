@@ -13,9 +13,9 @@
 #include "starling/model/build.h"
 #include "starling/train/adamw.h"
 #include "starling/train/loss_scaler.h"
+#include "starling/train/metrics.h"
 #include "starling/train/precision.h"
 #include "starling/train/trace_profiler.h"
-#include "starling/train/metrics.h"
 
 namespace starling::train {
 

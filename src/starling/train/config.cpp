@@ -68,6 +68,10 @@ std::vector<Key> bind(RunConfig& c) {
                       "steps between checkpoints; 0 = only at the end"));
   k.push_back(
       int32_key("train", "keep_checkpoints", &t.keep_checkpoints, 1, "newest checkpoints kept"));
+  k.push_back(string_key("train", "on_checkpoint_error", &t.on_checkpoint_error,
+                         "a periodic checkpoint that fails (full disk): \"stop\" the run or "
+                         "\"continue\" and retry at the next one",
+                         {"stop", "continue"}));
   k.push_back(string_key("train", "out_dir", &t.out_dir,
                          "run directory: checkpoints, metrics.jsonl, config.toml"));
   k.push_back(float_key("train", "peak_tflops", &t.peak_tflops, 0,

@@ -40,6 +40,9 @@ struct TrainConfig {
   int64_t eval_batches = 20;   // micro-batches per validation pass
   int64_t checkpoint_every = 500;  // steps between checkpoints; 0 = only at the end
   int keep_checkpoints = 2;        // newest checkpoints kept in out_dir
+  // A periodic checkpoint that cannot be written (a full disk): "stop" the run with the error, or
+  // "continue" training and try again at the next one. The last checkpoint must always succeed.
+  std::string on_checkpoint_error = "stop";
   std::string out_dir = "runs/default";
   double peak_tflops = 0;     // device peak for MFU; 0 = measure with a matmul probe
   std::string init_from;      // Hugging Face GPT-2 model.safetensors to start from

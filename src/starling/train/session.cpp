@@ -134,10 +134,12 @@ fs::path Session::save(StepHooks* hooks) {
       run_dir(), dag->params(), *optimizer, meta,
       {.keep = config.train.keep_checkpoints,
        .tokenizer_model = dataset.tokenizer_model.empty() ? "" : dataset.tokenizer_model.string(),
+       .on_note = [](const std::string& note) { std::cerr << note << "\n"; },
        .strategy_tensors = std::move(strategy_tensors),
-       .read_state = [this](const at::Tensor& t) {
-         return replica->runner != nullptr ? replica->runner->read_state(t) : t;
-       }});
+       .read_state =
+           [this](const at::Tensor& t) {
+             return replica->runner != nullptr ? replica->runner->read_state(t) : t;
+           }});
 }
 
 }  // namespace starling::train

@@ -171,9 +171,18 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
       reporter.eval(replica.step, s.val_loss, replica.tokens);
     }
     if (crossed(c.train.checkpoint_every, std::max<int64_t>(saved_step, 0)) || final_step) {
-      last_ckpt = s.save(hooks);
+      try {
+        last_ckpt = s.save(hooks);
+        progress.note("checkpoint " + last_ckpt.string());
+      } catch (const CheckpointError& e) {
+        // Nothing of the failed save is left, and the previous checkpoints are as they were.
+        if (final_step || c.train.on_checkpoint_error != "continue")
+          throw CheckpointError(std::string(e.what()) +
+                                "; free some space and continue with --resume");
+        progress.log("checkpoint at step " + std::to_string(replica.step) + " skipped: " +
+                     e.what() + "; training goes on (train.on_checkpoint_error = \"continue\")");
+      }
       saved_step = replica.step;
-      progress.note("checkpoint " + last_ckpt.string());
     }
   }
   if (const std::string note = runner.report(); !note.empty()) progress.log(note);
