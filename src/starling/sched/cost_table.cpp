@@ -1,0 +1,162 @@
+#include "starling/sched/cost_table.h"
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "starling/common/error.h"
+
+namespace starling::sched {
+namespace {
+
+using nlohmann::json;
+
+const json& field(const json& j, const char* key, const std::string& where) {
+  if (!j.is_object() || !j.contains(key)) throw ConfigError(where + ": missing \"" + key + "\"");
+  return j.at(key);
+}
+
+double number(const json& j, const char* key, const std::string& where) {
+  const json& v = field(j, key, where);
+  if (!v.is_number()) throw ConfigError(where + "." + key + ": expected a number");
+  return v.get<double>();
+}
+
+int64_t integer(const json& j, const char* key, const std::string& where) {
+  const json& v = field(j, key, where);
+  if (!v.is_number_integer()) throw ConfigError(where + "." + key + ": expected an integer");
+  return v.get<int64_t>();
+}
+
+std::string text(const json& j, const char* key, const std::string& where) {
+  const json& v = field(j, key, where);
+  if (!v.is_string()) throw ConfigError(where + "." + key + ": expected a string");
+  return v.get<std::string>();
+}
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw ConfigError(what);
+}
+
+}  // namespace
+
+LinkCost CostTable::link(size_t a, size_t b) const {
+  const LinkCost& x = links.at(a).at(b);
+  const LinkCost& y = links.at(b).at(a);
+  return {std::min(x.bytes_per_s, y.bytes_per_s), std::max(x.latency_s, y.latency_s)};
+}
+
+void CostTable::validate(const std::string& where) const {
+  check(!nodes.empty(), where + ": no nodes");
+  check(!devices.empty(), where + ": no devices");
+  check(micro_batches >= 1, where + ": micro_batches must be at least 1");
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const std::string at = where + ": nodes[" + std::to_string(i) + "] (" + nodes[i].name + ")";
+    check(std::isfinite(nodes[i].compute_s) && nodes[i].compute_s >= 0,
+          at + ": compute_s must be a finite time >= 0");
+    check(nodes[i].param_bytes >= 0 && nodes[i].cut_bytes >= 0, at + ": negative bytes");
+  }
+  for (size_t d = 0; d < devices.size(); ++d)
+    check(std::isfinite(devices[d].speed) && devices[d].speed > 0,
+          where + ": devices[" + std::to_string(d) + "] (" + devices[d].name +
+              "): speed must be > 0");
+  check(links.size() == devices.size(), where + ": links must be a " +
+                                            std::to_string(devices.size()) + " x " +
+                                            std::to_string(devices.size()) + " matrix");
+  for (size_t a = 0; a < links.size(); ++a) {
+    check(links[a].size() == devices.size(), where + ": links[" + std::to_string(a) +
+                                                 "] must have " + std::to_string(devices.size()) +
+                                                 " entries");
+    for (size_t b = 0; b < links.size(); ++b) {
+      if (a == b) continue;
+      const LinkCost& l = links[a][b];
+      const std::string at = where + ": links[" + std::to_string(a) + "][" + std::to_string(b) +
+                             "] (" + devices[a].name + " to " + devices[b].name + ")";
+      check(std::isfinite(l.bytes_per_s) && l.bytes_per_s > 0, at + ": bytes_per_s must be > 0");
+      check(std::isfinite(l.latency_s) && l.latency_s >= 0, at + ": latency_s must be >= 0");
+    }
+  }
+}
+
+json to_json(const CostTable& t) {
+  json nodes = json::array(), devices = json::array(), links = json::array();
+  for (const auto& n : t.nodes)
+    nodes.push_back({{"name", n.name},
+                     {"compute_s", n.compute_s},
+                     {"param_bytes", n.param_bytes},
+                     {"cut_bytes", n.cut_bytes}});
+  for (const auto& d : t.devices) devices.push_back({{"name", d.name}, {"speed", d.speed}});
+  for (const auto& row : t.links) {
+    json r = json::array();
+    for (const auto& l : row)
+      r.push_back({{"bytes_per_s", l.bytes_per_s}, {"latency_s", l.latency_s}});
+    links.push_back(r);
+  }
+  return {{"format", "starling-cost-table"},
+          {"version", 1},
+          {"micro_batches", t.micro_batches},
+          {"nodes", nodes},
+          {"devices", devices},
+          {"links", links}};
+}
+
+CostTable cost_table_from_json(const json& j, const std::string& where) {
+  check(j.is_object(), where + ": expected a JSON object");
+  check(j.value("format", "") == "starling-cost-table",
+        where + ": \"format\" must be \"starling-cost-table\"");
+  CostTable t;
+  t.micro_batches = integer(j, "micro_batches", where);
+  const json& nodes = field(j, "nodes", where);
+  check(nodes.is_array(), where + ".nodes: expected an array");
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const std::string at = where + ".nodes[" + std::to_string(i) + "]";
+    t.nodes.push_back({.name = text(nodes[i], "name", at),
+                       .compute_s = number(nodes[i], "compute_s", at),
+                       .param_bytes = integer(nodes[i], "param_bytes", at),
+                       .cut_bytes = integer(nodes[i], "cut_bytes", at)});
+  }
+  const json& devices = field(j, "devices", where);
+  check(devices.is_array(), where + ".devices: expected an array");
+  for (size_t i = 0; i < devices.size(); ++i) {
+    const std::string at = where + ".devices[" + std::to_string(i) + "]";
+    t.devices.push_back(
+        {.name = text(devices[i], "name", at), .speed = number(devices[i], "speed", at)});
+  }
+  const json& links = field(j, "links", where);
+  check(links.is_array(), where + ".links: expected an array of arrays");
+  for (size_t a = 0; a < links.size(); ++a) {
+    check(links[a].is_array(), where + ".links[" + std::to_string(a) + "]: expected an array");
+    auto& row = t.links.emplace_back();
+    for (size_t b = 0; b < links[a].size(); ++b) {
+      const std::string at = where + ".links[" + std::to_string(a) + "][" + std::to_string(b) + "]";
+      if (a == b) {
+        row.push_back({});
+        continue;
+      }
+      row.push_back({.bytes_per_s = number(links[a][b], "bytes_per_s", at),
+                     .latency_s = number(links[a][b], "latency_s", at)});
+    }
+  }
+  t.validate(where);
+  return t;
+}
+
+CostTable read_cost_table(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) throw ConfigError(file.string() + ": cannot open the cost table");
+  json j;
+  try {
+    in >> j;
+  } catch (const json::exception& e) {
+    throw ConfigError(file.string() + ": not valid JSON: " + e.what());
+  }
+  return cost_table_from_json(j, file.string());
+}
+
+void write_cost_table(const std::filesystem::path& file, const CostTable& t) {
+  std::ofstream out(file);
+  out << to_json(t).dump(2) << "\n";
+  if (!out) throw ConfigError(file.string() + ": cannot write the cost table");
+}
+
+}  // namespace starling::sched

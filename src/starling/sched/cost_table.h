@@ -1,0 +1,58 @@
+// What the pipeline scheduler weighs (FusionLLM's workload estimate): per node of the model's
+// OP-DAG, its time on a reference device and the bytes a cut right after it sends; per device, its
+// speed against that reference; per pair of devices, the link's bandwidth and latency. One table,
+// saved as JSON, that OP-Fence (op_fence.h) reads. Torch-free: the profiler that measures it lives
+// with the model, this is only the numbers and their checks.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+namespace starling::sched {
+
+struct NodeCost {
+  std::string name;
+  // Forward plus backward of one micro-batch on the reference device (speed 1).
+  double compute_s = 0;
+  int64_t param_bytes = 0;
+  // Bytes of the activations a cut right after this node sends forward (the outputs of this and
+  // earlier nodes that later nodes read); the same bytes of their gradients travel back. 0 for the
+  // last node.
+  int64_t cut_bytes = 0;
+};
+
+struct DeviceCost {
+  std::string name;
+  double speed = 1;  // throughput against the reference device: a node takes compute_s / speed
+};
+
+struct LinkCost {
+  double bytes_per_s = 0;  // 0 = no link
+  double latency_s = 0;
+};
+
+struct CostTable {
+  std::vector<NodeCost> nodes;
+  std::vector<DeviceCost> devices;
+  // links[a][b]: from device a to device b (a != b); the diagonal is unused.
+  std::vector<std::vector<LinkCost>> links;
+  int64_t micro_batches = 1;  // per optimizer step
+
+  // The link between two devices, either direction: the slower of the two measurements.
+  LinkCost link(size_t a, size_t b) const;
+  // ConfigError naming `where` and the field when the table is inconsistent: no nodes or devices,
+  // a negative or non-finite time or size, a speed <= 0, a links matrix of the wrong size, a
+  // missing link between two devices, fewer than one micro-batch.
+  void validate(const std::string& where = "cost table") const;
+};
+
+nlohmann::json to_json(const CostTable& t);
+// ConfigError naming `where` and the field on anything missing, mistyped or inconsistent.
+CostTable cost_table_from_json(const nlohmann::json& j, const std::string& where);
+CostTable read_cost_table(const std::filesystem::path& file);
+void write_cost_table(const std::filesystem::path& file, const CostTable& t);
+
+}  // namespace starling::sched

@@ -1,0 +1,279 @@
+#include "starling/sched/op_fence.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <set>
+#include <stdexcept>
+#include <string>
+
+namespace starling::sched {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The link after the node `last` between devices a and b, per micro-batch and direction.
+double link_time(const CostTable& t, int last, int a, int b) {
+  const LinkCost l = t.link(static_cast<size_t>(a), static_cast<size_t>(b));
+  return static_cast<double>(t.nodes[static_cast<size_t>(last)].cut_bytes) / l.bytes_per_s +
+         l.latency_s;
+}
+
+int find(std::vector<int>& parent, int x) {
+  while (parent[static_cast<size_t>(x)] != x) {
+    parent[static_cast<size_t>(x)] = parent[static_cast<size_t>(parent[static_cast<size_t>(x)])];
+    x = parent[static_cast<size_t>(x)];
+  }
+  return x;
+}
+
+// The fastest link between two groups.
+double join(const CostTable& t, const std::vector<int>& x, const std::vector<int>& y) {
+  double best = 0;
+  for (const int a : x)
+    for (const int b : y)
+      best = std::max(best, t.link(static_cast<size_t>(a), static_cast<size_t>(b)).bytes_per_s);
+  return best;
+}
+
+// Whether order `a` of groups beats order `b`: a faster slowest join, then a faster sum of joins.
+bool better(const std::pair<double, double>& a, const std::pair<double, double>& b) {
+  return a.first > b.first || (a.first == b.first && a.second > b.second);
+}
+
+std::pair<double, double> joins(const std::vector<std::vector<double>>& j,
+                                const std::vector<int>& order) {
+  double slowest = kInf, sum = 0;
+  for (size_t i = 0; i + 1 < order.size(); ++i) {
+    const double v = j[static_cast<size_t>(order[i])][static_cast<size_t>(order[i + 1])];
+    slowest = std::min(slowest, v);
+    sum += v;
+  }
+  return {slowest, sum};
+}
+
+}  // namespace
+
+std::vector<std::vector<int>> cluster_devices(const CostTable& t, double gap) {
+  t.validate();
+  const int n = static_cast<int>(t.devices.size());
+  std::vector<double> rates;
+  for (int a = 0; a < n; ++a)
+    for (int b = a + 1; b < n; ++b)
+      rates.push_back(t.link(static_cast<size_t>(a), static_cast<size_t>(b)).bytes_per_s);
+  std::sort(rates.begin(), rates.end());
+  // The largest ratio between consecutive bandwidths splits slow links from fast ones.
+  double threshold = 0, widest = 1;
+  for (size_t i = 0; i + 1 < rates.size(); ++i) {
+    const double ratio = rates[i + 1] / rates[i];
+    if (ratio > widest) {
+      widest = ratio;
+      threshold = std::sqrt(rates[i] * rates[i + 1]);
+    }
+  }
+  if (widest < gap) threshold = 0;
+  std::vector<int> parent(static_cast<size_t>(n));
+  std::iota(parent.begin(), parent.end(), 0);
+  for (int a = 0; a < n; ++a)
+    for (int b = a + 1; b < n; ++b)
+      if (t.link(static_cast<size_t>(a), static_cast<size_t>(b)).bytes_per_s >= threshold)
+        parent[static_cast<size_t>(find(parent, a))] = find(parent, b);
+  std::vector<std::vector<int>> groups;
+  std::vector<int> group_of(static_cast<size_t>(n), -1);
+  for (int d = 0; d < n; ++d) {
+    const int root = find(parent, d);
+    if (group_of[static_cast<size_t>(root)] < 0) {
+      group_of[static_cast<size_t>(root)] = static_cast<int>(groups.size());
+      groups.emplace_back();
+    }
+    groups[static_cast<size_t>(group_of[static_cast<size_t>(root)])].push_back(d);
+  }
+  return groups;
+}
+
+std::vector<int> device_chain(const CostTable& t, const std::vector<std::vector<int>>& clusters) {
+  const size_t m = clusters.size();
+  std::vector<std::vector<double>> j(m, std::vector<double>(m, 0));
+  for (size_t x = 0; x < m; ++x)
+    for (size_t y = 0; y < m; ++y)
+      if (x != y) j[x][y] = join(t, clusters[x], clusters[y]);
+  std::vector<int> order(m);
+  std::iota(order.begin(), order.end(), 0);
+  if (m <= 8) {
+    std::vector<int> best = order, perm = order;
+    do {
+      if (better(joins(j, perm), joins(j, best))) best = perm;
+    } while (std::next_permutation(perm.begin(), perm.end()));
+    order = best;
+  } else {
+    std::vector<bool> used(m, false);
+    order = {0};
+    used[0] = true;
+    while (order.size() < m) {
+      int next = -1;
+      for (size_t y = 0; y < m; ++y)
+        if (!used[y] &&
+            (next < 0 || j[static_cast<size_t>(order.back())][y] >
+                             j[static_cast<size_t>(order.back())][static_cast<size_t>(next)]))
+          next = static_cast<int>(y);
+      used[static_cast<size_t>(next)] = true;
+      order.push_back(next);
+    }
+  }
+  // Within each group: enter at the device with the fastest link from the previous group's exit,
+  // leave from the one with the fastest link into the next group, the others between, ascending.
+  std::vector<int> chain;
+  for (size_t i = 0; i < m; ++i) {
+    std::vector<int> g = clusters[static_cast<size_t>(order[i])];
+    auto fastest = [&](const std::vector<int>& from, const std::vector<int>& among) {
+      int best = among.front();
+      double rate = -1;
+      for (const int b : among)
+        for (const int a : from)
+          if (const double r = t.link(static_cast<size_t>(a), static_cast<size_t>(b)).bytes_per_s;
+              r > rate) {
+            rate = r;
+            best = b;
+          }
+      return best;
+    };
+    int entry = g.front(), exit = -1;
+    if (i > 0) entry = fastest({chain.back()}, g);
+    std::vector<int> rest;
+    for (const int d : g)
+      if (d != entry) rest.push_back(d);
+    if (i + 1 < m && !rest.empty())
+      exit = fastest(clusters[static_cast<size_t>(order[i + 1])], rest);
+    chain.push_back(entry);
+    for (const int d : rest)
+      if (d != exit) chain.push_back(d);
+    if (exit >= 0) chain.push_back(exit);
+  }
+  return chain;
+}
+
+void price(const CostTable& t, PipelinePlan& plan) {
+  std::vector<double> prefix(t.nodes.size() + 1, 0);
+  for (size_t i = 0; i < t.nodes.size(); ++i) prefix[i + 1] = prefix[i] + t.nodes[i].compute_s;
+  double sum = 0, slowest = 0;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    StagePlan& st = plan.stages[s];
+    st.compute_s =
+        (prefix[static_cast<size_t>(st.last) + 1] - prefix[static_cast<size_t>(st.first)]) /
+        t.devices[static_cast<size_t>(st.device)].speed;
+    st.link_s = s + 1 < plan.stages.size()
+                    ? link_time(t, st.last, st.device, plan.stages[s + 1].device)
+                    : 0;
+    sum += st.compute_s + 2 * st.link_s;
+    slowest = std::max({slowest, st.compute_s, st.link_s});
+  }
+  plan.bottleneck_s = slowest;
+  plan.step_s = sum + static_cast<double>(t.micro_batches - 1) * slowest;
+}
+
+PipelinePlan cut_pipeline(const CostTable& t, const std::vector<int>& chain) {
+  t.validate();
+  const int n = static_cast<int>(t.nodes.size());
+  const int k = static_cast<int>(chain.size());
+  if (k == 0 || k > n)
+    throw std::invalid_argument("cut_pipeline: " + std::to_string(k) + " stages for " +
+                                std::to_string(n) + " nodes");
+  if (std::set<int>(chain.begin(), chain.end()).size() != chain.size())
+    throw std::invalid_argument("cut_pipeline: a device appears twice in the chain");
+  for (const int d : chain)
+    if (d < 0 || d >= static_cast<int>(t.devices.size()))
+      throw std::invalid_argument("cut_pipeline: no device " + std::to_string(d));
+  std::vector<double> prefix(static_cast<size_t>(n) + 1, 0);
+  for (int i = 0; i < n; ++i)
+    prefix[static_cast<size_t>(i) + 1] =
+        prefix[static_cast<size_t>(i)] + t.nodes[static_cast<size_t>(i)].compute_s;
+  // Stage s on chain[s] takes nodes [j, i).
+  auto stage = [&](int s, int j, int i) {
+    return (prefix[static_cast<size_t>(i)] - prefix[static_cast<size_t>(j)]) /
+           t.devices[static_cast<size_t>(chain[static_cast<size_t>(s)])].speed;
+  };
+  // The link between stage s - 1 and s when stage s starts at node j.
+  auto link = [&](int s, int j) {
+    return link_time(t, j - 1, chain[static_cast<size_t>(s) - 1], chain[static_cast<size_t>(s)]);
+  };
+  using Table = std::vector<std::vector<double>>;
+  const size_t rows = static_cast<size_t>(k), cols = static_cast<size_t>(n) + 1;
+
+  // 1. The smallest possible slowest part: worst[s][i] for nodes [0, i) on stages 0..s.
+  Table worst(rows, std::vector<double>(cols, kInf));
+  for (int i = 1; i <= n; ++i) worst[0][static_cast<size_t>(i)] = stage(0, 0, i);
+  for (int s = 1; s < k; ++s)
+    for (int i = s + 1; i <= n; ++i)
+      for (int j = s; j < i; ++j)
+        worst[static_cast<size_t>(s)][static_cast<size_t>(i)] =
+            std::min(worst[static_cast<size_t>(s)][static_cast<size_t>(i)],
+                     std::max({worst[static_cast<size_t>(s) - 1][static_cast<size_t>(j)],
+                               link(s, j), stage(s, j, i)}));
+  const double bound = worst[rows - 1][cols - 1];
+  const double limit = bound * (1 + 1e-12) + 1e-300;
+
+  // 2. Among the cuts whose every part fits under that bound, the smallest sum of stages and
+  // links (both directions), remembering where each stage starts.
+  Table sum(rows, std::vector<double>(cols, kInf));
+  std::vector<std::vector<int>> start(rows, std::vector<int>(cols, -1));
+  for (int i = 1; i <= n; ++i)
+    if (const double c = stage(0, 0, i); c <= limit) {
+      sum[0][static_cast<size_t>(i)] = c;
+      start[0][static_cast<size_t>(i)] = 0;
+    }
+  for (int s = 1; s < k; ++s)
+    for (int i = s + 1; i <= n; ++i)
+      for (int j = s; j < i; ++j) {
+        const double before = sum[static_cast<size_t>(s) - 1][static_cast<size_t>(j)];
+        const double l = link(s, j), c = stage(s, j, i);
+        if (before == kInf || l > limit || c > limit) continue;
+        if (const double v = before + 2 * l + c;
+            v < sum[static_cast<size_t>(s)][static_cast<size_t>(i)]) {
+          sum[static_cast<size_t>(s)][static_cast<size_t>(i)] = v;
+          start[static_cast<size_t>(s)][static_cast<size_t>(i)] = j;
+        }
+      }
+  PipelinePlan plan;
+  plan.stages.resize(rows);
+  for (int s = k - 1, i = n; s >= 0; --s) {
+    const int j = start[static_cast<size_t>(s)][static_cast<size_t>(i)];
+    plan.stages[static_cast<size_t>(s)] = {
+        .first = j, .last = i - 1, .device = chain[static_cast<size_t>(s)]};
+    i = j;
+  }
+  price(t, plan);
+  return plan;
+}
+
+PipelinePlan uniform_pipeline(const CostTable& t, const std::vector<int>& chain) {
+  const int n = static_cast<int>(t.nodes.size()), k = static_cast<int>(chain.size());
+  if (k == 0 || k > n) throw std::invalid_argument("uniform_pipeline: more stages than nodes");
+  PipelinePlan plan;
+  int first = 0;
+  for (int s = 0; s < k; ++s) {
+    const int count = n / k + (s < n % k ? 1 : 0);
+    plan.stages.push_back(
+        {.first = first, .last = first + count - 1, .device = chain[static_cast<size_t>(s)]});
+    first += count;
+  }
+  price(t, plan);
+  return plan;
+}
+
+PipelinePlan op_fence(const CostTable& t, double gap) {
+  const std::vector<int> chain = device_chain(t, cluster_devices(t, gap));
+  const int n = static_cast<int>(t.nodes.size());
+  PipelinePlan best;
+  best.step_s = kInf;
+  for (size_t len = 1; len <= chain.size() && static_cast<int>(len) <= n; ++len)
+    for (size_t from = 0; from + len <= chain.size(); ++from) {
+      const std::vector<int> window(chain.begin() + static_cast<std::ptrdiff_t>(from),
+                                    chain.begin() + static_cast<std::ptrdiff_t>(from + len));
+      PipelinePlan p = cut_pipeline(t, window);
+      if (p.step_s < best.step_s) best = std::move(p);
+    }
+  return best;
+}
+
+}  // namespace starling::sched

@@ -1,0 +1,214 @@
+// OP-Fence on synthetic cost tables whose best cuts are known: against a brute force over every
+// cut, with unequal devices, with a slow link in the middle of the chain, with groups of devices
+// joined by slow links; and the cost table's JSON form and its errors.
+#include "starling/sched/op_fence.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+
+#include "starling/common/error.h"
+
+namespace starling::sched {
+namespace {
+
+constexpr double kFast = 1e9;  // bytes per second
+
+// n nodes of `compute_s` each cutting `cut_bytes`, on devices of the given speeds, every link
+// `rate` with no latency.
+CostTable table(int n, std::vector<double> speeds, double rate = kFast, double compute_s = 1,
+                int64_t cut_bytes = 1000, int64_t micro_batches = 8) {
+  CostTable t;
+  t.micro_batches = micro_batches;
+  for (int i = 0; i < n; ++i)
+    t.nodes.push_back({"n" + std::to_string(i), compute_s, 100, i + 1 < n ? cut_bytes : 0});
+  for (size_t d = 0; d < speeds.size(); ++d)
+    t.devices.push_back({"d" + std::to_string(d), speeds[d]});
+  t.links.assign(speeds.size(), std::vector<LinkCost>(speeds.size(), {rate, 0}));
+  return t;
+}
+
+void set_link(CostTable& t, int a, int b, double rate) {
+  t.links[static_cast<size_t>(a)][static_cast<size_t>(b)] = {rate, 0};
+  t.links[static_cast<size_t>(b)][static_cast<size_t>(a)] = {rate, 0};
+}
+
+// Every cut of the nodes into chain.size() non-empty stages, priced; the best by (slowest part,
+// then step time).
+PipelinePlan brute_force(const CostTable& t, const std::vector<int>& chain) {
+  const int n = static_cast<int>(t.nodes.size()), k = static_cast<int>(chain.size());
+  PipelinePlan best;
+  best.bottleneck_s = 1e300;
+  std::vector<int> starts = {0};
+  std::function<void(int)> go = [&](int from) {
+    if (static_cast<int>(starts.size()) == k) {
+      PipelinePlan p;
+      for (int s = 0; s < k; ++s)
+        p.stages.push_back({.first = starts[static_cast<size_t>(s)],
+                            .last = s + 1 < k ? starts[static_cast<size_t>(s) + 1] - 1 : n - 1,
+                            .device = chain[static_cast<size_t>(s)]});
+      price(t, p);
+      if (p.bottleneck_s < best.bottleneck_s * (1 - 1e-12) ||
+          (p.bottleneck_s <= best.bottleneck_s * (1 + 1e-12) && p.step_s < best.step_s))
+        best = p;
+      return;
+    }
+    for (int j = from; j <= n - (k - static_cast<int>(starts.size())); ++j) {
+      starts.push_back(j);
+      go(j + 1);
+      starts.pop_back();
+    }
+  };
+  go(1);
+  return best;
+}
+
+std::vector<std::pair<int, int>> cuts(const PipelinePlan& p) {
+  std::vector<std::pair<int, int>> out;
+  for (const auto& s : p.stages) out.emplace_back(s.first, s.last);
+  return out;
+}
+
+TEST(OpFence, EqualDevicesGetEqualShares) {
+  const auto t = table(8, {1, 1, 1, 1});
+  const auto p = cut_pipeline(t, {0, 1, 2, 3});
+  EXPECT_EQ(cuts(p), (std::vector<std::pair<int, int>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_DOUBLE_EQ(p.bottleneck_s, 2);
+  // 8 s of compute, 3 links of 1 us both ways, then 7 more micro-batches at 2 s.
+  EXPECT_NEAR(p.step_s, 8 + 6e-6 + 7 * 2, 1e-9);
+}
+
+TEST(OpFence, AFasterDeviceGetsMoreNodes) {
+  // Twice as fast: 4 of 6 nodes in 2 s against 2 nodes in 2 s; the even split leaves 3 s.
+  const auto t = table(6, {2, 1});
+  const auto p = cut_pipeline(t, {0, 1});
+  EXPECT_EQ(cuts(p), (std::vector<std::pair<int, int>>{{0, 3}, {4, 5}}));
+  EXPECT_DOUBLE_EQ(p.bottleneck_s, 2);
+  EXPECT_DOUBLE_EQ(uniform_pipeline(t, {0, 1}).bottleneck_s, 3);
+  // The slower device first: the fast one still takes four.
+  EXPECT_EQ(cuts(cut_pipeline(t, {1, 0})), (std::vector<std::pair<int, int>>{{0, 1}, {2, 5}}));
+}
+
+TEST(OpFence, ASlowLinkTakesTheCutWithTheFewestBytes) {
+  // 8 nodes of 1 s; every cut sends 1 MB except after node 2 (1 KB). The link between devices 1
+  // and 2 moves 250 KB/s: crossing it anywhere but after node 2 costs 4 s a micro-batch.
+  auto t = table(8, {1, 1, 1, 1}, kFast, 1, 1'000'000);
+  t.nodes[2].cut_bytes = 1000;
+  set_link(t, 1, 2, 2.5e5);
+  const auto p = cut_pipeline(t, {0, 1, 2, 3});
+  EXPECT_EQ(p.stages[1].last, 2) << "the slow link's cut";
+  EXPECT_NEAR(p.stages[1].link_s, 4e-3, 1e-12);
+  // Nodes 3..7 over two stages: one of them holds three.
+  EXPECT_DOUBLE_EQ(p.bottleneck_s, 3);
+  const auto even = uniform_pipeline(t, {0, 1, 2, 3});
+  EXPECT_DOUBLE_EQ(even.bottleneck_s, 4);  // 2 s stages, but its middle cut sends 1 MB slowly
+  EXPECT_LT(p.step_s, even.step_s + 1e-9);
+}
+
+TEST(OpFence, MatchesABruteForceOverEveryCut) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> u(0.1, 2.0);
+  for (int trial = 0; trial < 60; ++trial) {
+    const int n = 4 + static_cast<int>(rng() % 6), k = 1 + static_cast<int>(rng() % 4);
+    std::vector<double> speeds;
+    for (int d = 0; d < k; ++d) speeds.push_back(u(rng));
+    CostTable t = table(n, speeds, kFast, 1, 1000, 1 + static_cast<int64_t>(rng() % 8));
+    for (auto& node : t.nodes) {
+      node.compute_s = u(rng);
+      if (node.cut_bytes > 0) node.cut_bytes = static_cast<int64_t>(u(rng) * 1e6);
+    }
+    for (int a = 0; a < k; ++a)
+      for (int b = a + 1; b < k; ++b) set_link(t, a, b, u(rng) * 1e6);
+    std::vector<int> chain(static_cast<size_t>(k));
+    std::iota(chain.begin(), chain.end(), 0);
+    const auto dp = cut_pipeline(t, chain);
+    const auto bf = brute_force(t, chain);
+    EXPECT_NEAR(dp.bottleneck_s, bf.bottleneck_s, 1e-9 * bf.bottleneck_s) << "trial " << trial;
+    EXPECT_NEAR(dp.step_s, bf.step_s, 1e-9 * bf.step_s) << "trial " << trial;
+  }
+}
+
+TEST(OpFence, GroupsOfDevicesJoinAtOneSlowLink) {
+  // Two groups, {0, 2} and {1, 3}: 1 Gbit inside, 10 Mbit between.
+  auto t = table(8, {1, 1, 1, 1}, 1.25e6);
+  set_link(t, 0, 2, 1.25e8);
+  set_link(t, 1, 3, 1.25e8);
+  const auto groups = cluster_devices(t);
+  EXPECT_EQ(groups, (std::vector<std::vector<int>>{{0, 2}, {1, 3}}));
+  const auto chain = device_chain(t, groups);
+  ASSERT_EQ(chain.size(), 4u);
+  int slow = 0;
+  for (size_t i = 0; i + 1 < chain.size(); ++i)
+    slow +=
+        t.link(static_cast<size_t>(chain[i]), static_cast<size_t>(chain[i + 1])).bytes_per_s < 1e7;
+  EXPECT_EQ(slow, 1) << "the chain crosses between the groups once";
+  // Links all alike: one group.
+  EXPECT_EQ(cluster_devices(table(8, {1, 1, 1})).size(), 1u);
+}
+
+TEST(OpFence, AHopelessLinkLeavesThePipelineOnOneSide) {
+  // Two equal devices; whatever crosses their link takes 100 s: one device alone is faster.
+  auto t = table(6, {1, 1}, 1e4, 1, 1'000'000);
+  const auto p = op_fence(t);
+  ASSERT_EQ(p.stages.size(), 1u);
+  EXPECT_DOUBLE_EQ(p.step_s, 6.0 * 8);
+  // A faster link: both devices.
+  t = table(6, {1, 1}, kFast, 1, 1000);
+  EXPECT_EQ(op_fence(t).stages.size(), 2u);
+}
+
+TEST(OpFence, RefusesImpossibleChains) {
+  const auto t = table(3, {1, 1, 1, 1});
+  EXPECT_THROW(cut_pipeline(t, {0, 1, 2, 3}), std::invalid_argument);  // more stages than nodes
+  EXPECT_THROW(cut_pipeline(t, {0, 0}), std::invalid_argument);
+  EXPECT_THROW(cut_pipeline(t, {}), std::invalid_argument);
+  EXPECT_THROW(cut_pipeline(t, {7}), std::invalid_argument);
+}
+
+TEST(CostTable, RoundTripsThroughJsonAndNamesWhatIsWrong) {
+  auto t = table(3, {2, 1});
+  t.links[0][1] = {5e6, 0.01};
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("starling_cost_table_" + std::to_string(::getpid()) + ".json");
+  write_cost_table(path, t);
+  const CostTable back = read_cost_table(path);
+  std::filesystem::remove(path);
+  ASSERT_EQ(back.nodes.size(), 3u);
+  EXPECT_EQ(back.nodes[1].name, "n1");
+  EXPECT_EQ(back.nodes[1].cut_bytes, 1000);
+  EXPECT_DOUBLE_EQ(back.devices[0].speed, 2);
+  EXPECT_DOUBLE_EQ(back.links[0][1].bytes_per_s, 5e6);
+  EXPECT_DOUBLE_EQ(back.link(0, 1).latency_s, 0.01);  // the slower direction of the two
+  EXPECT_DOUBLE_EQ(back.link(1, 0).bytes_per_s, 5e6);
+  EXPECT_EQ(back.micro_batches, 8);
+
+  auto error_of = [](const nlohmann::json& j) {
+    try {
+      cost_table_from_json(j, "p.json");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  nlohmann::json j = to_json(t);
+  j["nodes"][1].erase("compute_s");
+  EXPECT_EQ(error_of(j), "p.json.nodes[1]: missing \"compute_s\"");
+  j = to_json(t);
+  j["devices"][1]["speed"] = 0;
+  EXPECT_NE(error_of(j).find("devices[1] (d1): speed must be > 0"), std::string::npos);
+  j = to_json(t);
+  j["links"].erase(1);
+  EXPECT_NE(error_of(j).find("links must be a 2 x 2 matrix"), std::string::npos);
+  j = to_json(t);
+  j["format"] = "other";
+  EXPECT_NE(error_of(j).find("\"format\""), std::string::npos);
+  EXPECT_THROW(read_cost_table("/nonexistent/p.json"), ConfigError);
+}
+
+}  // namespace
+}  // namespace starling::sched
