@@ -64,13 +64,14 @@ add_library(starling STATIC
   src/starling/swap/swap_slot.cpp
   src/starling/swap/swap_plan.cpp
   src/starling/swap/profile.cpp
+  src/starling/sched/workload.cpp
   src/starling/swap/swapper.cpp
   src/starling/swap/swap_optimizer.cpp
   src/starling/swap/swap_runner.cpp
 )
 # liburing: the swap disk tier's asynchronous O_DIRECT transfers.
 pkg_check_modules(LIBURING REQUIRED IMPORTED_TARGET liburing)
-target_link_libraries(starling PUBLIC starling_data starling_net starling_config
+target_link_libraries(starling PUBLIC starling_data starling_net starling_sched starling_config
                       ${TORCH_LIBRARIES})
 target_link_libraries(starling PRIVATE PkgConfig::LIBURING)
 target_compile_options(starling PUBLIC ${TORCH_CXX_FLAGS})

@@ -339,6 +339,44 @@ TEST_F(CliTest, BenchProfileWritesATraceOrSaysWhyNot) {
   }
 }
 
+TEST_F(CliTest, PlanProfileAndPipeline) {
+  // The cost table of a one-layer model: 6 nodes, each cut carrying one 4 x 32 x 32 fp32
+  // activation (the residual stream), none after the loss.
+  const fs::path cfg = write_config("plan_pipeline");
+  const fs::path table = root_ / "plan_pipeline.json";
+  Result r = run("plan profile -c " + cfg.string() + " -o " + table.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("profiled 6 nodes"), std::string::npos) << r.output;
+  const std::string text = read_file(table);
+  EXPECT_NE(text.find("\"starling-cost-table\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"cut_bytes\": 16384"), std::string::npos) << text;
+
+  r = run("plan pipeline --profile " + table.string() + " --speeds 1,1,0.5 --link-rate 1gbit");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("OP-Fence:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("predicted step"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("even split by node count"), std::string::npos) << r.output;
+  r = run("plan pipeline --profile " + table.string() +
+          " --speeds 1,1,1,1 --link-rate 1gbit --link 0-2=10mbit --link 1-3=10mbit "
+          "--link 0-3=10mbit --link 1-2=10mbit");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("2 groups of devices by bandwidth"), std::string::npos) << r.output;
+
+  // Bad input names what is wrong.
+  r = run("plan pipeline --profile " + table.string() + " --speeds 1,x");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("\"x\" is not a speed"), std::string::npos) << r.output;
+  r = run("plan pipeline --profile " + table.string() + " --link 0-5=1gbit");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--link 0-5=1gbit"), std::string::npos) << r.output;
+  r = run("plan pipeline --profile " + table.string() + " --link-rate fast");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--link-rate = \"fast\""), std::string::npos) << r.output;
+  r = run("plan pipeline --profile " + (root_ / "absent.json").string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("absent.json"), std::string::npos) << r.output;
+}
+
 TEST_F(CliTest, ListKeysAndModelShow) {
   Result r = run("train --list-keys");
   ASSERT_EQ(r.code, 0);

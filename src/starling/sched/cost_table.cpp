@@ -78,6 +78,27 @@ void CostTable::validate(const std::string& where) const {
   }
 }
 
+double parse_link_rate(const std::string& text, const std::string& what) {
+  static const std::pair<const char*, double> units[] = {
+      {"kbit", 1e3}, {"mbit", 1e6}, {"gbit", 1e9}};
+  for (const auto& [unit, bits] : units) {
+    const std::string u = unit;
+    if (text.size() <= u.size() || text.compare(text.size() - u.size(), u.size(), u) != 0) continue;
+    const std::string number = text.substr(0, text.size() - u.size());
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(number, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == number.size() && std::isfinite(v) && v > 0) return v * bits / 8;
+    break;
+  }
+  throw ConfigError(what + " = \"" + text +
+                    "\": expected a rate such as \"250kbit\", \"10mbit\" or \"1gbit\"");
+}
+
 json to_json(const CostTable& t) {
   json nodes = json::array(), devices = json::array(), links = json::array();
   for (const auto& n : t.nodes)

@@ -49,6 +49,10 @@ struct CostTable {
   void validate(const std::string& where = "cost table") const;
 };
 
+// A link rate as tc and `--link-rate` write it ("250kbit", "10mbit", "1gbit", decimal units) in
+// bytes per second. ConfigError naming `what` on anything else.
+double parse_link_rate(const std::string& text, const std::string& what);
+
 nlohmann::json to_json(const CostTable& t);
 // ConfigError naming `where` and the field on anything missing, mistyped or inconsistent.
 CostTable cost_table_from_json(const nlohmann::json& j, const std::string& where);
