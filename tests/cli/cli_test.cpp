@@ -351,10 +351,12 @@ TEST_F(CliTest, PlanProfileAndPipeline) {
   EXPECT_NE(text.find("\"starling-cost-table\""), std::string::npos) << text;
   EXPECT_NE(text.find("\"cut_bytes\": 16384"), std::string::npos) << text;
 
-  r = run("plan pipeline --profile " + table.string() + " --speeds 1,1,0.5 --link-rate 1gbit");
+  r = run("plan pipeline --profile " + table.string() +
+          " --speeds 1,1,0.5 --link-rate 1gbit --micro-batches 8");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("OP-Fence:"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("predicted step"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("for 8 micro-batches"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("even split by node count"), std::string::npos) << r.output;
   r = run("plan pipeline --profile " + table.string() +
           " --speeds 1,1,1,1 --link-rate 1gbit --link 0-2=10mbit --link 1-3=10mbit "

@@ -151,6 +151,17 @@ TEST(OpFence, GroupsOfDevicesJoinAtOneSlowLink) {
   EXPECT_EQ(slow, 1) << "the chain crosses between the groups once";
   // Links all alike: one group.
   EXPECT_EQ(cluster_devices(table(8, {1, 1, 1})).size(), 1u);
+  // One slow pair among fast ones is no group of its own, but the chain avoids it.
+  auto one = table(8, {1, 1, 1, 1});
+  set_link(one, 1, 2, 1e3);
+  ASSERT_EQ(cluster_devices(one).size(), 1u);
+  const auto around = device_chain(one, cluster_devices(one));
+  for (size_t i = 0; i + 1 < around.size(); ++i)
+    EXPECT_GT(
+        one.link(static_cast<size_t>(around[i]), static_cast<size_t>(around[i + 1])).bytes_per_s,
+        1e6)
+        << "the chain steps over the slow link between devices " << around[i] << " and "
+        << around[i + 1];
 }
 
 TEST(OpFence, AHopelessLinkLeavesThePipelineOnOneSide) {

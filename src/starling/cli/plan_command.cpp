@@ -41,7 +41,8 @@ std::vector<double> parse_speeds(const std::string& text) {
 
 std::string describe(const sched::CostTable& t, const sched::PipelinePlan& p) {
   std::ostringstream out;
-  out << "  stage  device              nodes                          compute/mb   link on/mb\n";
+  out << "  stage  device      nodes                                      compute/mb   link "
+         "on/mb\n";
   for (size_t s = 0; s < p.stages.size(); ++s) {
     const auto& st = p.stages[s];
     const auto& d = t.devices[static_cast<size_t>(st.device)];
@@ -50,7 +51,7 @@ std::string describe(const sched::CostTable& t, const sched::PipelinePlan& p) {
                               t.nodes[static_cast<size_t>(st.first)].name + " .. " +
                               t.nodes[static_cast<size_t>(st.last)].name + ")";
     std::snprintf(
-        line, sizeof line, "  %-5zu  %-18s  %-29s  %10s   %10s\n", s,
+        line, sizeof line, "  %-5zu  %-10s  %-41s  %10s   %10s\n", s,
         (std::to_string(st.device) + " (x" + std::to_string(d.speed).substr(0, 4) + ")").c_str(),
         nodes.c_str(), seconds(st.compute_s).c_str(),
         s + 1 < p.stages.size() ? seconds(st.link_s).c_str() : "-");
@@ -119,6 +120,7 @@ void add_plan_command(CLI::App& app) {
   struct PipelineArgs {
     std::string profile, speeds = "1,1", rate = "1gbit";
     std::vector<std::string> links;
+    int64_t micro_batches = 0;
   };
   auto pp = std::make_shared<PipelineArgs>();
   pipeline->add_option("--profile", pp->profile, "cost table from `plan profile`")->required();
@@ -131,8 +133,13 @@ void add_plan_command(CLI::App& app) {
   pipeline->add_option("--link", pp->links,
                        "one link's rate, A-B=RATE with device numbers, e.g. 1-2=10mbit "
                        "(repeatable)");
+  pipeline
+      ->add_option("--micro-batches", pp->micro_batches,
+                   "micro-batches per step (default: the profiled config's train.grad_accum)")
+      ->check(CLI::PositiveNumber);
   pipeline->callback([pp] {
     sched::CostTable t = sched::read_cost_table(pp->profile);
+    if (pp->micro_batches > 0) t.micro_batches = pp->micro_batches;
     const std::vector<double> speeds = parse_speeds(pp->speeds);
     t.devices.clear();
     for (size_t d = 0; d < speeds.size(); ++d)

@@ -121,34 +121,40 @@ std::vector<int> device_chain(const CostTable& t, const std::vector<std::vector<
       order.push_back(next);
     }
   }
-  // Within each group: enter at the device with the fastest link from the previous group's exit,
-  // leave from the one with the fastest link into the next group, the others between, ascending.
+  // Within each group, the order whose slowest link (the join from the previous group included)
+  // is fastest, then the fastest sum: all orders for up to 8 devices. Larger groups: entered at
+  // the device with the fastest link from the previous group, the others ascending.
   std::vector<int> chain;
   for (size_t i = 0; i < m; ++i) {
     std::vector<int> g = clusters[static_cast<size_t>(order[i])];
-    auto fastest = [&](const std::vector<int>& from, const std::vector<int>& among) {
-      int best = among.front();
-      double rate = -1;
-      for (const int b : among)
-        for (const int a : from)
-          if (const double r = t.link(static_cast<size_t>(a), static_cast<size_t>(b)).bytes_per_s;
-              r > rate) {
-            rate = r;
-            best = b;
-          }
-      return best;
+    auto rate = [&](int a, int b) {
+      return t.link(static_cast<size_t>(a), static_cast<size_t>(b)).bytes_per_s;
     };
-    int entry = g.front(), exit = -1;
-    if (i > 0) entry = fastest({chain.back()}, g);
-    std::vector<int> rest;
-    for (const int d : g)
-      if (d != entry) rest.push_back(d);
-    if (i + 1 < m && !rest.empty())
-      exit = fastest(clusters[static_cast<size_t>(order[i + 1])], rest);
-    chain.push_back(entry);
-    for (const int d : rest)
-      if (d != exit) chain.push_back(d);
-    if (exit >= 0) chain.push_back(exit);
+    auto score = [&](const std::vector<int>& seq) {
+      double slowest = kInf, sum = 0;
+      for (size_t k = 0; k < seq.size(); ++k) {
+        if (k == 0 && chain.empty()) continue;
+        const double r = rate(k == 0 ? chain.back() : seq[k - 1], seq[k]);
+        slowest = std::min(slowest, r);
+        sum += r;
+      }
+      return std::pair{slowest, sum};
+    };
+    std::vector<int> best = g;
+    if (g.size() <= 8) {
+      std::vector<int> perm = g;
+      std::sort(perm.begin(), perm.end());
+      best = perm;
+      while (std::next_permutation(perm.begin(), perm.end()))
+        if (better(score(perm), score(best))) best = perm;
+    } else if (!chain.empty()) {
+      const auto entry = std::max_element(g.begin(), g.end(), [&](int a, int b) {
+        return rate(chain.back(), a) < rate(chain.back(), b);
+      });
+      std::rotate(g.begin(), entry, entry + 1);
+      best = g;
+    }
+    chain.insert(chain.end(), best.begin(), best.end());
   }
   return chain;
 }

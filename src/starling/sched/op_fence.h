@@ -39,8 +39,9 @@ struct PipelinePlan {
 std::vector<std::vector<int>> cluster_devices(const CostTable& t, double gap = 4.0);
 
 // Every device once, in pipeline order: groups one after another in the order whose slowest join
-// is fastest (all orders for up to 8 groups, nearest neighbour beyond), a group entered at the
-// device with the fastest link to the one before and left at the one with the fastest link on.
+// is fastest (all orders for up to 8 groups, nearest neighbour beyond), and each group's devices
+// in the order whose slowest link, the join from the previous group included, is fastest (all
+// orders for up to 8 devices).
 std::vector<int> device_chain(const CostTable& t, const std::vector<std::vector<int>>& clusters);
 
 // One stage per device of `chain`, in order, each with at least one node: the cut that minimises
