@@ -111,6 +111,7 @@ add_executable(starling_cli
   src/starling/cli/peer_command.cpp
   src/starling/cli/local_swarm.cpp
   src/starling/cli/cpu_quota.cpp
+  src/starling/cli/number_list.cpp
   src/starling/cli/plan_command.cpp
 )
 set_target_properties(starling_cli PROPERTIES OUTPUT_NAME starling)

@@ -367,7 +367,7 @@ TEST_F(CliTest, PlanProfileAndPipeline) {
   // Bad input names what is wrong.
   r = run("plan pipeline --profile " + table.string() + " --speeds 1,x");
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_NE(r.output.find("\"x\" is not a speed"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--speeds: \"x\" is not a speed > 0"), std::string::npos) << r.output;
   r = run("plan pipeline --profile " + table.string() + " --link 0-5=1gbit");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("--link 0-5=1gbit"), std::string::npos) << r.output;

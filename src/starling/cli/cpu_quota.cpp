@@ -9,6 +9,7 @@
 #include <optional>
 #include <sstream>
 
+#include "starling/cli/number_list.h"
 #include "starling/common/error.h"
 
 namespace starling::cli {
@@ -105,21 +106,8 @@ std::vector<std::string> CpuQuota::exec_prefix() const {
 }
 
 std::vector<double> parse_peer_cpus(const std::string& list, int peers) {
-  std::vector<double> cpus;
-  std::istringstream in(list);
-  for (std::string item; std::getline(in, item, ',');) {
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != item.size() || !(v > 0) || !std::isfinite(v))
-      throw ConfigError("--peer-cpus: \"" + item +
-                        "\" is not a positive number of CPUs (e.g. 0.5 or 2)");
-    cpus.push_back(v);
-  }
+  std::vector<double> cpus =
+      parse_positive_numbers(list, "--peer-cpus", "a positive number of CPUs (e.g. 0.5 or 2)");
   if (cpus.size() == 1) cpus.assign(static_cast<size_t>(peers), cpus[0]);
   if (static_cast<int>(cpus.size()) != peers)
     throw ConfigError("--peer-cpus lists " + std::to_string(cpus.size()) + " values for " +

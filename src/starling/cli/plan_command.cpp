@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "starling/cli/commands.h"
+#include "starling/cli/number_list.h"
 #include "starling/common/error.h"
 #include "starling/sched/op_fence.h"
 #include "starling/sched/workload.h"
@@ -17,26 +18,6 @@ std::string seconds(double s) {
   char buf[32];
   std::snprintf(buf, sizeof buf, s < 1 ? "%.1f ms" : "%.2f s", s < 1 ? s * 1e3 : s);
   return buf;
-}
-
-// "1,1,0.5": one device per speed.
-std::vector<double> parse_speeds(const std::string& text) {
-  std::vector<double> out;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || !(v > 0))
-      throw ConfigError("--speeds " + text + ": \"" + item + "\" is not a speed > 0");
-    out.push_back(v);
-  }
-  if (out.empty()) throw ConfigError("--speeds: no speeds given");
-  return out;
 }
 
 std::string describe(const sched::CostTable& t, const sched::PipelinePlan& p) {
@@ -140,7 +121,8 @@ void add_plan_command(CLI::App& app) {
   pipeline->callback([pp] {
     sched::CostTable t = sched::read_cost_table(pp->profile);
     if (pp->micro_batches > 0) t.micro_batches = pp->micro_batches;
-    const std::vector<double> speeds = parse_speeds(pp->speeds);
+    const std::vector<double> speeds =
+        parse_positive_numbers(pp->speeds, "--speeds", "a speed > 0 (e.g. 0.5 or 2)");
     t.devices.clear();
     for (size_t d = 0; d < speeds.size(); ++d)
       t.devices.push_back({.name = "device " + std::to_string(d), .speed = speeds[d]});
