@@ -38,7 +38,7 @@ TEST_P(ModelPart, HoldsOnlyWhatItsNodesReadWithTheWholeModelsValues) {
   const int n = whole->size();
   // A first part, a middle one (whose draws come after skipped ones) and a last one (which, in
   // GPT-2, also reads the tied token embedding).
-  for (const auto [first, last] : {std::pair{0, 2}, std::pair{3, 5}, std::pair{6, n - 1}}) {
+  for (const auto& [first, last] : {std::pair{0, 2}, std::pair{3, 5}, std::pair{6, n - 1}}) {
     const auto part = model::build_model_part(c, 7, c10::kCPU, [&](const graph::OpDag& d) {
       EXPECT_EQ(d.size(), n);
       return graph::StageRange{first, last};

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "starling/common/error.h"
+#include "starling/common/parse_number.h"
 
 namespace starling::sched {
 namespace {
@@ -84,15 +85,8 @@ double parse_link_rate(const std::string& text, const std::string& what) {
   for (const auto& [unit, bits] : units) {
     const std::string u = unit;
     if (text.size() <= u.size() || text.compare(text.size() - u.size(), u.size(), u) != 0) continue;
-    const std::string number = text.substr(0, text.size() - u.size());
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(number, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == number.size() && std::isfinite(v) && v > 0) return v * bits / 8;
+    if (const auto v = parse_positive_number(text.substr(0, text.size() - u.size())))
+      return *v * bits / 8;
     break;
   }
   throw ConfigError(what + " = \"" + text +
