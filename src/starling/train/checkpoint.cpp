@@ -96,20 +96,30 @@ CheckpointMeta meta_from_json(const nlohmann::json& j, const std::string& where)
   return m;
 }
 
-void prune(const fs::path& ckpt_dir, int keep, const std::string& current) {
+// The complete checkpoints of `ckpt_dir`, oldest first.
+std::vector<std::string> checkpoint_names(const fs::path& ckpt_dir) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(ckpt_dir)) {
     const std::string n = e.path().filename().string();
-    if (n.rfind(".tmp-", 0) == 0) {
-      fs::remove_all(e.path());  // left behind by an interrupted save
-    } else if (n.rfind("step_", 0) == 0 && e.is_directory()) {
-      names.push_back(n);
-    }
+    if (n.rfind("step_", 0) == 0 && e.is_directory()) names.push_back(n);
   }
   std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Removes what interrupted saves left behind (".tmp-*" directories).
+void remove_leftovers(const fs::path& ckpt_dir) {
+  for (const auto& e : fs::directory_iterator(ckpt_dir))
+    if (e.path().filename().string().rfind(".tmp-", 0) == 0) fs::remove_all(e.path());
+}
+
+void prune(const fs::path& ckpt_dir, int keep, const std::string& current) {
+  remove_leftovers(ckpt_dir);
+  const std::vector<std::string> names = checkpoint_names(ckpt_dir);
   const int excess = static_cast<int>(names.size()) - std::max(keep, 1);
   for (int i = 0; i < excess; ++i)
-    if (names[i] != current) fs::remove_all(ckpt_dir / names[i]);
+    if (names[static_cast<size_t>(i)] != current)
+      fs::remove_all(ckpt_dir / names[static_cast<size_t>(i)]);
 }
 
 }  // namespace
@@ -142,17 +152,6 @@ std::string megabytes(uint64_t bytes) {
   return buf;
 }
 
-// The complete checkpoints of `ckpt_dir`, oldest first.
-std::vector<std::string> checkpoint_names(const fs::path& ckpt_dir) {
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(ckpt_dir)) {
-    const std::string n = e.path().filename().string();
-    if (n.rfind("step_", 0) == 0 && e.is_directory()) names.push_back(n);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 // The disk cannot hold the next checkpoint (the message names the directory and the bytes).
 struct NoRoom : CheckpointError {
   using CheckpointError::CheckpointError;
@@ -165,8 +164,7 @@ void make_room(const fs::path& ckpt_dir, uint64_t needed, const std::string& nam
                const SaveOptions& options) {
   auto available = [&] { return fs::space(ckpt_dir).available; };
   if (available() >= needed) return;
-  for (const auto& e : fs::directory_iterator(ckpt_dir))
-    if (e.path().filename().string().rfind(".tmp-", 0) == 0) fs::remove_all(e.path());
+  remove_leftovers(ckpt_dir);
   std::vector<std::string> names = checkpoint_names(ckpt_dir);
   std::erase(names, name);  // a re-save of this step replaces it only once the new one is whole
   for (size_t i = 0; i + 1 < names.size() && available() < needed; ++i) {
