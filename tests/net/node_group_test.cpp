@@ -82,6 +82,50 @@ TEST(NodeGroupTest, GroupGoesOnWithoutAMemberThatLeft) {
   EXPECT_EQ(a, std::vector<float>(500, 3.0f));
 }
 
+// A member that joined inactive (a pipeline stage waiting for a replacement) is in the group but
+// holds no one up, and everyone learns its role from gossip alone; once it calls a collective of
+// the group it takes part.
+TEST(NodeGroupTest, AnInactiveMemberHoldsNoCollectiveUpUntilItCallsOne) {
+  Swarm swarm(3);
+  auto nodes = swarm.start(2);
+  net::NodeOptions o = swarm.options(2, nodes[0]->endpoint());
+  o.active = false;
+  o.role = "waiting";
+  nodes.push_back(std::make_unique<net::Node>(o));
+  ASSERT_TRUE(nodes[0]->wait_for_members(3, 10s));
+  for (int tries = 0; tries < 100; ++tries) {
+    bool seen = false;
+    for (const auto& m : nodes[1]->members()) seen |= m.info.role == "waiting" && !m.info.active;
+    if (seen) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  const std::vector<net::PeerId> group = {nodes[0]->id(), nodes[1]->id(), nodes[2]->id()};
+  std::vector<float> a(100, 1.0f), b(100, 2.0f), c(100, 4.0f);
+  auto wa = nodes[0]->all_reduce(a, on(group));
+  auto wb = nodes[1]->all_reduce(b, on(group));
+  ASSERT_TRUE(wa.wait_for(10s)) << "the group waited for a member that is not active";
+  EXPECT_EQ(wa.wait().ring.size(), 2u);
+  wb.wait();
+  EXPECT_EQ(a, std::vector<float>(100, 3.0f));
+  bool role_known = false;
+  for (const auto& m : nodes[1]->members())
+    role_known |= m.info.id == nodes[2]->id() && m.info.role == "waiting";
+  EXPECT_TRUE(role_known);
+
+  // Its first call makes it active: the next round of the group waits for it and counts it.
+  a.assign(100, 1.0f);
+  b.assign(100, 2.0f);
+  auto wc = nodes[2]->all_reduce(c, on(group));
+  std::this_thread::sleep_for(1500ms);  // its active flag reaches the others by gossip
+  wa = nodes[0]->all_reduce(a, on(group));
+  wb = nodes[1]->all_reduce(b, on(group));
+  EXPECT_EQ(wa.wait().ring.size(), 3u);
+  wb.wait();
+  wc.wait();
+  EXPECT_EQ(a, std::vector<float>(100, 7.0f));
+  EXPECT_EQ(c, a);
+}
+
 TEST(NodeGroupTest, TwoCollectivesInFlightOnDifferentTags) {
   Swarm swarm(3);
   auto nodes = swarm.start(3);

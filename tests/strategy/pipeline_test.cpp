@@ -22,6 +22,7 @@
 #include "starling/common/safetensors.h"
 #include "starling/model/build.h"
 #include "starling/strategy/pipeline_layout.h"
+#include "starling/strategy/pipeline_peer.h"
 #include "starling/strategy/tensor_message.h"
 #include "starling/train/config.h"
 
@@ -151,6 +152,22 @@ TEST(PipelineLayout, StagesSendTheirBoundaryAndShareTiedWeights) {
 
   EXPECT_THROW(PipelineLayout(*dag, {{0, 1}, {3, n - 1}}), std::invalid_argument);
   EXPECT_THROW(PipelineLayout(*dag, {{0, 1}, {2, n - 2}}), std::invalid_argument);
+}
+
+// A stage's place travels in its member record; what does not read back exactly is no place.
+TEST(PipelinePlace, RoundTripsThroughTheMemberRoleAndRefusesAnythingElse) {
+  const PipelinePlace p{.stage = 2, .stages = 4, .replica = 1, .replicas = 3};
+  const auto back = parse_pipeline_role(pipeline_role(p));
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->stage, 2);
+  EXPECT_EQ(back->stages, 4);
+  EXPECT_EQ(back->replica, 1);
+  EXPECT_EQ(back->replicas, 3);
+  for (const char* bad :
+       {"", "worker", "pipeline stage 4/4 replica 0/1", "pipeline stage -1/4 replica 0/1",
+        "pipeline stage 1/4 replica 1/1", "pipeline stage 1/4 replica 0/1 extra",
+        "pipeline stage 01/4 replica 0/1", "pipeline stage 1/0 replica 0/1"})
+    EXPECT_FALSE(parse_pipeline_role(bad).has_value()) << bad;
 }
 
 TEST(PipelineConfig, StagesAreReadCheckedAndSplit) {

@@ -115,8 +115,8 @@ void Agreement::announce_front(uint64_t tag) {
   q.attempt = ++attempts_;
   {
     std::lock_guard lock(table_.mutex);
-    // Calling a collective of the whole swarm means taking part in the swarm's collectives.
-    if (r.options.group.empty()) table_.members.self_info().active = true;
+    // Calling a collective means taking part in collectives (the swarm's, or the group's).
+    table_.members.self_info().active = true;
     q.coordinator = table_.members.coordinator(r.options.group);
   }
   announce(q);
@@ -266,6 +266,12 @@ void Agreement::accept_ready(PeerId from, uint64_t attempt, Request request) {
   if (auto it = started_.find({from, tag}); it != started_.end() && attempt <= it->second) return;
   GroupKey key{tag, request.options.group};
   readies_[key].insert_or_assign(from, ReadyFrom{attempt, std::move(request)});
+  // A member calling collectives takes part in them from now on, whatever the gossip about it
+  // says yet: the next operation waits for it rather than running without it.
+  if (from != options_.self) {
+    std::lock_guard lock(table_.mutex);
+    table_.members.mark_active(from);
+  }
 }
 
 void Agreement::on_withdraw(PeerId from, const json& body) {

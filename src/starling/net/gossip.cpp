@@ -60,7 +60,8 @@ void Gossip::begin_join() {
   }
 }
 
-void Gossip::introduce(const MemberInfo& info) {
+void Gossip::introduce(const MemberInfo& info, bool restarted) {
+  if (restarted && events_.restarted) events_.restarted(info.id);
   events_.joined(info.id);
   // A restarted peer may listen elsewhere now. The same address keeps its connection: closing it
   // would drop what is already queued to the peer (a joiner's second announcement of itself
@@ -186,13 +187,15 @@ void Gossip::handle(Incoming& in, const json& body) {
       if (m.id != h.sender) throw NetError("a hello must describe its sender");
       if (!options_.insecure && peer_id_from_public_key(m.public_key) != m.id)
         throw NetError("member " + short_peer_id(m.id) + "'s id does not match its key");
-      bool added;
+      bool added, restarted;
       json list = json::array();
       {
         std::lock_guard lock(table_.mutex);
+        const Member* before = table_.members.find(m.id);
+        restarted = before != nullptr && before->info.incarnation != m.incarnation;
         added = table_.members.merge(m, now);
       }
-      if (added) introduce(m);
+      if (added) introduce(m, restarted);
       {
         std::lock_guard lock(table_.mutex);
         for (const Member& x : table_.members.all())
@@ -205,12 +208,14 @@ void Gossip::handle(Incoming& in, const json& body) {
     case MsgType::welcome:
     case MsgType::heartbeat: {
       const auto list = member_list("members");
-      std::vector<MemberInfo> added;
+      std::vector<std::pair<MemberInfo, bool>> added;  // with whether it restarted
       {
         std::lock_guard lock(table_.mutex);
         for (const auto& m : list) {
           if (!options_.insecure && peer_id_from_public_key(m.public_key) != m.id) continue;
-          if (table_.members.merge(m, now)) added.push_back(m);
+          const Member* before = table_.members.find(m.id);
+          const bool restarted = before != nullptr && before->info.incarnation != m.incarnation;
+          if (table_.members.merge(m, now)) added.emplace_back(m, restarted);
         }
         if (h.type == MsgType::heartbeat && body.contains("links"))
           table_.members.merge_links_json(body["links"], h.sender);
@@ -226,7 +231,7 @@ void Gossip::handle(Incoming& in, const json& body) {
           if (self.joined_at_ms <= newest) self.joined_at_ms = newest + 1;
         }
       }
-      for (const auto& m : added) introduce(m);
+      for (const auto& [m, restarted] : added) introduce(m, restarted);
       if (h.type == MsgType::welcome && !join_slots_.empty()) {
         for (const auto& s : join_slots_) transport_.disconnect(s);
         join_slots_.clear();

@@ -25,9 +25,12 @@ class Gossip {
  public:
   struct Events {
     std::function<void(PeerId)> joined;  // a new member, or a new incarnation of a restarted one
-    std::function<void(PeerId)> back;    // a member taken for dead spoke again
-    std::function<void(PeerId)> dead;    // silent for the peer timeout
-    std::function<void(PeerId)> left;    // announced its departure
+    // Before `joined` for a restarted member (a new MemberInfo::incarnation under a known id):
+    // what was under way with the old one will not finish.
+    std::function<void(PeerId)> restarted;
+    std::function<void(PeerId)> back;  // a member taken for dead spoke again
+    std::function<void(PeerId)> dead;  // silent for the peer timeout
+    std::function<void(PeerId)> left;  // announced its departure
   };
 
   Gossip(const NodeOptions& options, std::vector<EntryPoint> entries, Transport& transport,
@@ -50,7 +53,8 @@ class Gossip {
   nlohmann::json status_json() const;
 
  private:
-  void introduce(const MemberInfo& info);  // connect, say hello, probe the link
+  // Connect, say hello, probe the link; `restarted`: a known member started again.
+  void introduce(const MemberInfo& info, bool restarted);
   void log(const std::string& line) { options_.log(line); }
 
   const NodeOptions& options_;

@@ -44,6 +44,19 @@ void Mailbox::fail_peer(PeerId peer, const std::string& why) {
   gone_[peer] = why;
 }
 
+void Mailbox::restarted(PeerId peer, const std::string& why) {
+  fail_peer(peer, why);
+  gone_.erase(peer);
+  for (auto it = arrived_.begin(); it != arrived_.end();) {
+    if (it->first.first != peer) {
+      ++it;
+      continue;
+    }
+    unclaimed_ -= it->second.size();
+    it = arrived_.erase(it);
+  }
+}
+
 void Mailbox::fail_all(const std::string& why) {
   for (auto& [key, receives] : waiting_)
     for (auto& receive : receives) receive->finish({}, why);

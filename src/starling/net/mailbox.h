@@ -40,6 +40,9 @@ class Mailbox {
   void fail_peer(PeerId peer, const std::string& why);
   // The peer is a live member (again).
   void revive(PeerId peer) { gone_.erase(peer); }
+  // The peer restarted: receives waiting on it fail with `why`, and what its old incarnation
+  // sent and no one claimed is dropped; its new incarnation's messages are received as usual.
+  void restarted(PeerId peer, const std::string& why);
   // Every waiting receive fails (the node stops).
   void fail_all(const std::string& why);
   // Messages that arrived and wait for a receive (a bound on what a careless caller piles up).

@@ -32,10 +32,10 @@ std::string to_string(MemberState state) {
 }
 
 nlohmann::json to_json(const MemberInfo& m) {
-  return {{"id", format_peer_id(m.id)}, {"name", m.name},
-          {"endpoint", m.endpoint},     {"key", m.public_key},
-          {"data_port", m.data_port},   {"joined_at", m.joined_at_ms},
-          {"active", m.active},         {"left", m.left}};
+  return {{"id", format_peer_id(m.id)},  {"name", m.name},           {"endpoint", m.endpoint},
+          {"key", m.public_key},         {"data_port", m.data_port}, {"joined_at", m.joined_at_ms},
+          {"active", m.active},          {"left", m.left},           {"role", m.role},
+          {"incarnation", m.incarnation}};
 }
 
 MemberInfo member_from_json(const nlohmann::json& j) {
@@ -66,6 +66,16 @@ MemberInfo member_from_json(const nlohmann::json& j) {
     m.data_port = port.get<uint16_t>();
   }
   m.left = flag("left");
+  if (j.contains("incarnation")) {
+    if (!j["incarnation"].is_number_unsigned())
+      throw NetError("member field 'incarnation' is not an unsigned integer");
+    m.incarnation = j["incarnation"].get<uint64_t>();
+  }
+  if (j.contains("role")) {  // absent: a peer without one
+    if (!j["role"].is_string() || j["role"].get_ref<const std::string&>().size() > 128)
+      throw NetError("member field 'role' is not a string of at most 128 characters");
+    m.role = j["role"].get<std::string>();
+  }
   if (m.endpoint.rfind("tcp://", 0) != 0 || m.endpoint.size() > 256)
     throw NetError("member endpoint '" + m.endpoint.substr(0, 64) + "' is not tcp://HOST:PORT");
   if (m.name.size() > 128) throw NetError("member name is longer than 128 characters");
@@ -94,9 +104,13 @@ bool Membership::merge(const MemberInfo& info, Clock::time_point now) {
   }
   if (info.joined_at_ms == m.info.joined_at_ms) {
     if (info.left) m.state = MemberState::left;
-    m.info.active = info.active;  // (only the member itself changes this; gossip lags a bit)
+    if (info.active) m.info.active = true;
   }
   return false;
+}
+
+void Membership::mark_active(PeerId id) {
+  if (auto it = others_.find(id); it != others_.end()) it->second.info.active = true;
 }
 
 bool Membership::heard_from(PeerId id, Clock::time_point now) {
@@ -167,7 +181,7 @@ std::vector<PeerId> Membership::alive_active() const {
 std::vector<PeerId> Membership::participants(const std::vector<PeerId>& group) const {
   if (group.empty()) return alive_active();
   std::vector<PeerId> out;
-  for (PeerId id : alive())
+  for (PeerId id : alive_active())
     if (std::find(group.begin(), group.end(), id) != group.end()) out.push_back(id);
   return out;
 }

@@ -29,8 +29,14 @@ struct MemberInfo {
   std::string public_key;    // Z85; empty in --insecure swarms
   uint16_t data_port = 0;    // direct data links' listener (direct_links.h); 0 = none
   int64_t joined_at_ms = 0;  // wall clock when it joined; orders coordinators (oldest first)
-  bool active = true;        // takes part in every collective
-  bool left = false;         // announced its departure
+  // Random per start of the peer: a new value under a known id is a restart (joined_at_ms alone
+  // also moves once when a joiner makes itself younger than the members it found).
+  uint64_t incarnation = 0;
+  bool active = true;  // takes part in collectives (an inactive peer is not waited for)
+  bool left = false;   // announced its departure
+  // What the peer does, for peers that must find one another by it (a pipeline stage:
+  // "pipeline stage S replica R"); "" = nothing in particular. Set when it joins.
+  std::string role;
 };
 
 nlohmann::json to_json(const MemberInfo& m);
@@ -57,8 +63,12 @@ class Membership {
   MemberInfo& self_info() { return self_.info; }
 
   // Adds or refreshes a member from what it (or gossip about it) says. Returns true when the
-  // member is new or came back under a newer join time (the caller connects to it).
+  // member is new or came back under a newer join time (the caller connects to it). A member
+  // once active stays so until it restarts: gossip older than what this peer saw it do (its
+  // readiness for a collective) cannot make it inactive again.
   bool merge(const MemberInfo& info, Clock::time_point now);
+  // The member was seen taking part in a collective (its readiness arrived): it is active.
+  void mark_active(PeerId id);
   // Any message from `id` is a sign of life. Returns true if it had been marked dead.
   bool heard_from(PeerId id, Clock::time_point now);
   void mark_left(PeerId id);
@@ -73,8 +83,8 @@ class Membership {
   std::vector<PeerId> alive() const;
   // Alive active members (self included), by id.
   std::vector<PeerId> alive_active() const;
-  // Who takes part in a collective over `group`: the alive active members for the whole swarm
-  // (an empty group), else the alive members of the group. By id.
+  // Who takes part in a collective over `group`: the alive active members of the whole swarm
+  // (an empty group), or of the group. By id.
   std::vector<PeerId> participants(const std::vector<PeerId>& group) const;
   // The peer that agrees the participants of a collective over `group`: the oldest of
   // participants(group).

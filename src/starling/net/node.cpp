@@ -78,12 +78,19 @@ Node::Impl::Impl(NodeOptions options) : options_(std::move(options)), table_(Mem
   self.data_port = direct_ ? direct_->port() : 0;
   self.joined_at_ms = wall_ms();
   self.active = options_.active;
+  self.role = options_.role;
+  self.incarnation = std::mt19937_64(std::random_device{}() ^ static_cast<uint64_t>(wall_ms()))();
   table_.members = Membership(self);
 
   Gossip::Events events;
   events.joined = [this](PeerId id) {
     p2p_.revive(id);
     agreement_->forget(id);
+  };
+  events.restarted = [this](PeerId id) {
+    const std::string why = "peer " + table_.who(id) + " restarted";
+    p2p_.restarted(id, why);
+    fail_runs(id, why + " during the operation", false);
   };
   events.back = [this](PeerId id) { p2p_.revive(id); };
   events.dead = [this](PeerId id) {
@@ -206,10 +213,10 @@ void Node::Impl::take_requests() {
     std::lock_guard lock(mutex_);
     launches.swap(launches_);
     transfers.swap(transfers_);
-    if (requested_active_) {
+    if (activate_) {
       std::lock_guard table_lock(table_.mutex);
-      table_.members.self_info().active = *requested_active_;
-      requested_active_.reset();
+      table_.members.self_info().active = true;
+      activate_ = false;
     }
   }
   for (auto& op : launches) agreement_->launch(std::move(op));
@@ -373,10 +380,10 @@ bool Node::Impl::wait_for_members(size_t count, milliseconds timeout) const {
                                  [&] { return table_.members.alive().size() >= count; });
 }
 
-void Node::Impl::set_active(bool active) {
+void Node::Impl::activate() {
   {
     std::lock_guard lock(mutex_);
-    requested_active_ = active;
+    activate_ = true;
   }
   transport_->wake();
 }
@@ -397,7 +404,7 @@ std::vector<LinkView> Node::links() const { return impl_->links(); }
 bool Node::wait_for_members(size_t count, milliseconds timeout) const {
   return impl_->wait_for_members(count, timeout);
 }
-void Node::set_active(bool active) { impl_->set_active(active); }
+void Node::activate() { impl_->activate(); }
 void Node::leave() { impl_->stop(true); }
 Node::Counters Node::counters() const { return impl_->counters(); }
 PeerId Node::self() const { return id(); }

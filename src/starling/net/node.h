@@ -63,8 +63,10 @@ class Node : public Collectives {
   Transfer send(PeerId peer, uint64_t tag, std::vector<uint8_t> bytes);
   Transfer recv(PeerId peer, uint64_t tag);
 
-  // Starts or stops taking part in collectives (a joining peer may first fetch state).
-  void set_active(bool active);
+  // Starts taking part in collectives (a peer that joined with NodeOptions::active = false, to
+  // fetch state or wait for others first; calling a collective does the same). Once active, a
+  // peer counts in every collective of the swarm or of its groups until it leaves or restarts.
+  void activate();
   // Tells every member this peer leaves, then stops. Pending collectives fail.
   void leave();
 

@@ -40,7 +40,7 @@ class Node::Impl {
   std::vector<MemberView> members() const;
   std::vector<LinkView> links() const;
   bool wait_for_members(size_t count, std::chrono::milliseconds timeout) const;
-  void set_active(bool active);
+  void activate();
   Node::Counters counters() const;
 
   PeerId id() const { return self_id_; }
@@ -89,7 +89,7 @@ class Node::Impl {
   mutable std::mutex mutex_;
   std::deque<Launched> launches_;
   std::deque<TransferRequest> transfers_;
-  std::optional<bool> requested_active_;
+  bool activate_ = false;  // guarded by mutex_: activate() was called
   bool stopping_ = false;
   bool announce_leave_ = false;
 

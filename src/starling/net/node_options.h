@@ -24,7 +24,10 @@ struct NodeOptions {
   KeyPair keys;                       // this peer's identity (unless insecure)
   std::vector<AllowedKey> allowlist;  // the swarm: keys allowed to connect
   std::vector<std::string> join;      // entry points; empty = start a new swarm
-  bool active = true;                 // takes part in every collective
+  // Takes part in the collectives (of the swarm, or of a group it is in) from the start; an
+  // inactive peer becomes active with Node::activate() or by calling a collective.
+  bool active = true;
+  std::string role;  // MemberInfo::role: what it does, for others to find it by
   std::chrono::milliseconds heartbeat_interval{500};
   std::chrono::milliseconds peer_timeout{5000};  // silence after which a peer is dead
   std::chrono::milliseconds join_timeout{30000};

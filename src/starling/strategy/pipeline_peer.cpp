@@ -1,7 +1,9 @@
 #include "starling/strategy/pipeline_peer.h"
 
-#include <cstring>
+#include <algorithm>
+#include <cstdio>
 #include <iostream>
+#include <thread>
 
 #include "starling/common/error.h"
 #include "starling/strategy/pipeline_runner.h"
@@ -12,80 +14,133 @@
 namespace starling::strategy {
 namespace {
 
-constexpr uint64_t kRoleTag = 0x70697065726f6c65;  // "pipe" "role"
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+std::string place_name(int stage, int replica, int replicas) {
+  return "stage " + std::to_string(stage) +
+         (replicas > 1 ? " of replica " + std::to_string(replica) : std::string());
+}
+
+std::string grid_name(int stages, int replicas) {
+  return std::to_string(replicas) + " replica" + (replicas == 1 ? "" : "s") + " of " +
+         std::to_string(stages) + " stages";
+}
+
+std::string member_name(const net::MemberView& m) {
+  return "peer " + net::short_peer_id(m.info.id) +
+         (m.info.name.empty() ? std::string() : " (" + m.info.name + ")");
+}
+
+// Waits until every member of `grid` is seen taking part in collectives, so that no collective
+// of the stages or of their counterparts starts without one of them.
+void wait_until_active(const net::Node& node, const PipelineGrid& grid, milliseconds timeout) {
+  const auto deadline = steady_clock::now() + timeout;
+  for (;;) {
+    std::string waiting;
+    const auto members = node.members();
+    for (size_t r = 0; r < grid.size(); ++r)
+      for (size_t s = 0; s < grid[r].size(); ++s) {
+        const auto it = std::find_if(members.begin(), members.end(),
+                                     [&](const auto& m) { return m.info.id == grid[r][s]; });
+        if (it == members.end() || it->state != net::MemberState::alive || !it->info.active)
+          waiting +=
+              (waiting.empty() ? "" : ", ") +
+              place_name(static_cast<int>(s), static_cast<int>(r), static_cast<int>(grid.size()));
+      }
+    if (waiting.empty()) return;
+    if (steady_clock::now() > deadline)
+      throw NetError("pipeline: " + waiting + " did not start within " +
+                     std::to_string(timeout.count() / 1000) + " s of every place being held");
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+}
 
 }  // namespace
 
-PipelineGrid pipeline_roles(net::Node& node, int stage, int replica, int stages, int replicas,
-                            std::chrono::milliseconds timeout) {
-  std::vector<net::PeerId> others;
-  for (const auto& m : node.members())
-    if (m.state == net::MemberState::alive && m.info.id != node.id()) others.push_back(m.info.id);
-  const int places = stages * replicas;
-  if (static_cast<int>(others.size()) + 1 != places)
-    throw NetError("pipeline: the swarm has " + std::to_string(others.size() + 1) + " peers for " +
-                   std::to_string(replicas) + " replica" + (replicas == 1 ? "" : "s") + " of " +
-                   std::to_string(stages) +
-                   " stages; it needs exactly one peer per stage of each "
-                   "replica (pipeline.replicas)");
-  std::vector<uint8_t> mine(8);
-  const int32_t said[2] = {static_cast<int32_t>(stage), static_cast<int32_t>(replica)};
-  std::memcpy(mine.data(), said, 8);
-  std::vector<net::Transfer> answers;
-  for (const net::PeerId p : others) {
-    node.send(p, kRoleTag, mine);
-    answers.push_back(node.recv(p, kRoleTag));
-  }
-  PipelineGrid grid(static_cast<size_t>(replicas),
-                    std::vector<net::PeerId>(static_cast<size_t>(stages), 0));
-  grid[static_cast<size_t>(replica)][static_cast<size_t>(stage)] = node.id();
-  for (size_t i = 0; i < others.size(); ++i) {
-    const std::string who = "peer " + net::short_peer_id(others[i]);
-    if (!answers[i].wait_for(timeout))
-      throw NetError("pipeline: " + who + " did not say which stage it runs within " +
+std::string pipeline_role(const PipelinePlace& p) {
+  return "pipeline stage " + std::to_string(p.stage) + "/" + std::to_string(p.stages) +
+         " replica " + std::to_string(p.replica) + "/" + std::to_string(p.replicas);
+}
+
+std::optional<PipelinePlace> parse_pipeline_role(const std::string& role) {
+  PipelinePlace p;
+  if (std::sscanf(role.c_str(), "pipeline stage %d/%d replica %d/%d", &p.stage, &p.stages,
+                  &p.replica, &p.replicas) != 4)
+    return std::nullopt;
+  if (p.stages < 1 || p.replicas < 1 || p.stage < 0 || p.stage >= p.stages || p.replica < 0 ||
+      p.replica >= p.replicas || pipeline_role(p) != role)
+    return std::nullopt;
+  return p;
+}
+
+PipelineGrid wait_for_places(const net::Node& node, const PipelinePlace& mine, milliseconds timeout,
+                             const std::string& limit) {
+  const auto deadline = steady_clock::now() + timeout;
+  const auto stages = static_cast<size_t>(mine.stages);
+  const auto replicas = static_cast<size_t>(mine.replicas);
+  for (;;) {
+    PipelineGrid grid(replicas, std::vector<net::PeerId>(stages, 0));
+    for (const net::MemberView& m : node.members()) {
+      if (m.state != net::MemberState::alive) continue;
+      const auto p = parse_pipeline_role(m.info.role);
+      if (!p)
+        throw NetError("pipeline: " + member_name(m) + " is not a pipeline stage (it announces " +
+                       (m.info.role.empty() ? std::string("no role")
+                                            : "\"" + m.info.role.substr(0, 64) + "\"") +
+                       "); a swarm of pipelines holds only their stages");
+      if (p->stages != mine.stages || p->replicas != mine.replicas)
+        throw NetError("pipeline: " + member_name(m) + " runs " +
+                       place_name(p->stage, p->replica, p->replicas) + " in a swarm of " +
+                       grid_name(p->stages, p->replicas) + ", this peer in one of " +
+                       grid_name(mine.stages, mine.replicas) +
+                       " (pipeline.replicas and the stage count must agree on every peer)");
+      net::PeerId& slot = grid[static_cast<size_t>(p->replica)][static_cast<size_t>(p->stage)];
+      if (slot != 0)
+        throw NetError("pipeline: " + place_name(p->stage, p->replica, mine.replicas) +
+                       " is claimed by " + member_name(m) + " and by peer " +
+                       net::short_peer_id(slot) +
+                       "; give each peer its own pipeline.stage and pipeline.replica");
+      slot = m.info.id;
+    }
+    std::string empty;
+    for (size_t r = 0; r < replicas; ++r)
+      for (size_t s = 0; s < stages; ++s)
+        if (grid[r][s] == 0)
+          empty += (empty.empty() ? "" : ", ") +
+                   place_name(static_cast<int>(s), static_cast<int>(r), mine.replicas);
+    if (empty.empty()) return grid;
+    if (steady_clock::now() > deadline)
+      throw NetError("pipeline: no peer holds " + empty + " of the " +
+                     grid_name(mine.stages, mine.replicas) + " within " + limit + " = " +
                      std::to_string(timeout.count() / 1000) + " s");
-    const std::vector<uint8_t> bytes = answers[i].wait();
-    int32_t theirs[2] = {-1, -1};
-    if (bytes.size() == 8) std::memcpy(theirs, bytes.data(), 8);
-    if (theirs[0] < 0 || theirs[0] >= stages || theirs[1] < 0 || theirs[1] >= replicas)
-      throw NetError("pipeline: " + who + " claims stage " + std::to_string(theirs[0]) +
-                     " of replica " + std::to_string(theirs[1]) + " in a swarm of " +
-                     std::to_string(replicas) + " replica" + (replicas == 1 ? "" : "s") + " of " +
-                     std::to_string(stages) +
-                     " stages (pipeline.replicas and num_stages must "
-                     "agree on every peer)");
-    net::PeerId& slot = grid[static_cast<size_t>(theirs[1])][static_cast<size_t>(theirs[0])];
-    if (slot != 0)
-      throw NetError("pipeline: stage " + std::to_string(theirs[0]) + " of replica " +
-                     std::to_string(theirs[1]) + " is claimed by " + who + " and by peer " +
-                     net::short_peer_id(slot) +
-                     "; give each peer its own pipeline.stage and pipeline.replica");
-    slot = others[i];
+    std::this_thread::sleep_for(milliseconds(100));
   }
-  return grid;
 }
 
 train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerOptions& options) {
+  const PipelinePlace place{.stage = static_cast<int>(config.pipeline.stage),
+                            .stages = static_cast<int>(config.pipeline.count()),
+                            .replica = static_cast<int>(config.pipeline.replica),
+                            .replicas = static_cast<int>(config.pipeline.replicas)};
+  const int stage = place.stage;
   net::NodeOptions node_opts = net::node_options(config.net);
+  node_opts.role = pipeline_role(place);
+  // No collective waits for a stage before every place is held and every stage says it takes
+  // part (below): one that arrives late holds no one up meanwhile.
+  node_opts.active = false;
   net::Node node(node_opts);
   const std::string entry =
       node_opts.insecure ? node.endpoint() : node_opts.keys.public_key + "@" + node.endpoint();
   if (options.train.json_events) std::cout << train::events::listening(entry).dump() << std::endl;
-  const int stages = static_cast<int>(config.pipeline.count());
-  const int stage = static_cast<int>(config.pipeline.stage);
-  const int replicas = static_cast<int>(config.pipeline.replicas);
-  const int replica = static_cast<int>(config.pipeline.replica);
-  const int places = stages * replicas;
   std::cerr << "peer " << net::short_peer_id(node.id()) << " (pipeline stage " << stage << " of "
-            << stages;
-  if (replicas > 1) std::cerr << ", replica " << replica << " of " << replicas;
+            << place.stages;
+  if (place.replicas > 1) std::cerr << ", replica " << place.replica << " of " << place.replicas;
   std::cerr << ") listening at " << entry << "\n";
   const auto timeout = std::chrono::seconds(config.net.join_timeout_s);
-  if (!node.wait_for_members(static_cast<size_t>(places), timeout))
-    throw NetError("only " + std::to_string(node.members().size()) + " of the " +
-                   std::to_string(places) + " pipeline peers arrived within net.join_timeout_s = " +
-                   std::to_string(config.net.join_timeout_s) + " s");
-  const PipelineGrid grid = pipeline_roles(node, stage, replica, stages, replicas, timeout);
+  const PipelineGrid grid = wait_for_places(node, place, timeout, "net.join_timeout_s");
+  node.activate();
+  wait_until_active(node, grid, timeout);
   // This stage's counterparts in every replica average it through the strategy.
   std::vector<net::PeerId> counterparts;
   for (const auto& pipeline : grid) counterparts.push_back(pipeline[static_cast<size_t>(stage)]);
@@ -113,7 +168,7 @@ train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerO
               << " MB; the other stages hold " << s.dag->params().elsewhere().size() << "), "
               << c.pipeline.schedule << " schedule\n";
     PipelineRunnerOptions o{.stage = stage,
-                            .peers = grid[static_cast<size_t>(replica)],
+                            .peers = grid[static_cast<size_t>(place.replica)],
                             .one_f_one_b = c.pipeline.schedule == "1f1b",
                             .batch = c.train.batch_size,
                             .seq_len = c.model.seq_len,

@@ -1,8 +1,11 @@
-// A peer that runs one stage of a pipeline (pipeline_runner.h): joins the swarm, learns which
-// member runs which stage, and trains its stage. strategy/peer.h calls it when [pipeline] is set.
+// A peer that runs one stage of a pipeline (pipeline_runner.h): joins the swarm, learns from the
+// members' roles which member runs which stage, and trains its stage. strategy/peer.h calls it
+// when [pipeline] is set.
 #pragma once
 
 #include <chrono>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "starling/net/node.h"
@@ -13,14 +16,24 @@ namespace starling::strategy {
 // Where each member of a swarm of pipeline replicas sits: peers[replica][stage].
 using PipelineGrid = std::vector<std::vector<net::PeerId>>;
 
-// Every member tells every other which replica and stage it runs (a point-to-point message each
-// way); the result holds the peer of every place, this one's included. NetError when a member
-// does not answer within `timeout`, claims a place out of range or one already claimed, or the
-// swarm's size is not stages x replicas.
-PipelineGrid pipeline_roles(net::Node& node, int stage, int replica, int stages, int replicas,
-                            std::chrono::milliseconds timeout);
+// A pipeline peer's place as its member record announces it (net::MemberInfo::role), and back.
+struct PipelinePlace {
+  int stage = 0, stages = 1, replica = 0, replicas = 1;
+};
+std::string pipeline_role(const PipelinePlace& p);
+// nullopt when `role` is not a pipeline peer's.
+std::optional<PipelinePlace> parse_pipeline_role(const std::string& role);
 
-// The whole run of a pipeline stage peer (net.backend = "starling"; check_pipeline_peer passed).
+// Waits until every place of `mine`'s grid (stages x replicas) is held by an alive member, this
+// one included, and returns who holds which. NetError at once when a member is not a pipeline
+// peer, counts other stages or replicas, or claims a place another alive member holds; and after
+// `timeout`, naming the places still empty and `limit`, the setting that gave the timeout.
+PipelineGrid wait_for_places(const net::Node& node, const PipelinePlace& mine,
+                             std::chrono::milliseconds timeout, const std::string& limit);
+
+// The whole run of a pipeline stage peer (net.backend = "starling"; check_pipeline_peer passed):
+// joins inactive with its place as its role, waits for every place (wait_for_places) and for
+// every stage to take part, then trains its stage.
 train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerOptions& options);
 
 }  // namespace starling::strategy

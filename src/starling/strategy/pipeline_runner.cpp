@@ -246,12 +246,26 @@ void PipelineStepRunner::all_reduce(at::Tensor& t, const std::vector<int>& stage
   for (const int s : stages) o.group.push_back(options_.peers.at(static_cast<size_t>(s)));
   at::Tensor host = t.to(at::kCPU, at::kFloat).contiguous();
   const double t0 = train::now_s();
+  net::CollectiveResult result;
   try {
-    node_.all_reduce(std::span<float>(host.data_ptr<float>(), static_cast<size_t>(host.numel())), o)
-        .wait();
+    result = node_
+                 .all_reduce(
+                     std::span<float>(host.data_ptr<float>(), static_cast<size_t>(host.numel())), o)
+                 .wait();
   } catch (const NetError& e) {
     throw NetError("pipeline stage " + std::to_string(options_.stage) +
                    ": summing across stages failed" + gone_stages() + ": " + e.what());
+  }
+  // A stage the membership no longer counts (dead, or not yet active) is left out of a sum; a
+  // pipeline's sum without one of its stages is wrong, never a result.
+  if (result.ring.size() != o.group.size()) {
+    std::string missing;
+    for (const int s : stages)
+      if (std::find(result.ring.begin(), result.ring.end(),
+                    options_.peers.at(static_cast<size_t>(s))) == result.ring.end())
+        missing += (missing.empty() ? "" : ", ") + peer_name(s);
+    throw NetError("pipeline stage " + std::to_string(options_.stage) + ": " + missing +
+                   " took no part in a sum across stages" + gone_stages());
   }
   wait_s_ += train::now_s() - t0;
   if (!host.is_same(t)) t.copy_(host);

@@ -79,7 +79,8 @@ class PipelineStepRunner : public train::StepRunner {
   // " (stage 1 (peer ab12cd34) is gone)" for the stages whose peers the membership no longer
   // counts as alive (waiting up to 10 s for it to notice); "" when all are.
   std::string gone_stages() const;
-  // Sums a tensor over the peers of `stages` (a collective on the stages' group).
+  // Sums a tensor over the peers of `stages` (a collective on the stages' group); NetError when
+  // one of them is gone or did not take part.
   void all_reduce(at::Tensor& t, const std::vector<int>& stages, uint64_t tag);
 
   net::Node& node_;

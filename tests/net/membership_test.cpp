@@ -1,0 +1,94 @@
+// What a member record carries and how a peer's table and mailbox treat it: the role and the
+// incarnation travel in gossip and are checked on arrival, a member once active stays active
+// whatever older gossip says, and a restart drops what was under way with the old incarnation.
+#include "starling/net/membership.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "starling/common/error.h"
+#include "starling/net/mailbox.h"
+
+namespace net = starling::net;
+
+namespace {
+
+net::MemberInfo member(net::PeerId id, int64_t joined_at, bool active) {
+  net::MemberInfo m;
+  m.id = id;
+  m.name = "p" + std::to_string(id);
+  m.endpoint = "tcp://127.0.0.1:" + std::to_string(4000 + id);
+  m.joined_at_ms = joined_at;
+  m.active = active;
+  m.incarnation = 1000 + static_cast<uint64_t>(id);
+  return m;
+}
+
+}  // namespace
+
+TEST(MembershipTest, RoleAndIncarnationRoundTripAndAreChecked) {
+  net::MemberInfo m = member(7, 100, false);
+  m.role = "pipeline stage 1/2 replica 0/1";
+  const net::MemberInfo back = net::member_from_json(net::to_json(m));
+  EXPECT_EQ(back.role, m.role);
+  EXPECT_EQ(back.incarnation, m.incarnation);
+  EXPECT_FALSE(back.active);
+  // Records of peers that predate both fields still read.
+  auto j = net::to_json(m);
+  j.erase("role");
+  j.erase("incarnation");
+  EXPECT_EQ(net::member_from_json(j).role, "");
+  auto bad_role = net::to_json(m);
+  bad_role["role"] = 5;
+  EXPECT_THROW(net::member_from_json(bad_role), starling::NetError);
+  bad_role["role"] = std::string(200, 'x');
+  EXPECT_THROW(net::member_from_json(bad_role), starling::NetError);
+  auto bad_incarnation = net::to_json(m);
+  bad_incarnation["incarnation"] = -3;
+  EXPECT_THROW(net::member_from_json(bad_incarnation), starling::NetError);
+}
+
+TEST(MembershipTest, AMemberOnceActiveStaysActiveUntilItRestarts) {
+  net::Membership table(member(1, 100, true));
+  const auto now = net::Clock::now();
+  EXPECT_TRUE(table.merge(member(2, 200, false), now));
+  EXPECT_EQ(table.participants({1, 2}), (std::vector<net::PeerId>{1}));
+  // Its readiness for a collective arrived: it takes part from now on.
+  table.mark_active(2);
+  EXPECT_EQ(table.participants({1, 2}), (std::vector<net::PeerId>{1, 2}));
+  // Gossip from a peer that saw it before it became active changes nothing.
+  EXPECT_FALSE(table.merge(member(2, 200, false), now));
+  EXPECT_EQ(table.participants({1, 2}), (std::vector<net::PeerId>{1, 2}));
+  // A new incarnation starts over, inactive until it says otherwise.
+  net::MemberInfo again = member(2, 300, false);
+  again.incarnation = 99;
+  EXPECT_TRUE(table.merge(again, now));
+  EXPECT_EQ(table.participants({1, 2}), (std::vector<net::PeerId>{1}));
+}
+
+TEST(MailboxTest, ARestartFailsWaitingReceivesAndDropsTheOldIncarnationsMessages) {
+  net::Mailbox box;
+  const net::PeerId peer = 5;
+  box.deliver(peer, 1, {1, 2, 3});  // sent by the old incarnation, never claimed
+  auto waiting = std::make_shared<net::Transfer::State>();
+  box.expect(peer, 2, waiting);
+  EXPECT_EQ(box.unclaimed(), 1u);
+  box.restarted(peer, "peer 5 restarted");
+  net::Transfer failed(waiting);
+  ASSERT_TRUE(failed.test());
+  try {
+    failed.wait();
+    ADD_FAILURE() << "a receive from the old incarnation went on waiting";
+  } catch (const starling::NetError& e) {
+    EXPECT_STREQ(e.what(), "peer 5 restarted");
+  }
+  EXPECT_EQ(box.unclaimed(), 0u);
+  // The new incarnation's messages are received as usual; the old one's are gone.
+  auto first = std::make_shared<net::Transfer::State>();
+  box.expect(peer, 1, first);
+  EXPECT_FALSE(net::Transfer(first).test());
+  box.deliver(peer, 1, {9});
+  EXPECT_EQ(net::Transfer(first).wait(), (std::vector<uint8_t>{9}));
+}
