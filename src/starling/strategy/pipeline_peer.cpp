@@ -74,8 +74,8 @@ std::optional<PipelinePlace> parse_pipeline_role(const std::string& role) {
   return p;
 }
 
-PipelineGrid wait_for_places(const net::Node& node, const PipelinePlace& mine, milliseconds timeout,
-                             const std::string& limit) {
+PipelineGrid wait_for_places(const net::Node& node, const PipelinePlace& mine,
+                             milliseconds timeout) {
   const auto deadline = steady_clock::now() + timeout;
   const auto stages = static_cast<size_t>(mine.stages);
   const auto replicas = static_cast<size_t>(mine.replicas);
@@ -111,9 +111,9 @@ PipelineGrid wait_for_places(const net::Node& node, const PipelinePlace& mine, m
                    place_name(static_cast<int>(s), static_cast<int>(r), mine.replicas);
     if (empty.empty()) return grid;
     if (steady_clock::now() > deadline)
-      throw NetError("pipeline: no peer holds " + empty + " of the " +
-                     grid_name(mine.stages, mine.replicas) + " within " + limit + " = " +
-                     std::to_string(timeout.count() / 1000) + " s");
+      throw NetError(
+          "pipeline: no peer holds " + empty + " of the " + grid_name(mine.stages, mine.replicas) +
+          " within net.join_timeout_s = " + std::to_string(timeout.count() / 1000) + " s");
     std::this_thread::sleep_for(milliseconds(100));
   }
 }
@@ -138,7 +138,7 @@ train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerO
   if (place.replicas > 1) std::cerr << ", replica " << place.replica << " of " << place.replicas;
   std::cerr << ") listening at " << entry << "\n";
   const auto timeout = std::chrono::seconds(config.net.join_timeout_s);
-  const PipelineGrid grid = wait_for_places(node, place, timeout, "net.join_timeout_s");
+  const PipelineGrid grid = wait_for_places(node, place, timeout);
   node.activate();
   wait_until_active(node, grid, timeout);
   // This stage's counterparts in every replica average it through the strategy.

@@ -27,9 +27,9 @@ std::optional<PipelinePlace> parse_pipeline_role(const std::string& role);
 // Waits until every place of `mine`'s grid (stages x replicas) is held by an alive member, this
 // one included, and returns who holds which. NetError at once when a member is not a pipeline
 // peer, counts other stages or replicas, or claims a place another alive member holds; and after
-// `timeout`, naming the places still empty and `limit`, the setting that gave the timeout.
+// `timeout` (net.join_timeout_s), naming the places still empty.
 PipelineGrid wait_for_places(const net::Node& node, const PipelinePlace& mine,
-                             std::chrono::milliseconds timeout, const std::string& limit);
+                             std::chrono::milliseconds timeout);
 
 // The whole run of a pipeline stage peer (net.backend = "starling"; check_pipeline_peer passed):
 // joins inactive with its place as its role, waits for every place (wait_for_places) and for
