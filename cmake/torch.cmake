@@ -54,6 +54,7 @@ add_library(starling STATIC
   src/starling/strategy/pipeline_layout.cpp
   src/starling/strategy/tensor_message.cpp
   src/starling/strategy/pipeline_runner.cpp
+  src/starling/strategy/pipeline_admission.cpp
   src/starling/strategy/pipeline_peer.cpp
   src/starling/strategy/peer.cpp
   src/starling/swap/swap_config.cpp

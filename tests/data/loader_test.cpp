@@ -208,6 +208,20 @@ TEST_F(LoaderTest, RestoreAtTheEndOfAnEpochRollsOver) {
   EXPECT_EQ(b.state().epoch, 1u);
 }
 
+// Seeking to k batches lands where a loader that drew k batches from the start is, across epochs
+// and whatever the loader drew before.
+TEST_F(LoaderTest, SeekLandsWhereAFreshLoaderIsAfterThatManyBatches) {
+  TokenLoader fresh(shards_, options(5, 1, 2));
+  std::vector<Batch> drawn;
+  for (int i = 0; i < 40; ++i) drawn.push_back(fresh.next());
+  for (const int k : {0, 7, 13, 39}) {
+    TokenLoader sought(shards_, options(5, 1, 2));
+    for (int i = 0; i < 3; ++i) sought.next();
+    sought.seek(static_cast<uint64_t>(k));
+    EXPECT_EQ(sought.next().inputs, drawn[static_cast<size_t>(k)].inputs) << "after " << k;
+  }
+}
+
 TEST_F(LoaderTest, RejectsBadState) {
   TokenLoader loader(shards_, options(1));
   EXPECT_THROW(loader.restore(LoaderState{0, kWindows + 1}), CheckpointError);

@@ -126,6 +126,42 @@ TEST(NodeGroupTest, AnInactiveMemberHoldsNoCollectiveUpUntilItCallsOne) {
   EXPECT_EQ(c, a);
 }
 
+// Admitting an inactive member counts it at once in the collectives the admitting peer
+// coordinates; a peer that comes back under a key the swarm knew is told so when it joins.
+TEST(NodeGroupTest, AnAdmittedMemberIsWaitedForAtOnceAndAReturningOneKnowsIt) {
+  Swarm swarm(3);
+  auto nodes = swarm.start(2);
+  net::NodeOptions o = swarm.options(2, nodes[0]->endpoint());
+  o.active = false;
+  nodes.push_back(std::make_unique<net::Node>(o));
+  ASSERT_TRUE(nodes[0]->wait_for_members(3, 10s));
+  EXPECT_FALSE(nodes[2]->returning());
+  uint64_t incarnation = 0;
+  for (const auto& m : nodes[0]->members())
+    if (m.info.id == nodes[2]->id()) incarnation = m.info.incarnation;
+  EXPECT_FALSE(nodes[0]->admit(nodes[2]->id(), incarnation + 1));  // not the one it sees
+  ASSERT_TRUE(nodes[0]->admit(nodes[2]->id(), incarnation));
+
+  // Node 0, the oldest, coordinates: the group's collective waits for the admitted member.
+  const std::vector<net::PeerId> group = {nodes[0]->id(), nodes[1]->id(), nodes[2]->id()};
+  std::vector<float> a(100, 1.0f), b(100, 2.0f), c(100, 4.0f);
+  auto wa = nodes[0]->all_reduce(a, on(group));
+  auto wb = nodes[1]->all_reduce(b, on(group));
+  EXPECT_FALSE(wa.wait_for(1500ms)) << "the collective ran without the admitted member";
+  auto wc = nodes[2]->all_reduce(c, on(group));
+  EXPECT_EQ(wa.wait().ring.size(), 3u);
+  wb.wait();
+  wc.wait();
+  EXPECT_EQ(a, std::vector<float>(100, 7.0f));
+
+  // The same key in a new process.
+  nodes[2]->leave();
+  nodes[2].reset();
+  nodes[2] = std::make_unique<net::Node>(swarm.options(2, nodes[0]->endpoint()));
+  ASSERT_TRUE(nodes[2]->wait_for_members(3, 10s));
+  EXPECT_TRUE(nodes[2]->returning());
+}
+
 TEST(NodeGroupTest, TwoCollectivesInFlightOnDifferentTags) {
   Swarm swarm(3);
   auto nodes = swarm.start(3);

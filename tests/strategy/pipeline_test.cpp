@@ -21,6 +21,7 @@
 #include "starling/common/error.h"
 #include "starling/common/safetensors.h"
 #include "starling/model/build.h"
+#include "starling/strategy/pipeline_admission.h"
 #include "starling/strategy/pipeline_layout.h"
 #include "starling/strategy/pipeline_peer.h"
 #include "starling/strategy/tensor_message.h"
@@ -168,6 +169,36 @@ TEST(PipelinePlace, RoundTripsThroughTheMemberRoleAndRefusesAnythingElse) {
         "pipeline stage 1/4 replica 1/1", "pipeline stage 1/4 replica 0/1 extra",
         "pipeline stage 01/4 replica 0/1", "pipeline stage 1/0 replica 0/1"})
     EXPECT_FALSE(parse_pipeline_role(bad).has_value()) << bad;
+}
+
+// A waiting pipeline is admitted whole: only when every place is held by a live member and each
+// replica is wholly active or wholly waiting.
+TEST(PipelineAdmission, OnlyAWholeWaitingReplicaWithEveryPlaceHeldIsAdmitted) {
+  using starling::net::MemberState;
+  using starling::net::MemberView;
+  const PipelineGrid grid = {{1, 2}, {3, 4}};
+  const auto view = [](std::vector<std::pair<int, bool>> active_by_id,
+                       MemberState dead_state = MemberState::alive) {
+    std::vector<MemberView> v;
+    for (const auto& [id, active] : active_by_id) {
+      MemberView m;
+      m.info.id = static_cast<starling::net::PeerId>(id);
+      m.info.active = active;
+      m.state = id == 4 ? dead_state : MemberState::alive;
+      v.push_back(m);
+    }
+    return v;
+  };
+  // Everyone trains: nothing to admit.
+  EXPECT_FALSE(can_admit(view({{1, true}, {2, true}, {3, true}, {4, true}}), grid));
+  // Replica 1 waits whole: admit.
+  EXPECT_TRUE(can_admit(view({{1, true}, {2, true}, {3, false}, {4, false}}), grid));
+  // Its stage 1 is not back yet (absent, or its dead predecessor): wait.
+  EXPECT_FALSE(can_admit(view({{1, true}, {2, true}, {3, false}}), grid));
+  EXPECT_FALSE(
+      can_admit(view({{1, true}, {2, true}, {3, false}, {4, false}}, MemberState::dead), grid));
+  // Its stage 0 still runs the old pipeline (active) while stage 1 waits: wait.
+  EXPECT_FALSE(can_admit(view({{1, true}, {2, true}, {3, true}, {4, false}}), grid));
 }
 
 TEST(PipelineConfig, StagesAreReadCheckedAndSplit) {
@@ -575,6 +606,78 @@ TEST_F(PipelineRunTest, AKilledStageStopsItsPipelineWhileTheOtherReplicaGoesOn) 
     EXPECT_GT(records(dir / "metrics.jsonl"), at_kill) << out;
   }
   EXPECT_NE(out.find("peers failed"), std::string::npos) << out;
+}
+
+// With pipeline.replacement_wait_s, a peer started with a dead stage's key takes its place: the
+// dead stage's partner leaves and rejoins, a whole replica admits both at one step, they take its
+// state, and all four peers train to the end with the replicas equal.
+TEST_F(PipelineRunTest, AReplacementTakesOverADeadStageFromItsCounterpart) {
+  const fs::path cfg = config("replace", "gpt2-tiny", 2, false);
+  const fs::path run = root_ / "run_replace";
+  const fs::path log = root_ / "replace.log";
+  const std::string settings =
+      " --set pipeline.num_stages=2 --set strategy.kind=ddp --set train.steps=3000 --set "
+      "train.log_every=10 --set train.eval_every=0 --set train.checkpoint_every=1000 --set "
+      "net.peer_timeout_ms=2000 --set pipeline.replacement_wait_s=120";
+  const pid_t launcher = launch("--config " + cfg.string() + " --peers 4" + settings, log);
+  ASSERT_GT(launcher, 0);
+  const auto records = lines;
+  for (int i = 0; i < 600 && records(run / "peer-3" / "metrics.jsonl") < 5; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_GE(records(run / "peer-3" / "metrics.jsonl"), 5) << starling::testing::read_file(log);
+  // Stage 1 of replica 1.
+  ASSERT_EQ(std::system(("pkill -9 -f '" + (run / "[p]eer-3").string() + "\"'").c_str()), 0);
+  // Its partner notices, leaves and waits to rejoin.
+  for (int i = 0; i < 300; ++i) {
+    if (starling::testing::read_file(run / "peer-2.log").find("for a replacement") !=
+        std::string::npos)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_NE(starling::testing::read_file(run / "peer-2.log").find("for a replacement"),
+            std::string::npos)
+      << starling::testing::read_file(run / "peer-2.log");
+
+  // The replacement: peer 3's key, rank and directory, through the launcher's entry point.
+  std::smatch m;
+  const std::string launched = starling::testing::read_file(log);
+  ASSERT_TRUE(std::regex_search(launched, m, std::regex("entry point (\\S+)"))) << launched;
+  const fs::path script = root_ / "replace.sh";
+  std::ofstream(script) << STARLING_CLI_PATH << " peer -q --resume --data-rank 3 --data-world 4 "
+                        << "--config " << cfg.string() << settings << " --set 'train.out_dir=\""
+                        << (run / "peer-3").string() << "\"' --set 'net.key=\""
+                        << (run / "keys" / "peer-3.key").string() << "\"' --set 'net.allow=\""
+                        << (run / "keys" / "allowlist").string()
+                        << "\"' --set 'net.name=\"peer-3\"' --set "
+                        << "'net.listen=\"tcp://127.0.0.1:0\"' --set 'net.join=[\"" << m[1].str()
+                        << "\"]' > " << (root_ / "replacement.log").string() << " 2>&1\n";
+  const int replaced = std::system(("timeout 300 sh " + script.string()).c_str());
+  while (::kill(launcher, 0) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const std::string replacement = starling::testing::read_file(root_ / "replacement.log");
+  EXPECT_EQ(replaced, 0) << replacement;
+  EXPECT_NE(replacement.find("waiting until a whole replica admits"), std::string::npos)
+      << replacement;
+  EXPECT_TRUE(std::regex_search(replacement, std::regex("adopting the swarm's state from peer "
+                                                        "\\S+ \\(step [1-9]")))
+      << replacement;
+  const std::string healthy = starling::testing::read_file(run / "peer-1.log");
+  EXPECT_NE(healthy.find("admitting peer"), std::string::npos) << healthy;
+
+  // Every stage of both replicas finished, and the replicas hold the same weights.
+  for (const int s : {0, 1}) {
+    const auto path = [&](int peer) {
+      return run / ("peer-" + std::to_string(peer)) / "checkpoints" / "step_00003000" /
+             "model.safetensors";
+    };
+    ASSERT_TRUE(fs::exists(path(s)) && fs::exists(path(s + 2)))
+        << "stage " << s << " did not finish in both replicas:\n"
+        << starling::testing::read_file(run / ("peer-" + std::to_string(s + 2) + ".log"));
+    const auto a = starling::read_safetensors(path(s));
+    const auto b = starling::read_safetensors(path(s + 2));
+    ASSERT_EQ(a.tensors.size(), b.tensors.size());
+    for (const auto& [name, t] : a.tensors)
+      EXPECT_TRUE(at::equal(t, b.at(name))) << name << " differs between the replicas' stage " << s;
+  }
 }
 
 }  // namespace

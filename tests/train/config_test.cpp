@@ -347,7 +347,8 @@ std::vector<std::string> all_keys() {
         "join", "key", "allow", "insecure", "direct_data", "heartbeat_ms", "peer_timeout_ms",
         "join_timeout_s", "collective_timeout_s", "min_peers"}},
       {"swap", {"budget", "tier", "dir", "group_nodes", "depth", "overlap_update"}},
-      {"pipeline", {"stages", "num_stages", "schedule", "stage", "replicas", "replica"}}};
+      {"pipeline",
+       {"stages", "num_stages", "schedule", "stage", "replicas", "replica", "replacement_wait_s"}}};
   std::vector<std::string> keys;
   for (const auto& [table, names] : tables)
     for (const auto& n : names) keys.push_back(table + "." + n);

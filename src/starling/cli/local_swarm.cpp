@@ -288,7 +288,8 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
     double lo = 1e30, hi = -1e30, tps = 0, sent = 0, wait = 0, elapsed = 0;
     int live = 0;
     for (const auto& v : views) {
-      if (v.step == 0) continue;
+      // A failed peer's last step would hold the line back while the others train on.
+      if (v.step == 0 || v.exit_code.value_or(0) != 0) continue;
       step = step < 0 ? v.step : std::min(step, v.step);
       steps = std::max(steps, v.steps);
       lo = std::min(lo, v.loss);

@@ -165,4 +165,10 @@ void TokenLoader::restore(const LoaderState& state) {
   state_ = state;
 }
 
+void TokenLoader::seek(uint64_t batches) {
+  const uint64_t rows = batches * static_cast<uint64_t>(options_.batch);
+  state_.epoch = rows / windows_per_epoch();
+  state_.cursor = rows % windows_per_epoch();
+}
+
 }  // namespace starling::data

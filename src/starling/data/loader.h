@@ -55,6 +55,10 @@ class TokenLoader {
   LoaderState state() const { return state_; }
   // CheckpointError if the cursor lies past this peer's windows per epoch.
   void restore(const LoaderState& state);
+  // The position after `batches` batches from the start of epoch 0: where a run that drew that
+  // many is, whatever this loader drew before (peers that must draw the same batches from the
+  // same step on, such as a pipeline's stages, meet there).
+  void seek(uint64_t batches);
   // Windows this peer sees per epoch.
   uint64_t windows_per_epoch() const;
   // Tokens each window yields for training (seq_len).

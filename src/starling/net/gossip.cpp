@@ -201,7 +201,7 @@ void Gossip::handle(Incoming& in, const json& body) {
         for (const Member& x : table_.members.all())
           if (x.state != MemberState::left) list.push_back(to_json(x.info));
       }
-      send(h.sender, MsgType::welcome, json_message({{"members", list}}));
+      send(h.sender, MsgType::welcome, json_message({{"members", list}, {"returning", restarted}}));
       table_.changed.notify_all();
       break;
     }
@@ -221,6 +221,8 @@ void Gossip::handle(Incoming& in, const json& body) {
           table_.members.merge_links_json(body["links"], h.sender);
         if (h.type == MsgType::welcome && !table_.welcomed && !entries_.empty()) {
           table_.welcomed = true;
+          table_.returning = body.contains("returning") && body["returning"].is_boolean() &&
+                             body["returning"].get<bool>();
           // The coordinator is the oldest member; a joiner must be younger than everyone it
           // finds, whatever its clock says. Only once, on the welcome that completes the join:
           // every later change would look like a restart to the others.

@@ -27,6 +27,9 @@ struct MemberTable {
   mutable std::condition_variable changed;
   Membership members;     // guarded by mutex
   bool welcomed = false;  // guarded by mutex: an entry point has let this peer in
+  // Guarded by mutex: the entry point that let this peer in knew its id from an earlier start (a
+  // process that died or left, and this one took its key).
+  bool returning = false;
 };
 
 }  // namespace starling::net

@@ -388,6 +388,20 @@ void Node::Impl::activate() {
   transport_->wake();
 }
 
+bool Node::Impl::admit(PeerId peer, uint64_t incarnation) {
+  std::lock_guard lock(table_.mutex);
+  const Member* m = table_.members.find(peer);
+  if (m == nullptr || m->state != MemberState::alive || m->info.incarnation != incarnation)
+    return false;
+  table_.members.mark_active(peer);
+  return true;
+}
+
+bool Node::Impl::returning() const {
+  std::lock_guard lock(table_.mutex);
+  return table_.returning;
+}
+
 Node::Counters Node::Impl::counters() const {
   return {transport_->rejected() + malformed_.load(), transport_->refused_connections(),
           transport_->bytes_sent() + direct_bytes_sent_.load(), direct_bytes_sent_.load()};
@@ -400,12 +414,14 @@ Node::~Node() { impl_->stop(true); }
 PeerId Node::id() const { return impl_->id(); }
 const std::string& Node::endpoint() const { return impl_->endpoint(); }
 std::vector<MemberView> Node::members() const { return impl_->members(); }
+bool Node::returning() const { return impl_->returning(); }
 std::vector<LinkView> Node::links() const { return impl_->links(); }
 bool Node::wait_for_members(size_t count, milliseconds timeout) const {
   return impl_->wait_for_members(count, timeout);
 }
 void Node::activate() { impl_->activate(); }
 void Node::leave() { impl_->stop(true); }
+bool Node::admit(PeerId peer, uint64_t incarnation) { return impl_->admit(peer, incarnation); }
 Node::Counters Node::counters() const { return impl_->counters(); }
 PeerId Node::self() const { return id(); }
 uint64_t Node::bytes_sent() const { return counters().bytes_sent; }

@@ -49,6 +49,9 @@ class Node : public Collectives {
   const std::string& endpoint() const;
 
   std::vector<MemberView> members() const;
+  // Whether the swarm knew this peer's id before this start (its key ran in a process that died
+  // or left): this peer comes back in that one's place. Known once the join completed.
+  bool returning() const;
   std::vector<LinkView> links() const;
   // Waits until at least `count` members (this one included) are alive.
   bool wait_for_members(size_t count, std::chrono::milliseconds timeout) const;
@@ -67,6 +70,13 @@ class Node : public Collectives {
   // fetch state or wait for others first; calling a collective does the same). Once active, a
   // peer counts in every collective of the swarm or of its groups until it leaves or restarts.
   void activate();
+  // Counts the alive member `peer` (in its start `incarnation`: MemberInfo::incarnation) as active
+  // from now on, in the collectives this peer coordinates and in whom it takes for their
+  // coordinator, without waiting for its readiness or its gossip to say so. For peers that agree
+  // among themselves on the step at which an inactive member joins their collectives (a
+  // replacement pipeline stage): each marks it at that step, then the member calls one. False
+  // when `peer` is not an alive member in that incarnation.
+  bool admit(PeerId peer, uint64_t incarnation);
   // Tells every member this peer leaves, then stops. Pending collectives fail.
   void leave();
 

@@ -41,6 +41,8 @@ class Node::Impl {
   std::vector<LinkView> links() const;
   bool wait_for_members(size_t count, std::chrono::milliseconds timeout) const;
   void activate();
+  bool admit(PeerId peer, uint64_t incarnation);
+  bool returning() const;
   Node::Counters counters() const;
 
   PeerId id() const { return self_id_; }

@@ -62,6 +62,10 @@ void add_config_keys(PipelineConfig& c, config::Keys& k) {
   k.push_back(int_key("pipeline", "replica", &c.replica, -1,
                       "the replica this peer belongs to; -1 = the peer's rank over the stage "
                       "count"));
+  k.push_back(int_key("pipeline", "replacement_wait_s", &c.replacement_wait_s, 0,
+                      "with replicas: seconds the other stages of a pipeline that lost a stage "
+                      "peer wait for a replacement (a peer started with the dead one's net.key) "
+                      "to take over its stage; 0 = they stop at once"));
 }
 
 void check(const PipelineConfig& c, const std::string& source) {

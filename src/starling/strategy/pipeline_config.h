@@ -25,6 +25,11 @@ struct PipelineConfig {
   // the world size (WORLD_SIZE, --data-world) divided by the stage count, else 1.
   int64_t replicas = 0;
   int64_t replica = -1;  // the replica this peer belongs to; -1 = from the rank (rank / stages)
+  // With replicas: how long the other stages of a pipeline that lost a stage peer wait for a
+  // replacement (a peer started with the dead one's key) before they give up; 0 = they stop at
+  // once. The replacement and the waiting stages take the state of their counterparts in a whole
+  // replica, which admits them all at the same step.
+  int64_t replacement_wait_s = 0;
 
   bool enabled() const { return !stages.empty() || num_stages > 1; }
   int64_t count() const {

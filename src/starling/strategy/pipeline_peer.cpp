@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "starling/common/error.h"
+#include "starling/strategy/pipeline_admission.h"
 #include "starling/strategy/pipeline_runner.h"
 #include "starling/train/events.h"
 #include "starling/train/precision.h"
@@ -118,37 +119,15 @@ PipelineGrid wait_for_places(const net::Node& node, const PipelinePlace& mine,
   }
 }
 
-train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerOptions& options) {
-  const PipelinePlace place{.stage = static_cast<int>(config.pipeline.stage),
-                            .stages = static_cast<int>(config.pipeline.count()),
-                            .replica = static_cast<int>(config.pipeline.replica),
-                            .replicas = static_cast<int>(config.pipeline.replicas)};
+namespace {
+
+// One attempt at training this stage on `node`, every place of `grid` held and active.
+train::TrainResult train_stage(const train::RunConfig& c, train::TrainOptions t, net::Node& node,
+                               const PipelineGrid& grid, const PipelinePlace& place) {
   const int stage = place.stage;
-  net::NodeOptions node_opts = net::node_options(config.net);
-  node_opts.role = pipeline_role(place);
-  // No collective waits for a stage before every place is held and every stage says it takes
-  // part (below): one that arrives late holds no one up meanwhile.
-  node_opts.active = false;
-  net::Node node(node_opts);
-  const std::string entry =
-      node_opts.insecure ? node.endpoint() : node_opts.keys.public_key + "@" + node.endpoint();
-  if (options.train.json_events) std::cout << train::events::listening(entry).dump() << std::endl;
-  std::cerr << "peer " << net::short_peer_id(node.id()) << " (pipeline stage " << stage << " of "
-            << place.stages;
-  if (place.replicas > 1) std::cerr << ", replica " << place.replica << " of " << place.replicas;
-  std::cerr << ") listening at " << entry << "\n";
-  const auto timeout = std::chrono::seconds(config.net.join_timeout_s);
-  const PipelineGrid grid = wait_for_places(node, place, timeout);
-  node.activate();
-  wait_until_active(node, grid, timeout);
   // This stage's counterparts in every replica average it through the strategy.
   std::vector<net::PeerId> counterparts;
   for (const auto& pipeline : grid) counterparts.push_back(pipeline[static_cast<size_t>(stage)]);
-
-  // The end-of-run sample would need the whole model on one peer.
-  train::RunConfig c = config;
-  c.train.sample_at_end = false;
-  train::TrainOptions t = options.train;
   // A stage builds, holds, steps and checkpoints only the parameters its nodes read.
   t.model_part = [&c, stage](int nodes) {
     return stage_ranges(c.pipeline, nodes).at(static_cast<size_t>(stage));
@@ -156,6 +135,8 @@ train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerO
   std::unique_ptr<train::StepHooks> hooks;
   if (c.strategy.kind != "none") hooks = make_strategy(c, node, counterparts);
   t.hooks = hooks.get();
+  std::optional<PipelineAdmission> admission;
+  if (place.replicas > 1) admission.emplace(node, grid, stage);
   t.step_runner = [&](train::Session& s,
                       train::ProgressLine&) -> std::unique_ptr<train::StepRunner> {
     PipelineLayout layout(*s.dag, stage_ranges(c.pipeline, s.dag->size()));
@@ -172,13 +153,94 @@ train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerO
                             .one_f_one_b = c.pipeline.schedule == "1f1b",
                             .batch = c.train.batch_size,
                             .seq_len = c.model.seq_len,
-                            .autocast = train::parse_dtype(c.train.dtype, "train.dtype")};
+                            .autocast = train::parse_dtype(c.train.dtype, "train.dtype"),
+                            .micro_batches = c.train.grad_accum,
+                            .admission = admission ? &*admission : nullptr};
     return std::make_unique<PipelineStepRunner>(node, std::move(layout), std::move(o), *s.executor,
                                                 *s.dag, *s.optimizer, *s.loader, s.device);
   };
   train::TrainResult result = train::train(c, t);
   node.leave();
   return result;
+}
+
+// Where a peer that leaves can join again: every other alive member.
+std::vector<std::string> entry_points(const net::Node& node, bool insecure) {
+  std::vector<std::string> out;
+  for (const net::MemberView& m : node.members())
+    if (m.info.id != node.id() && m.state == net::MemberState::alive && !m.info.endpoint.empty())
+      out.push_back(insecure ? m.info.endpoint : m.info.public_key + "@" + m.info.endpoint);
+  return out;
+}
+
+}  // namespace
+
+train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerOptions& options) {
+  const PipelinePlace place{.stage = static_cast<int>(config.pipeline.stage),
+                            .stages = static_cast<int>(config.pipeline.count()),
+                            .replica = static_cast<int>(config.pipeline.replica),
+                            .replicas = static_cast<int>(config.pipeline.replicas)};
+  const int stage = place.stage;
+  net::NodeOptions node_opts = net::node_options(config.net);
+  node_opts.role = pipeline_role(place);
+  // No collective waits for a stage before every place is held and every stage says it takes
+  // part (below): one that arrives late holds no one up meanwhile.
+  node_opts.active = false;
+  const int64_t replacement_wait_s = place.replicas > 1 ? config.pipeline.replacement_wait_s : 0;
+  if (replacement_wait_s > 0 && node_opts.insecure)
+    throw ConfigError(
+        "pipeline.replacement_wait_s needs the peers' keys: a replacement takes over a stage "
+        "under the dead peer's key, and --insecure peers draw a new id at every start");
+  auto node = std::make_unique<net::Node>(node_opts);
+  const std::string entry =
+      node_opts.insecure ? node->endpoint() : node_opts.keys.public_key + "@" + node->endpoint();
+  if (options.train.json_events) std::cout << train::events::listening(entry).dump() << std::endl;
+  std::cerr << "peer " << net::short_peer_id(node->id()) << " (pipeline stage " << stage << " of "
+            << place.stages;
+  if (place.replicas > 1) std::cerr << ", replica " << place.replica << " of " << place.replicas;
+  std::cerr << ") listening at " << entry << "\n";
+
+  // The end-of-run sample would need the whole model on one peer.
+  train::RunConfig c = config;
+  c.train.sample_at_end = false;
+  train::TrainOptions t = options.train;
+  const auto join_timeout = std::chrono::seconds(config.net.join_timeout_s);
+  const auto rejoin_timeout = std::max<std::chrono::seconds>(
+      join_timeout, std::chrono::seconds(std::max<int64_t>(replacement_wait_s, 0)));
+  for (bool rejoined = false;; rejoined = true) {
+    // Only other replicas can let a returning stage in; a lone pipeline starts afresh.
+    const bool returning = node->returning() && place.replicas > 1;
+    const auto timeout = rejoined || returning ? rejoin_timeout : join_timeout;
+    const PipelineGrid grid = wait_for_places(*node, place, timeout);
+    if (returning) {
+      // The swarm trains on: a whole replica lets this stage in with the rest of its pipeline.
+      std::cerr << "pipeline stage " << stage << " of replica " << place.replica
+                << ": back in the swarm; waiting until a whole replica admits this pipeline\n";
+      wait_for_admission(*node, grid, place, timeout);
+    }
+    node->activate();
+    wait_until_active(*node, grid, timeout);
+    try {
+      return train_stage(c, t, *node, grid, place);
+    } catch (const NetError& e) {
+      if (replacement_wait_s <= 0) throw;
+      // The other replicas train on. This stage leaves and joins again inactive under its key,
+      // and waits for the rest of its pipeline to be held (a replacement started with the dead
+      // peer's key) and for the replicas to admit it.
+      std::cerr << "pipeline stage " << stage << " of replica " << place.replica << ": " << e.what()
+                << "\npipeline stage " << stage << " of replica " << place.replica
+                << ": waiting up to " << replacement_wait_s
+                << " s for a replacement of the lost stage (a peer started with its net.key)\n";
+      node_opts.join = entry_points(*node, node_opts.insecure);
+      node->leave();
+      node.reset();
+      if (node_opts.join.empty())
+        throw NetError(std::string(e.what()) + "; no other peer is alive to rejoin through");
+      node = std::make_unique<net::Node>(node_opts);
+      // It trains on from its checkpoints, and from the state its counterparts hold.
+      t.resume = true;
+    }
+  }
 }
 
 }  // namespace starling::strategy

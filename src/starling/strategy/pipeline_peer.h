@@ -33,7 +33,10 @@ PipelineGrid wait_for_places(const net::Node& node, const PipelinePlace& mine,
 
 // The whole run of a pipeline stage peer (net.backend = "starling"; check_pipeline_peer passed):
 // joins inactive with its place as its role, waits for every place (wait_for_places) and for
-// every stage to take part, then trains its stage.
+// every stage to take part, then trains its stage. A peer that comes back under a key the swarm
+// knew (a replacement) first waits until a whole replica admits it (pipeline_admission.h); with
+// pipeline.replacement_wait_s, a stage whose pipeline lost a peer leaves, joins again inactive
+// and waits the same way instead of stopping.
 train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerOptions& options);
 
 }  // namespace starling::strategy

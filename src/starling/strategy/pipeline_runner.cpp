@@ -11,6 +11,7 @@
 #include "starling/common/error.h"
 #include "starling/data/loader.h"
 #include "starling/graph/param_store.h"
+#include "starling/strategy/pipeline_admission.h"
 #include "starling/train/adamw.h"
 #include "starling/train/metrics.h"
 
@@ -283,7 +284,8 @@ at::Tensor PipelineStepRunner::update(double lr, double max_norm, bool skip) {
     at::Tensor g = value.grad();
     all_reduce(g, sp.stages, kCollectiveTag | static_cast<uint64_t>(sp.id));
   }
-  // The global norm: each stage's sum of squares over the parameters it counts, added up.
+  // The global norm: each stage's sum of squares over the parameters it counts, added up; and,
+  // in the same sum, each stage's vote to admit a waiting pipeline.
   at::Tensor sumsq = at::zeros({1}, at::TensorOptions(device_).dtype(at::kFloat));
   std::vector<at::Tensor> grads;
   for (size_t i = 0; i < own_.size(); ++i) {
@@ -292,16 +294,29 @@ at::Tensor PipelineStepRunner::update(double lr, double max_norm, bool skip) {
     grads.push_back(g);
     if (counted_[i]) sumsq += g.to(at::kFloat).pow(2).sum();
   }
+  const bool vote = options_.admission != nullptr && options_.admission->vote();
+  at::Tensor summed =
+      at::cat({sumsq, at::full({1}, vote ? 1.f : 0.f, sumsq.options())}).to(at::kCPU);
   std::vector<int> all(static_cast<size_t>(layout_.stages()));
   for (int s = 0; s < layout_.stages(); ++s) all[static_cast<size_t>(s)] = s;
-  all_reduce(sumsq, all, kNormTag);
-  const at::Tensor total = sumsq.sqrt().reshape({});
+  all_reduce(summed, all, kNormTag);
+  admission_ready_ = summed[1].item<float>() == static_cast<float>(layout_.stages());
+  const at::Tensor total = summed.narrow(0, 0, 1).to(device_).sqrt().reshape({});
   if (max_norm > 0) {
     const at::Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
     for (auto& g : grads) g.mul_(coef);
   }
   if (!skip) optimizer_.step(lr);
   return total;
+}
+
+void PipelineStepRunner::align(int64_t step) {
+  loader_.seek(static_cast<uint64_t>(step * options_.micro_batches));
+}
+
+void PipelineStepRunner::admit_waiting() {
+  if (options_.admission != nullptr) options_.admission->admit();
+  admission_ready_ = false;
 }
 
 std::optional<train::StepRunner::ModelPart> PipelineStepRunner::trained_params() const {

@@ -35,12 +35,17 @@ class AdamW;
 
 namespace starling::strategy {
 
+class PipelineAdmission;
+
 struct PipelineRunnerOptions {
   int stage = 0;                   // the stage this peer runs
   std::vector<net::PeerId> peers;  // the peer running each stage
   bool one_f_one_b = true;         // "1f1b" (true) or "gpipe"
   int64_t batch = 1, seq_len = 1;  // a micro-batch's shape (for checking what arrives)
   c10::ScalarType autocast = c10::ScalarType::Float;
+  int64_t micro_batches = 1;  // per step (train.grad_accum): where align() moves the loader
+  // With replicas: this stage's part in admitting a waiting pipeline (pipeline_admission.h).
+  PipelineAdmission* admission = nullptr;
 };
 
 class PipelineStepRunner : public train::StepRunner {
@@ -63,6 +68,13 @@ class PipelineStepRunner : public train::StepRunner {
   // Stages in the pipeline, bytes this peer sent, time spent waiting for other stages.
   std::optional<train::StrategyReport> network_report() const override;
   std::string report() const override;
+  // Moves the loader to `step` (every stage of a pipeline that adopted a step draws the same
+  // micro-batches from it on).
+  void align(int64_t step) override;
+  // Whether every stage of this pipeline voted, in the last step's sum, that a waiting pipeline
+  // can be admitted; admit_waiting() admits this stage's waiting counterparts.
+  bool admission_ready() const override { return admission_ready_; }
+  void admit_waiting() override;
 
  private:
   struct InFlight;  // one micro-batch between its forward and its backward
@@ -99,6 +111,7 @@ class PipelineStepRunner : public train::StepRunner {
   double wait_s_ = 0;     // receiving from other stages
   double compute_s_ = 0;  // this stage's forward and backward
   int64_t steps_ = 0;
+  bool admission_ready_ = false;
 };
 
 }  // namespace starling::strategy

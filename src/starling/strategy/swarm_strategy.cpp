@@ -103,12 +103,13 @@ bool SwarmStrategy::all_reduce(Staging& staged, int64_t n, net::WirePrecision pr
 
 Agreement SwarmStrategy::agree(train::Replica& r) {
   for (int attempt = 0;; ++attempt) {
-    at::Tensor control = at::zeros({4}, at::kFloat);
+    at::Tensor control = at::zeros({5}, at::kFloat);
     float* c = control.data_ptr<float>();
     c[0] = need_state_ ? 1.f : 0.f;
     c[1] = 1.f;
     c[2] = static_cast<float>(version_ % (1 << 20));  // compared as a sum: exact below 2^24/peers
     c[3] = has_previous() ? 1.f : 0.f;
+    c[4] = r.runner != nullptr && r.runner->admission_ready() ? 1.f : 0.f;
     const double t0 = now_s();
     net::CollectiveResult result;
     try {
@@ -134,9 +135,13 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     const int with_previous = static_cast<int>(c[3]);
     a.previous_on_all = with_previous == a.peers;
     peers_ = a.peers;
+    // Every participant sees waiting peers it can admit: all admit them before the next
+    // collective (after this agreement's own), so every group counts them from the same step.
+    const bool admit = static_cast<int>(c[4]) == a.peers && r.runner != nullptr;
     if (needing == 0 && versions_agree) {
       a.contributors = a.peers;
       a.contribute = true;
+      if (admit) r.runner->admit_waiting();
       return a;
     }
     // Someone lacks the shared state: the longest-standing participant sends its own.
@@ -168,11 +173,15 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     if (need_state_ || r.step != root_step)
       log("adopting the swarm's state from peer " + net::short_peer_id(root) + " (step " +
           std::to_string(root_step) + ", round " + std::to_string(root_version) + ")");
+    const bool moved = r.step != root_step;
     r.step = root_step;
     r.optimizer.set_steps(root_step);
     version_ = root_version;
     unpack_state(r, state.narrow(0, kHeader, state_numel()));
-    if (r.runner != nullptr) r.runner->state_replaced();
+    if (r.runner != nullptr) {
+      r.runner->state_replaced();
+      if (moved) r.runner->align(root_step);
+    }
     need_state_ = false;
     a.synced = true;
     // Agree on who contributes: one more tiny sum.
@@ -184,6 +193,7 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     }
     a.contributors = static_cast<int>(count.item<float>());
     a.previous_on_all = has_previous();  // the root's, now everyone's
+    if (admit) r.runner->admit_waiting();
     return a;
   }
 }

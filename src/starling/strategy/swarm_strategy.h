@@ -4,9 +4,10 @@
 // the counters the progress display shows.
 //
 // Each round boundary opens with a tiny all-reduce (the agreement) of
-//   [needs state, 1, anchor version, has the previous round's average]
+//   [needs state, 1, anchor version, has the previous round's average, votes to admit]
 // so every peer learns, from bit-identical sums, how many take part and whether all of them hold
-// the same shared state. If any peer lacks it (a joiner, a restarted swarm), or the versions
+// the same shared state (and whether all of them would admit waiting peers now: see
+// StepRunner::admission_ready). If any peer lacks it (a joiner, a restarted swarm), or the versions
 // disagree (a peer missed an average when another died), the root, the longest-standing
 // participant, broadcasts its state and everyone adopts it; only peers whose own state matched
 // the root's contribute local progress to the round. A failed collective never stops the run: the

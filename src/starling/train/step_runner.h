@@ -93,6 +93,17 @@ class StepRunner {
   // After gather(), the weights and optimizer moments were overwritten (the replica adopted the
   // swarm's state): a runner that keeps copies of them elsewhere must take the new values.
   virtual void state_replaced() {}
+  // The replica adopted the swarm's step `step` (a joiner, or a peer that fell behind): a runner
+  // whose peers must draw the same batches as it does (a pipeline's stages) moves its loader to
+  // where a run that started at step 0 is before drawing step `step`'s micro-batches.
+  virtual void align(int64_t /*step*/) {}
+
+  // Admitting waiting peers (a replacement pipeline, strategy/pipeline_admission.h) at one step
+  // across the swarm: whether this runner, and every part of the model with it, sees peers waiting
+  // that can be admitted now. A strategy counts the votes in its round agreement; when every
+  // participant voted yes, each calls admit_waiting() before its next collective.
+  virtual bool admission_ready() const { return false; }
+  virtual void admit_waiting() {}
 
   // The loss of one evaluation batch ([inputs, targets] on the model's device) without training,
   // 0-dim on the model's device. By default `executor` runs the whole model here; a pipeline
