@@ -53,6 +53,7 @@ add_library(starling STATIC
   src/starling/strategy/pipeline_config.cpp
   src/starling/strategy/pipeline_layout.cpp
   src/starling/strategy/tensor_message.cpp
+  src/starling/compress/topk.cpp
   src/starling/strategy/pipeline_runner.cpp
   src/starling/strategy/pipeline_admission.cpp
   src/starling/strategy/pipeline_peer.cpp
@@ -120,6 +121,7 @@ target_link_libraries(starling_cli PRIVATE starling starling_netlab CLI11::CLI11
 
 add_executable(starling_tests
   tests/graph/executor_test.cpp
+  tests/compress/topk_test.cpp
   tests/model/config_test.cpp
   tests/model/oracle_test.cpp
   tests/model/hf_gpt2_test.cpp

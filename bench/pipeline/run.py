@@ -6,9 +6,11 @@ that cross the stage boundaries per step.
 
     /usr/bin/python3 bench/pipeline/run.py --starling build/starling             # gpt2-mini
     /usr/bin/python3 bench/pipeline/run.py --stages 2 --links loopback --reps 1  # quick look
+    /usr/bin/python3 bench/pipeline/run.py --stages 2 --links 10mbit --compression none topk:0.1 adatopk
 
 Each configuration runs `starling train --peers S --set pipeline.num_stages=S` (uniform split by
-node count, no compression: the baseline the scheduler has to beat) for --steps steps; shaped
+node count, no compression unless --compression names others: the baseline the scheduler has to
+beat) for --steps steps; shaped
 links (`--link-rate`, a tbf qdisc per peer's namespace) need root and are skipped without it.
 Tokens/s is the median over the steps after the first two of the last stage's records, then the
 median over --reps runs; the ratio is against the single process's tokens/s, run before each
@@ -58,6 +60,9 @@ def main():
     ap.add_argument("--links", nargs="+", default=["loopback", "1gbit", "100mbit", "10mbit"])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--baseline-threads", type=int, default=1)
+    ap.add_argument("--extra-warmup", type=int, default=0, help="pipeline.extra_warmup (1f1b)")
+    ap.add_argument("--compression", nargs="+", default=["none"],
+                    help="pipeline.compression values to compare: none, topk, topk:RATIO, adatopk")
     args = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="starling_bench_pipeline_")
@@ -72,53 +77,65 @@ def main():
     tokens_per_step = None
     rows = []
     n = 0
-    for stages in args.stages:
-        for link in args.links:
-            if link != "loopback" and not root:
-                print(f"{stages} stages, {link}: skipped (shaped links need root)")
-                continue
-            ratios, tps, base, bubbles, mb_step = [], [], [], [], []
-            for rep in range(args.reps):
-                n += 1
-                one = os.path.join(work, f"one{n}")
-                run([args.starling, "train", "-q", "--config", cfg, "--set", f'train.out_dir="{one}"',
-                     "--set", f"train.threads={args.baseline_threads}"], one + ".log")
-                b = steady_tokens_per_s(os.path.join(one, "metrics.jsonl"))
-                out = os.path.join(work, f"pipe{n}")
-                cmd = [args.starling, "train", "-q", "--config", cfg, "--peers", str(stages),
-                       "--set", f'train.out_dir="{out}"', "--set", f"pipeline.num_stages={stages}",
-                       "--set", f'pipeline.schedule="{args.schedule}"']
-                if link != "loopback":
-                    cmd += ["--link-rate", link]
-                run(cmd, out + ".log")
-                t = steady_tokens_per_s(os.path.join(out, f"peer-{stages - 1}", "metrics.jsonl"))
-                # From each stage's step records (cumulative counters in "net"): the steps after
-                # the second, so neither start-up nor the final evaluation counts.
-                waits, sent = [], 0.0
-                for s in range(stages):
-                    recs = {r["step"]: r["net"] for r in records(os.path.join(out, f"peer-{s}", "metrics.jsonl"))
-                            if "net" in r and "loss" in r}
-                    first, last = recs[2], recs[max(recs)]
-                    steps = last["round"] - first["round"]
-                    compute = last["compute_s"] - first["compute_s"]
-                    wait = last["net_wait_s"] - first["net_wait_s"]
-                    waits.append(wait / (compute + wait) if compute + wait > 0 else 0)
-                    sent += (last["pipeline_bytes"] - first["pipeline_bytes"]) / 1e6 / steps
-                base.append(b)
-                tps.append(t)
-                ratios.append(t / b if b > 0 else 0)
-                bubbles.append(statistics.mean(waits) if waits else float("nan"))
-                mb_step.append(sent)
-            theory = (stages - 1) / (args.accum + stages - 1)
-            row = dict(stages=stages, link=link, tokens_per_s=statistics.median(tps),
-                       single_tokens_per_s=statistics.median(base), ratio=statistics.median(ratios),
-                       bubble=statistics.median(bubbles), theoretical_bubble=theory,
-                       mb_per_step=statistics.median(mb_step))
-            rows.append(row)
-            print(f"{stages} stages, {link:8}: {row['ratio']:.2f}x single process "
-                  f"({row['tokens_per_s']:.0f} vs {row['single_tokens_per_s']:.0f} tok/s), "
-                  f"bubble {100 * row['bubble']:.0f}% (theory {100 * theory:.0f}%), "
-                  f"{row['mb_per_step']:.2f} MB/step across stages", flush=True)
+    for stages, link, compression in [(s, l, c) for s in args.stages for l in args.links
+                                      for c in args.compression]:
+        if link != "loopback" and not root:
+            print(f"{stages} stages, {link}: skipped (shaped links need root)")
+            continue
+        mode, _, ratio = compression.partition(":")
+        ratios, tps, base, bubbles, mb_step, keep, loss = [], [], [], [], [], [], []
+        for rep in range(args.reps):
+            n += 1
+            one = os.path.join(work, f"one{n}")
+            run([args.starling, "train", "-q", "--config", cfg, "--set", f'train.out_dir="{one}"',
+                 "--set", f"train.threads={args.baseline_threads}"], one + ".log")
+            b = steady_tokens_per_s(os.path.join(one, "metrics.jsonl"))
+            out = os.path.join(work, f"pipe{n}")
+            cmd = [args.starling, "train", "-q", "--config", cfg, "--peers", str(stages),
+                   "--set", f'train.out_dir="{out}"', "--set", f"pipeline.num_stages={stages}",
+                   "--set", f'pipeline.schedule="{args.schedule}"']
+            if link != "loopback":
+                cmd += ["--link-rate", link]
+            cmd += ["--set", f'pipeline.compression="{mode}"',
+                "--set", f"pipeline.extra_warmup={args.extra_warmup}"]
+            if ratio:
+                cmd += ["--set", f"pipeline.topk_ratio={ratio}"]
+            run(cmd, out + ".log")
+            t = steady_tokens_per_s(os.path.join(out, f"peer-{stages - 1}", "metrics.jsonl"))
+            # From each stage's step records (cumulative counters in "net"): the steps after
+            # the second, so neither start-up nor the final evaluation counts.
+            waits, sent = [], 0.0
+            for s in range(stages):
+                recs = {r["step"]: r["net"] for r in records(os.path.join(out, f"peer-{s}", "metrics.jsonl"))
+                        if "net" in r and "loss" in r}
+                first, last = recs[2], recs[max(recs)]
+                steps = last["round"] - first["round"]
+                compute = last["compute_s"] - first["compute_s"]
+                wait = last["net_wait_s"] - first["net_wait_s"]
+                waits.append(wait / (compute + wait) if compute + wait > 0 else 0)
+                sent += (last["pipeline_bytes"] - first["pipeline_bytes"]) / 1e6 / steps
+                keep.append(last.get("keep_ratio", 1.0))
+            final = [r["loss"] for r in records(os.path.join(out, f"peer-{stages - 1}", "metrics.jsonl"))
+                     if "loss" in r]
+            loss.append(final[-1] if final else float("nan"))
+            base.append(b)
+            tps.append(t)
+            ratios.append(t / b if b > 0 else 0)
+            bubbles.append(statistics.mean(waits) if waits else float("nan"))
+            mb_step.append(sent)
+        theory = (stages - 1) / (args.accum + stages - 1)
+        row = dict(stages=stages, link=link, tokens_per_s=statistics.median(tps),
+                   single_tokens_per_s=statistics.median(base), ratio=statistics.median(ratios),
+                   bubble=statistics.median(bubbles), theoretical_bubble=theory,
+                   mb_per_step=statistics.median(mb_step), compression=compression,
+                   keep_ratio=statistics.median(keep), final_loss=statistics.median(loss))
+        rows.append(row)
+        print(f"{stages} stages, {link:8}, {compression:9}: {row['ratio']:.2f}x single process "
+              f"({row['tokens_per_s']:.0f} vs {row['single_tokens_per_s']:.0f} tok/s), "
+              f"bubble {100 * row['bubble']:.0f}% (theory {100 * theory:.0f}%), "
+              f"{row['mb_per_step']:.2f} MB/step across stages, keeping "
+              f"{100 * row['keep_ratio']:.1f}% of entries, final loss {row['final_loss']:.4f}",
+              flush=True)
     with open(os.path.join(work, "results.json"), "w") as f:
         json.dump(rows, f, indent=2)
     print("results in", os.path.join(work, "results.json"))

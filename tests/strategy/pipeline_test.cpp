@@ -8,12 +8,14 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <regex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "../cli/run_cli.h"
@@ -307,6 +309,7 @@ struct Case {
   int accum;
   bool recompute = false;
   bool explicit_cut = false;  // pipeline.stages instead of num_stages
+  int extra_warmup = 0;       // pipeline.extra_warmup
 };
 
 class PipelineEquivalence : public PipelineRunTest, public ::testing::WithParamInterface<Case> {};
@@ -315,7 +318,8 @@ TEST_P(PipelineEquivalence, TrainsLikeOneProcess) {
   const Case c = GetParam();
   const std::string name = std::string(c.preset) + "_" + std::to_string(c.stages) + "_" +
                            c.schedule + "_acc" + std::to_string(c.accum) +
-                           (c.recompute ? "_rc" : "") + (c.explicit_cut ? "_cut" : "");
+                           (c.recompute ? "_rc" : "") + (c.explicit_cut ? "_cut" : "") +
+                           (c.extra_warmup ? "_w" + std::to_string(c.extra_warmup) : "");
   const fs::path one = config(name + "_one", c.preset, c.accum, c.recompute);
   const fs::path pipe = config(name + "_pipe", c.preset, c.accum, c.recompute);
   const auto model = starling::train::load_run_config(one);
@@ -339,7 +343,8 @@ TEST_P(PipelineEquivalence, TrainsLikeOneProcess) {
   ASSERT_EQ(a.code, 0) << a.output;
   const auto b =
       run_cli("train -q --config " + pipe.string() + " --peers " + std::to_string(c.stages) + " " +
-              cut + " --set pipeline.schedule=" + c.schedule);
+              cut + " --set pipeline.schedule=" + c.schedule +
+              " --set pipeline.extra_warmup=" + std::to_string(c.extra_warmup));
   ASSERT_EQ(b.code, 0) << b.output;
 
   const fs::path run_one = root_ / ("run_" + name + "_one");
@@ -379,6 +384,7 @@ INSTANTIATE_TEST_SUITE_P(Cuts, PipelineEquivalence,
                          ::testing::Values(Case{"gpt2-tiny", 2, "gpipe", 2},
                                            Case{"gpt2-tiny", 2, "1f1b", 3, false, true},
                                            Case{"gpt2-tiny", 3, "1f1b", 4, true},
+                                           Case{"gpt2-tiny", 3, "1f1b", 4, false, false, 2},
                                            Case{"llama-tiny", 4, "1f1b", 4},
                                            Case{"llama-tiny", 3, "gpipe", 1},
                                            Case{"llama-tiny", 2, "1f1b", 2, true}),
@@ -388,7 +394,9 @@ INSTANTIATE_TEST_SUITE_P(Cuts, PipelineEquivalence,
                                   std::to_string(c.stages) + "Stages" +
                                   (c.schedule[0] == 'g' ? "Gpipe" : "OneFOneB") + "Accum" +
                                   std::to_string(c.accum) + (c.recompute ? "Recompute" : "") +
-                                  (c.explicit_cut ? "UnevenCut" : "");
+                                  (c.explicit_cut ? "UnevenCut" : "") +
+                                  (c.extra_warmup ? "ExtraWarmup" + std::to_string(c.extra_warmup)
+                                                  : "");
                          });
 
 TEST_F(PipelineRunTest, BadPipelineSettingsAreRefusedBeforeAnyPeerStarts) {
@@ -606,6 +614,44 @@ TEST_F(PipelineRunTest, AKilledStageStopsItsPipelineWhileTheOtherReplicaGoesOn) 
     EXPECT_GT(records(dir / "metrics.jsonl"), at_kill) << out;
   }
   EXPECT_NE(out.find("peers failed"), std::string::npos) << out;
+}
+
+// Top-k on the links sends a fraction of the bytes and still trains; AdaTopK on loopback, where
+// the links keep up with compute, sends whole tensors.
+TEST_F(PipelineRunTest, CompressedLinksSendFewerBytesAndAdaTopKOnlyWhereTheyBind) {
+  const auto run_with = [&](const std::string& name, const std::string& compression) {
+    const fs::path cfg = config("compress_" + name, "gpt2-tiny", 4, false);
+    const auto r = run_cli("train -q --config " + cfg.string() +
+                           " --peers 2 --set pipeline.num_stages=2 --set train.steps=30 "
+                           "--set train.eval_every=0 " +
+                           compression);
+    EXPECT_EQ(r.code, 0) << r.output;
+    const std::string log =
+        starling::testing::read_file(root_ / ("run_compress_" + name) / "peer-0.log");
+    std::smatch m;
+    double sent = -1;
+    if (std::regex_search(log, m, std::regex("sent ([0-9.]+) MB over 30 steps")))
+      sent = std::stod(m[1].str());
+    const auto l = losses(root_ / ("run_compress_" + name) / "peer-1");
+    return std::tuple{sent, l.empty() ? -1.0 : l.back().second, log};
+  };
+  const auto [whole_mb, whole_loss, whole_log] = run_with("none", "");
+  const auto [topk_mb, topk_loss, topk_log] =
+      run_with("topk", "--set pipeline.compression=\"topk\" --set pipeline.topk_ratio=0.2");
+  const auto [ada_mb, ada_loss, ada_log] =
+      run_with("ada", "--set pipeline.compression=\"adatopk\"");
+  ASSERT_GT(whole_mb, 0) << whole_log;
+  ASSERT_GT(topk_mb, 0) << topk_log;
+  // Stage 0 sends activations, int8 by default: a quarter of the bytes, and some scales.
+  EXPECT_LT(topk_mb, 0.3 * whole_mb) << topk_log;
+  EXPECT_NE(topk_log.find("activations int8"), std::string::npos) << topk_log;
+  EXPECT_NE(topk_log.find("topk: "), std::string::npos) << topk_log;
+  // It trains: the loss falls from ln(256) and stays near the uncompressed one.
+  EXPECT_LT(topk_loss, 0.9 * std::log(256.0));
+  EXPECT_LT(std::abs(topk_loss - whole_loss), 0.15 * whole_loss)
+      << "whole " << whole_loss << ", top-k " << topk_loss;
+  EXPECT_NE(ada_log.find("keeping 100.0% of gradient entries)"), std::string::npos) << ada_log;
+  EXPECT_NEAR(ada_mb, whole_mb, 0.05 * whole_mb) << ada_log;
 }
 
 // With pipeline.replacement_wait_s, a peer started with a dead stage's key takes its place: the

@@ -22,11 +22,16 @@ class Handle {
     bool done = false;
     std::string error;  // empty on success
     Result result{};
-    void finish(Result r, std::string err) {
+    // When the result came to be: for a received message, when it arrived (which may be before
+    // its receive was posted).
+    std::chrono::steady_clock::time_point at{};
+    void finish(Result r, std::string err,
+                std::chrono::steady_clock::time_point when = std::chrono::steady_clock::now()) {
       {
         std::lock_guard lock(mutex);
         result = std::move(r);
         error = std::move(err);
+        at = when;
         done = true;
       }
       done_cv.notify_all();
@@ -49,6 +54,12 @@ class Handle {
     state_->done_cv.wait(lock, [&] { return state_->done; });
     if (!state_->error.empty()) throw NetError(state_->error);
     return state_->result;
+  }
+  // When it finished (see State::at); the epoch of steady_clock while it has not.
+  std::chrono::steady_clock::time_point finished_at() const {
+    if (!state_) return {};
+    std::lock_guard lock(state_->mutex);
+    return state_->at;
   }
   // Waits at most `timeout`; true if finished.
   bool wait_for(std::chrono::milliseconds timeout) const {

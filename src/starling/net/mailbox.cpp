@@ -11,18 +11,18 @@ void Mailbox::deliver(PeerId sender, uint64_t tag, std::vector<uint8_t> bytes) {
     receive->finish(std::move(bytes), "");
     return;
   }
-  arrived_[key].push_back(std::move(bytes));
+  arrived_[key].push_back({std::move(bytes), std::chrono::steady_clock::now()});
   ++unclaimed_;
 }
 
 void Mailbox::expect(PeerId sender, uint64_t tag, std::shared_ptr<Transfer::State> receive) {
   const Key key{sender, tag};
   if (auto it = arrived_.find(key); it != arrived_.end()) {
-    std::vector<uint8_t> bytes = std::move(it->second.front());
+    Arrived message = std::move(it->second.front());
     it->second.pop_front();
     if (it->second.empty()) arrived_.erase(it);
     --unclaimed_;
-    receive->finish(std::move(bytes), "");
+    receive->finish(std::move(message.bytes), "", message.at);
     return;
   }
   if (auto it = gone_.find(sender); it != gone_.end()) {

@@ -8,6 +8,7 @@
 // independent, so receives may be posted in any order across tags.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -23,6 +24,7 @@ namespace starling::net {
 
 // A handle to one send or receive (handle.h): wait() returns a receive's message (empty for a
 // send) or throws NetError with the reason.
+// A point-to-point send or receive. A receive's finished_at() is when its message arrived.
 class Transfer : public Handle<std::vector<uint8_t>> {
  public:
   using Handle::Handle;
@@ -50,7 +52,11 @@ class Mailbox {
 
  private:
   using Key = std::pair<PeerId, uint64_t>;
-  std::map<Key, std::deque<std::vector<uint8_t>>> arrived_;
+  struct Arrived {
+    std::vector<uint8_t> bytes;
+    std::chrono::steady_clock::time_point at;
+  };
+  std::map<Key, std::deque<Arrived>> arrived_;
   std::map<Key, std::deque<std::shared_ptr<Transfer::State>>> waiting_;
   std::map<PeerId, std::string> gone_;  // peers that died or left, with the reason
   size_t unclaimed_ = 0;

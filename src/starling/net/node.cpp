@@ -397,6 +397,12 @@ bool Node::Impl::admit(PeerId peer, uint64_t incarnation) {
   return true;
 }
 
+void Node::Impl::note_link_rate(PeerId from, double mbit_per_s) {
+  if (!(mbit_per_s > 0) || from == self_id_) return;
+  std::lock_guard lock(table_.mutex);
+  table_.members.set_link(from, self_id_, {-1, mbit_per_s});
+}
+
 bool Node::Impl::returning() const {
   std::lock_guard lock(table_.mutex);
   return table_.returning;
@@ -416,6 +422,9 @@ const std::string& Node::endpoint() const { return impl_->endpoint(); }
 std::vector<MemberView> Node::members() const { return impl_->members(); }
 bool Node::returning() const { return impl_->returning(); }
 std::vector<LinkView> Node::links() const { return impl_->links(); }
+void Node::note_link_rate(PeerId from, double mbit_per_s) {
+  impl_->note_link_rate(from, mbit_per_s);
+}
 bool Node::wait_for_members(size_t count, milliseconds timeout) const {
   return impl_->wait_for_members(count, timeout);
 }

@@ -53,6 +53,10 @@ class Node : public Collectives {
   // or left): this peer comes back in that one's place. Known once the join completed.
   bool returning() const;
   std::vector<LinkView> links() const;
+  // Records a bandwidth this peer measured on the link from `from` to itself (from its own
+  // traffic, such as a pipeline's tensors): links() shows it, replacing the earlier figure, and
+  // the heartbeats carry it to the other members, so `from` learns the rate it sends at.
+  void note_link_rate(PeerId from, double mbit_per_s);
   // Waits until at least `count` members (this one included) are alive.
   bool wait_for_members(size_t count, std::chrono::milliseconds timeout) const;
 

@@ -43,6 +43,7 @@ class Node::Impl {
   void activate();
   bool admit(PeerId peer, uint64_t incarnation);
   bool returning() const;
+  void note_link_rate(PeerId from, double mbit_per_s);
   Node::Counters counters() const;
 
   PeerId id() const { return self_id_; }

@@ -52,6 +52,10 @@ void add_config_keys(PipelineConfig& c, config::Keys& k) {
                          "at most stages - stage micro-batches held) or \"gpipe\" (all forwards, "
                          "then all backwards)",
                          {"1f1b", "gpipe"}));
+  k.push_back(int_key("pipeline", "extra_warmup", &c.extra_warmup, 0,
+                      "1f1b: micro-batches each stage but the last runs forward beyond 1F1B's "
+                      "warm-up before its first backward; on slow links 1-2 overlap the two "
+                      "directions of a link, at the memory of as many more held activations"));
   k.push_back(int_key("pipeline", "stage", &c.stage, -1,
                       "the stage this peer runs; -1 = the peer's rank (RANK, --data-rank) "
                       "modulo the stage count"));
@@ -66,6 +70,24 @@ void add_config_keys(PipelineConfig& c, config::Keys& k) {
                       "with replicas: seconds the other stages of a pipeline that lost a stage "
                       "peer wait for a replacement (a peer started with the dead one's net.key) "
                       "to take over its stage; 0 = they stop at once"));
+  k.push_back(string_key("pipeline", "compression", &c.compression,
+                         "what crosses the links between stages in training: \"none\" (whole "
+                         "tensors), \"topk\" (the pipeline.topk_ratio of entries of largest "
+                         "magnitude) or \"adatopk\" (only as few as let each stage's tensors "
+                         "cross its slowest link within the slowest stage's compute time)",
+                         {"none", "topk", "adatopk"}));
+  k.push_back(float_key("pipeline", "topk_ratio", &c.topk_ratio, 0,
+                        "the fraction of entries \"topk\" keeps, in (0, 1]"));
+  k.push_back(float_key("pipeline", "adatopk_min_ratio", &c.adatopk_min_ratio, 0,
+                        "the least fraction of entries \"adatopk\" keeps, in (0, 1]"));
+  k.push_back(string_key("pipeline", "compress_activations", &c.compress_activations,
+                         "with compression, how activations cross: \"int8\" (every entry, "
+                         "quantized: a quarter of the bytes), \"topk\" (sparsified like the "
+                         "gradients) or \"none\" (whole); gradients are always sparsified",
+                         {"int8", "topk", "none"}));
+  k.push_back(bool_key("pipeline", "error_feedback", &c.error_feedback,
+                       "with compression: what an edge's activation gradient did not send is "
+                       "added to its next one"));
 }
 
 void check(const PipelineConfig& c, const std::string& source) {
@@ -81,6 +103,11 @@ void check(const PipelineConfig& c, const std::string& source) {
   if (c.stage >= 0 && c.enabled() && c.stage >= c.count())
     throw ConfigError(source + ": pipeline.stage = " + std::to_string(c.stage) +
                       " but the pipeline has " + std::to_string(c.count()) + " stages");
+  for (const auto& [key, v] :
+       {std::pair{"topk_ratio", c.topk_ratio}, std::pair{"adatopk_min_ratio", c.adatopk_min_ratio}})
+    if (!(v > 0 && v <= 1))
+      throw ConfigError(source + ": pipeline." + key + " = " + std::to_string(v) +
+                        " must be in (0, 1] (the fraction of entries kept)");
   if (c.replicas < 0)
     throw ConfigError(source + ": pipeline.replicas = " + std::to_string(c.replicas) +
                       " must be 0 (from the world size) or more");

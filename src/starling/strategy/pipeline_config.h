@@ -19,7 +19,11 @@ struct PipelineConfig {
   std::vector<std::pair<int64_t, int64_t>> stages;
   int64_t num_stages = 0;         // with `stages` empty; 0 or 1 = no pipeline
   std::string schedule = "1f1b";  // micro-batch order: "1f1b" or "gpipe"
-  int64_t stage = -1;             // the stage this peer runs; -1 = from the rank (rank % stages)
+  // 1F1B: forwards each stage but the last runs ahead beyond 1F1B's stages - 1 - stage before
+  // its first backward. On slow links more micro-batches in flight overlap the forward and
+  // backward directions, at the memory of as many more held activations.
+  int64_t extra_warmup = 0;
+  int64_t stage = -1;  // the stage this peer runs; -1 = from the rank (rank % stages)
   // Pipeline replicas of the same cut, each stage averaged with its counterparts in the others by
   // strategy.kind (ddp, localsgd, diloco or co2): the swarm has stages x replicas peers. 0 = from
   // the world size (WORLD_SIZE, --data-world) divided by the stage count, else 1.
@@ -30,6 +34,21 @@ struct PipelineConfig {
   // once. The replacement and the waiting stages take the state of their counterparts in a whole
   // replica, which admits them all at the same step.
   int64_t replacement_wait_s = 0;
+  // What crosses the links between stages in training (evaluation always sends whole tensors):
+  // "none" (whole tensors), "topk" (the topk_ratio of entries of largest magnitude of every
+  // activation and activation gradient) or "adatopk" (per stage, the fraction that lets its
+  // tensors cross its slowest outgoing link within the slowest stage's compute time; whole
+  // tensors where they already do, never less than adatopk_min_ratio). See compress/.
+  std::string compression = "none";
+  double topk_ratio = 0.1;
+  double adatopk_min_ratio = 0.01;
+  // With compression, how activations cross: "int8" (every entry, quantized in groups of 256
+  // with one fp32 scale each: a quarter of the bytes, no entry dropped), "topk" (sparsified like
+  // the gradients, as FusionLLM does) or "none" (whole). Gradients are always sparsified.
+  std::string compress_activations = "int8";
+  // Error feedback on compressed activation gradients: what an edge did not send is added to its
+  // next gradient.
+  bool error_feedback = true;
 
   bool enabled() const { return !stages.empty() || num_stages > 1; }
   int64_t count() const {

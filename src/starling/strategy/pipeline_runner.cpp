@@ -9,6 +9,8 @@
 #include <utility>
 
 #include "starling/common/error.h"
+#include "starling/compress/ada_topk.h"
+#include "starling/compress/wire_codec.h"
 #include "starling/data/loader.h"
 #include "starling/graph/param_store.h"
 #include "starling/strategy/pipeline_admission.h"
@@ -28,6 +30,12 @@ constexpr uint64_t kModelSumTag = kCollectiveTag | 0xfffffffe;  // sums a strate
 uint64_t tag_of(TensorKind kind, int node) {
   return kMessageTag | (static_cast<uint64_t>(kind) << 24) | static_cast<uint64_t>(node);
 }
+constexpr uint64_t kMarkBit = uint64_t{1} << 23;  // above any node index
+
+// Tensors smaller than this cross whole: their index overhead and top-k cost buy nothing.
+constexpr int64_t kMinCompressed = 1024;
+// A transfer shorter than this says more about latency than about the link's rate.
+constexpr size_t kMinTimedBytes = 16 * 1024;
 
 }  // namespace
 
@@ -82,17 +90,45 @@ std::string PipelineStepRunner::peer_name(int stage) const {
          net::short_peer_id(options_.peers.at(static_cast<size_t>(stage))) + ")";
 }
 
+bool PipelineStepRunner::marked(TensorKind kind) const {
+  return options_.compression == "adatopk" && kind != TensorKind::loss;
+}
+
 void PipelineStepRunner::send(int stage, const TensorLabel& label, const at::Tensor& t) {
-  std::vector<uint8_t> bytes = encode_tensor(label, t);
+  std::vector<uint8_t> bytes;
+  const bool compressible = training_ && options_.compression != "none" &&
+                            label.kind != TensorKind::loss && t.numel() >= kMinCompressed;
+  const bool activation = label.kind == TensorKind::activation;
+  const std::string& acts = options_.compress_activations;
+  const size_t whole = encoded_tensor_bytes(t);
+  if (compressible && activation && quantize_activations_) {
+    bytes = encode_int8_tensor(label, t);
+  } else if (compressible && keep_ratio_ < 1.0 && (!activation || acts == "topk")) {
+    const int64_t k = compress::kept_entries(t.numel(), keep_ratio_);
+    const compress::TopK kept =
+        label.kind == TensorKind::gradient && options_.error_feedback
+            ? feedback_.compress(
+                  (static_cast<uint64_t>(stage) << 32) | static_cast<uint32_t>(label.node), t, k)
+            : compress::top_k(t, k);
+    bytes = encode_sparse_tensor(label, t.sizes(), kept);
+  } else {
+    bytes = encode_tensor(label, t);
+  }
   bytes_sent_ += bytes.size();
+  whole_bytes_ += whole;
+  const net::PeerId peer = options_.peers.at(static_cast<size_t>(stage));
+  const uint64_t tag = tag_of(label.kind, label.node);
+  if (marked(label.kind)) node_.send(peer, tag | kMarkBit, {0});
   // A send completes once queued: the bytes go out while this stage computes on. It fails at
   // once when the peer is gone; the receive that waits for its answer then names it too.
-  node_.send(options_.peers.at(static_cast<size_t>(stage)), tag_of(label.kind, label.node),
-             std::move(bytes));
+  node_.send(peer, tag, std::move(bytes));
 }
 
 net::Transfer PipelineStepRunner::post(int stage, TensorKind kind, int node) {
-  return node_.recv(options_.peers.at(static_cast<size_t>(stage)), tag_of(kind, node));
+  const net::PeerId peer = options_.peers.at(static_cast<size_t>(stage));
+  const uint64_t tag = tag_of(kind, node);
+  if (marked(kind)) marks_[{stage, tag}].push_back(node_.recv(peer, tag | kMarkBit));
+  return node_.recv(peer, tag);
 }
 
 at::Tensor PipelineStepRunner::receive(net::Transfer& t, int stage,
@@ -108,7 +144,91 @@ at::Tensor PipelineStepRunner::receive(net::Transfer& t, int stage,
                    e.what());
   }
   wait_s_ += train::now_s() - t0;
+  if (marked(expect.label.kind)) {
+    // Messages of one tag are received in the order they were posted, marks likewise.
+    auto& queue = marks_[{stage, tag_of(expect.label.kind, expect.label.node)}];
+    if (!queue.empty()) {
+      net::Transfer mark = std::move(queue.front());
+      queue.pop_front();
+      // The mark left just before the tensor, on the same connection, so it is here.
+      if (mark.wait_for(std::chrono::milliseconds(0)) && bytes.size() >= kMinTimedBytes) {
+        const double dt =
+            std::chrono::duration<double>(t.finished_at() - mark.finished_at()).count();
+        if (dt > 0) {
+          const double mbit = static_cast<double>(bytes.size()) * 8 / dt / 1e6;
+          auto [it, fresh] = measured_mbit_.emplace(stage, mbit);
+          if (!fresh) it->second = 0.7 * it->second + 0.3 * mbit;
+          node_.note_link_rate(options_.peers.at(static_cast<size_t>(stage)), it->second);
+        }
+      }
+    }
+  }
   return decode_tensor(bytes, expect, peer_name(stage)).to(device_);
+}
+
+std::pair<double, double> PipelineStepRunner::entries_sent_per_micro_batch() const {
+  const StageLayout& st = layout_.stage(options_.stage);
+  double activations = 0, gradients = 0;
+  const auto numel = [&](int node) {
+    double e = 1;
+    for (const int64_t d : shape_of(node)) e *= static_cast<double>(d);
+    return e;
+  };
+  for (const auto& [node, readers] : st.sends)
+    if (node != layout_.loss_node())
+      activations += numel(node) * static_cast<double>(readers.size());
+  for (const auto& [producer, from] : st.receives) gradients += numel(producer);
+  return {activations, gradients};
+}
+
+void PipelineStepRunner::choose_keep_ratio(const std::vector<double>& compute_per_micro_batch) {
+  if (options_.compression == "topk") {
+    keep_ratio_ = options_.topk_ratio;
+    quantize_activations_ = options_.compress_activations == "int8";
+    return;
+  }
+  if (options_.compression != "adatopk") return;
+  // The slowest outgoing link this stage's tensors take, as its receivers measured it.
+  const StageLayout& st = layout_.stage(options_.stage);
+  std::vector<net::PeerId> to;
+  for (const auto& [node, readers] : st.sends)
+    for (const int r : readers) to.push_back(options_.peers.at(static_cast<size_t>(r)));
+  for (const auto& [producer, from] : st.receives)
+    to.push_back(options_.peers.at(static_cast<size_t>(from)));
+  double slowest = -1;
+  for (const net::LinkView& l : node_.links())
+    if (l.from == node_.id() && std::find(to.begin(), to.end(), l.to) != to.end() &&
+        l.stats.mbit_per_s > 0)
+      slowest = slowest < 0 ? l.stats.mbit_per_s : std::min(slowest, l.stats.mbit_per_s);
+  const double critical =
+      compute_per_micro_batch.empty()
+          ? 0
+          : *std::max_element(compute_per_micro_batch.begin(), compute_per_micro_batch.end());
+  const auto [activations, gradients] = entries_sent_per_micro_batch();
+  if (options_.compress_activations == "topk") {
+    keep_ratio_ = compress::adaptive_keep_ratio(
+        {.seconds = critical, .mbit_per_s = slowest, .elements = activations + gradients},
+        options_.adatopk_min_ratio);
+    return;
+  }
+  // Where whole tensors keep up, nothing is compressed. Elsewhere activations cross whole or
+  // quantized, at a size k does not change, and the gradients get what is left of the budget.
+  const bool fit =
+      critical > 0 && slowest > 0 && 4 * (activations + gradients) <= critical * slowest * 1e6 / 8;
+  quantize_activations_ = !fit && options_.compress_activations == "int8";
+  if (fit) {
+    keep_ratio_ = 1.0;
+    return;
+  }
+  const double activation_bytes =
+      quantize_activations_ ? static_cast<double>(compress::encoded_bytes(
+                                  compress::WirePrecision::int8, static_cast<size_t>(activations)))
+                            : 4 * activations;
+  keep_ratio_ = compress::adaptive_keep_ratio({.seconds = critical,
+                                               .mbit_per_s = slowest,
+                                               .elements = gradients,
+                                               .fixed_bytes = activation_bytes},
+                                              options_.adatopk_min_ratio);
 }
 
 void PipelineStepRunner::forward(InFlight& f, const std::vector<at::Tensor>& batch, bool training) {
@@ -122,6 +242,7 @@ void PipelineStepRunner::forward(InFlight& f, const std::vector<at::Tensor>& bat
   const double t0 = train::now_s();
   f.mb = executor_.forward_stage(batch, st.range, incoming, /*for_backward=*/training);
   compute_s_ += train::now_s() - t0;
+  if (training) step_compute_s_ += train::now_s() - t0;
   for (const auto& [node, t] : f.mb.outputs()) {
     if (node == layout_.loss_node()) {
       f.loss = t;
@@ -150,6 +271,7 @@ void PipelineStepRunner::backward(InFlight& f, double seed) {
   const double t0 = train::now_s();
   graph::EdgeTensors input_grads = executor_.backward_stage(f.mb, output_grads);
   compute_s_ += train::now_s() - t0;
+  step_compute_s_ += train::now_s() - t0;
   f.mb = graph::MicroBatch();  // frees the activations
   for (const auto& [producer, from] : st.receives) {
     auto it = input_grads.find(producer);
@@ -191,6 +313,15 @@ at::Tensor PipelineStepRunner::run(int64_t micro_batches, double loss_scale) {
                                                     post(r, TensorKind::gradient, node));
   }
   const double seed = loss_scale / static_cast<double>(micro_batches);
+  training_ = true;
+  struct Done {
+    bool& flag;
+    ~Done() { flag = false; }
+  } done{training_};
+  if (steps_ == 0 && options_.compression == "topk") {
+    keep_ratio_ = options_.topk_ratio;
+    quantize_activations_ = options_.compress_activations == "int8";
+  }
   at::Tensor loss_sum;
   auto fwd = [&](int32_t m) {
     InFlight& x = f[static_cast<size_t>(m)];
@@ -204,7 +335,11 @@ at::Tensor PipelineStepRunner::run(int64_t micro_batches, double loss_scale) {
   } else {
     // Stage s runs stages - 1 - s forwards ahead, then alternates, so at most that many
     // micro-batches' activations are held at once (one on the last stage).
-    const int32_t warm = std::min(layout_.stages() - 1 - options_.stage, m_count);
+    // Every stage but the last may run extra_warmup more ahead: the warm-ups still fall from
+    // stage to stage, so no stage waits for a forward its predecessor holds back.
+    const int64_t extra = options_.stage < layout_.stages() - 1 ? options_.extra_warmup : 0;
+    const auto warm = static_cast<int32_t>(
+        std::min<int64_t>(layout_.stages() - 1 - options_.stage + extra, m_count));
     for (int32_t m = 0; m < warm; ++m) fwd(m);
     for (int32_t m = warm; m < m_count; ++m) {
       fwd(m);
@@ -212,6 +347,7 @@ at::Tensor PipelineStepRunner::run(int64_t micro_batches, double loss_scale) {
     }
     for (int32_t m = m_count - warm; m < m_count; ++m) bwd(m);
   }
+  training_ = false;
   const at::Tensor loss =
       share_loss(loss_sum.defined() ? loss_sum / static_cast<double>(micro_batches) : loss_sum);
   ++round_;
@@ -294,13 +430,23 @@ at::Tensor PipelineStepRunner::update(double lr, double max_norm, bool skip) {
     grads.push_back(g);
     if (counted_[i]) sumsq += g.to(at::kFloat).pow(2).sum();
   }
+  // And each stage's compute time per micro-batch of this step, in its own slot (AdaTopK sizes
+  // what crosses the links by the slowest of them).
+  const int stages = layout_.stages();
   const bool vote = options_.admission != nullptr && options_.admission->vote();
-  at::Tensor summed =
-      at::cat({sumsq, at::full({1}, vote ? 1.f : 0.f, sumsq.options())}).to(at::kCPU);
-  std::vector<int> all(static_cast<size_t>(layout_.stages()));
-  for (int s = 0; s < layout_.stages(); ++s) all[static_cast<size_t>(s)] = s;
+  at::Tensor extra = at::zeros({1 + stages}, at::kFloat);
+  extra[0] = vote ? 1.f : 0.f;
+  extra[1 + options_.stage] =
+      static_cast<float>(step_compute_s_ / static_cast<double>(options_.micro_batches));
+  step_compute_s_ = 0;
+  at::Tensor summed = at::cat({sumsq.to(at::kCPU), extra});
+  std::vector<int> all(static_cast<size_t>(stages));
+  for (int s = 0; s < stages; ++s) all[static_cast<size_t>(s)] = s;
   all_reduce(summed, all, kNormTag);
-  admission_ready_ = summed[1].item<float>() == static_cast<float>(layout_.stages());
+  admission_ready_ = summed[1].item<float>() == static_cast<float>(stages);
+  std::vector<double> compute(static_cast<size_t>(stages));
+  for (int s = 0; s < stages; ++s) compute[static_cast<size_t>(s)] = summed[2 + s].item<float>();
+  choose_keep_ratio(compute);
   const at::Tensor total = summed.narrow(0, 0, 1).to(device_).sqrt().reshape({});
   if (max_norm > 0) {
     const at::Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
@@ -365,6 +511,8 @@ std::optional<train::StrategyReport> PipelineStepRunner::network_report() const 
   r.figures["stage"] = options_.stage;
   r.figures["compute_s"] = compute_s_;
   r.figures["pipeline_bytes"] = static_cast<double>(bytes_sent_);
+  r.figures["pipeline_whole_bytes"] = static_cast<double>(whole_bytes_);
+  r.figures["keep_ratio"] = keep_ratio_;
   return r;
 }
 
@@ -377,7 +525,18 @@ std::string PipelineStepRunner::report() const {
          " s, waited for other stages " + train::fmt("%.1f", wait_s_) + " s (" +
          train::fmt("%.0f", busy > 0 ? 100 * wait_s_ / busy : 0.0) + "%), sent " +
          train::fmt("%.1f", static_cast<double>(bytes_sent_) / 1e6) + " MB over " +
-         std::to_string(steps_) + " steps";
+         std::to_string(steps_) + " steps" +
+         (options_.compression == "none"
+              ? std::string()
+              : " (" + options_.compression + ": " +
+                    train::fmt("%.1f", static_cast<double>(whole_bytes_) / 1e6) + " MB whole, " +
+                    train::fmt("%.1fx", whole_bytes_ > 0 && bytes_sent_ > 0
+                                            ? static_cast<double>(whole_bytes_) /
+                                                  static_cast<double>(bytes_sent_)
+                                            : 1.0) +
+                    "; at the end keeping " + train::fmt("%.1f", 100 * keep_ratio_) + "% of " +
+                    (options_.compress_activations == "topk" ? "entries" : "gradient entries") +
+                    (quantize_activations_ ? ", activations int8" : "") + ")");
 }
 
 }  // namespace starling::strategy

@@ -18,9 +18,12 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "starling/compress/topk.h"
 #include "starling/net/node.h"
 #include "starling/strategy/pipeline_layout.h"
 #include "starling/strategy/tensor_message.h"
@@ -41,9 +44,16 @@ struct PipelineRunnerOptions {
   int stage = 0;                   // the stage this peer runs
   std::vector<net::PeerId> peers;  // the peer running each stage
   bool one_f_one_b = true;         // "1f1b" (true) or "gpipe"
+  int64_t extra_warmup = 0;        // 1f1b: forwards ahead beyond stages - 1 - stage (not last)
   int64_t batch = 1, seq_len = 1;  // a micro-batch's shape (for checking what arrives)
   c10::ScalarType autocast = c10::ScalarType::Float;
   int64_t micro_batches = 1;  // per step (train.grad_accum): where align() moves the loader
+  // What crosses the links in training (pipeline.compression and its keys): "none", "topk" or
+  // "adatopk".
+  std::string compression = "none";
+  double topk_ratio = 0.1, adatopk_min_ratio = 0.01;
+  std::string compress_activations = "int8";  // "int8", "topk" or "none"
+  bool error_feedback = true;
   // With replicas: this stage's part in admitting a waiting pipeline (pipeline_admission.h).
   PipelineAdmission* admission = nullptr;
 };
@@ -81,9 +91,18 @@ class PipelineStepRunner : public train::StepRunner {
   // `training` false (evaluation): no autograd graph, and the micro-batch cannot run backward.
   void forward(InFlight& f, const std::vector<at::Tensor>& batch, bool training);
   void backward(InFlight& f, double seed);
+  // Sends `t` whole, or its top entries while training with compression.
   void send(int stage, const TensorLabel& label, const at::Tensor& t);
   net::Transfer post(int stage, TensorKind kind, int node);
+  // Waits for a posted receive; with adatopk also for its mark, and measures the link's rate.
   at::Tensor receive(net::Transfer& t, int stage, const TensorExpectation& expect);
+  // adatopk: a tiny message sent just before each tensor, so the receiver can time the tensor's
+  // own transfer (from the mark's arrival to the tensor's) and tell the sender the link's rate.
+  bool marked(TensorKind kind) const;
+  // After a step's sums: the fraction of entries the next step keeps.
+  void choose_keep_ratio(const std::vector<double>& compute_per_micro_batch);
+  // Entries this stage sends per micro-batch: activations forward, gradients back.
+  std::pair<double, double> entries_sent_per_micro_batch() const;
   // The step's mean loss: the last stage sends it to the others, which receive it.
   at::Tensor share_loss(const at::Tensor& loss);
   std::vector<int64_t> shape_of(int node) const;
@@ -112,6 +131,15 @@ class PipelineStepRunner : public train::StepRunner {
   double compute_s_ = 0;  // this stage's forward and backward
   int64_t steps_ = 0;
   bool admission_ready_ = false;
+  // Compression.
+  bool training_ = false;              // inside run(): compression applies
+  double keep_ratio_ = 1.0;            // fraction of entries sent this step
+  bool quantize_activations_ = false;  // activations cross as int8 this step
+  compress::ErrorFeedback feedback_;   // per (reader stage, node) activation gradient
+  uint64_t whole_bytes_ = 0;           // what bytes_sent_ would be without compression
+  double step_compute_s_ = 0;          // this step's forward and backward time
+  std::map<std::pair<int, uint64_t>, std::deque<net::Transfer>> marks_;  // (stage, tag)
+  std::map<int, double> measured_mbit_;  // per sending stage: its link to this one (average)
 };
 
 }  // namespace starling::strategy

@@ -3,9 +3,13 @@
 // link, no framework state, so the stages on either side may run different builds or devices.
 //
 // Layout (little-endian, as every machine Starling builds for): "SPT1", kind u8, dtype u8, ndim
-// u8, a zero byte, step i64, micro-batch i32, node i32, ndim dims i64, then numel elements.
-// decode() checks every field against what the receiver expects, so a malformed, truncated or
-// mismatched message is a NetError naming the sender and the field, never a crash.
+// u8, flags u8, step i64, micro-batch i32, node i32, ndim dims i64, then the elements. Flags 0: a
+// whole tensor, numel elements. Flags 1: a sparse one (top-k, compress/topk.h): the kept count
+// u64, that many flat indices i32 in ascending order, then that many values. Flags 2: a whole
+// fp32 tensor quantized to int8 (compress/wire_codec.h's int8: groups of 256 entries, each an
+// fp32 scale and 256 int8 values). decode() checks
+// every field against what the receiver expects, so a malformed, truncated or mismatched message
+// is a NetError naming the sender and the field, never a crash.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -14,6 +18,8 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#include "starling/compress/topk.h"
 
 namespace starling::strategy {
 
@@ -30,6 +36,18 @@ struct TensorLabel {
 
 // The message for `t` (any device; copied to the host), fp32, bf16 or fp16.
 std::vector<uint8_t> encode_tensor(const TensorLabel& label, const at::Tensor& t);
+
+// The size of encode_tensor(label, t)'s message.
+size_t encoded_tensor_bytes(const at::Tensor& t);
+
+// The message for `t` (fp32 values) quantized to int8: about a quarter of encode_tensor's bytes,
+// every entry within half a step of its group's scale (absmax / 127).
+std::vector<uint8_t> encode_int8_tensor(const TensorLabel& label, const at::Tensor& t);
+
+// The message for the kept entries of a tensor of `shape` (indices ascending, values fp32, bf16
+// or fp16): the receiver gets the whole tensor back with zeros everywhere else.
+std::vector<uint8_t> encode_sparse_tensor(const TensorLabel& label, at::IntArrayRef shape,
+                                          const compress::TopK& kept);
 
 // What the receiver accepts: exactly `label` and `shape`, and one of `dtypes`.
 struct TensorExpectation {
