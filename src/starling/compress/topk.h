@@ -33,7 +33,6 @@ class ErrorFeedback {
   TopK compress(uint64_t key, const at::Tensor& t, int64_t k);
   // The residual kept for `key` (undefined if none yet).
   at::Tensor residual(uint64_t key) const;
-  void clear() { residual_.clear(); }
 
  private:
   std::map<uint64_t, at::Tensor> residual_;

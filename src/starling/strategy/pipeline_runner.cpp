@@ -313,6 +313,8 @@ at::Tensor PipelineStepRunner::run(int64_t micro_batches, double loss_scale) {
                                                     post(r, TensorKind::gradient, node));
   }
   const double seed = loss_scale / static_cast<double>(micro_batches);
+  // Compression applies to this step's tensors only (not to the loss, nor to evaluation), also
+  // when a receive throws.
   training_ = true;
   struct Done {
     bool& flag;
@@ -347,7 +349,6 @@ at::Tensor PipelineStepRunner::run(int64_t micro_batches, double loss_scale) {
     }
     for (int32_t m = m_count - warm; m < m_count; ++m) bwd(m);
   }
-  training_ = false;
   const at::Tensor loss =
       share_loss(loss_sum.defined() ? loss_sum / static_cast<double>(micro_batches) : loss_sum);
   ++round_;
