@@ -112,6 +112,7 @@ add_executable(starling_cli
   src/starling/cli/net_command.cpp
   src/starling/cli/peer_command.cpp
   src/starling/cli/local_swarm.cpp
+  src/starling/cli/auto_pipeline.cpp
   src/starling/cli/cpu_quota.cpp
   src/starling/cli/number_list.cpp
   src/starling/cli/plan_command.cpp
@@ -140,7 +141,7 @@ add_executable(starling_tests
   tests/swap/buffer_pool_test.cpp
   tests/swap/swap_test.cpp
 )
-target_link_libraries(starling_tests PRIVATE starling GTest::gtest_main)
+target_link_libraries(starling_tests PRIVATE starling starling_netlab GTest::gtest_main)
 target_precompile_headers(starling_tests REUSE_FROM starling)
 target_compile_definitions(starling_tests PRIVATE
   STARLING_SOURCE_DIR="${CMAKE_SOURCE_DIR}"

@@ -40,6 +40,15 @@
 #   netlab.sh up NAME N RATE      build the lab; RATE is a tc rate (10mbit, 100mbit, 1gbit, 500kbit,
 #                                 12mbps = bytes/s, ...) or `unlimited` (no qdisc); on failure the
 #                                 partial lab is removed. Fails if NAME exists.
+#   netlab.sh shape NAME I R0 R1 ...
+#                                 per-destination rates for peer I's upload, one per peer of the
+#                                 lab (Rj = rate of the link I -> j; `-` or `unlimited` = not
+#                                 shaped; R_I is ignored). Replaces peer I's upload qdisc (eth0;
+#                                 a download tbf from `up` stays): an htb qdisc with one class per
+#                                 shaped destination, chosen by destination address, so each pair
+#                                 of peers has a link of its own (a lab built `up ... unlimited`
+#                                 then shaped peer by peer is a full rate matrix). Traffic to
+#                                 other addresses is not shaped.
 #   netlab.sh down NAME           remove the lab (idempotent; quiet if absent)
 #   netlab.sh exec NAME I CMD...  run CMD in peer namespace I (I may also be `hub`)
 #   netlab.sh ip NAME I           print peer I's address
@@ -228,6 +237,43 @@ cmd_up() {
   BUILDING=""
 }
 
+# Per-destination shaping of peer $2's upload: htb on eth0, one class per shaped destination
+# (classid 1:<16+j in hex>) with the burst and a bfifo queue of shaping_params for its rate, picked
+# by a u32 match on the destination address; unclassified traffic (default 0) leaves unshaped.
+# Each class is a root of the htb tree, so no class borrows from another: a pair's link runs at
+# its own rate whatever the others do. gso_max_size follows the slowest class, as in `up`.
+cmd_shape() {
+  local name=$1 i=$2
+  shift 2
+  check_name "$name"
+  peer_index "$name" "$i"
+  [[ "$i" != hub ]] || die "shape a peer, not the hub"
+  local n x y ns="$name-$i" j rate bits burst limit gso min_gso=65536
+  n=$(<"$STATE_ROOT/$name/peers")
+  (($# == n)) || die "shape $name $i: expected $n rates (one per peer), got $#"
+  read -r x y < <(subnet_of "$name")
+  tc -n "$ns" qdisc del dev eth0 root 2>/dev/null || true
+  tc -n "$ns" qdisc add dev eth0 root handle 1: htb default 0
+  for ((j = 0; j < n; j++)); do
+    rate=$1
+    shift
+    [[ $j != "$i" && "$rate" != - && "${rate,,}" != unlimited ]] || continue
+    bits=$(rate_bits "$rate")
+    ((bits > 0)) || die "rate must be positive, got '$rate'"
+    read -r burst limit gso < <(shaping_params "$bits")
+    ((gso < min_gso)) && min_gso=$gso
+    local cls
+    cls=$(printf '%x' $((16 + j)))
+    tc -n "$ns" class add dev eth0 parent 1: classid "1:$cls" htb rate "${bits}bit" \
+      ceil "${bits}bit" burst "$burst" cburst "$burst" quantum "$MTU_FRAME"
+    tc -n "$ns" qdisc add dev eth0 parent "1:$cls" handle "$cls:" bfifo limit "$limit"
+    tc -n "$ns" filter add dev eth0 parent 1: protocol ip prio 1 u32 \
+      match ip dst "10.$x.$y.$((j + 1))/32" flowid "1:$cls"
+  done
+  ip -n "$ns" link set dev eth0 gso_max_size "$min_gso"
+  echo "shaped" >"$STATE_ROOT/$name/rate"
+}
+
 peer_index() {
   local name=$1 i=$2 n
   [[ -r "$STATE_ROOT/$name/peers" ]] || die "no lab '$name'"
@@ -329,6 +375,7 @@ shift
 case "$cmd" in
   up) [[ $# -eq 3 ]] || usage && cmd_up "$@" ;;
   down) [[ $# -eq 1 ]] || usage && cmd_down "$1" ;;
+  shape) [[ $# -ge 3 ]] || usage && cmd_shape "$@" ;;
   exec)
     [[ $# -ge 3 ]] || usage
     check_name "$1"

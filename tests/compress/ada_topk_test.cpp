@@ -30,4 +30,57 @@ TEST(AdaTopK, CompressesOnlyWhatDoesNotFitAndOnlyAsMuchAsNeeded) {
   EXPECT_EQ(adaptive_keep_ratio({.seconds = 0.1, .mbit_per_s = -1, .elements = 1e6}, 0.01), 1.0);
 }
 
+TEST(AdaTopK, QuantizesBeforeItDropsEntries) {
+  using starling::compress::adaptive_compression;
+  // 1M activation and 1M gradient entries per micro-batch (8 MB whole), 0.1 s of compute.
+  const double n = 1e6;
+  // 1 Gbit (12.5 MB in 0.1 s): whole.
+  auto c = adaptive_compression(0.1, 1000, n, n, true, 0.01);
+  EXPECT_FALSE(c.int8_activations);
+  EXPECT_FALSE(c.int8_gradients);
+  EXPECT_EQ(c.keep_ratio, 1.0);
+  // 500 Mbit (6.25 MB): int8 activations (~1 MB) and whole gradients (4 MB) fit.
+  c = adaptive_compression(0.1, 500, n, n, true, 0.01);
+  EXPECT_TRUE(c.int8_activations);
+  EXPECT_FALSE(c.int8_gradients);
+  EXPECT_EQ(c.keep_ratio, 1.0);
+  // 200 Mbit (2.5 MB): both int8 (~2 MB), nothing dropped.
+  c = adaptive_compression(0.1, 200, n, n, true, 0.01);
+  EXPECT_TRUE(c.int8_activations);
+  EXPECT_TRUE(c.int8_gradients);
+  EXPECT_EQ(c.keep_ratio, 1.0);
+  // 100 Mbit (1.25 MB): int8 activations and the top ~2.9% of the gradients.
+  c = adaptive_compression(0.1, 100, n, n, true, 0.001);
+  EXPECT_TRUE(c.int8_activations);
+  EXPECT_FALSE(c.int8_gradients);
+  EXPECT_GT(c.keep_ratio, 0.02);
+  EXPECT_LT(c.keep_ratio, 0.04);
+  // Without int8 activations, whole activations (4 MB) leave no room: the floor.
+  c = adaptive_compression(0.1, 200, n, n, false, 0.01);
+  EXPECT_FALSE(c.int8_activations);
+  EXPECT_EQ(c.keep_ratio, 0.01);
+  // A floor above int8's cost (8 x 0.2 bytes per entry > ~1.02): int8 gradients, not top-k.
+  c = adaptive_compression(0.1, 100, n, n, true, 0.2);
+  EXPECT_TRUE(c.int8_gradients);
+  EXPECT_EQ(c.keep_ratio, 1.0);
+  // Nothing measured: whole.
+  c = adaptive_compression(0, 10, n, n, true, 0.01);
+  EXPECT_FALSE(c.int8_activations);
+  EXPECT_EQ(c.keep_ratio, 1.0);
+}
+
+TEST(AdaTopK, PlannedWireFractionFollowsTheSetting) {
+  using starling::compress::planned_wire_fraction;
+  EXPECT_EQ(planned_wire_fraction("none", "int8", 0.1), 1.0);
+  const double int8 = planned_wire_fraction("int8", "none", 0.1);
+  EXPECT_NEAR(int8, 0.2539, 1e-3);
+  EXPECT_NEAR(planned_wire_fraction("adatopk", "int8", 0.1), int8, 1e-12);
+  EXPECT_EQ(planned_wire_fraction("adatopk", "none", 0.1), 1.0);
+  // topk 0.1: gradients 20% of the bytes, int8 activations about 25%: the heavier direction.
+  EXPECT_NEAR(planned_wire_fraction("topk", "int8", 0.1), int8, 1e-12);
+  EXPECT_NEAR(planned_wire_fraction("topk", "topk", 0.1), 0.2, 1e-12);
+  EXPECT_EQ(planned_wire_fraction("topk", "none", 0.1), 1.0);
+  EXPECT_THROW(planned_wire_fraction("zip", "int8", 0.1), std::invalid_argument);
+}
+
 }  // namespace

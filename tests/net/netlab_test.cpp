@@ -207,6 +207,28 @@ TEST(NetLabTest, ShapedLinkDeliversItsRate) {
   EXPECT_LE(bps, 1.10 * kRate) << "goodput " << bps / 1e6 << " Mbit/s";
 }
 
+TEST(NetLabTest, EachPairOfPeersHasALinkOfItsOwn) {
+  SKIP_IF_UNAVAILABLE();
+  // Peer 0 reaches peer 1 at 10mbit and peer 2 unshaped; nothing else is shaped.
+  NetLab lab({{"", "10mbit", "unlimited"}, {"", "", ""}, {"", "", ""}});
+  const size_t bytes = static_cast<size_t>(10e6 / 8 * 2);
+  double slow = 0, fast = 0, back = 0;
+  ASSERT_NO_THROW(
+      slow = measure_tcp_bps(lab.ns(0), lab.ns(1), lab.ip(1), bytes, std::chrono::seconds(8)));
+  ASSERT_NO_THROW(
+      fast = measure_tcp_bps(lab.ns(0), lab.ns(2), lab.ip(2), bytes, std::chrono::seconds(8)));
+  ASSERT_NO_THROW(
+      back = measure_tcp_bps(lab.ns(1), lab.ns(0), lab.ip(0), bytes, std::chrono::seconds(8)));
+  std::printf("0->1 %.2f Mbit/s, 0->2 %.2f Mbit/s, 1->0 %.2f Mbit/s\n", slow / 1e6, fast / 1e6,
+              back / 1e6);
+  EXPECT_GE(slow, 0.85 * 10e6);
+  EXPECT_LE(slow, 1.10 * 10e6);
+  // The other destinations of the same upload, and the other direction, are not held back.
+  EXPECT_GT(fast, 5 * slow);
+  EXPECT_GT(back, 5 * slow);
+  EXPECT_THROW(NetLab({{"", "1mbit"}, {""}}), std::invalid_argument);
+}
+
 TEST(NetLabTest, PeersAreAddressableAndTeardownRemovesEverything) {
   SKIP_IF_UNAVAILABLE();
   std::string name;

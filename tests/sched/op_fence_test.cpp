@@ -223,5 +223,138 @@ TEST(CostTable, RoundTripsThroughJsonAndNamesWhatIsWrong) {
   EXPECT_THROW(read_cost_table("/nonexistent/p.json"), ConfigError);
 }
 
+// --- plan_replicas: every device at work as replicas of one cut ----------------------------------
+
+// Two clusters {0, 1} and {2, 3}, `inside` within and `between` across.
+CostTable two_clusters(int n, double inside, double between, int64_t cut_bytes,
+                       int64_t param_bytes) {
+  CostTable t = table(n, {1, 1, 1, 1}, inside, 1, cut_bytes);
+  for (auto& node : t.nodes) node.param_bytes = param_bytes;
+  for (int a : {0, 1})
+    for (int b : {2, 3}) set_link(t, a, b, between);
+  return t;
+}
+
+bool same_cluster(int a, int b) { return (a < 2) == (b < 2); }
+
+TEST(PlanReplicas, PipelinesStayInsideFastClustersWhenAveragingIsHidden) {
+  // Crossing the slow link costs 10 s per micro-batch against 1 s per node: two pipelines of two
+  // stages, one per cluster, averaging behind computation, beat one of four.
+  const CostTable t = two_clusters(8, kFast, 1e3, 10000, 100);
+  const ReplicatedPlan p = plan_replicas(t, true, {.every_steps = 4, .overlapped = true});
+  EXPECT_EQ(p.stages, 2);
+  EXPECT_EQ(p.replicas, 2);
+  ASSERT_EQ(p.pipelines.size(), 2u);
+  for (const auto& pipe : p.pipelines) {
+    ASSERT_EQ(pipe.stages.size(), 2u);
+    EXPECT_TRUE(same_cluster(pipe.stages[0].device, pipe.stages[1].device));
+    EXPECT_EQ(pipe.stages[0].last, 3);  // equal devices: the even cut
+  }
+  EXPECT_DOUBLE_EQ(p.sync_s, 0);  // 0.4 s of averaging per 4 steps of ~40 s: hidden
+  EXPECT_NEAR(p.averaging_s, 400.0 / 1e3, 1e-9);
+  EXPECT_DOUBLE_EQ(p.micro_batches_per_s, 2 * 8 / p.step_s);
+  // Overlapped averaging longer than a round's computation shows as what it exceeds.
+  CostTable heavy = t;
+  for (auto& node : heavy.nodes) node.param_bytes = 100000;  // 400 s of averaging
+  const ReplicatedPlan q = plan_replicas(heavy, true, {.every_steps = 4, .overlapped = true});
+  ASSERT_EQ(q.replicas, 2);
+  EXPECT_NEAR(q.step_s, q.averaging_s / 4, 1e-9);
+}
+
+TEST(PlanReplicas, CounterpartsAreChosenAcrossFastLinks) {
+  // Four equal devices, every link fast but 1-2. The chain steps around it (0 1 3 2); with two
+  // replicas {0, 1} and {3, 2}, running the second one backwards makes the counterparts 0-2 and
+  // 1-3, so no averaging crosses the slow pair.
+  CostTable t = table(8, {1, 1, 1, 1}, kFast, 1, 10, 8);
+  for (auto& node : t.nodes) node.param_bytes = 1000000;
+  set_link(t, 1, 2, 1e3);
+  const ReplicatedPlan p = plan_replicas(t, true, {.every_steps = 4, .overlapped = true});
+  ASSERT_EQ(p.replicas, 2);
+  for (int s = 0; s < 2; ++s) {
+    const int a = p.pipelines[0].stages[static_cast<size_t>(s)].device;
+    const int b = p.pipelines[1].stages[static_cast<size_t>(s)].device;
+    EXPECT_FALSE((a == 1 && b == 2) || (a == 2 && b == 1)) << "stage " << s;
+  }
+  EXPECT_LT(p.averaging_s, 0.1);
+}
+
+TEST(PlanReplicas, AveragingEveryStepOverASlowLinkMakesOnePipeline) {
+  // Each stage's parameters (4 x 1e6 bytes) would cross the 1e3 B/s link every step: one
+  // pipeline of four stages, crossing the slow link once with small activations, wins.
+  const CostTable t = two_clusters(8, kFast, 1e3, 10, 1000000);
+  const ReplicatedPlan p = plan_replicas(t, true, {});
+  EXPECT_EQ(p.stages, 4);
+  EXPECT_EQ(p.replicas, 1);
+  // The chain crosses between the clusters once.
+  int crossings = 0;
+  const auto& st = p.pipelines.front().stages;
+  for (size_t s = 0; s + 1 < st.size(); ++s)
+    crossings += same_cluster(st[s].device, st[s + 1].device) ? 0 : 1;
+  EXPECT_EQ(crossings, 1);
+  // The same table with averaging every 1000 steps: replicas again.
+  EXPECT_EQ(plan_replicas(t, true, {.every_steps = 1000}).replicas, 2);
+}
+
+TEST(PlanReplicas, WithoutAStrategyEveryDeviceIsOneStage) {
+  const CostTable t = two_clusters(8, kFast, 1e3, 10000, 100);
+  const ReplicatedPlan p = plan_replicas(t, false, {});
+  EXPECT_EQ(p.stages, 4);
+  EXPECT_EQ(p.replicas, 1);
+  EXPECT_THROW(plan_replicas(table(8, {1}), true, {}), std::invalid_argument);
+  EXPECT_THROW(plan_replicas(table(3, {1, 1, 1, 1}), false, {}), std::invalid_argument);
+  EXPECT_THROW(plan_replicas(t, true, {.every_steps = 0}), std::invalid_argument);
+}
+
+TEST(PlanReplicas, TheSharedCutIsTheBestForTheSlowestReplica) {
+  // Random tables of 4 or 6 devices as 2 or 3 replicas: the common cut's slowest part over all
+  // replicas equals a brute force over every cut, priced on every replica.
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> speed(0.3, 2), rate(1e3, 1e5), compute(0.1, 2);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int n = 5 + trial % 4, devices = trial % 2 ? 4 : 6;
+    std::vector<double> speeds;
+    for (int d = 0; d < devices; ++d) speeds.push_back(speed(rng));
+    CostTable t = table(n, speeds);
+    for (auto& node : t.nodes) {
+      node.compute_s = compute(rng);
+      node.cut_bytes = &node == &t.nodes.back() ? 0 : 1000 + static_cast<int64_t>(rng() % 50000);
+    }
+    for (int a = 0; a < devices; ++a)
+      for (int b = a + 1; b < devices; ++b) set_link(t, a, b, rate(rng));
+    const ReplicatedPlan p = plan_replicas(t, true, {.every_steps = 1, .overlapped = true});
+    const int S = p.stages, R = p.replicas;
+    // Brute force over cuts for this S and R on the same chain windows.
+    double best = 1e300;
+    std::vector<int> starts = {0};
+    std::function<void(int)> go = [&](int from) {
+      if (static_cast<int>(starts.size()) == S) {
+        double worst = 0;
+        for (int r = 0; r < R; ++r) {
+          PipelinePlan q;
+          for (int s = 0; s < S; ++s)
+            q.stages.push_back(
+                {.first = starts[static_cast<size_t>(s)],
+                 .last = s + 1 < S ? starts[static_cast<size_t>(s) + 1] - 1 : n - 1,
+                 .device =
+                     p.pipelines[static_cast<size_t>(r)].stages[static_cast<size_t>(s)].device});
+          price(t, q);
+          worst = std::max(worst, q.bottleneck_s);
+        }
+        best = std::min(best, worst);
+        return;
+      }
+      for (int next = from + 1; next < n; ++next) {
+        starts.push_back(next);
+        go(next);
+        starts.pop_back();
+      }
+    };
+    go(0);
+    double worst = 0;
+    for (const auto& q : p.pipelines) worst = std::max(worst, q.bottleneck_s);
+    EXPECT_NEAR(worst, best, best * 1e-9) << "trial " << trial;
+  }
+}
+
 }  // namespace
 }  // namespace starling::sched

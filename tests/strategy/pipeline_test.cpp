@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
 #include <string>
@@ -23,6 +24,7 @@
 #include "starling/common/error.h"
 #include "starling/common/safetensors.h"
 #include "starling/model/build.h"
+#include "starling/net/netlab.h"
 #include "starling/strategy/pipeline_admission.h"
 #include "starling/strategy/pipeline_layout.h"
 #include "starling/strategy/pipeline_peer.h"
@@ -617,7 +619,8 @@ TEST_F(PipelineRunTest, AKilledStageStopsItsPipelineWhileTheOtherReplicaGoesOn) 
 }
 
 // Top-k on the links sends a fraction of the bytes and still trains; AdaTopK on loopback, where
-// the links keep up with compute, sends whole tensors.
+// the links keep up with compute, sends whole tensors; int8 sends a quarter and loses nearly
+// nothing.
 TEST_F(PipelineRunTest, CompressedLinksSendFewerBytesAndAdaTopKOnlyWhereTheyBind) {
   const auto run_with = [&](const std::string& name, const std::string& compression) {
     const fs::path cfg = config("compress_" + name, "gpt2-tiny", 4, false);
@@ -652,6 +655,66 @@ TEST_F(PipelineRunTest, CompressedLinksSendFewerBytesAndAdaTopKOnlyWhereTheyBind
       << "whole " << whole_loss << ", top-k " << topk_loss;
   EXPECT_NE(ada_log.find("keeping 100.0% of gradient entries)"), std::string::npos) << ada_log;
   EXPECT_NEAR(ada_mb, whole_mb, 0.05 * whole_mb) << ada_log;
+  // int8 both ways: about a quarter of the bytes, no entry dropped, nearly the same loss.
+  const auto [int8_mb_rounded, int8_loss, int8_log] =
+      run_with("int8", "--set pipeline.compression=\"int8\"");
+  std::smatch ratio;
+  ASSERT_TRUE(std::regex_search(int8_log, ratio, std::regex("MB whole, ([0-9.]+)x;"))) << int8_log;
+  EXPECT_GT(std::stod(ratio[1].str()), 3.3) << int8_log;
+  EXPECT_LT(std::stod(ratio[1].str()), 4.1) << int8_log;
+  EXPECT_NE(int8_log.find("activations int8, gradients int8"), std::string::npos) << int8_log;
+  EXPECT_LT(std::abs(int8_loss - whole_loss), 0.02 * whole_loss)
+      << "whole " << whole_loss << ", int8 " << int8_loss;
+}
+
+// stages = "auto": the launcher plans the cut and each peer's place for the lab, keeps the plan in
+// the run directory, and a resumed run places every peer as the plan it began with did.
+TEST_F(PipelineRunTest, AutoStagesArePlannedOnceAndKeptForResume) {
+  const fs::path cfg = config("auto", "gpt2-tiny", 2, false);
+  const fs::path run = root_ / "run_auto";
+  const std::string args = "train --config " + cfg.string() +
+                           " --peers 2 --set 'pipeline.stages=\"auto\"' --set train.steps=4";
+  const auto first = run_cli(args + " --stop-at 2");
+  ASSERT_EQ(first.code, 0) << first.output;
+  EXPECT_NE(first.output.find("plan: OP-Fence for 2 peers"), std::string::npos) << first.output;
+  EXPECT_NE(first.output.find("1 replica of 2 stages"), std::string::npos) << first.output;
+  const std::string plan = starling::testing::read_file(run / "auto_pipeline.json");
+  EXPECT_NE(plan.find("\"stage_of\""), std::string::npos) << plan;
+  const auto resumed = run_cli(args + " --resume");
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("plan: the run's own"), std::string::npos) << resumed.output;
+  EXPECT_TRUE(fs::exists(run / "peer-1" / "checkpoints" / "step_00000004"));
+  // A damaged plan is named, and nothing starts.
+  std::ofstream(run / "auto_pipeline.json") << "{\"format\": \"starling-auto-pipeline\"}";
+  const auto damaged = run_cli(args + " --resume");
+  EXPECT_NE(damaged.code, 0);
+  EXPECT_NE(damaged.output.find("auto_pipeline.json: damaged pipeline plan"), std::string::npos)
+      << damaged.output;
+  // A peer started by hand cannot plan; it says how to get a plan.
+  const auto peer = run_cli("peer --config " + cfg.string() +
+                            " --set 'pipeline.stages=\"auto\"' --insecure --listen "
+                            "tcp://127.0.0.1:0");
+  EXPECT_NE(peer.code, 0);
+  EXPECT_NE(peer.output.find("starling plan pipeline"), std::string::npos) << peer.output;
+}
+
+// On a lab with one slow pair, the plan keeps the pipeline off that link: the peer between the two
+// slow-linked ones runs the middle stage.
+TEST_F(PipelineRunTest, AutoStagesStepAroundASlowLinkOfTheLab) {
+  if (auto why = starling::net::NetLab::unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
+  const fs::path cfg = config("auto_lab", "gpt2-tiny", 2, false);
+  const fs::path lab = root_ / "slow-pair.toml";
+  std::ofstream(lab) << "peers = 3\nrate = \"1gbit\"\n[[link]]\npeers = [0, 1]\n"
+                        "rate = \"1mbit\"\n";
+  const auto r = run_cli("train -q --config " + cfg.string() + " --lab " + lab.string() +
+                         " --set 'pipeline.stages=\"auto\"' --set train.steps=3");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string plan =
+      starling::testing::read_file(root_ / "run_auto_lab" / "auto_pipeline.json");
+  const auto j = nlohmann::json::parse(plan);
+  EXPECT_EQ(j["stages"].size(), 3u) << plan;
+  EXPECT_EQ(j["stage_of"][2], 1) << plan;
+  EXPECT_NE(r.output.find("1mbit: 0-1"), std::string::npos) << r.output;
 }
 
 // With pipeline.replacement_wait_s, a peer started with a dead stage's key takes its place: the

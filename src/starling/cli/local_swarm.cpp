@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "starling/cli/auto_pipeline.h"
 #include "starling/cli/cpu_quota.h"
 #include "starling/common/error.h"
 #include "starling/common/process.h"
@@ -64,16 +65,93 @@ std::string last_line(const std::string& path) {
   return last;
 }
 
+// The lab a swarm runs on, as the scheduler sees it: --lab, or every link at --link-rate and
+// each peer's --peer-cpus.
+sched::LabSpec effective_lab(const LocalSwarmOptions& o) {
+  if (o.lab) return *o.lab;
+  sched::LabSpec lab;
+  lab.peers = o.peers;
+  lab.source = "--link-rate";
+  const double bits = o.link_rate.empty() || o.link_rate == "unlimited"
+                          ? 0
+                          : sched::parse_link_rate(o.link_rate, "--link-rate") * 8;
+  lab.bits_per_s.assign(o.peers, std::vector<double>(o.peers, bits));
+  for (int i = 0; i < o.peers; ++i) lab.bits_per_s[i][i] = 0;
+  lab.cpus = o.peer_cpus;
+  return lab;
+}
+
 }  // namespace
 
-LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwarmOptions& o) {
+LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const LocalSwarmOptions& o) {
   if (o.peers < 1 || o.peers > 64) throw ConfigError("--peers must be in [1, 64]");
+  if (o.lab && o.lab->peers != o.peers)
+    throw ConfigError("--peers " + std::to_string(o.peers) + " but the lab " + o.lab->source +
+                      " has " + std::to_string(o.lab->peers) + " peers");
+  if (o.lab && (!o.link_rate.empty() || !o.peer_cpus.empty()))
+    throw ConfigError("--lab gives the links and CPUs: drop --link-rate and --peer-cpus");
+  if (user_config.pipeline.enabled() &&
+      (user_config.pipeline.stage >= 0 || user_config.pipeline.replica >= 0))
+    throw ConfigError(
+        "--peers places each peer itself: drop pipeline.stage and "
+        "pipeline.replica");
+  const fs::path out = user_config.train.out_dir;
+  const bool checkpointed = fs::exists(out / "peer-0" / "checkpoints" / "latest");
+  // Each peer would refuse on its own; saying so here spares the others a join timeout.
+  if (!o.resume && checkpointed)
+    throw ConfigError(out.string() +
+                      " already holds a swarm's checkpoints; pass --resume to continue that run, "
+                      "or set train.out_dir to a new directory");
+  // stages = "auto": plan the cut and every peer's place now (or take the plan the run began
+  // with, on --resume: its checkpoints hold those stages), then run explicit stages. The plan is
+  // kept once the peers are about to start.
+  train::RunConfig config = user_config;
+  std::optional<AutoPipeline> planned;
+  const fs::path saved_plan = out / "auto_pipeline.json";
+  bool keep_plan = false;
+  if (config.pipeline.auto_stages) {
+    if (config.pipeline.replicas > 0)
+      throw ConfigError(
+          "pipeline.stages = \"auto\" chooses the replicas too: drop pipeline.replicas");
+    // What a peer would refuse whatever the cut: before a profile that may take a while.
+    strategy::PipelineConfig any_cut = config.pipeline;
+    any_cut.auto_stages = false;
+    any_cut.num_stages = 2;
+    strategy::check_pipeline_peer(any_cut, {.strategy_kind = config.strategy.kind,
+                                            .dtype = config.train.dtype,
+                                            .net_backend = config.net.backend,
+                                            .swapped = config.swap.enabled(),
+                                            .stage = 0,
+                                            .replica = 0,
+                                            .replicas = 1});
+    if (o.resume && fs::exists(saved_plan)) {
+      planned = read_auto_pipeline(saved_plan);
+      if (static_cast<int>(planned->stage_of.size()) != o.peers)
+        throw ConfigError(saved_plan.string() + " places " +
+                          std::to_string(planned->stage_of.size()) + " peers, not --peers " +
+                          std::to_string(o.peers));
+      std::cerr << "plan: the run's own, from " << saved_plan.string() << "\n" << planned->report;
+    } else if (o.resume && checkpointed) {
+      throw ConfigError(out.string() +
+                        " holds checkpoints of a run that did not begin with "
+                        "pipeline.stages = \"auto\" (no auto_pipeline.json): resume it with "
+                        "the stages it began with");
+    } else {
+      const sched::LabSpec lab = effective_lab(o);
+      planned = plan_auto_pipeline(config, lab);
+      std::cerr << "plan: OP-Fence for " << lab.describe() << "\n" << planned->report;
+      keep_plan = true;
+    }
+    config.pipeline.auto_stages = false;
+    config.pipeline.stages = planned->stages;
+    config.pipeline.replicas = planned->replicas;
+  }
   const bool pipeline = config.pipeline.enabled();
   const int64_t stages = pipeline ? config.pipeline.count() : 1;
   if (pipeline) {
     // Peer i runs stage i % stages of replica i / stages (its flat rank places it, as RANK would
-    // under torchrun); every peer would refuse a bad setting on its own, after the others started
-    // waiting for it.
+    // under torchrun) unless the plan placed it; every peer would refuse a bad setting on its
+    // own, after the others started waiting for it.
     strategy::PipelineConfig placed = config.pipeline;
     strategy::place_pipeline_peer(placed, 0, o.peers);
     if (placed.replicas * stages != o.peers)
@@ -81,10 +159,6 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
                         std::to_string(stages) + " stages takes one peer per stage, " +
                         std::to_string(placed.replicas * stages) +
                         " for pipeline.replicas = " + std::to_string(placed.replicas));
-    if (config.pipeline.stage >= 0 || config.pipeline.replica >= 0)
-      throw ConfigError(
-          "--peers places each peer itself: drop pipeline.stage and "
-          "pipeline.replica");
     strategy::check_pipeline_peer(config.pipeline, {.strategy_kind = config.strategy.kind,
                                                     .dtype = config.train.dtype,
                                                     .net_backend = config.net.backend,
@@ -100,19 +174,28 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
                         "with [pipeline]");
     strategy::check_peer(config.strategy, config.swap.enabled(), config.net.backend);
   }
-  const fs::path out = config.train.out_dir;
-  // Each peer would refuse on its own; saying so here spares the others a join timeout.
-  if (!o.resume && fs::exists(out / "peer-0" / "checkpoints" / "latest"))
-    throw ConfigError(out.string() +
-                      " already holds a swarm's checkpoints; pass --resume to continue that run, "
-                      "or set train.out_dir to a new directory");
   fs::create_directories(out);
   const auto keys = ensure_keys(out / "keys", o.peers);
 
   // A fixed c10d group: rank 0 hosts the store on a free port and says which; the others meet it.
   const bool group = config.net.backend != "starling";
   std::unique_ptr<net::NetLab> lab;
-  if (!o.link_rate.empty()) {
+  bool shaped = false;
+  if (o.lab)
+    for (const auto& row : o.lab->bits_per_s)
+      for (const double bits : row) shaped = shaped || bits > 0;
+  if (shaped) {
+    if (group)
+      throw ConfigError("--lab runs the Starling swarm (net.backend = \"starling\"), not \"" +
+                        config.net.backend + "\"");
+    if (auto why = net::NetLab::unavailable_reason(); !why.empty())
+      throw ConfigError("--lab " + o.lab->source + " needs network namespaces: " + why);
+    std::vector<std::vector<std::string>> rates(o.peers);
+    for (int a = 0; a < o.peers; ++a)
+      for (int b = 0; b < o.peers; ++b) rates[a].push_back(o.lab->tc_rate(a, b));
+    lab = std::make_unique<net::NetLab>(rates);
+    std::cerr << "swarm: " << o.peers << " namespaces, " << o.lab->describe() << "\n";
+  } else if (!o.link_rate.empty()) {
     if (group)
       throw ConfigError("--link-rate runs the Starling swarm (net.backend = \"starling\"), not \"" +
                         config.net.backend + "\"");
@@ -124,16 +207,18 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
 
   // Unequal peers on one machine: each peer's process tree gets its share of the CPUs.
   std::vector<std::unique_ptr<CpuQuota>> quotas;
-  if (!o.peer_cpus.empty()) {
-    if (static_cast<int>(o.peer_cpus.size()) != o.peers)
-      throw ConfigError("--peer-cpus needs one value per peer");
+  const std::vector<double>& peer_cpus = o.lab ? o.lab->cpus : o.peer_cpus;
+  if (!peer_cpus.empty()) {
+    const std::string what = o.lab ? "--lab " + o.lab->source : std::string("--peer-cpus");
+    if (static_cast<int>(peer_cpus.size()) != o.peers)
+      throw ConfigError(what + " needs one CPU value per peer");
     if (auto why = CpuQuota::unavailable_reason(); !why.empty())
-      throw ConfigError("--peer-cpus needs CPU quotas: " + why);
+      throw ConfigError(what + " needs CPU quotas: " + why);
     std::string shares;
     for (int i = 0; i < o.peers; ++i) {
       quotas.push_back(std::make_unique<CpuQuota>(
-          "starling-" + std::to_string(::getpid()) + "-peer-" + std::to_string(i), o.peer_cpus[i]));
-      shares += (i ? ", " : "") + fmt("%g", o.peer_cpus[i]);
+          "starling-" + std::to_string(::getpid()) + "-peer-" + std::to_string(i), peer_cpus[i]));
+      shares += (i ? ", " : "") + fmt("%g", peer_cpus[i]);
     }
     std::cerr << "swarm: CPU quotas per peer: " << shares << "\n";
   }
@@ -151,6 +236,8 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
                              "--data-world", std::to_string(o.peers)});
     if (!o.config_file.empty()) argv.insert(argv.end(), {"--config", o.config_file});
     for (const auto& s : o.overrides) argv.insert(argv.end(), {"--set", s});
+    if (planned)
+      for (const auto& s : planned->overrides(i)) argv.insert(argv.end(), {"--set", s});
     const fs::path dir = out / ("peer-" + std::to_string(i));
     std::vector<std::string> sets;
     if (group) {
@@ -187,6 +274,7 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
     }
   } restore{old_int, old_term};
 
+  if (keep_plan) write_auto_pipeline(saved_plan, *planned);
   std::vector<Process> procs;
   std::vector<PeerView> views(o.peers);
   auto log_of = [&](int i) { return (out / ("peer-" + std::to_string(i) + ".log")).string(); };
@@ -339,7 +427,9 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwar
                                      : config.strategy.kind == "none"
                                          ? "pipeline"
                                          : "pipeline+" + config.strategy.kind},
-                        {"link_rate", o.link_rate},
+                        {"link_rate", o.lab ? o.lab->describe() : o.link_rate},
+                        {"stages", stages},
+                        {"predicted_step_s", planned ? planned->predicted_step_s : 0.0},
                         {"tokens", total_tokens},
                         {"elapsed_s", longest},
                         {"tokens_per_s", result.tokens_per_s},

@@ -8,17 +8,22 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "starling/sched/lab_spec.h"
 #include "starling/train/config.h"
 
 namespace starling::cli {
 
 struct LocalSwarmOptions {
   int peers = 2;
-  std::string link_rate;               // "" = loopback; else a tc rate ("20mbit"): needs root
-  std::vector<double> peer_cpus;       // empty = no quota; else CPUs per peer (cpu_quota.h): root
+  std::string link_rate;          // "" = loopback; else a tc rate ("20mbit"): needs root
+  std::vector<double> peer_cpus;  // empty = no quota; else CPUs per peer (cpu_quota.h): root
+  // A heterogeneous lab (--lab): a link per pair of peers and CPUs per peer, in place of
+  // link_rate and peer_cpus; its peer count must be `peers`.
+  std::optional<sched::LabSpec> lab;
   std::string starling;                // path of the starling binary to launch peers with
   std::string config_file;             // passed on to each peer
   std::vector<std::string> overrides;  // --set arguments, passed on to each peer

@@ -1,11 +1,16 @@
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
+#include <stdexcept>
 
 #include "starling/cli/commands.h"
 #include "starling/cli/number_list.h"
 #include "starling/common/error.h"
+#include "starling/compress/ada_topk.h"
+#include "starling/sched/lab_spec.h"
 #include "starling/sched/op_fence.h"
+#include "starling/sched/plan_report.h"
 #include "starling/sched/workload.h"
 #include "starling/swap/swap_runner.h"
 #include "starling/train/config.h"
@@ -14,33 +19,29 @@ namespace starling::cli {
 
 namespace {
 
-std::string seconds(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, s < 1 ? "%.1f ms" : "%.2f s", s < 1 ? s * 1e3 : s);
-  return buf;
-}
+using sched::describe_plan;
 
-std::string describe(const sched::CostTable& t, const sched::PipelinePlan& p) {
-  std::ostringstream out;
-  out << "  stage  device      nodes                                      compute/mb   link "
-         "on/mb\n";
-  for (size_t s = 0; s < p.stages.size(); ++s) {
-    const auto& st = p.stages[s];
-    const auto& d = t.devices[static_cast<size_t>(st.device)];
-    char line[200];
-    const std::string nodes = std::to_string(st.first) + "-" + std::to_string(st.last) + " (" +
-                              t.nodes[static_cast<size_t>(st.first)].name + " .. " +
-                              t.nodes[static_cast<size_t>(st.last)].name + ")";
-    std::snprintf(
-        line, sizeof line, "  %-5zu  %-10s  %-41s  %10s   %10s\n", s,
-        (std::to_string(st.device) + " (x" + std::to_string(d.speed).substr(0, 4) + ")").c_str(),
-        nodes.c_str(), seconds(st.compute_s).c_str(),
-        s + 1 < p.stages.size() ? seconds(st.link_s).c_str() : "-");
-    out << line;
+// Devices of the given speeds, every link at `rate` but the ones named A-B=RATE.
+void set_devices(sched::CostTable& t, const std::string& speed_list, const std::string& rate_text,
+                 const std::vector<std::string>& links) {
+  const std::vector<double> speeds =
+      parse_positive_numbers(speed_list, "--speeds", "a speed > 0 (e.g. 0.5 or 2)");
+  t.devices.clear();
+  for (size_t d = 0; d < speeds.size(); ++d)
+    t.devices.push_back({.name = "device " + std::to_string(d), .speed = speeds[d]});
+  const double rate = sched::parse_link_rate(rate_text, "--link-rate");
+  t.links.assign(speeds.size(), std::vector<sched::LinkCost>(speeds.size(), {rate, 0}));
+  for (const std::string& l : links) {
+    int a = -1, b = -1;
+    char rest[64] = {};
+    if (std::sscanf(l.c_str(), "%d-%d=%63s", &a, &b, rest) != 3 || a < 0 || b < 0 ||
+        a >= static_cast<int>(speeds.size()) || b >= static_cast<int>(speeds.size()) || a == b)
+      throw ConfigError("--link " + l + ": expected A-B=RATE with two different devices of " +
+                        std::to_string(speeds.size()));
+    const double r = sched::parse_link_rate(rest, "--link " + l);
+    t.links[static_cast<size_t>(a)][static_cast<size_t>(b)] = {r, 0};
+    t.links[static_cast<size_t>(b)][static_cast<size_t>(a)] = {r, 0};
   }
-  out << "  slowest part " << seconds(p.bottleneck_s) << " per micro-batch; predicted step "
-      << seconds(p.step_s) << " for " << t.micro_batches << " micro-batches\n";
-  return out.str();
 }
 
 }  // namespace
@@ -89,7 +90,7 @@ void add_plan_command(CLI::App& app) {
     sched::write_cost_table(pa->out, t);
     double total = 0;
     for (const auto& n : t.nodes) total += n.compute_s;
-    std::cout << "profiled " << t.nodes.size() << " nodes: " << seconds(total)
+    std::cout << "profiled " << t.nodes.size() << " nodes: " << sched::format_seconds(total)
               << " per micro-batch of " << config.train.batch_size << " x " << config.model.seq_len
               << " tokens, forward and backward; wrote " << pa->out << "\n";
   });
@@ -99,9 +100,12 @@ void add_plan_command(CLI::App& app) {
       "cut a profiled model into pipeline stages for devices of given speeds and links "
       "(OP-Fence: groups by bandwidth, exact cut; docs/scheduler.md)");
   struct PipelineArgs {
-    std::string profile, speeds = "1,1", rate = "1gbit";
+    std::string profile, speeds = "1,1", rate = "1gbit", lab;
     std::vector<std::string> links;
     int64_t micro_batches = 0;
+    double sync_every = 1;
+    bool overlapped = false;
+    std::string compression = "none";
   };
   auto pp = std::make_shared<PipelineArgs>();
   pipeline->add_option("--profile", pp->profile, "cost table from `plan profile`")->required();
@@ -114,30 +118,44 @@ void add_plan_command(CLI::App& app) {
   pipeline->add_option("--link", pp->links,
                        "one link's rate, A-B=RATE with device numbers, e.g. 1-2=10mbit "
                        "(repeatable)");
+  pipeline->add_option("--lab", pp->lab,
+                       "the devices and links of a lab file (as `train --peers N --lab` builds "
+                       "it) in place of --speeds, --link-rate and --link");
+  pipeline
+      ->add_option("--sync-every", pp->sync_every,
+                   "for pipeline replicas: steps between two averagings of a stage with its "
+                   "counterparts (1 = ddp, tau = strategy.local_steps otherwise)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  pipeline
+      ->add_option("--compression", pp->compression,
+                   "price each cut at what pipeline.compression sends of it (int8: about a "
+                   "quarter; adatopk: as int8, the most it compresses before it drops entries)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "int8", "topk", "adatopk"}));
+  pipeline->add_flag("--overlapped", pp->overlapped,
+                     "for pipeline replicas: the averaging overlaps the next steps (co2)");
   pipeline
       ->add_option("--micro-batches", pp->micro_batches,
                    "micro-batches per step (default: the profiled config's train.grad_accum)")
       ->check(CLI::PositiveNumber);
-  pipeline->callback([pp] {
+  pipeline->callback([pp, pipeline] {
     sched::CostTable t = sched::read_cost_table(pp->profile);
     if (pp->micro_batches > 0) t.micro_batches = pp->micro_batches;
-    const std::vector<double> speeds =
-        parse_positive_numbers(pp->speeds, "--speeds", "a speed > 0 (e.g. 0.5 or 2)");
-    t.devices.clear();
-    for (size_t d = 0; d < speeds.size(); ++d)
-      t.devices.push_back({.name = "device " + std::to_string(d), .speed = speeds[d]});
-    const double rate = sched::parse_link_rate(pp->rate, "--link-rate");
-    t.links.assign(speeds.size(), std::vector<sched::LinkCost>(speeds.size(), {rate, 0}));
-    for (const std::string& l : pp->links) {
-      int a = -1, b = -1;
-      char rest[64] = {};
-      if (std::sscanf(l.c_str(), "%d-%d=%63s", &a, &b, rest) != 3 || a < 0 || b < 0 ||
-          a >= static_cast<int>(speeds.size()) || b >= static_cast<int>(speeds.size()) || a == b)
-        throw ConfigError("--link " + l + ": expected A-B=RATE with two different devices of " +
-                          std::to_string(speeds.size()));
-      const double r = sched::parse_link_rate(rest, "--link " + l);
-      t.links[static_cast<size_t>(a)][static_cast<size_t>(b)] = {r, 0};
-      t.links[static_cast<size_t>(b)][static_cast<size_t>(a)] = {r, 0};
+    const double wire = compress::planned_wire_fraction(pp->compression, "int8", 0.1);
+    for (auto& node : t.nodes)
+      node.cut_bytes =
+          static_cast<int64_t>(std::llround(static_cast<double>(node.cut_bytes) * wire));
+    if (!pp->lab.empty()) {
+      if (pipeline->count("--speeds") + pipeline->count("--link-rate") + pipeline->count("--link"))
+        throw CLI::ValidationError("--lab",
+                                   "gives the devices and links: drop --speeds, "
+                                   "--link-rate and --link");
+      const auto lab = sched::read_lab_spec(pp->lab);
+      sched::apply_lab(t, lab);
+      std::cout << "lab " << pp->lab << ": " << lab.describe() << "\n";
+    } else {
+      set_devices(t, pp->speeds, pp->rate, pp->links);
     }
     t.validate(pp->profile);
     const auto groups = sched::cluster_devices(t);
@@ -145,11 +163,22 @@ void add_plan_command(CLI::App& app) {
     std::cout << groups.size() << " group" << (groups.size() == 1 ? "" : "s")
               << " of devices by bandwidth; chain";
     for (const int d : chain) std::cout << " " << d;
-    std::cout << "\nOP-Fence:\n" << describe(t, sched::op_fence(t));
+    std::cout << "\nOP-Fence:\n" << describe_plan(t, sched::op_fence(t));
     if (static_cast<int>(chain.size()) <= static_cast<int>(t.nodes.size())) {
       const auto even = sched::uniform_pipeline(t, chain);
       std::cout << "even split by node count over the whole chain (for comparison):\n"
-                << describe(t, even);
+                << describe_plan(t, even);
+    }
+    if (t.devices.size() >= 2) {
+      try {
+        const auto every = sched::plan_replicas(
+            t, true, {.every_steps = pp->sync_every, .overlapped = pp->overlapped});
+        std::cout << "every device at work (as pipeline.stages = \"auto\" places a local "
+                     "swarm):\n"
+                  << describe_plan(t, every);
+      } catch (const std::invalid_argument& e) {
+        std::cout << "every device at work: " << e.what() << "\n";
+      }
     }
   });
 }

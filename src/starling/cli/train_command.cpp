@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "starling/cli/commands.h"
 #include "starling/cli/cpu_quota.h"
@@ -15,7 +16,7 @@ namespace starling::cli {
 void add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "train a model from a TOML config (docs/config.md)");
   struct Args {
-    std::string config, link_rate, peer_cpus;
+    std::string config, link_rate, peer_cpus, lab;
     std::vector<std::string> sets;
     bool resume = false, quiet = false, list_keys = false;
     int64_t stop_at = -1;
@@ -38,6 +39,10 @@ void add_train_command(CLI::App& app) {
                   "with --peers: CPUs each peer may use, comma-separated or one for all, e.g. "
                   "1,1,0.5,0.5 (a cgroup CPU quota per peer: unequal peers on one machine; "
                   "needs root)");
+  cmd->add_option("--lab", a->lab,
+                  "with --peers: a heterogeneous lab (TOML: a rate per pair of peers, CPUs per "
+                  "peer; docs/scheduler.md#the-heterogeneous-lab) in place of --link-rate and "
+                  "--peer-cpus (needs root); --peers defaults to its peer count");
   cmd->add_flag("-q,--quiet", a->quiet, "no live progress line");
   cmd->add_flag("--list-keys", a->list_keys, "list every config key with its default and exit");
   cmd->callback([a] {
@@ -47,6 +52,15 @@ void add_train_command(CLI::App& app) {
     }
     if (a->config.empty()) throw CLI::RequiredError("--config");
     const auto config = train::load_run_config(a->config, a->sets);
+    std::optional<sched::LabSpec> lab;
+    if (!a->lab.empty()) {
+      if (!a->link_rate.empty() || !a->peer_cpus.empty())
+        throw CLI::ValidationError("--lab",
+                                   "gives the links and CPUs: drop --link-rate and "
+                                   "--peer-cpus");
+      lab = sched::read_lab_spec(a->lab);
+      if (a->peers == 0) a->peers = lab->peers;
+    }
     if (!a->link_rate.empty() && a->peers == 0)
       throw CLI::ValidationError("--link-rate", "needs --peers N");
     if (!a->peer_cpus.empty() && a->peers == 0)
@@ -54,6 +68,7 @@ void add_train_command(CLI::App& app) {
     if (a->peers > 0) {
       LocalSwarmOptions o;
       o.peers = a->peers;
+      o.lab = lab;
       o.link_rate = a->link_rate;
       if (!a->peer_cpus.empty()) o.peer_cpus = parse_peer_cpus(a->peer_cpus, a->peers);
       o.starling = std::filesystem::read_symlink("/proc/self/exe").string();
@@ -75,7 +90,9 @@ void add_train_command(CLI::App& app) {
     }
     if (config.pipeline.enabled())
       std::cerr << "note: [pipeline] cuts the model across peers (--peers "
-                << config.pipeline.count() << ", or `starling peer`); training it whole\n";
+                << (config.pipeline.auto_stages ? std::string("N")
+                                                : std::to_string(config.pipeline.count()))
+                << ", or `starling peer`); training it whole\n";
     if (config.strategy.kind != "none")
       std::cerr << "note: strategy.kind = \"" << config.strategy.kind
                 << "\" needs peers (--peers N, or `starling peer`); training one replica\n";

@@ -137,11 +137,33 @@ std::string NetLab::unavailable_reason() {
   return reason;
 }
 
-NetLab::NetLab(int peers, std::string rate) : peers_(peers), rate_(std::move(rate)) {
+NetLab::NetLab(int peers, std::string rate) : peers_(peers), rate_(std::move(rate)) { build(); }
+
+NetLab::NetLab(const std::vector<std::vector<std::string>>& rates)
+    : peers_(static_cast<int>(rates.size())), rate_("unlimited") {
+  for (const auto& row : rates)
+    if (row.size() != rates.size())
+      throw std::invalid_argument("NetLab: the rate matrix must be square (" +
+                                  std::to_string(rates.size()) + " rows, a row of " +
+                                  std::to_string(row.size()) + ")");
+  build();
+  for (int i = 0; i < peers_; ++i) {
+    std::vector<std::string> args = {"shape", name_, std::to_string(i)};
+    for (const auto& r : rates[static_cast<size_t>(i)]) args.push_back(r.empty() ? "-" : r);
+    RunResult a = run_script(args);
+    if (a.exit_code != 0) {
+      run_script({"down", name_});
+      throw std::runtime_error("NetLab: " + describe(args, a));
+    }
+  }
+  rate_ = "per link";
+}
+
+void NetLab::build() {
   static std::atomic<int> counter{0};
   name_ = "nl" + std::to_string(::getpid()) + "x" + std::to_string(counter++);
-  if (peers < 1 || peers > 254) {
-    throw std::invalid_argument("NetLab: peers must be 1..254, got " + std::to_string(peers));
+  if (peers_ < 1 || peers_ > 254) {
+    throw std::invalid_argument("NetLab: peers must be 1..254, got " + std::to_string(peers_));
   }
 
   // Best effort: a failed gc must not stop this lab from being built.
@@ -151,11 +173,11 @@ NetLab::NetLab(int peers, std::string rate) : peers_(peers), rate_(std::move(rat
   // A lab of the same name can only be a leftover of an earlier process that had our pid and
   // somehow escaped gc; it is ours to replace.
   run_script({"down", name_});
-  std::vector<std::string> up = {"up", name_, std::to_string(peers), rate_};
+  std::vector<std::string> up = {"up", name_, std::to_string(peers_), rate_};
   RunResult r = run_script(up);
   if (r.exit_code != 0) throw std::runtime_error("NetLab: " + describe(up, r));
 
-  for (int i = 0; i < peers; ++i) {
+  for (int i = 0; i < peers_; ++i) {
     std::vector<std::string> args = {"ip", name_, std::to_string(i)};
     RunResult a = run_script(args);
     if (a.exit_code != 0 || a.output.empty()) {

@@ -40,6 +40,13 @@ class NetLab {
   // if the lab cannot be built; nothing is left behind then.
   NetLab(int peers, std::string rate);
 
+  // A lab where every ordered pair of peers has a link of its own: rates[a][b] is the tc rate from
+  // peer a to peer b ("unlimited" = not shaped; the diagonal is ignored), shaped on a's upload per
+  // destination (netlab.sh shape: an htb class per destination address). Downloads are not
+  // shaped, so a peer receiving from several others at once is bounded only by their links. The
+  // same cleanup and errors as above; std::invalid_argument unless `rates` is square.
+  explicit NetLab(const std::vector<std::vector<std::string>>& rates);
+
   // Removes every namespace of the lab. Runs during stack unwinding too, so a failing or throwing
   // test still cleans up; never throws (a failure to remove is reported on stderr and left to the
   // next run's garbage collection).
@@ -64,6 +71,8 @@ class NetLab {
   int peers_;
   std::string rate_;
   std::vector<std::string> ips_;
+
+  void build();
 };
 
 }  // namespace starling::net

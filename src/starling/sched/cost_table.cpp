@@ -110,6 +110,7 @@ json to_json(const CostTable& t) {
   return {{"format", "starling-cost-table"},
           {"version", 1},
           {"micro_batches", t.micro_batches},
+          {"reference_cpus", t.reference_cpus},
           {"nodes", nodes},
           {"devices", devices},
           {"links", links}};
@@ -121,6 +122,10 @@ CostTable cost_table_from_json(const json& j, const std::string& where) {
         where + ": \"format\" must be \"starling-cost-table\"");
   CostTable t;
   t.micro_batches = integer(j, "micro_batches", where);
+  if (j.contains("reference_cpus")) {
+    t.reference_cpus = number(j, "reference_cpus", where);
+    check(t.reference_cpus > 0, where + ".reference_cpus must be > 0");
+  }
   const json& nodes = field(j, "nodes", where);
   check(nodes.is_array(), where + ".nodes: expected an array");
   for (size_t i = 0; i < nodes.size(); ++i) {

@@ -40,6 +40,10 @@ struct CostTable {
   // links[a][b]: from device a to device b (a != b); the diagonal is unused.
   std::vector<std::vector<LinkCost>> links;
   int64_t micro_batches = 1;  // per optimizer step
+  // CPUs (intra-op threads) the reference device computed with when profiled: a lab's peer with
+  // a quota of c CPUs runs at min(c, reference_cpus) / reference_cpus (lab_spec.h). Optional in
+  // the JSON form (default 1).
+  double reference_cpus = 1;
 
   // The link between two devices, either direction: the slower of the two measurements.
   LinkCost link(size_t a, size_t b) const;

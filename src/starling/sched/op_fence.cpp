@@ -12,6 +12,8 @@ namespace starling::sched {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+// Stands for the links a chain of stages never uses, so a table stays valid.
+constexpr double kUnshapedLink = 1.25e9;
 
 // The link after the node `last` between devices a and b, per micro-batch and direction.
 double link_time(const CostTable& t, int last, int a, int b) {
@@ -279,6 +281,122 @@ PipelinePlan op_fence(const CostTable& t, double gap) {
       PipelinePlan p = cut_pipeline(t, window);
       if (p.step_s < best.step_s) best = std::move(p);
     }
+  return best;
+}
+
+namespace {
+
+// One stage count and one orientation of each replica's window of the chain, planned and priced.
+ReplicatedPlan plan_windows(const CostTable& t, const std::vector<int>& chain, int stages,
+                            unsigned flipped, const ReplicaSync& sync) {
+  const int replicas = static_cast<int>(chain.size()) / stages;
+  auto device = [&](int r, int s) {
+    const int at = (flipped >> r & 1u) != 0 ? stages - 1 - s : s;
+    return chain[static_cast<size_t>(r * stages + at)];
+  };
+  // The chain of slowest counterparts: device s is stage s's slowest device over the replicas,
+  // link s -> s+1 the slowest of the replicas' links between stages s and s+1.
+  CostTable v;
+  v.nodes = t.nodes;
+  v.micro_batches = t.micro_batches;
+  v.links.assign(static_cast<size_t>(stages),
+                 std::vector<LinkCost>(static_cast<size_t>(stages), {kUnshapedLink, 0}));
+  for (int s = 0; s < stages; ++s) {
+    double speed = kInf;
+    for (int r = 0; r < replicas; ++r)
+      speed = std::min(speed, t.devices[static_cast<size_t>(device(r, s))].speed);
+    v.devices.push_back({.name = "stage " + std::to_string(s), .speed = speed});
+    if (s + 1 == stages) continue;
+    LinkCost slowest{kInf, 0};
+    for (int r = 0; r < replicas; ++r) {
+      const LinkCost l =
+          t.link(static_cast<size_t>(device(r, s)), static_cast<size_t>(device(r, s + 1)));
+      slowest.bytes_per_s = std::min(slowest.bytes_per_s, l.bytes_per_s);
+      slowest.latency_s = std::max(slowest.latency_s, l.latency_s);
+    }
+    v.links[static_cast<size_t>(s)][static_cast<size_t>(s + 1)] = slowest;
+    v.links[static_cast<size_t>(s + 1)][static_cast<size_t>(s)] = slowest;
+  }
+  std::vector<int> order(static_cast<size_t>(stages));
+  std::iota(order.begin(), order.end(), 0);
+  const PipelinePlan cut = cut_pipeline(v, order);
+
+  ReplicatedPlan p;
+  p.chain = chain;
+  p.stages = stages;
+  p.replicas = replicas;
+  double slowest_step = 0;
+  for (int r = 0; r < replicas; ++r) {
+    PipelinePlan mine = cut;
+    for (int s = 0; s < stages; ++s) mine.stages[static_cast<size_t>(s)].device = device(r, s);
+    price(t, mine);
+    slowest_step = std::max(slowest_step, mine.step_s);
+    p.pipelines.push_back(std::move(mine));
+  }
+  if (replicas > 1) {
+    for (int s = 0; s < stages; ++s) {
+      const auto& st = cut.stages[static_cast<size_t>(s)];
+      int64_t bytes = 0;
+      for (int i = st.first; i <= st.last; ++i)
+        bytes += t.nodes[static_cast<size_t>(i)].param_bytes;
+      // The ring's slowest hop: between consecutive replicas' counterparts, and back around.
+      double bandwidth = kInf;
+      for (int r = 0; r < replicas; ++r)
+        bandwidth = std::min(bandwidth, t.link(static_cast<size_t>(device(r, s)),
+                                               static_cast<size_t>(device((r + 1) % replicas, s)))
+                                            .bytes_per_s);
+      p.averaging_s = std::max(
+          p.averaging_s, 2.0 * (replicas - 1) / replicas * static_cast<double>(bytes) / bandwidth);
+    }
+  }
+  const double per_step = p.averaging_s / sync.every_steps;
+  // Overlapped, a round of `every_steps` steps takes the longer of its computation and its
+  // averaging; otherwise the averaging comes on top.
+  p.step_s = sync.overlapped ? std::max(slowest_step, per_step) : slowest_step + per_step;
+  p.sync_s = p.step_s - slowest_step;
+  p.micro_batches_per_s = replicas * static_cast<double>(t.micro_batches) / p.step_s;
+  return p;
+}
+
+}  // namespace
+
+ReplicatedPlan plan_replicas(const CostTable& t, bool replicas_allowed, const ReplicaSync& sync,
+                             double gap) {
+  if (!(sync.every_steps > 0))
+    throw std::invalid_argument("plan_replicas: every_steps must be > 0");
+  const std::vector<int> chain = device_chain(t, cluster_devices(t, gap));
+  const int n = static_cast<int>(chain.size());
+  const int nodes = static_cast<int>(t.nodes.size());
+  ReplicatedPlan best;
+  for (int stages = 2; stages <= n && stages <= nodes; ++stages) {
+    if (n % stages != 0 || (!replicas_allowed && stages != n)) continue;
+    const int replicas = n / stages;
+    // Each replica's window may run either way along the chain: that changes which devices are
+    // counterparts (the averaging's links, and each stage's slowest device, so the shared cut),
+    // while a replica's own links stay the same pairs. Every choice for up to 8 replicas (the
+    // first one's direction fixed), as laid out beyond that.
+    const unsigned choices = replicas <= 8 ? 1u << (replicas - 1) : 1u;
+    for (unsigned flipped = 0; flipped < choices; ++flipped) {
+      ReplicatedPlan p = plan_windows(t, chain, stages, flipped << 1, sync);
+      const bool faster = p.micro_batches_per_s > best.micro_batches_per_s * (1 + 1e-12);
+      const bool as_fast = p.micro_batches_per_s >= best.micro_batches_per_s * (1 - 1e-12);
+      if (faster || (as_fast && p.averaging_s < best.averaging_s)) best = std::move(p);
+    }
+  }
+  if (best.stages == 0) {
+    std::string why;
+    if (n < 2)
+      why = "a pipeline needs at least 2 devices";
+    else if (nodes < 2)
+      why = "a pipeline needs at least 2 nodes";
+    else if (!replicas_allowed)
+      why = "without replicas every device is a stage, and there are more devices than nodes";
+    else
+      why = "no stage count from 2 to " + std::to_string(std::min(n, nodes)) +
+            " divides the devices into whole replicas";
+    throw std::invalid_argument("no pipeline fits " + std::to_string(n) + " devices and " +
+                                std::to_string(nodes) + " nodes: " + why);
+  }
   return best;
 }
 

@@ -61,4 +61,40 @@ void price(const CostTable& t, PipelinePlan& plan);
 // left for other pipeline replicas.
 PipelinePlan op_fence(const CostTable& t, double gap = 4.0);
 
+// Every device of the table at work, as R pipeline replicas of S stages with one cut shared by
+// all replicas (each stage averages with its counterparts, so they must hold the same nodes):
+// replica r runs its stages along the window chain[r * S .. r * S + S - 1] of OP-Fence's chain,
+// in either direction, so a pipeline stays inside a fast group where it can.
+struct ReplicatedPlan {
+  std::vector<int> chain;
+  int stages = 0, replicas = 0;
+  std::vector<PipelinePlan> pipelines;  // per replica, priced on its own devices
+  double averaging_s = 0;  // one averaging of every stage with its counterparts (the slowest)
+  double sync_s = 0;       // what averaging adds to a step
+  double step_s = 0;       // the slowest replica's step plus sync_s
+  // Micro-batches the swarm trains per second: replicas x micro_batches / step_s.
+  double micro_batches_per_s = 0;
+};
+
+// How replicas average: once every `every_steps` steps (1 for ddp, tau for localsgd, diloco and
+// co2), and whether the averaging overlaps the next steps' computation (co2) or stops them.
+struct ReplicaSync {
+  double every_steps = 1;
+  bool overlapped = false;
+};
+
+// For every stage count S >= 2 (S = the device count when replicas are not allowed) that divides
+// the device count and is at most the node count, and every direction of each replica's window:
+// the cut minimising the slowest stage or link over all replicas at once (cut_pipeline over a
+// chain of "slowest counterpart" devices, each stage's speed and each link the slowest of its
+// counterparts'; exact when links have no latency, as in labs), priced per replica. An averaging is
+// a ring all-reduce of each stage's parameters over its counterparts' slowest link, 2 (R - 1) / R x
+// param_bytes / bandwidth; per step it adds averaging_s / every_steps, or, overlapped, what of that
+// exceeds the step. Returns the plan with the most micro-batches per second (then the cheapest
+// averaging). std::invalid_argument saying why when no S fits (fewer than 2 devices or nodes; more
+// devices than nodes without replicas; no S in [2, nodes] dividing the devices) or every_steps <=
+// 0.
+ReplicatedPlan plan_replicas(const CostTable& t, bool replicas_allowed, const ReplicaSync& sync,
+                             double gap = 4.0);
+
 }  // namespace starling::sched

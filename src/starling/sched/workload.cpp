@@ -13,7 +13,7 @@
 namespace starling::sched {
 
 CostTable profile_workload(const train::RunConfig& c) {
-  setup_cpu_runtime(c.train.threads, c.train.cpu_allocator == "system");
+  const int threads = setup_cpu_runtime(c.train.threads, c.train.cpu_allocator == "system");
   auto dag = model::build_model(c.model, c.train.seed, c10::kCPU);
   const graph::ExecutorOptions options{
       .recompute = c.train.recompute, .autocast = train::parse_dtype(c.train.dtype, "train.dtype")};
@@ -40,6 +40,7 @@ CostTable profile_workload(const train::RunConfig& c) {
 
   CostTable t;
   t.micro_batches = c.train.grad_accum;
+  t.reference_cpus = threads;
   t.devices = {{.name = "this machine", .speed = 1}};
   t.links = {{LinkCost{}}};
   for (int i = 0; i < n; ++i) {

@@ -10,18 +10,27 @@ std::string range_text(const std::pair<int64_t, int64_t>& r) {
   return "[" + std::to_string(r.first) + ", " + std::to_string(r.second) + "]";
 }
 
-// pipeline.stages: an array of [first, last] integer pairs.
+// pipeline.stages: an array of [first, last] integer pairs, or "auto".
 config::Key stages_key(PipelineConfig& c) {
   auto* p = &c.stages;
+  auto* automatic = &c.auto_stages;
   return {
       "pipeline",
       "stages",
-      "array of [first, last]",
+      "array of [first, last], or \"auto\"",
       "node ranges of the stages, e.g. [[0, 4], [5, 9]] (`starling model show` numbers "
-      "the nodes); [] = pipeline.num_stages stages of about equal node count",
+      "the nodes); [] = pipeline.num_stages stages of about equal node count; \"auto\" = "
+      "OP-Fence's cut and placement for the local swarm's peers and links (`starling train "
+      "--peers N`, with --lab for unequal ones; docs/scheduler.md)",
       [=](const toml::node& n, const std::string& where) {
+        if (n.is_string() && n.as_string()->get() == "auto") {
+          p->clear();
+          *automatic = true;
+          return;
+        }
+        *automatic = false;
         const auto* a = n.as_array();
-        if (!a) config::wrong_type(n, where, "an array of [first, last] pairs");
+        if (!a) config::wrong_type(n, where, "an array of [first, last] pairs, or \"auto\"");
         std::vector<std::pair<int64_t, int64_t>> v;
         for (const auto& e : *a) {
           const std::string at = where + "[" + std::to_string(v.size()) + "]";
@@ -33,6 +42,10 @@ config::Key stages_key(PipelineConfig& c) {
         *p = std::move(v);
       },
       [=](toml::table& t) {
+        if (*automatic) {
+          t.insert_or_assign("stages", "auto");
+          return;
+        }
         toml::array a;
         for (const auto& [first, last] : *p) a.push_back(toml::array{first, last});
         t.insert_or_assign("stages", std::move(a));
@@ -44,6 +57,10 @@ config::Key stages_key(PipelineConfig& c) {
 void add_config_keys(PipelineConfig& c, config::Keys& k) {
   using namespace config;
   k.push_back(stages_key(c));
+  k.push_back(string_key("pipeline", "profile", &c.profile,
+                         "with stages = \"auto\": the cost table (`starling plan profile`) the "
+                         "plan weighs; \"\" = the launcher profiles the model on this machine "
+                         "first"));
   k.push_back(int_key("pipeline", "num_stages", &c.num_stages, 0,
                       "stages of an even split by node count when pipeline.stages is empty; 0 or "
                       "1 = no pipeline"));
@@ -72,18 +89,20 @@ void add_config_keys(PipelineConfig& c, config::Keys& k) {
                       "to take over its stage; 0 = they stop at once"));
   k.push_back(string_key("pipeline", "compression", &c.compression,
                          "what crosses the links between stages in training: \"none\" (whole "
-                         "tensors), \"topk\" (the pipeline.topk_ratio of entries of largest "
-                         "magnitude) or \"adatopk\" (only as few as let each stage's tensors "
-                         "cross its slowest link within the slowest stage's compute time)",
-                         {"none", "topk", "adatopk"}));
+                         "tensors), \"int8\" (every entry, quantized: a quarter of the bytes), "
+                         "\"topk\" (the pipeline.topk_ratio of entries of largest magnitude) or "
+                         "\"adatopk\" (as little compression as lets each stage's tensors cross "
+                         "its slowest link within the slowest stage's compute time: int8 first, "
+                         "then top-k of the gradients)",
+                         {"none", "int8", "topk", "adatopk"}));
   k.push_back(float_key("pipeline", "topk_ratio", &c.topk_ratio, 0,
                         "the fraction of entries \"topk\" keeps, in (0, 1]"));
   k.push_back(float_key("pipeline", "adatopk_min_ratio", &c.adatopk_min_ratio, 0,
                         "the least fraction of entries \"adatopk\" keeps, in (0, 1]"));
   k.push_back(string_key("pipeline", "compress_activations", &c.compress_activations,
-                         "with compression, how activations cross: \"int8\" (every entry, "
-                         "quantized: a quarter of the bytes), \"topk\" (sparsified like the "
-                         "gradients) or \"none\" (whole); gradients are always sparsified",
+                         "with \"topk\" or \"adatopk\", how activations cross: \"int8\" "
+                         "(every entry, quantized: a quarter of the bytes), \"topk\" (sparsified "
+                         "like the gradients) or \"none\" (whole)",
                          {"int8", "topk", "none"}));
   k.push_back(bool_key("pipeline", "error_feedback", &c.error_feedback,
                        "with compression: what an edge's activation gradient did not send is "
@@ -100,7 +119,7 @@ void check(const PipelineConfig& c, const std::string& source) {
                         "node 0, each [first, last] with last >= first (expected it to start at " +
                         std::to_string(expected_first) + ")");
   }
-  if (c.stage >= 0 && c.enabled() && c.stage >= c.count())
+  if (c.stage >= 0 && c.enabled() && !c.auto_stages && c.stage >= c.count())
     throw ConfigError(source + ": pipeline.stage = " + std::to_string(c.stage) +
                       " but the pipeline has " + std::to_string(c.count()) + " stages");
   for (const auto& [key, v] :
@@ -116,7 +135,16 @@ void check(const PipelineConfig& c, const std::string& source) {
                       " but there are " + std::to_string(c.replicas) + " replicas");
 }
 
+void refuse_auto_stages(const PipelineConfig& c) {
+  if (c.auto_stages)
+    throw ConfigError(
+        "pipeline.stages = \"auto\" is planned by the local launcher (`starling train --peers "
+        "N`, which knows every peer and link); for peers started one by one, print the plan "
+        "with `starling plan pipeline --profile P --lab L` and set the stages it prints");
+}
+
 void place_pipeline_peer(PipelineConfig& c, int64_t rank, int64_t world) {
+  refuse_auto_stages(c);
   const int64_t stages = c.count();
   if (c.replicas <= 0) {
     if (world > 1 && world % stages != 0)
@@ -152,6 +180,7 @@ std::vector<std::pair<int, int>> stage_ranges(const PipelineConfig& c, int nodes
 }
 
 void check_pipeline_peer(const PipelineConfig& c, const PipelinePeerSettings& s) {
+  refuse_auto_stages(c);
   const std::string& k = s.strategy_kind;
   if (k != "none" && k != "ddp" && k != "localsgd" && k != "diloco" && k != "co2")
     throw ConfigError(

@@ -17,7 +17,13 @@ struct PipelineConfig {
   // Node ranges [first, last] of each stage, in order, covering every node of the model once
   // (`starling model show` numbers them). Empty: `num_stages` stages of about equal node count.
   std::vector<std::pair<int64_t, int64_t>> stages;
-  int64_t num_stages = 0;         // with `stages` empty; 0 or 1 = no pipeline
+  int64_t num_stages = 0;  // with `stages` empty; 0 or 1 = no pipeline
+  // stages = "auto": the local launcher cuts the model and places the peers with OP-Fence
+  // (sched/op_fence.h) over `profile` (a cost table; "" = it profiles the model first) and the
+  // swarm's lab, then hands every peer explicit stages (cli/auto_pipeline.h). A peer never runs
+  // with it set.
+  bool auto_stages = false;
+  std::string profile;
   std::string schedule = "1f1b";  // micro-batch order: "1f1b" or "gpipe"
   // 1F1B: forwards each stage but the last runs ahead beyond 1F1B's stages - 1 - stage before
   // its first backward. On slow links more micro-batches in flight overlap the forward and
@@ -35,22 +41,25 @@ struct PipelineConfig {
   // replica, which admits them all at the same step.
   int64_t replacement_wait_s = 0;
   // What crosses the links between stages in training (evaluation always sends whole tensors):
-  // "none" (whole tensors), "topk" (the topk_ratio of entries of largest magnitude of every
-  // activation and activation gradient) or "adatopk" (per stage, the fraction that lets its
-  // tensors cross its slowest outgoing link within the slowest stage's compute time; whole
-  // tensors where they already do, never less than adatopk_min_ratio). See compress/.
+  // "none" (whole tensors), "int8" (every activation and activation gradient quantized in groups
+  // of 256 with one fp32 scale: a quarter of the bytes, no entry dropped), "topk" (the
+  // topk_ratio of entries of largest magnitude of every activation gradient, and of activations
+  // with compress_activations = "topk") or "adatopk" (per stage, as little as lets its tensors
+  // cross its slowest outgoing link within the slowest stage's compute time: whole tensors where
+  // they already do, then int8 activations, then int8 gradients, then the top entries of the
+  // gradients, never fewer than adatopk_min_ratio). See compress/.
   std::string compression = "none";
   double topk_ratio = 0.1;
   double adatopk_min_ratio = 0.01;
-  // With compression, how activations cross: "int8" (every entry, quantized in groups of 256
-  // with one fp32 scale each: a quarter of the bytes, no entry dropped), "topk" (sparsified like
-  // the gradients, as FusionLLM does) or "none" (whole). Gradients are always sparsified.
+  // With "topk" or "adatopk", how activations cross: "int8" (every entry, quantized in groups of
+  // 256 with one fp32 scale each: a quarter of the bytes, no entry dropped), "topk" (sparsified
+  // like the gradients, as FusionLLM does) or "none" (whole). "int8" compression ignores it.
   std::string compress_activations = "int8";
   // Error feedback on compressed activation gradients: what an edge did not send is added to its
   // next gradient.
   bool error_feedback = true;
 
-  bool enabled() const { return !stages.empty() || num_stages > 1; }
+  bool enabled() const { return auto_stages || !stages.empty() || num_stages > 1; }
   int64_t count() const {
     return stages.empty() ? num_stages : static_cast<int64_t>(stages.size());
   }
@@ -79,6 +88,10 @@ void check_pipeline_peer(const PipelineConfig& c, const PipelinePeerSettings& s)
 // WORLD_SIZE, or --data-rank and --data-world): fills pipeline.stage (rank % stages),
 // pipeline.replica (rank / stages) and pipeline.replicas (world / stages) where they are unset.
 // ConfigError when a world of several peers is not a multiple of the stage count.
+// ConfigError with stages = "auto" unless the local launcher has planned it.
 void place_pipeline_peer(PipelineConfig& c, int64_t rank, int64_t world);
+
+// ConfigError when stages = "auto" reaches a peer: only the launcher can plan it.
+void refuse_auto_stages(const PipelineConfig& c);
 
 }  // namespace starling::strategy

@@ -94,14 +94,15 @@ bool PipelineStepRunner::marked(TensorKind kind) const {
   return options_.compression == "adatopk" && kind != TensorKind::loss;
 }
 
-void PipelineStepRunner::send(int stage, const TensorLabel& label, const at::Tensor& t) {
+net::Transfer PipelineStepRunner::send(int stage, const TensorLabel& label, const at::Tensor& t) {
   std::vector<uint8_t> bytes;
   const bool compressible = training_ && options_.compression != "none" &&
                             label.kind != TensorKind::loss && t.numel() >= kMinCompressed;
   const bool activation = label.kind == TensorKind::activation;
   const std::string& acts = options_.compress_activations;
   const size_t whole = encoded_tensor_bytes(t);
-  if (compressible && activation && quantize_activations_) {
+  const bool quantized = activation ? quantize_activations_ : quantize_gradients_;
+  if (compressible && quantized) {
     bytes = encode_int8_tensor(label, t);
   } else if (compressible && keep_ratio_ < 1.0 && (!activation || acts == "topk")) {
     const int64_t k = compress::kept_entries(t.numel(), keep_ratio_);
@@ -121,7 +122,7 @@ void PipelineStepRunner::send(int stage, const TensorLabel& label, const at::Ten
   if (marked(label.kind)) node_.send(peer, tag | kMarkBit, {0});
   // A send completes once queued: the bytes go out while this stage computes on. It fails at
   // once when the peer is gone; the receive that waits for its answer then names it too.
-  node_.send(peer, tag, std::move(bytes));
+  return node_.send(peer, tag, std::move(bytes));
 }
 
 net::Transfer PipelineStepRunner::post(int stage, TensorKind kind, int node) {
@@ -166,6 +167,15 @@ at::Tensor PipelineStepRunner::receive(net::Transfer& t, int stage,
   return decode_tensor(bytes, expect, peer_name(stage)).to(device_);
 }
 
+void PipelineStepRunner::fixed_compression() {
+  if (options_.compression == "topk") {
+    keep_ratio_ = options_.topk_ratio;
+    quantize_activations_ = options_.compress_activations == "int8";
+  } else if (options_.compression == "int8") {
+    quantize_activations_ = quantize_gradients_ = true;
+  }
+}
+
 std::pair<double, double> PipelineStepRunner::entries_sent_per_micro_batch() const {
   const StageLayout& st = layout_.stage(options_.stage);
   double activations = 0, gradients = 0;
@@ -182,9 +192,8 @@ std::pair<double, double> PipelineStepRunner::entries_sent_per_micro_batch() con
 }
 
 void PipelineStepRunner::choose_keep_ratio(const std::vector<double>& compute_per_micro_batch) {
-  if (options_.compression == "topk") {
-    keep_ratio_ = options_.topk_ratio;
-    quantize_activations_ = options_.compress_activations == "int8";
+  if (options_.compression == "topk" || options_.compression == "int8") {
+    fixed_compression();
     return;
   }
   if (options_.compression != "adatopk") return;
@@ -211,24 +220,13 @@ void PipelineStepRunner::choose_keep_ratio(const std::vector<double>& compute_pe
         options_.adatopk_min_ratio);
     return;
   }
-  // Where whole tensors keep up, nothing is compressed. Elsewhere activations cross whole or
-  // quantized, at a size k does not change, and the gradients get what is left of the budget.
-  const bool fit =
-      critical > 0 && slowest > 0 && 4 * (activations + gradients) <= critical * slowest * 1e6 / 8;
-  quantize_activations_ = !fit && options_.compress_activations == "int8";
-  if (fit) {
-    keep_ratio_ = 1.0;
-    return;
-  }
-  const double activation_bytes =
-      quantize_activations_ ? static_cast<double>(compress::encoded_bytes(
-                                  compress::WirePrecision::int8, static_cast<size_t>(activations)))
-                            : 4 * activations;
-  keep_ratio_ = compress::adaptive_keep_ratio({.seconds = critical,
-                                               .mbit_per_s = slowest,
-                                               .elements = gradients,
-                                               .fixed_bytes = activation_bytes},
-                                              options_.adatopk_min_ratio);
+  // Where whole tensors keep up, nothing is compressed; elsewhere the least that fits.
+  const compress::StageCompression c = compress::adaptive_compression(
+      critical, slowest, activations, gradients, options_.compress_activations == "int8",
+      options_.adatopk_min_ratio);
+  quantize_activations_ = c.int8_activations;
+  quantize_gradients_ = c.int8_gradients;
+  keep_ratio_ = c.keep_ratio;
 }
 
 void PipelineStepRunner::forward(InFlight& f, const std::vector<at::Tensor>& batch, bool training) {
@@ -288,7 +286,12 @@ at::Tensor PipelineStepRunner::share_loss(const at::Tensor& loss) {
   const int last = layout_.stages() - 1;
   const TensorLabel label{TensorKind::loss, round_, 0, layout_.loss_node()};
   if (options_.stage == last) {
-    for (int s = 0; s < last; ++s) send(s, label, loss.to(at::kFloat));
+    std::vector<net::Transfer> sent;
+    for (int s = 0; s < last; ++s) sent.push_back(send(s, label, loss.to(at::kFloat)));
+    // The loss can be the last thing this stage sends before it leaves the swarm (after the final
+    // evaluation): a message still waiting for the node's thread when it stops would be dropped,
+    // and the other stages would wait for it in vain.
+    for (auto& t : sent) t.wait();
     return loss;
   }
   net::Transfer t = post(last, TensorKind::loss, layout_.loss_node());
@@ -320,10 +323,7 @@ at::Tensor PipelineStepRunner::run(int64_t micro_batches, double loss_scale) {
     bool& flag;
     ~Done() { flag = false; }
   } done{training_};
-  if (steps_ == 0 && options_.compression == "topk") {
-    keep_ratio_ = options_.topk_ratio;
-    quantize_activations_ = options_.compress_activations == "int8";
-  }
+  if (steps_ == 0) fixed_compression();
   at::Tensor loss_sum;
   auto fwd = [&](int32_t m) {
     InFlight& x = f[static_cast<size_t>(m)];
@@ -537,7 +537,8 @@ std::string PipelineStepRunner::report() const {
                                             : 1.0) +
                     "; at the end keeping " + train::fmt("%.1f", 100 * keep_ratio_) + "% of " +
                     (options_.compress_activations == "topk" ? "entries" : "gradient entries") +
-                    (quantize_activations_ ? ", activations int8" : "") + ")");
+                    (quantize_activations_ ? ", activations int8" : "") +
+                    (quantize_gradients_ ? ", gradients int8" : "") + ")");
 }
 
 }  // namespace starling::strategy

@@ -48,8 +48,8 @@ struct PipelineRunnerOptions {
   int64_t batch = 1, seq_len = 1;  // a micro-batch's shape (for checking what arrives)
   c10::ScalarType autocast = c10::ScalarType::Float;
   int64_t micro_batches = 1;  // per step (train.grad_accum): where align() moves the loader
-  // What crosses the links in training (pipeline.compression and its keys): "none", "topk" or
-  // "adatopk".
+  // What crosses the links in training (pipeline.compression and its keys): "none", "int8",
+  // "topk" or "adatopk".
   std::string compression = "none";
   double topk_ratio = 0.1, adatopk_min_ratio = 0.01;
   std::string compress_activations = "int8";  // "int8", "topk" or "none"
@@ -91,16 +91,19 @@ class PipelineStepRunner : public train::StepRunner {
   // `training` false (evaluation): no autograd graph, and the micro-batch cannot run backward.
   void forward(InFlight& f, const std::vector<at::Tensor>& batch, bool training);
   void backward(InFlight& f, double seed);
-  // Sends `t` whole, or its top entries while training with compression.
-  void send(int stage, const TensorLabel& label, const at::Tensor& t);
+  // Sends `t` whole, or its top entries while training with compression. The transfer completes
+  // once the node has queued the message for the wire.
+  net::Transfer send(int stage, const TensorLabel& label, const at::Tensor& t);
   net::Transfer post(int stage, TensorKind kind, int node);
   // Waits for a posted receive; with adatopk also for its mark, and measures the link's rate.
   at::Tensor receive(net::Transfer& t, int stage, const TensorExpectation& expect);
   // adatopk: a tiny message sent just before each tensor, so the receiver can time the tensor's
   // own transfer (from the mark's arrival to the tensor's) and tell the sender the link's rate.
   bool marked(TensorKind kind) const;
-  // After a step's sums: the fraction of entries the next step keeps.
+  // After a step's sums: the fraction of entries the next step keeps, and what it quantizes.
   void choose_keep_ratio(const std::vector<double>& compute_per_micro_batch);
+  // "topk" and "int8": the same compression every step.
+  void fixed_compression();
   // Entries this stage sends per micro-batch: activations forward, gradients back.
   std::pair<double, double> entries_sent_per_micro_batch() const;
   // The step's mean loss: the last stage sends it to the others, which receive it.
@@ -135,6 +138,7 @@ class PipelineStepRunner : public train::StepRunner {
   bool training_ = false;              // inside run(): compression applies
   double keep_ratio_ = 1.0;            // fraction of entries sent this step
   bool quantize_activations_ = false;  // activations cross as int8 this step
+  bool quantize_gradients_ = false;    // activation gradients cross whole, as int8, this step
   compress::ErrorFeedback feedback_;   // per (reader stage, node) activation gradient
   uint64_t whole_bytes_ = 0;           // what bytes_sent_ would be without compression
   double step_compute_s_ = 0;          // this step's forward and backward time

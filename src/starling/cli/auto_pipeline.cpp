@@ -1,0 +1,143 @@
+#include "starling/cli/auto_pipeline.h"
+
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <span>
+#include <stdexcept>
+
+#include "starling/common/error.h"
+#include "starling/compress/ada_topk.h"
+#include "starling/data/atomic_file.h"
+#include "starling/graph/dag.h"
+#include "starling/model/build.h"
+#include "starling/sched/op_fence.h"
+#include "starling/sched/plan_report.h"
+#include "starling/sched/workload.h"
+#include "starling/train/config.h"
+
+namespace starling::cli {
+
+std::vector<std::string> AutoPipeline::overrides(int i) const {
+  std::string ranges = "[";
+  for (size_t s = 0; s < stages.size(); ++s)
+    ranges += (s ? ", [" : "[") + std::to_string(stages[s].first) + ", " +
+              std::to_string(stages[s].second) + "]";
+  ranges += "]";
+  return {"pipeline.stages=" + ranges,
+          "pipeline.stage=" + std::to_string(stage_of.at(static_cast<size_t>(i))),
+          "pipeline.replica=" + std::to_string(replica_of.at(static_cast<size_t>(i))),
+          "pipeline.replicas=" + std::to_string(replicas)};
+}
+
+AutoPipeline plan_auto_pipeline(const train::RunConfig& config, const sched::LabSpec& lab) {
+  sched::CostTable t;
+  if (!config.pipeline.profile.empty()) {
+    t = sched::read_cost_table(config.pipeline.profile);
+    t.micro_batches = config.train.grad_accum;
+    // A table of another model would cut this one at the wrong nodes, or past its end.
+    const auto dag = model::build_model(config.model, config.train.seed, c10::kCPU);
+    bool same = static_cast<int>(t.nodes.size()) == dag->size();
+    for (int i = 0; same && i < dag->size(); ++i)
+      same = t.nodes[static_cast<size_t>(i)].name == dag->nodes()[static_cast<size_t>(i)].name;
+    if (!same)
+      throw ConfigError("pipeline.profile = " + config.pipeline.profile + ": its " +
+                        std::to_string(t.nodes.size()) + " nodes are not the model's " +
+                        std::to_string(dag->size()) +
+                        " (profile this config with `starling plan profile`)");
+  } else {
+    std::cerr << "plan: profiling the model on this machine for pipeline.stages = \"auto\" (set "
+                 "pipeline.profile to a table from `starling plan profile` to skip this)\n";
+    t = sched::profile_workload(config);
+  }
+  // What crosses a cut is what compression leaves of it: price the links at that.
+  const double wire = compress::planned_wire_fraction(config.pipeline.compression,
+                                                      config.pipeline.compress_activations,
+                                                      config.pipeline.topk_ratio);
+  for (auto& node : t.nodes)
+    node.cut_bytes = static_cast<int64_t>(std::llround(static_cast<double>(node.cut_bytes) * wire));
+  sched::apply_lab(t, lab);
+  t.validate(config.pipeline.profile.empty() ? "the profile" : config.pipeline.profile);
+
+  // How replicas average: every step (ddp), every round of local steps (localsgd, diloco), or
+  // every round behind the next round's computation (co2). Without a strategy there is one
+  // pipeline of every peer.
+  const std::string& kind = config.strategy.kind;
+  const bool replicas_allowed = kind != "none";
+  const sched::ReplicaSync sync{
+      .every_steps = kind == "ddp" ? 1.0 : static_cast<double>(config.strategy.local_steps),
+      .overlapped = kind == "co2"};
+  sched::ReplicatedPlan plan;
+  try {
+    plan = sched::plan_replicas(t, replicas_allowed, sync);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(std::string("pipeline.stages = \"auto\": ") + e.what());
+  }
+
+  AutoPipeline a;
+  a.replicas = plan.replicas;
+  a.predicted_step_s = plan.step_s;
+  for (const auto& st : plan.pipelines.front().stages) a.stages.emplace_back(st.first, st.last);
+  a.stage_of.assign(static_cast<size_t>(lab.peers), -1);
+  a.replica_of.assign(static_cast<size_t>(lab.peers), -1);
+  for (int r = 0; r < plan.replicas; ++r)
+    for (int s = 0; s < plan.stages; ++s) {
+      const int peer = plan.pipelines[static_cast<size_t>(r)].stages[static_cast<size_t>(s)].device;
+      a.stage_of[static_cast<size_t>(peer)] = s;
+      a.replica_of[static_cast<size_t>(peer)] = r;
+    }
+  a.report = sched::describe_plan(t, plan);
+  if (wire < 1)
+    a.report += "  (links priced at " + std::to_string(static_cast<int>(std::lround(100 * wire))) +
+                "% of whole tensors: pipeline.compression = \"" + config.pipeline.compression +
+                "\")\n";
+  return a;
+}
+
+void write_auto_pipeline(const std::filesystem::path& file, const AutoPipeline& a) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (const auto& [first, last] : a.stages) stages.push_back({first, last});
+  const nlohmann::json j = {{"format", "starling-auto-pipeline"},
+                            {"stages", stages},
+                            {"replicas", a.replicas},
+                            {"stage_of", a.stage_of},
+                            {"replica_of", a.replica_of},
+                            {"predicted_step_s", a.predicted_step_s},
+                            {"report", a.report}};
+  const std::string text = j.dump(2) + "\n";
+  data::write_file_atomically(file, {std::as_bytes(std::span(text.data(), text.size()))});
+}
+
+AutoPipeline read_auto_pipeline(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) throw ConfigError("cannot read " + file.string());
+  AutoPipeline a;
+  try {
+    const auto j = nlohmann::json::parse(in);
+    if (j.value("format", "") != "starling-auto-pipeline")
+      throw ConfigError(file.string() + ": not a pipeline plan (\"format\")");
+    for (const auto& r : j.at("stages")) a.stages.emplace_back(r.at(0), r.at(1));
+    a.replicas = j.at("replicas");
+    a.stage_of = j.at("stage_of").get<std::vector<int>>();
+    a.replica_of = j.at("replica_of").get<std::vector<int>>();
+    a.predicted_step_s = j.value("predicted_step_s", 0.0);
+    a.report = j.value("report", "");
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(file.string() + ": damaged pipeline plan: " + e.what());
+  }
+  const int stages = static_cast<int>(a.stages.size());
+  bool ok = stages >= 1 && a.replicas >= 1 && a.stage_of.size() == a.replica_of.size() &&
+            static_cast<int>(a.stage_of.size()) == stages * a.replicas;
+  for (size_t i = 0; ok && i < a.stage_of.size(); ++i)
+    ok = a.stage_of[i] >= 0 && a.stage_of[i] < stages && a.replica_of[i] >= 0 &&
+         a.replica_of[i] < a.replicas;
+  std::set<std::pair<int, int>> places;
+  for (size_t i = 0; ok && i < a.stage_of.size(); ++i)
+    ok = places.emplace(a.stage_of[i], a.replica_of[i]).second;
+  if (!ok) throw ConfigError(file.string() + ": damaged pipeline plan (places do not fit)");
+  return a;
+}
+
+}  // namespace starling::cli

@@ -1,0 +1,101 @@
+// The heterogeneous lab's TOML form: clusters, the links between them, single links, CPUs, and
+// the errors a mistyped file gets; and the lab laid over a cost table as devices and links.
+#include "starling/sched/lab_spec.h"
+
+#include <gtest/gtest.h>
+
+#include "starling/common/error.h"
+
+namespace starling::sched {
+namespace {
+
+std::string error_of(const std::string& text) {
+  try {
+    parse_lab_spec(text, "lab.toml");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(LabSpec, ClustersBetweenAndLinksSetEveryPair) {
+  const LabSpec lab = parse_lab_spec(R"(
+peers = 5
+rate = "1gbit"
+clusters = [[0, 1], [2, 3]]
+between = "10mbit"
+cpus = [1, 1, 0.5, 0.5, 2]
+[[link]]
+peers = [1, 2]
+rate = "8mbit"
+)",
+                                     "lab.toml");
+  ASSERT_EQ(lab.peers, 5);
+  EXPECT_DOUBLE_EQ(lab.bits_per_s[0][1], 1e9);
+  EXPECT_DOUBLE_EQ(lab.bits_per_s[2][3], 1e9);
+  EXPECT_DOUBLE_EQ(lab.bits_per_s[0][2], 10e6);
+  EXPECT_DOUBLE_EQ(lab.bits_per_s[3][0], 10e6);
+  EXPECT_DOUBLE_EQ(lab.bits_per_s[1][2], 8e6);  // the link overrides the clusters
+  EXPECT_DOUBLE_EQ(lab.bits_per_s[2][1], 8e6);
+  EXPECT_DOUBLE_EQ(lab.bits_per_s[4][0], 10e6);  // peer 4 is in no cluster: a group of its own
+  EXPECT_DOUBLE_EQ(lab.bits_per_s[4][4], 0);
+  EXPECT_EQ(lab.tc_rate(0, 2), "10000000bit");
+  EXPECT_EQ(lab.tc_rate(1, 1), "unlimited");
+  EXPECT_EQ(lab.cpus, (std::vector<double>{1, 1, 0.5, 0.5, 2}));
+  EXPECT_NE(lab.describe().find("1gbit: 0-1 2-3"), std::string::npos) << lab.describe();
+  EXPECT_NE(lab.describe().find("8mbit: 1-2"), std::string::npos) << lab.describe();
+}
+
+TEST(LabSpec, DefaultsAreUnshapedWithoutQuotas) {
+  const LabSpec lab = parse_lab_spec("peers = 3\ncpus = 0.5\n", "lab.toml");
+  EXPECT_EQ(lab.tc_rate(0, 1), "unlimited");
+  EXPECT_EQ(lab.cpus, (std::vector<double>{0.5, 0.5, 0.5}));
+  EXPECT_TRUE(parse_lab_spec("peers = 2", "lab.toml").cpus.empty());
+}
+
+TEST(LabSpec, MistakesAreNamed) {
+  EXPECT_NE(error_of("rate = \"1gbit\"").find("missing peers"), std::string::npos);
+  EXPECT_NE(error_of("peers = 0").find("peers = 0: expected a peer count in 1..64"),
+            std::string::npos);
+  EXPECT_NE(error_of("peers = 2\nrate = \"fast\"").find("lab.toml: rate = \"fast\""),
+            std::string::npos);
+  EXPECT_NE(error_of("peers = 2\nlatency = 3").find("unknown key \"latency\""), std::string::npos);
+  EXPECT_NE(error_of("peers = 2\nclusters = [[0, 2]]").find("clusters[0][1] = 2"),
+            std::string::npos);
+  EXPECT_NE(error_of("peers = 3\nclusters = [[0, 1], [1, 2]]").find("already in clusters[0]"),
+            std::string::npos);
+  EXPECT_NE(error_of("peers = 2\nbetween = \"1mbit\"").find("between needs clusters"),
+            std::string::npos);
+  EXPECT_NE(error_of("peers = 2\ncpus = [1, 1, 1]").find("3 values for 2 peers"),
+            std::string::npos);
+  EXPECT_NE(error_of("peers = 2\ncpus = [1, 0]").find("cpus[1] = 0"), std::string::npos);
+  EXPECT_NE(error_of("peers = 2\nrate = \"0.5kbit\"").find("1kbit or more"), std::string::npos);
+  EXPECT_NE(
+      error_of("peers = 2\n[[link]]\npeers = [0, 0]\nrate = \"1mbit\"").find("two different peers"),
+      std::string::npos);
+  EXPECT_NE(error_of("peers = 2\n[[link]]\npeers = [0, 1]").find("link[0]: missing rate"),
+            std::string::npos);
+  EXPECT_NE(error_of("peers = [").find("lab.toml: "), std::string::npos);
+  EXPECT_THROW(read_lab_spec("/nonexistent/lab.toml"), ConfigError);
+}
+
+TEST(LabSpec, AppliedToACostTable) {
+  CostTable t;
+  t.nodes = {{"a", 1, 0, 10}, {"b", 1, 0, 0}};
+  t.reference_cpus = 2;
+  const LabSpec lab = parse_lab_spec(
+      "peers = 3\nrate = \"8mbit\"\ncpus = [4, 1, 0.5]\n[[link]]\npeers = [0, 2]\n"
+      "rate = \"unlimited\"",
+      "lab.toml");
+  apply_lab(t, lab);
+  ASSERT_EQ(t.devices.size(), 3u);
+  EXPECT_DOUBLE_EQ(t.devices[0].speed, 1);  // more CPUs than the profile's threads: no faster
+  EXPECT_DOUBLE_EQ(t.devices[1].speed, 0.5);
+  EXPECT_DOUBLE_EQ(t.devices[2].speed, 0.25);
+  EXPECT_DOUBLE_EQ(t.links[0][1].bytes_per_s, 1e6);
+  EXPECT_DOUBLE_EQ(t.links[2][0].bytes_per_s, kUnshapedBytesPerS);
+  EXPECT_NO_THROW(t.validate());
+}
+
+}  // namespace
+}  // namespace starling::sched
