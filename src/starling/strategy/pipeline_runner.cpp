@@ -101,11 +101,12 @@ net::Transfer PipelineStepRunner::send(int stage, const TensorLabel& label, cons
   const bool activation = label.kind == TensorKind::activation;
   const std::string& acts = options_.compress_activations;
   const size_t whole = encoded_tensor_bytes(t);
-  const bool quantized = activation ? quantize_activations_ : quantize_gradients_;
+  const compress::StageCompression& c = compression_to(stage);
+  const bool quantized = activation ? c.int8_activations : c.int8_gradients;
   if (compressible && quantized) {
     bytes = encode_int8_tensor(label, t);
-  } else if (compressible && keep_ratio_ < 1.0 && (!activation || acts == "topk")) {
-    const int64_t k = compress::kept_entries(t.numel(), keep_ratio_);
+  } else if (compressible && c.keep_ratio < 1.0 && (!activation || acts == "topk")) {
+    const int64_t k = compress::kept_entries(t.numel(), c.keep_ratio);
     const compress::TopK kept =
         label.kind == TensorKind::gradient && options_.error_feedback
             ? feedback_.compress(
@@ -169,16 +170,34 @@ at::Tensor PipelineStepRunner::receive(net::Transfer& t, int stage,
 
 void PipelineStepRunner::fixed_compression() {
   if (options_.compression == "topk") {
-    keep_ratio_ = options_.topk_ratio;
-    quantize_activations_ = options_.compress_activations == "int8";
+    fixed_ = {.int8_activations = options_.compress_activations == "int8",
+              .keep_ratio = options_.topk_ratio};
   } else if (options_.compression == "int8") {
-    quantize_activations_ = quantize_gradients_ = true;
+    fixed_ = {.int8_activations = true, .int8_gradients = true};
+  }
+  summarize({fixed_});
+}
+
+const compress::StageCompression& PipelineStepRunner::compression_to(int stage) const {
+  static const compress::StageCompression whole;
+  if (options_.compression != "adatopk") return fixed_;
+  const auto it = per_link_.find(stage);
+  return it == per_link_.end() ? whole : it->second;
+}
+
+void PipelineStepRunner::summarize(const std::vector<compress::StageCompression>& links) {
+  keep_ratio_ = 1.0;
+  quantize_activations_ = quantize_gradients_ = false;
+  for (const auto& c : links) {
+    keep_ratio_ = std::min(keep_ratio_, c.keep_ratio);
+    quantize_activations_ = quantize_activations_ || c.int8_activations;
+    quantize_gradients_ = quantize_gradients_ || c.int8_gradients;
   }
 }
 
-std::pair<double, double> PipelineStepRunner::entries_sent_per_micro_batch() const {
+std::map<int, std::pair<double, double>> PipelineStepRunner::entries_sent_per_micro_batch() const {
   const StageLayout& st = layout_.stage(options_.stage);
-  double activations = 0, gradients = 0;
+  std::map<int, std::pair<double, double>> to;
   const auto numel = [&](int node) {
     double e = 1;
     for (const int64_t d : shape_of(node)) e *= static_cast<double>(d);
@@ -186,9 +205,9 @@ std::pair<double, double> PipelineStepRunner::entries_sent_per_micro_batch() con
   };
   for (const auto& [node, readers] : st.sends)
     if (node != layout_.loss_node())
-      activations += numel(node) * static_cast<double>(readers.size());
-  for (const auto& [producer, from] : st.receives) gradients += numel(producer);
-  return {activations, gradients};
+      for (const int r : readers) to[r].first += numel(node);
+  for (const auto& [producer, from] : st.receives) to[from].second += numel(producer);
+  return to;
 }
 
 void PipelineStepRunner::choose_keep_ratio(const std::vector<double>& compute_per_micro_batch) {
@@ -197,36 +216,34 @@ void PipelineStepRunner::choose_keep_ratio(const std::vector<double>& compute_pe
     return;
   }
   if (options_.compression != "adatopk") return;
-  // The slowest outgoing link this stage's tensors take, as its receivers measured it.
-  const StageLayout& st = layout_.stage(options_.stage);
-  std::vector<net::PeerId> to;
-  for (const auto& [node, readers] : st.sends)
-    for (const int r : readers) to.push_back(options_.peers.at(static_cast<size_t>(r)));
-  for (const auto& [producer, from] : st.receives)
-    to.push_back(options_.peers.at(static_cast<size_t>(from)));
-  double slowest = -1;
-  for (const net::LinkView& l : node_.links())
-    if (l.from == node_.id() && std::find(to.begin(), to.end(), l.to) != to.end() &&
-        l.stats.mbit_per_s > 0)
-      slowest = slowest < 0 ? l.stats.mbit_per_s : std::min(slowest, l.stats.mbit_per_s);
   const double critical =
       compute_per_micro_batch.empty()
           ? 0
           : *std::max_element(compute_per_micro_batch.begin(), compute_per_micro_batch.end());
-  const auto [activations, gradients] = entries_sent_per_micro_batch();
-  if (options_.compress_activations == "topk") {
-    keep_ratio_ = compress::adaptive_keep_ratio(
-        {.seconds = critical, .mbit_per_s = slowest, .elements = activations + gradients},
-        options_.adatopk_min_ratio);
-    return;
+  // Per link, as its receiver measured it: what this stage sends each other stage must cross
+  // that stage's link within the slowest stage's compute time, and is compressed only as much as
+  // that needs (a fast link of a stage whose other link is slow stays whole).
+  per_link_.clear();
+  std::vector<compress::StageCompression> chosen;
+  for (const auto& [stage, entries] : entries_sent_per_micro_batch()) {
+    const net::PeerId peer = options_.peers.at(static_cast<size_t>(stage));
+    double rate = -1;
+    for (const net::LinkView& l : node_.links())
+      if (l.from == node_.id() && l.to == peer && l.stats.mbit_per_s > 0) rate = l.stats.mbit_per_s;
+    const auto [activations, gradients] = entries;
+    compress::StageCompression c;
+    if (options_.compress_activations == "topk")
+      c.keep_ratio = compress::adaptive_keep_ratio(
+          {.seconds = critical, .mbit_per_s = rate, .elements = activations + gradients},
+          options_.adatopk_min_ratio);
+    else
+      c = compress::adaptive_compression(critical, rate, activations, gradients,
+                                         options_.compress_activations == "int8",
+                                         options_.adatopk_min_ratio);
+    per_link_[stage] = c;
+    chosen.push_back(c);
   }
-  // Where whole tensors keep up, nothing is compressed; elsewhere the least that fits.
-  const compress::StageCompression c = compress::adaptive_compression(
-      critical, slowest, activations, gradients, options_.compress_activations == "int8",
-      options_.adatopk_min_ratio);
-  quantize_activations_ = c.int8_activations;
-  quantize_gradients_ = c.int8_gradients;
-  keep_ratio_ = c.keep_ratio;
+  summarize(chosen);
 }
 
 void PipelineStepRunner::forward(InFlight& f, const std::vector<at::Tensor>& batch, bool training) {

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "starling/compress/ada_topk.h"
 #include "starling/compress/topk.h"
 #include "starling/net/node.h"
 #include "starling/strategy/pipeline_layout.h"
@@ -104,8 +105,13 @@ class PipelineStepRunner : public train::StepRunner {
   void choose_keep_ratio(const std::vector<double>& compute_per_micro_batch);
   // "topk" and "int8": the same compression every step.
   void fixed_compression();
-  // Entries this stage sends per micro-batch: activations forward, gradients back.
-  std::pair<double, double> entries_sent_per_micro_batch() const;
+  // What crosses the link to `stage` this step.
+  const compress::StageCompression& compression_to(int stage) const;
+  // The report's figures over the links' choices: the least keep ratio, whether any quantizes.
+  void summarize(const std::vector<compress::StageCompression>& links);
+  // Entries this stage sends per micro-batch to each other stage: activations forward, gradients
+  // back.
+  std::map<int, std::pair<double, double>> entries_sent_per_micro_batch() const;
   // The step's mean loss: the last stage sends it to the others, which receive it.
   at::Tensor share_loss(const at::Tensor& loss);
   std::vector<int64_t> shape_of(int node) const;
@@ -135,13 +141,17 @@ class PipelineStepRunner : public train::StepRunner {
   int64_t steps_ = 0;
   bool admission_ready_ = false;
   // Compression.
-  bool training_ = false;              // inside run(): compression applies
-  double keep_ratio_ = 1.0;            // fraction of entries sent this step
-  bool quantize_activations_ = false;  // activations cross as int8 this step
-  bool quantize_gradients_ = false;    // activation gradients cross whole, as int8, this step
-  compress::ErrorFeedback feedback_;   // per (reader stage, node) activation gradient
-  uint64_t whole_bytes_ = 0;           // what bytes_sent_ would be without compression
-  double step_compute_s_ = 0;          // this step's forward and backward time
+  bool training_ = false;                               // inside run(): compression applies
+  compress::StageCompression fixed_;                    // "topk", "int8": every link alike
+  std::map<int, compress::StageCompression> per_link_;  // "adatopk": per destination stage
+  // Over the links, for reports: the least fraction of entries sent, and whether any link
+  // quantizes activations or gradients this step.
+  double keep_ratio_ = 1.0;
+  bool quantize_activations_ = false;
+  bool quantize_gradients_ = false;
+  compress::ErrorFeedback feedback_;  // per (reader stage, node) activation gradient
+  uint64_t whole_bytes_ = 0;          // what bytes_sent_ would be without compression
+  double step_compute_s_ = 0;         // this step's forward and backward time
   std::map<std::pair<int, uint64_t>, std::deque<net::Transfer>> marks_;  // (stage, tag)
   std::map<int, double> measured_mbit_;  // per sending stage: its link to this one (average)
 };
