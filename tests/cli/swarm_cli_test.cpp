@@ -501,6 +501,16 @@ TEST_F(SwarmCliTest, GlooGroupTrainsLikeTheSwarm) {
               final_model(run_dir("gloo_torchrun") / "1", 16));
 }
 
+// An untrained byte-level model samples arbitrary bytes at the end of training; the peers' JSON
+// report carries them (as U+FFFD where they are not UTF-8) instead of failing every peer.
+TEST_F(SwarmCliTest, AnUntrainedSampleThatIsNotUtf8EndsTheSwarmCleanly) {
+  const fs::path config = write_config("raw_sample", "kind = \"ddp\"", 2);
+  const auto r = run_cli("train -q --peers 2 --config " + config.string() +
+                         " --set train.sample_at_end=true --set train.eval_every=0");
+  ASSERT_EQ(r.code, 0) << r.output << read_file(run_dir("raw_sample") / "peer-0.log");
+  EXPECT_NE(r.output.find("sample:"), std::string::npos) << r.output;
+}
+
 TEST_F(SwarmCliTest, SwarmOnShapedLinks) {
   if (auto why = starling::net::NetLab::unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
   const fs::path config =

@@ -148,7 +148,9 @@ void add_peer_command(CLI::App& app) {
                         .peak_rss_mb = static_cast<double>(usage.ru_maxrss) / 1024.0,
                         .sample = r.sample},
                        r.net)
-                       .dump()
+                       // A byte-level model's sample need not be valid UTF-8: invalid bytes
+                       // become U+FFFD rather than failing the peer at its very end.
+                       .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
                 << std::endl;
     } else {
       std::cout << "trained " << r.step << " steps: loss " << r.train_loss;
