@@ -56,8 +56,7 @@ AutoPipeline plan_auto_pipeline(const train::RunConfig& config, const sched::Lab
   const double wire = compress::planned_wire_fraction(config.pipeline.compression,
                                                       config.pipeline.compress_activations,
                                                       config.pipeline.topk_ratio);
-  for (auto& node : t.nodes)
-    node.cut_bytes = static_cast<int64_t>(std::llround(static_cast<double>(node.cut_bytes) * wire));
+  t.scale_cuts(wire);
   sched::apply_lab(t, lab);
   t.validate(config.pipeline.profile.empty() ? "the profile" : config.pipeline.profile);
 

@@ -142,10 +142,7 @@ void add_plan_command(CLI::App& app) {
   pipeline->callback([pp, pipeline] {
     sched::CostTable t = sched::read_cost_table(pp->profile);
     if (pp->micro_batches > 0) t.micro_batches = pp->micro_batches;
-    const double wire = compress::planned_wire_fraction(pp->compression, "int8", 0.1);
-    for (auto& node : t.nodes)
-      node.cut_bytes =
-          static_cast<int64_t>(std::llround(static_cast<double>(node.cut_bytes) * wire));
+    t.scale_cuts(compress::planned_wire_fraction(pp->compression, "int8", 0.1));
     if (!pp->lab.empty()) {
       if (pipeline->count("--speeds") + pipeline->count("--link-rate") + pipeline->count("--link"))
         throw CLI::ValidationError("--lab",

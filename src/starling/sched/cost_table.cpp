@@ -79,6 +79,12 @@ void CostTable::validate(const std::string& where) const {
   }
 }
 
+void CostTable::scale_cuts(double fraction) {
+  for (auto& node : nodes)
+    node.cut_bytes =
+        static_cast<int64_t>(std::llround(static_cast<double>(node.cut_bytes) * fraction));
+}
+
 double parse_link_rate(const std::string& text, const std::string& what) {
   static const std::pair<const char*, double> units[] = {
       {"kbit", 1e3}, {"mbit", 1e6}, {"gbit", 1e9}};

@@ -34,6 +34,10 @@ struct LinkCost {
   double latency_s = 0;
 };
 
+// Rate that stands for an unshaped link (a lab's, or one a plan never uses) in cost tables:
+// loopback's order of magnitude.
+inline constexpr double kUnshapedBytesPerS = 1.25e9;
+
 struct CostTable {
   std::vector<NodeCost> nodes;
   std::vector<DeviceCost> devices;
@@ -51,6 +55,8 @@ struct CostTable {
   // a negative or non-finite time or size, a speed <= 0, a links matrix of the wrong size, a
   // missing link between two devices, fewer than one micro-batch.
   void validate(const std::string& where = "cost table") const;
+  // Every cut's bytes times `fraction`: what a compression leaves of them on the wire.
+  void scale_cuts(double fraction);
 };
 
 // A link rate as tc and `--link-rate` write it ("250kbit", "10mbit", "1gbit", decimal units) in

@@ -45,9 +45,6 @@ struct LabSpec {
 LabSpec parse_lab_spec(const std::string& toml_text, const std::string& source);
 LabSpec read_lab_spec(const std::filesystem::path& file);
 
-// Rate that stands for an unshaped link in cost tables: loopback's order of magnitude.
-inline constexpr double kUnshapedBytesPerS = 1.25e9;
-
 // The lab as the scheduler's devices and links: device i is peer i, at speed
 // min(cpus[i], t.reference_cpus) / t.reference_cpus (peers run the profiled config's threads;
 // 1 without quotas), the links the lab's rates (an unshaped link at kUnshapedBytesPerS), no

@@ -12,8 +12,6 @@ namespace starling::sched {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-// Stands for the links a chain of stages never uses, so a table stays valid.
-constexpr double kUnshapedLink = 1.25e9;
 
 // The link after the node `last` between devices a and b, per micro-batch and direction.
 double link_time(const CostTable& t, int last, int a, int b) {
@@ -300,7 +298,7 @@ ReplicatedPlan plan_windows(const CostTable& t, const std::vector<int>& chain, i
   v.nodes = t.nodes;
   v.micro_batches = t.micro_batches;
   v.links.assign(static_cast<size_t>(stages),
-                 std::vector<LinkCost>(static_cast<size_t>(stages), {kUnshapedLink, 0}));
+                 std::vector<LinkCost>(static_cast<size_t>(stages), {kUnshapedBytesPerS, 0}));
   for (int s = 0; s < stages; ++s) {
     double speed = kInf;
     for (int r = 0; r < replicas; ++r)
