@@ -61,6 +61,7 @@ add_library(starling STATIC
   src/starling/swap/swap_config.cpp
   src/starling/swap/tier.cpp
   src/starling/swap/host_tier.cpp
+  src/starling/swap/pinned_tier.cpp
   src/starling/swap/disk_tier.cpp
   src/starling/swap/buffer_pool.cpp
   src/starling/swap/swap_slot.cpp

@@ -21,7 +21,8 @@ PYTHON=${PYTHON:-python3}
 # What DEPS_DEBS must hold (runtime libraries included):
 # libzmq3-dev libzmq5 cppzmq-dev libtomlplusplus-dev libtomlplusplus3 libcli11-dev
 # nlohmann-json3-dev libsentencepiece-dev libsentencepiece0 libgtest-dev libgmock-dev libgloo-dev
-# libsodium23 libpgm-5.3-0 libnorm1 libbsd0 libmd0 (and pkg-config if the machine lacks it:
+# libsodium23 libpgm-5.3-0 libnorm1 libbsd0 libmd0 libssl-dev libssl3 liburing-dev liburing2
+# (and pkg-config if the machine lacks it:
 # pkg-config pkgconf pkgconf-bin libpkgconf3)
 
 if [ -z "${TORCH_DIR:-}" ]; then

@@ -4,6 +4,10 @@ unswapped training of the same model, data and seeds, measured in the same run.
 
     /usr/bin/python3 bench/swap/run.py --starling build/starling                # gpt2-124m
     /usr/bin/python3 bench/swap/run.py --preset gpt2-mini --steps 4 --reps 1    # quick look
+    python3 bench/swap/run.py --starling build-cuda/starling --device cuda --batch 8 --seq-len 1024
+
+On a GPU (--device cuda) the budget is GPU memory and the tier is pinned host RAM ("host"); the
+table also reports each run's device memory peak (activations included).
 
 For every tier (--tiers, default disk and host) and budget (--fractions of the training state,
 16 bytes per parameter; default 1.0 0.5 0.3 0.15) it runs `starling train` for --steps steps and
@@ -99,12 +103,17 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--tiers", nargs="+", default=["disk", "host"])
+    ap.add_argument("--tiers", nargs="+", default=None,
+                    help="default: disk and host on the CPU, host on a GPU")
+    ap.add_argument("--device", default="cpu", help="train.device: cpu or cuda")
+    ap.add_argument("--dtype", default="fp32", help="train.dtype: fp32 or bf16")
     ap.add_argument("--fractions", nargs="+", type=float, default=[1.0, 0.5, 0.3, 0.15])
     ap.add_argument("--text", default="data/brown/text")
     ap.add_argument("--data", default="")
     ap.add_argument("--swap-dir", default="")
     args = ap.parse_args()
+    if args.tiers is None:
+        args.tiers = ["disk", "host"] if args.device == "cpu" else ["host"]
     work = tempfile.mkdtemp(prefix="starling_swap_bench_", dir=os.getcwd())
     if not args.data:
         args.data = os.path.join(work, "data")
@@ -136,7 +145,9 @@ def main():
                 "cache_mb": statistics.median(x["cache_mb"] for x in results),
                 "predicted_s": results[0]["predicted_s"],
                 "moved_gb": results[0]["moved_gb"],
-                "optimizer_s": statistics.median(x["optimizer_s"] for x in results)}
+                "optimizer_s": statistics.median(x["optimizer_s"] for x in results),
+                "device_gb": statistics.median(x["device_gb"] for x in results),
+                "tier_bw": results[0]["tier_bw"]}
 
     base = measure("plain", [])
     plain_runs.clear()
@@ -147,21 +158,30 @@ def main():
     state = 16 * params
     print(f"swap benchmark: {args.preset} ({params / 1e6:.1f}M params, training state "
           f"{state / 1e9:.2f} GB), batch {args.batch} x {args.seq_len}, {args.steps} steps, "
-          f"median of {args.reps}")
+          f"median of {args.reps}, on {args.device} ({args.dtype})")
+    gpu = args.device != "cpu"
+    if gpu:
+        print(f"unswapped: device memory peak over the steps {base['device_gb']:.2f} GiB "
+              f"(activations included)")
     print(f"unswapped: {base['tokens_per_s']:.0f} tokens/s, {base['step_s']:.2f} s/step, "
           f"RSS over the steps {base['steady_rss_mb']:.0f} MB (peak of the run "
           f"{base['rss_mb']:.0f} MB), page cache grown by {base['cache_mb']:.0f} MB")
     if write_bw:
         print(f"disk under {swap_dir}: {write_bw:.2f} GB/s write, {read_bw:.2f} GB/s read "
               f"(dd, O_DIRECT, 2 GB)")
-    print("limit: max(unswapped step, the step's planned bytes at dd's disk bandwidth), the "
-          "fastest a swapped step can be")
+    print("limit: max(unswapped step, the step's planned bytes at the tier's bandwidth: dd's for "
+          "the disk, the planner's probe for pinned RAM below a GPU), the fastest a swapped step "
+          "can be")
     print("opt: seconds per step in the optimizer (AdamW streamed through the tier; swapped, most of it"
           " overlaps the next step's forward)")
     print("RSS: peak over the steady steps (the whole run's peak, with model construction and "
           "the final checkpoint, in brackets); cache: page-cache growth over the steps")
+    if gpu:
+        print("dev GiB: device memory peak over the steps (the budget's state, activations, "
+              "autocast's copies)")
     print(f"{'tier':5} {'budget':>10} {'tokens/s':>9} {'ratio':>6} {'s/step':>7} "
-          f"{'limit':>6} {'predicted':>9} {'opt':>5} {'RSS MB':>14} {'cache MB':>8}")
+          f"{'limit':>6} {'predicted':>9} {'opt':>5} {'RSS MB':>14} {'cache MB':>8}"
+          + (f" {'dev GiB':>7}" if gpu else ""))
     for tier in args.tiers:
         for f in args.fractions:
             budget = int(state * f)
@@ -174,11 +194,17 @@ def main():
             pred = f"{res['predicted_s']:.2f}" if res["predicted_s"] else "-"
             rss = f"{res['steady_rss_mb']:.0f} ({res['rss_mb']:.0f})"
             read_gb, write_gb = res["moved_gb"]
-            io_s = read_gb / read_bw + write_gb / write_bw if tier == "disk" and read_bw else 0
+            if tier == "disk" and read_bw:
+                io_s = read_gb / read_bw + write_gb / write_bw  # one disk
+            elif gpu and res["tier_bw"]:
+                # Pinned RAM below a GPU: loads and stores run on separate copy engines.
+                io_s = max(read_gb / res["tier_bw"][0], write_gb / res["tier_bw"][1])
+            else:
+                io_s = 0
             limit = max(base["step_s"], io_s)
             print(f"{tier:5} {f:>9.0%} {res['tokens_per_s']:>9.0f} {ratio:>6.2f} "
                   f"{res['step_s']:>7.2f} {limit:>6.2f} {pred:>9} {res['optimizer_s']:>5.2f} {rss:>14} "
-                  f"{res['cache_mb']:>8.0f}")
+                  f"{res['cache_mb']:>8.0f}" + (f" {res['device_gb']:>7.2f}" if gpu else ""))
     if plain_runs:
         print(f"unswapped runs paired with the rows: median "
               f"{statistics.median(x['tokens_per_s'] for x in plain_runs):.0f} tokens/s, range "
@@ -188,14 +214,17 @@ def main():
 
 
 def run_one(args, out_dir, sets):
-    cmd = ["/usr/bin/time", "-f", "maxrss_kb %M", args.starling, "train", "--config",
+    # GNU time gives the whole run's peak RSS where it is installed.
+    timer = ["/usr/bin/time", "-f", "maxrss_kb %M"] if os.path.exists("/usr/bin/time") else []
+    cmd = timer + [args.starling, "train", "--config",
            args.config, "--set", f"model.preset={args.preset}", "--set", f"data.dir={args.data}",
            "--set", f"train.out_dir={out_dir}", "--set", f"train.steps={args.steps}",
            "--set", f"train.batch_size={args.batch}", "--set", f"model.seq_len={args.seq_len}",
            "--set", "train.grad_accum=1", "--set", "train.log_every=1", "--set",
            "train.eval_every=0", "--set", "train.eval_batches=1", "--set",
            "train.checkpoint_every=0", "--set", "train.sample_at_end=false",
-           "--set", "train.threads=0"]
+           "--set", "train.threads=0", "--set", f"train.device={args.device}",
+           "--set", f"train.dtype={args.dtype}"]
     for s in sets:
         cmd += ["--set", s]
     # Peak RSS and page-cache growth over the steady steps: from the first step's record (the
@@ -229,16 +258,25 @@ def run_one(args, out_dir, sets):
     tokens_per_s = steady(os.path.join(out_dir, "metrics.jsonl"))
     step_s = args.batch * args.seq_len / tokens_per_s
     subprocess.run(["rm", "-rf", out_dir])
+    scale = {"B": 1e-9, "KB": 1e-6, "MB": 1e-3, "GB": 1.0}
     predicted = re.search(r"predicted ([0-9.]+) s", text)
-    moved = re.search(r"\(read ([0-9.]+) GB, write ([0-9.]+) GB\)", text)
+    moved = re.search(r"\(read ([0-9.]+) (B|KB|MB|GB), write ([0-9.]+) (B|KB|MB|GB)\)", text)
     optimizer = re.search(r"optimizer ([0-9.]+) s \(waiting", text)
+    maxrss = re.search(r"maxrss_kb (\d+)", text)
+    device_peak = re.search(r"device memory peak over the steps ([0-9.]+) GiB", text)
+    # The planner's own measurement of the tier: "tier host (read 25.1 GB/s, write 24.0 GB/s)".
+    bw = re.search(r"\(read ([0-9.]+) (B|KB|MB|GB)/s, write ([0-9.]+) (B|KB|MB|GB)/s\)", text)
     return {"tokens_per_s": tokens_per_s, "step_s": step_s,
-            "rss_mb": int(re.search(r"maxrss_kb (\d+)", text).group(1)) / 1024,
+            "rss_mb": int(maxrss.group(1)) / 1024 if maxrss else 0.0,
             "steady_rss_mb": steady_rss_kb / 1024,
             "cache_mb": grown_mb,
             "predicted_s": float(predicted.group(1)) if predicted else None,
-            "moved_gb": (float(moved.group(1)), float(moved.group(2))) if moved else (0.0, 0.0),
-            "optimizer_s": float(optimizer.group(1)) / args.steps if optimizer else 0.0}
+            "moved_gb": (float(moved.group(1)) * scale[moved.group(2)],
+                         float(moved.group(3)) * scale[moved.group(4)]) if moved else (0.0, 0.0),
+            "optimizer_s": float(optimizer.group(1)) / args.steps if optimizer else 0.0,
+            "device_gb": float(device_peak.group(1)) if device_peak else 0.0,
+            "tier_bw": (float(bw.group(1)) * scale[bw.group(2)],
+                        float(bw.group(3)) * scale[bw.group(4)]) if bw else None}
 
 
 if __name__ == "__main__":

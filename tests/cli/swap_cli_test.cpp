@@ -82,10 +82,11 @@ class SwapCliTest : public ::testing::Test {
   }
 
   // The smallest budget the planner accepts for `cfg`, read from its error for 1 KB.
-  static std::string smallest_budget(const fs::path& cfg, const std::string& tier) {
+  static std::string smallest_budget(const fs::path& cfg, const std::string& tier,
+                                     const std::string& settings = "") {
     const auto r =
         run_cli("plan swap --config " + cfg.string() + " --budget 1KB --set swap.tier=" + tier +
-                " --set swap.dir=" + root_.string());
+                " --set swap.dir=" + root_.string() + settings);
     EXPECT_NE(r.code, 0) << r.output;
     std::smatch m;
     if (!std::regex_search(r.output, m,
@@ -129,6 +130,20 @@ TEST_F(SwapCliTest, BadSettingsGetClearErrors) {
                             " --set swap.budget=1MB --set train.dtype=fp16");
   EXPECT_NE(fp16.code, 0);
   EXPECT_NE(fp16.output.find("fp16"), std::string::npos) << fp16.output;
+  // A GPU's tier is pinned host RAM: the disk below it is refused before any GPU is touched.
+  const auto disk = run_cli("plan swap --config " + cfg.string() +
+                            " --budget 1MB --set swap.tier=disk --set train.device=cuda");
+  EXPECT_NE(disk.code, 0);
+  EXPECT_NE(disk.output.find("swap.tier = \"disk\" is not supported on train.device = \"cuda\""),
+            std::string::npos)
+      << disk.output;
+}
+
+// Whether the binary sees a GPU ("starling 0.1.0 (libtorch 2.11.0, CUDA, 1 GPU)").
+bool binary_sees_a_gpu() {
+  const auto r = run_cli("--version");
+  return r.output.find(", CUDA, ") != std::string::npos &&
+         r.output.find(", CUDA, 0 GPUs") == std::string::npos;
 }
 
 struct Case {
@@ -136,25 +151,33 @@ struct Case {
   bool recompute;
   int accum;
   const char* tier;
-  bool overlap = true;  // swap.overlap_update
+  bool overlap = true;         // swap.overlap_update
+  const char* device = "cpu";  // train.device: on "cuda" the tier is pinned host RAM
 };
 
 class SwapIdentity : public SwapCliTest, public ::testing::WithParamInterface<Case> {};
 
 TEST_P(SwapIdentity, SwappedTrainingIsBitIdenticalToUnswapped) {
   const Case c = GetParam();
+  const std::string device = c.device;
+  if (device != "cpu" && !binary_sees_a_gpu())
+    GTEST_SKIP() << "no GPU: the binary is not built against a CUDA libtorch or sees no GPU "
+                    "(scripts/build-cuda.sh)";
   const std::string name = std::string(c.preset) + (c.recompute ? "_rc" : "") + "_acc" +
-                           std::to_string(c.accum) + "_" + c.tier + (c.overlap ? "" : "_after");
+                           std::to_string(c.accum) + "_" + c.tier + (c.overlap ? "" : "_after") +
+                           "_" + device;
+  const std::string on = " --set train.device=" + device;
   const fs::path plain = config(name + "_plain", c.preset, c.recompute, c.accum);
   const fs::path swapped = config(name + "_swap", c.preset, c.recompute, c.accum);
-  const std::string budget = smallest_budget(swapped, c.tier);
+  const std::string budget = smallest_budget(swapped, c.tier, on);
   ASSERT_FALSE(budget.empty());
 
-  const auto a = run_cli("train -q --config " + plain.string());
+  const auto a = run_cli("train -q --config " + plain.string() + on);
   ASSERT_EQ(a.code, 0) << a.output;
-  const auto b = run_cli("train --config " + swapped.string() + " --set swap.budget=" + budget +
-                         " --set swap.tier=" + c.tier + " --set swap.dir=" + root_.string() +
-                         " --set swap.overlap_update=" + (c.overlap ? "true" : "false"));
+  const auto b =
+      run_cli("train --config " + swapped.string() + on + " --set swap.budget=" + budget +
+              " --set swap.tier=" + c.tier + " --set swap.dir=" + root_.string() +
+              " --set swap.overlap_update=" + (c.overlap ? "true" : "false"));
   ASSERT_EQ(b.code, 0) << b.output;
 
   // It really swapped, and stayed under the budget.
@@ -189,12 +212,17 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"gpt2-tiny", false, 2, "disk"}, Case{"gpt2-tiny", true, 1, "host"},
                       Case{"gpt2-tiny", true, 2, "disk"}, Case{"llama-tiny", true, 2, "disk"},
                       Case{"llama-tiny", false, 1, "host"}, Case{"llama-tiny", false, 2, "disk"},
-                      Case{"gpt2-tiny", false, 2, "disk", false}),
+                      Case{"gpt2-tiny", false, 2, "disk", false},
+                      // A GPU's memory with pinned host RAM below it (skipped without a GPU).
+                      Case{"gpt2-tiny", false, 2, "host", true, "cuda"},
+                      Case{"gpt2-tiny", true, 1, "host", false, "cuda"},
+                      Case{"llama-tiny", true, 2, "host", true, "cuda"}),
     [](const auto& info) {
       return std::string(info.param.preset[0] == 'g' ? "Gpt2" : "Llama") +
              (info.param.recompute ? "Recompute" : "") + "Accum" +
              std::to_string(info.param.accum) + (info.param.tier[0] == 'd' ? "Disk" : "Host") +
-             (info.param.overlap ? "" : "UpdateAfterPasses");
+             (info.param.overlap ? "" : "UpdateAfterPasses") +
+             (std::string(info.param.device) == "cuda" ? "Cuda" : "");
     });
 
 TEST_F(SwapCliTest, ResumedSwappedRunMatchesAStraightOne) {

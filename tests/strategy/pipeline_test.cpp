@@ -793,28 +793,41 @@ TEST_F(PipelineRunTest, AReplacementTakesOverADeadStageFromItsCounterpart) {
 
 namespace {
 
+// Starts `ranks` peers the way torchrun does (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), rank r
+// with `settings` and `rank_settings[r]` (when given), each writing under `run`/r and logging to
+// `run`r.log; waits for all of them. Returns the shell's exit code, with every log in `logs`.
+int run_torchrun_group(const fs::path& cfg, const fs::path& run, int ranks, int port_salt,
+                       const std::string& settings, const std::vector<std::string>& rank_settings,
+                       std::string& logs) {
+  const std::string port = std::to_string(20000 + (::getpid() + port_salt) % 20000);
+  const fs::path script = run.string() + ".sh";
+  {
+    std::ofstream out(script);
+    for (int r = 0; r < ranks; ++r)
+      out << "RANK=" << r << " WORLD_SIZE=" << ranks
+          << " MASTER_ADDR=127.0.0.1 MASTER_PORT=" << port << " timeout 180 " << STARLING_CLI_PATH
+          << " peer -q --insecure --config " << cfg.string() << settings << " "
+          << (r < static_cast<int>(rank_settings.size()) ? rank_settings[r] : "")
+          << " --set 'train.out_dir=\"" << (run / std::to_string(r)).string() << "\"' > "
+          << (run.string() + std::to_string(r)) << ".log 2>&1 &\n";
+    out << "wait\n";
+  }
+  const int code = std::system(("sh " + script.string()).c_str());
+  logs.clear();
+  for (int r = 0; r < ranks; ++r)
+    logs += starling::testing::read_file(run.string() + std::to_string(r) + ".log");
+  return code;
+}
+
 // Under a torchrun-style launch (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), each `starling peer`
 // finds its stage (rank mod stages) and replica (rank / stages) itself, and each replica trains
 // on its own share of the data.
 TEST_F(PipelineRunTest, TorchrunRanksPlaceStagesAndReplicas) {
   const fs::path cfg = config("torchrun", "gpt2-tiny", 2, false);
   const fs::path run = root_ / "run_torchrun";
-  const std::string port = std::to_string(20000 + (::getpid() + 4243) % 20000);
-  const fs::path script = root_ / "torchrun.sh";
-  {
-    std::ofstream out(script);
-    for (int r = 0; r < 4; ++r)
-      out << "RANK=" << r << " WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=" << port
-          << " timeout 180 " << STARLING_CLI_PATH << " peer -q --insecure --config " << cfg.string()
-          << " --set pipeline.num_stages=2 --set strategy.kind=ddp --set 'train.out_dir=\""
-          << (run / std::to_string(r)).string() << "\"' > " << (run.string() + std::to_string(r))
-          << ".log 2>&1 &\n";
-    out << "wait\n";
-  }
-  const int code = std::system(("sh " + script.string()).c_str());
   std::string logs;
-  for (int r = 0; r < 4; ++r)
-    logs += starling::testing::read_file(run.string() + std::to_string(r) + ".log");
+  const int code = run_torchrun_group(
+      cfg, run, 4, 4243, " --set pipeline.num_stages=2 --set strategy.kind=ddp", {}, logs);
   ASSERT_EQ(code, 0) << logs;
   for (int r = 0; r < 4; ++r) {
     const std::string log = starling::testing::read_file(run.string() + std::to_string(r) + ".log");
@@ -830,6 +843,29 @@ TEST_F(PipelineRunTest, TorchrunRanksPlaceStagesAndReplicas) {
   EXPECT_NEAR(r0[0].second, r1[0].second, 1e-5 * r0[0].second);
   ASSERT_FALSE(r2.empty());
   EXPECT_GT(std::abs(r0[0].second - r2[0].second), 1e-4) << "both replicas read the same data";
+}
+
+// Only tensors cross a link, so the stages of one pipeline may run on different devices: stage 0
+// on the CPU and stage 1 on a GPU train like two CPU stages (up to the devices' rounding; TF32
+// off).
+TEST_F(PipelineRunTest, AStageOnTheCpuAndOneOnAGpuTrainLikeTwoCpuStages) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no GPU: this libtorch has no CUDA support or sees no GPU";
+  const fs::path cfg = config("mixed", "gpt2-tiny", 2, false);
+  const std::string settings =
+      " --set pipeline.num_stages=2 --set strategy.kind=ddp --set train.tf32=false";
+  std::string logs;
+  const fs::path cpu = root_ / "run_mixed_cpu", mixed = root_ / "run_mixed_gpu";
+  ASSERT_EQ(run_torchrun_group(cfg, cpu, 2, 5311, settings, {}, logs), 0) << logs;
+  ASSERT_EQ(
+      run_torchrun_group(cfg, mixed, 2, 5377, settings, {"", "--set train.device=cuda"}, logs), 0)
+      << logs;
+  const auto a = losses(cpu / "0"), b = losses(mixed / "0");
+  ASSERT_FALSE(a.empty());
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_NEAR(a[i].second, b[i].second, 1e-4 * a[i].second) << "record " << i;
+  }
 }
 
 }  // namespace

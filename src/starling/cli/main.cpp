@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "starling/cli/commands.h"
+#include "starling/common/device.h"
 #include "starling/common/error.h"
 
 int main(int argc, char** argv) {
@@ -9,7 +10,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "show where in the source an error was raised");
-  app.set_version_flag("--version", "starling 0.1.0");
+  // With the libtorch it runs on and the GPUs it sees: what a bug report or a GPU test needs.
+  app.set_version_flag("--version",
+                       [] { return "starling 0.1.0 (" + starling::runtime_summary() + ")"; });
   starling::cli::add_data_command(app);
   starling::cli::add_train_command(app);
   starling::cli::add_sample_command(app);

@@ -1,5 +1,8 @@
 #include "starling/common/device.h"
 
+#include <ATen/Context.h>
+#include <torch/version.h>
+
 #ifdef STARLING_WITH_CUDA
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -25,6 +28,13 @@ bool built_with_cuda() {
 #else
   return false;
 #endif
+}
+
+std::string runtime_summary() {
+  std::string s = std::string("libtorch ") + TORCH_VERSION;
+  if (!built_with_cuda()) return s + ", CPU only";
+  const int gpus = at::hasCUDA() ? static_cast<int>(at::getNumGPUs()) : 0;
+  return s + ", CUDA, " + std::to_string(gpus) + (gpus == 1 ? " GPU" : " GPUs");
 }
 
 void synchronize(const c10::Device& device) {

@@ -6,11 +6,15 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <string>
 
 namespace starling {
 
 // Whether this build was compiled against a CUDA libtorch (STARLING_WITH_CUDA).
 bool built_with_cuda();
+
+// "libtorch 2.11.0, CUDA, 1 GPU" / "libtorch 1.13.1, CPU only": the build and what it sees.
+std::string runtime_summary();
 
 // Waits until all work queued on `device` has finished (a no-op on CPUs).
 void synchronize(const c10::Device& device);

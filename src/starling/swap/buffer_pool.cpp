@@ -1,5 +1,7 @@
 #include "starling/swap/buffer_pool.h"
 
+#include <ATen/ATen.h>
+#include <c10/core/StorageImpl.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -39,12 +41,20 @@ at::DataPtr fresh_buffer(size_t size) {
   return at::DataPtr(p, p, &free_aligned, c10::Device(c10::kCPU));
 }
 
+// A GPU's buffer comes from libtorch's caching allocator, taken out of an empty tensor.
+at::DataPtr fresh_device_buffer(size_t size, c10::Device device) {
+  at::Tensor t =
+      at::empty({static_cast<int64_t>(size)}, at::TensorOptions().dtype(at::kByte).device(device));
+  return t.storage().unsafeGetStorageImpl()->set_data_ptr(at::DataPtr(nullptr, device));
+}
+
 }  // namespace
 
 at::DataPtr BufferPool::take(size_t bytes) {
   const size_t size = align_up(std::max<size_t>(bytes, 1));
   const auto it = free_.find(size);
-  if (it == free_.end()) return fresh_buffer(size);
+  if (it == free_.end())
+    return device_.is_cpu() ? fresh_buffer(size) : fresh_device_buffer(size, device_);
   at::DataPtr buffer = std::move(it->second.back());
   it->second.pop_back();
   if (it->second.empty()) free_.erase(it);

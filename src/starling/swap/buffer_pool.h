@@ -3,10 +3,12 @@
 // 4 KB it holds, which on a virtual machine made a third of a swapped step. The same tensors load
 // again step after step, so a freed buffer is kept by its size and handed to the next tensor of
 // that size. The owner bounds what is kept (trim) so that the buffers in use plus the kept ones
-// stay under its budget.
+// stay under its budget. A pool serves one device: RAM, or a GPU's memory (through libtorch's
+// caching allocator there).
 #pragma once
 
 #include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -17,6 +19,8 @@ namespace starling::swap {
 
 class BufferPool {
  public:
+  explicit BufferPool(c10::Device device = c10::Device(c10::kCPU)) : device_(device) {}
+
   // A buffer spanning align_up(bytes) bytes (at least one page's alignment, contents undefined):
   // a kept one of that size when there is one, otherwise a fresh one. Buffers of 64 KB or more
   // are their own mappings, so that freeing one gives its memory back to the system at once.
@@ -28,8 +32,10 @@ class BufferPool {
   void trim(int64_t bytes);
   // The bytes of the kept buffers.
   int64_t kept() const { return kept_; }
+  c10::Device device() const { return device_; }
 
  private:
+  c10::Device device_;
   std::map<size_t, std::vector<at::DataPtr>> free_;  // by aligned size
   int64_t kept_ = 0;
 };

@@ -6,9 +6,11 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "starling/common/device.h"
 #include "starling/graph/dag.h"
 #include "starling/graph/executor.h"
-#include "starling/swap/tier.h"
+#include "starling/swap/buffer_pool.h"
+#include "starling/swap/pinned_tier.h"
 #include "starling/train/adamw.h"
 #include "starling/train/metrics.h"
 
@@ -17,17 +19,23 @@ namespace {
 
 using train::now_s;
 
+// On a GPU a node's time is its kernels': the timer waits for the device at both ends.
 class NodeTimer final : public graph::NodeObserver {
  public:
-  explicit NodeTimer(std::vector<NodeCost>& nodes) : nodes_(nodes) {}
-  void before(int, graph::Phase) override { start_ = now_s(); }
+  NodeTimer(std::vector<NodeCost>& nodes, c10::Device device) : nodes_(nodes), device_(device) {}
+  void before(int, graph::Phase) override {
+    synchronize(device_);
+    start_ = now_s();
+  }
   void after(int node, graph::Phase phase) override {
+    synchronize(device_);
     const double dt = now_s() - start_;
     (phase == graph::Phase::kForward ? nodes_[node].forward_s : nodes_[node].backward_s) += dt;
   }
 
  private:
   std::vector<NodeCost>& nodes_;
+  c10::Device device_;
   double start_ = 0;
 };
 
@@ -49,21 +57,25 @@ class GradientDropper final : public graph::NodeObserver {
 };
 
 // AdamW's time per element, from a few passes over scratch tensors of 4M elements.
-double optimizer_seconds_per_element() {
+double optimizer_seconds_per_element(c10::Device device) {
   constexpr int64_t n = int64_t{1} << 22;
-  at::Tensor w = at::zeros({n}), g = at::full({n}, 1e-3), m = at::zeros({n}), v = at::zeros({n});
+  const auto f32 = at::TensorOptions(at::kFloat).device(device);
+  at::Tensor w = at::zeros({n}, f32), g = at::full({n}, 1e-3, f32), m = at::zeros({n}, f32),
+             v = at::zeros({n}, f32);
   train::AdamWOptions options;
   train::update_elements(w, g, m, v, 1e-3, true, options, 1);  // warm up
+  synchronize(device);
   const double t0 = now_s();
   constexpr int reps = 3;
   for (int i = 0; i < reps; ++i) train::update_elements(w, g, m, v, 1e-3, true, options, i + 2);
+  synchronize(device);
   return (now_s() - t0) / reps / static_cast<double>(n);
 }
 
 }  // namespace
 
 SwapProblem profile_nodes(graph::OpDag& dag, const graph::ExecutorOptions& options, int64_t batch,
-                          int64_t seq_len) {
+                          int64_t seq_len, c10::Device device) {
   SwapProblem p;
   auto& params = dag.params().params();
   for (const auto& param : params)
@@ -78,12 +90,13 @@ SwapProblem profile_nodes(graph::OpDag& dag, const graph::ExecutorOptions& optio
   }
   // Token 0 everywhere: the time of every node but the embedding's gather is independent of the
   // ids, and no random generator is drawn from.
-  const at::Tensor tokens = at::zeros({batch, seq_len}, at::kLong);
+  const at::Tensor tokens =
+      at::zeros({batch, seq_len}, at::TensorOptions(at::kLong).device(device));
   graph::Executor exec(dag, options);
   GradientDropper dropper(dag.params(), p.nodes);
   exec.add_observer(&dropper);
   exec.forward_backward({tokens, tokens});  // warm-up: allocator, kernels, caches
-  NodeTimer timer(p.nodes);
+  NodeTimer timer(p.nodes, device);
   exec.remove_observer(&dropper);  // the timer first, so dropping is not timed as the node's work
   exec.add_observer(&timer);
   exec.add_observer(&dropper);
@@ -93,19 +106,27 @@ SwapProblem profile_nodes(graph::OpDag& dag, const graph::ExecutorOptions& optio
   for (const auto& param : params) elements += param.value.numel();
   {
     at::NoGradGuard no_grad;
-    p.optimizer_s = optimizer_seconds_per_element() * static_cast<double>(elements);
+    p.optimizer_s = optimizer_seconds_per_element(device) * static_cast<double>(elements);
   }
   return p;
 }
 
 void measure_tier(SwapProblem& p, const std::string& kind, const std::filesystem::path& dir,
-                  int64_t bytes) {
+                  int64_t bytes, c10::Device device) {
   constexpr size_t piece = size_t{8} << 20;
   const size_t total = std::max(piece, align_up(static_cast<size_t>(bytes)) / piece * piece);
-  std::unique_ptr<Tier> tier = make_tier(kind, dir);
+  // The buffer is in compute memory, where the swapper's transfers start and end. It outlives the
+  // tier, whose destructor lets transfers in flight finish.
+  BufferPool pool(device);
+  at::DataPtr owned = pool.take(piece);
+  std::unique_ptr<Tier> tier = make_tier(kind, dir, device);
   const uint64_t key = tier->reserve(total);
-  void* buf = std::aligned_alloc(kSwapAlign, piece);
-  std::memset(buf, 1, piece);
+  void* buf = owned.get();
+  if (device.is_cpu())
+    std::memset(buf, 1, piece);
+  else
+    at::from_blob(buf, {static_cast<int64_t>(piece)}, at::TensorOptions(at::kByte).device(device))
+        .fill_(1);
   auto pass = [&](bool write) {
     const double t0 = now_s();
     std::vector<Ticket> tickets;
@@ -115,15 +136,9 @@ void measure_tier(SwapProblem& p, const std::string& kind, const std::filesystem
     for (Ticket t : tickets) tier->wait(t);
     return static_cast<double>(total) / std::max(now_s() - t0, 1e-9);
   };
-  try {
-    pass(true);  // first touch allocates the file's blocks; measure the steady state
-    p.write_bps = pass(true);
-    p.read_bps = pass(false);
-  } catch (...) {
-    std::free(buf);
-    throw;
-  }
-  std::free(buf);
+  pass(true);  // first touch allocates the file's blocks; measure the steady state
+  p.write_bps = pass(true);
+  p.read_bps = pass(false);
   p.tier = kind;
 }
 

@@ -3,6 +3,8 @@
 // read and write bandwidth.
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <filesystem>
 #include <string>
 
@@ -16,14 +18,15 @@ struct ExecutorOptions;
 namespace starling::swap {
 
 // Runs one forward and backward of a (batch x seq_len) micro-batch of token 0 through `dag`,
-// timing every node, then drops the gradients it made. The weights must be resident. The global
-// random generator is not touched, so a run that profiles stays bit-identical to one that does
-// not.
+// timing every node, then drops the gradients it made. The weights must be resident on `device`
+// (on a GPU each node is timed to the end of its kernels). The global random generator is not
+// touched, so a run that profiles stays bit-identical to one that does not.
 SwapProblem profile_nodes(graph::OpDag& dag, const graph::ExecutorOptions& options, int64_t batch,
-                          int64_t seq_len);
+                          int64_t seq_len, c10::Device device = c10::Device(c10::kCPU));
 
-// Reads and writes `bytes` through a fresh tier of `kind` in `dir`; fills read_bps, write_bps.
+// Reads and writes `bytes` through a fresh tier of `kind` in `dir` below `device`'s memory;
+// fills read_bps, write_bps.
 void measure_tier(SwapProblem& problem, const std::string& kind, const std::filesystem::path& dir,
-                  int64_t bytes);
+                  int64_t bytes, c10::Device device = c10::Device(c10::kCPU));
 
 }  // namespace starling::swap

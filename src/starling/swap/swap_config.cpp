@@ -18,8 +18,9 @@ void add_config_keys(SwapConfig& c, config::Keys& k) {
                          "memory, e.g. \"2GB\"; the rest streams from swap.tier. \"\" = no "
                          "swapping (docs/swap.md)"));
   k.push_back(string_key("swap", "tier", &c.tier,
-                         "where swapped state lives: \"host\" (RAM) or \"disk\" (a file under "
-                         "swap.dir, read and written with O_DIRECT through io_uring)",
+                         "where swapped state lives: \"host\" (RAM; pinned RAM below a GPU) or "
+                         "\"disk\" (a file under swap.dir, read and written with O_DIRECT "
+                         "through io_uring; CPU only)",
                          {"host", "disk"}));
   k.push_back(string_key("swap", "dir", &c.dir,
                          "directory of the disk tier's file (unlinked while open); \"\" = "

@@ -132,11 +132,12 @@ bool Swapper::advance_update(bool wait) {
       for (int op = 0; op < kOperands; ++op) {
         SwapSlot& s = *slots[op];
         t[op] = s.busy ? s.tensor.view({-1}).narrow(0, job.begin, len)
-                       : at::from_blob(staging(j, op), {len}, at::kFloat);
+                       : at::from_blob(staging(j, op), {len},
+                                       at::TensorOptions(at::kFloat).device(device_));
       }
       if (update_coef_.defined()) t[kGrad].mul_(update_coef_);
-      train::update_elements(t[kWeight], t[kGrad], t[kMoment1], t[kMoment2], update_lr_,
-                             params[job.p].decay, optimizer_.options(), update_steps_);
+      optimizer_.update_part(t[kWeight], t[kGrad], t[kMoment1], t[kMoment2], update_lr_,
+                             params[job.p].decay, update_steps_);
       for (int op : {kWeight, kMoment1, kMoment2}) {
         SwapSlot& s = *slots[op];
         if (s.busy) {

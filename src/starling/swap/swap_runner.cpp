@@ -8,6 +8,7 @@
 #include "starling/common/error.h"
 #include "starling/data/loader.h"
 #include "starling/model/build.h"
+#include "starling/swap/pinned_tier.h"
 #include "starling/swap/profile.h"
 #include "starling/swap/swap_config.h"
 #include "starling/swap/swapper.h"
@@ -31,9 +32,7 @@ fs::path tier_dir(const train::RunConfig& c) {
 }
 
 void check_supported(const train::RunConfig& c) {
-  if (c.train.device != "cpu")
-    throw ConfigError("swap: train.device = \"" + c.train.device +
-                      "\" is not supported by swapping yet; it runs on \"cpu\"");
+  check_tier_below(c.swap.tier, c10::Device(c.train.device));
   if (c.train.dtype == "fp16")
     throw ConfigError(
         "swap: train.dtype = \"fp16\" is not supported by swapping yet (its loss "
@@ -43,7 +42,8 @@ void check_supported(const train::RunConfig& c) {
 SwapProblem problem_for(const train::RunConfig& c, graph::OpDag& dag, const std::string& budget) {
   graph::ExecutorOptions options{.recompute = c.train.recompute,
                                  .autocast = train::parse_dtype(c.train.dtype, "train.dtype")};
-  SwapProblem p = profile_nodes(dag, options, c.train.batch_size, c.model.seq_len);
+  const c10::Device device(c.train.device);
+  SwapProblem p = profile_nodes(dag, options, c.train.batch_size, c.model.seq_len, device);
   p.budget = parse_bytes(budget, "swap.budget");
   p.micro_batches = c.train.grad_accum;
   p.group_nodes = c.swap.group_nodes;
@@ -51,7 +51,7 @@ SwapProblem problem_for(const train::RunConfig& c, graph::OpDag& dag, const std:
   p.overlap_update = c.swap.overlap_update;
   int64_t state = 0;
   for (int64_t b : p.param_bytes) state += 4 * b;
-  measure_tier(p, c.swap.tier, tier_dir(c), probe_bytes(state));
+  measure_tier(p, c.swap.tier, tier_dir(c), probe_bytes(state), device);
   return p;
 }
 
@@ -106,6 +106,15 @@ class SwapStepRunner final : public train::StepRunner {
   void gather() override { swapper_->gather(true); }
   void gather_weights() override { swapper_->gather(false); }
   at::Tensor read_state(const at::Tensor& t) override { return swapper_->read_state(t); }
+
+  // Outside the budget, on a CPU: freed activation and gradient blocks the CPU allocator keeps
+  // for the next step (common/cpu_runtime.h), most of the resident set's overhead. (A GPU run's
+  // device memory peak closes every GPU run's log.)
+  std::string allocator_report() const {
+    if (!s_.device.is_cpu()) return "";
+    return "; CPU allocator cache " +
+           format_bytes(static_cast<double>(caching_cpu_allocator_stats().cached_bytes));
+  }
   void state_replaced() override { swapper_->state_replaced(); }
 
   std::string report() const override {
@@ -121,10 +130,7 @@ class SwapStepRunner final : public train::StepRunner {
                 ? ", exchanges " + train::fmt("%.2f s", st.exchange_s) + " (waiting for the tier " +
                       train::fmt("%.2f s", st.exchange_wait_s) + ")"
                 : std::string()) +
-           // Outside the budget: freed activation and gradient blocks the CPU allocator keeps
-           // for the next step (common/cpu_runtime.h), most of the resident set's overhead.
-           "; CPU allocator cache " +
-           format_bytes(static_cast<double>(caching_cpu_allocator_stats().cached_bytes));
+           allocator_report();
   }
 
  private:
@@ -152,7 +158,7 @@ StepRunnerFactory swapped_step_runner() {
         // cached for the whole run, far over the budget.
         release_cached_cpu_blocks();
         auto swapper = std::make_unique<Swapper>(*s.dag, *s.optimizer, std::move(plan),
-                                                 make_tier(c.swap.tier, tier_dir(c)));
+                                                 make_tier(c.swap.tier, tier_dir(c), s.device));
         release_cached_cpu_blocks();
         return std::make_unique<SwapStepRunner>(s, std::move(swapper));
       };
@@ -161,7 +167,7 @@ StepRunnerFactory swapped_step_runner() {
 std::string plan_swap_for(const train::RunConfig& c, const std::string& budget) {
   setup_cpu_runtime(c.train.threads, c.train.cpu_allocator == "system");
   check_supported(c);
-  auto dag = model::build_model(c.model, c.train.seed, c10::kCPU);
+  auto dag = model::build_model(c.model, c.train.seed, c10::Device(c.train.device));
   const SwapProblem problem = problem_for(c, *dag, budget);
   return describe_plan(plan_swap(problem), problem);
 }

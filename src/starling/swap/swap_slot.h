@@ -13,6 +13,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 
@@ -40,18 +41,20 @@ struct SwapSlot {
 
 // Moves `t`'s bytes into `buffer` (kSwapAlign-aligned, spanning align_up of t's bytes; see
 // BufferPool::take), which becomes its storage (the tier's transfers need the alignment).
-// std::logic_error unless `t` is a contiguous CPU tensor that starts its storage and spans all
-// of it.
+// std::logic_error unless `t` is a contiguous tensor that starts its storage and spans all of it.
+// On a GPU the copy is queued on the current stream.
 void adopt_storage(const at::Tensor& t, at::DataPtr buffer);
 // Whether `t`'s storage can go to the tier as it is, without adopt_storage's copy: a contiguous
-// CPU tensor spanning all of its storage, whose buffer is a page-aligned block of the caching CPU
-// allocator (common/cpu_runtime.h) at least align_up(bytes) long. Autograd's gradients and the
-// model's large weights are.
+// tensor spanning all of its storage, whose buffer on a CPU is a page-aligned block of the caching
+// CPU allocator (common/cpu_runtime.h) at least align_up(bytes) long, and on a GPU (any address
+// will do) exactly align_up(bytes) long. Autograd's gradients and the model's large weights are.
 bool can_keep_storage(const at::Tensor& t);
 // Gives the empty storage of `t` `buffer`, as its `bytes` bytes (contents undefined).
 void allocate_storage(const at::Tensor& t, at::DataPtr buffer, size_t bytes);
 // Takes the storage's buffer away and returns it; the storage's size becomes 0.
 at::DataPtr free_storage(const at::Tensor& t);
+// Copies `bytes` bytes within `device`'s memory: memcpy on a CPU, the current stream on a GPU.
+void copy_bytes(c10::Device device, void* dst, const void* src, size_t bytes);
 // The start of the storage's buffer.
 void* storage_data(const at::Tensor& t);
 

@@ -21,6 +21,8 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
     : dag_(dag), optimizer_(optimizer), plan_(std::move(plan)), tier_(std::move(tier)) {
   const int n = dag_.size();
   auto& params = dag_.params().params();
+  if (!params.empty()) device_ = params.front().value.device();
+  pool_ = BufferPool(device_);
   node_group_ = plan_.node_groups(n);
   group_params_.resize(plan_.groups.size());
   owner_.assign(params.size(), -1);
@@ -44,7 +46,8 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
   // read as zeros, without being held or written (a model whose moments exceed RAM can start).
   const bool zero_moments = optimizer_.claim_zero_state();
   auto slot = [&](const at::Tensor& t, bool pin, bool zero) {
-    if (t.scalar_type() != at::kFloat) throw std::logic_error("swap: training state must be fp32");
+    if (t.scalar_type() != at::kFloat || t.device() != device_)
+      throw std::logic_error("swap: training state must be fp32, on one device");
     SwapSlot s;
     s.tensor = t;
     s.bytes = static_cast<size_t>(t.numel()) * t.element_size();
@@ -89,9 +92,8 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
     for (SwapSlot& s : *list) slot_of_[s.tensor.unsafeGetTensorImpl()] = &s;
   if (!plan_.everything_resident)
     for (int i = 0; i < kStagingChunks; ++i) {
-      void* b = std::aligned_alloc(kSwapAlign, static_cast<size_t>(plan_.chunk_bytes));
-      if (b == nullptr) throw std::bad_alloc();
-      staging_.push_back(static_cast<char*>(b));
+      staging_buffers_.push_back(pool_.take(static_cast<size_t>(plan_.chunk_bytes)));
+      staging_.push_back(static_cast<char*>(staging_buffers_.back().get()));
       held_ += plan_.chunk_bytes;
     }
   make_room(0, true);
@@ -126,7 +128,7 @@ Swapper::~Swapper() {
           tier_->wait(s.io);
         } catch (...) {
         }
-  for (char* b : staging_) std::free(b);
+  // The staging buffers go with the members.
 }
 
 // The peak grows with what is brought in, not with what leaves: after a gather() (whose whole
@@ -156,7 +158,7 @@ void Swapper::release(SwapSlot& s) {
 
 void Swapper::write_through(SwapSlot& s) {
   at::DataPtr buffer = pool_.take(s.bytes);
-  std::memcpy(buffer.get(), s.tensor.data_ptr(), s.bytes);
+  copy_bytes(device_, buffer.get(), s.tensor.data_ptr(), s.bytes);
   free_storage(s.tensor);  // the original bytes go (a mapping's pages, to the page cache)
   const double t0 = now_s();
   tier_->wait(tier_->write(s.key, 0, buffer.get(), s.bytes));
@@ -547,7 +549,7 @@ at::Tensor Swapper::update(double lr, double max_norm) {
     }
     stats_.update_s += now_s() - start;
     stats_.update_wait_s += stats_.wait_s - start_wait;
-    if (norms.empty()) return at::zeros({}, at::kFloat);
+    if (norms.empty()) return at::zeros({}, at::TensorOptions(at::kFloat).device(device_));
     total = at::stack(norms).norm(2);
   }
   if (max_norm > 0) coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
@@ -583,10 +585,17 @@ at::Tensor Swapper::read_state(const at::Tensor& t) {
   SwapSlot& s = *it->second;
   settle(s);
   if (s.resident()) return t;
-  void* buffer = std::aligned_alloc(kSwapAlign, align_up(s.bytes));
-  if (buffer == nullptr) throw std::bad_alloc();
-  at::Tensor copy = at::from_blob(
-      buffer, t.sizes(), [](void* p) { std::free(p); }, at::TensorOptions(at::kFloat));
+  at::Tensor copy;
+  void* buffer = nullptr;
+  if (device_.is_cpu()) {
+    buffer = std::aligned_alloc(kSwapAlign, align_up(s.bytes));
+    if (buffer == nullptr) throw std::bad_alloc();
+    copy = at::from_blob(
+        buffer, t.sizes(), [](void* p) { std::free(p); }, at::TensorOptions(at::kFloat));
+  } else {
+    copy = at::empty(t.sizes(), t.options());  // a GPU's tier needs no alignment
+    buffer = copy.data_ptr();
+  }
   const double t0 = now_s();
   tier_->wait(tier_->read(s.key, 0, buffer, s.bytes));
   stats_.wait_s += now_s() - t0;

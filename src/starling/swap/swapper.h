@@ -62,8 +62,9 @@ struct SwapStats {
 
 class Swapper final : public graph::NodeObserver {
  public:
-  // Adopts every weight and moment (they must be resident, contiguous CPU fp32 tensors) and
-  // evicts down to the plan's budget.
+  // Adopts every weight and moment (they must be resident, contiguous fp32 tensors on one device:
+  // the CPU, whose RAM is then the budget's memory, or a GPU, whose memory is) and evicts down to
+  // the plan's budget. The tier lies below that memory (make_tier in pinned_tier.h).
   Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan, std::unique_ptr<Tier> tier);
   ~Swapper() override;
 
@@ -169,7 +170,9 @@ class Swapper final : public graph::NodeObserver {
   std::array<std::vector<Ticket>, kStagingSets> update_reads_;
   std::array<std::vector<UpdateWrite>, kStagingSets> update_writes_;
   std::vector<SwapSlot*> writing_;
-  std::vector<char*> staging_;
+  c10::Device device_{c10::kCPU};  // where the state is resident: compute memory
+  std::vector<at::DataPtr> staging_buffers_;
+  std::vector<char*> staging_;  // their addresses
   BufferPool pool_;
   int64_t held_ = 0;
   int64_t reserved_ = 0;  // gradients the running group's backward is about to create

@@ -80,6 +80,21 @@ void AdamW::step_single(double lr) {
   }
 }
 
+void AdamW::update_part(at::Tensor& w, const at::Tensor& g, at::Tensor& m, at::Tensor& v, double lr,
+                        bool decay, int64_t steps) const {
+#if STARLING_TORCH_AT_LEAST(2, 1)
+  if (fused_) {
+    const std::vector<at::Tensor> ws{w}, gs{g}, ms{m}, vs{v},
+        ss{at::full({}, static_cast<double>(steps), m.options())};
+    at::_fused_adamw_(ws, gs, ms, vs, /*max_exp_avg_sqs=*/{}, ss, lr, options_.beta1,
+                      options_.beta2, decay ? options_.weight_decay : 0.0, options_.eps,
+                      /*amsgrad=*/false, /*maximize=*/false);
+    return;
+  }
+#endif
+  update_elements(w, g, m, v, lr, decay, options_, steps);
+}
+
 void update_elements(at::Tensor& w, const at::Tensor& g, at::Tensor& m, at::Tensor& v, double lr,
                      bool decay, const AdamWOptions& o, int64_t steps) {
   const double bias1 = 1.0 - std::pow(o.beta1, static_cast<double>(steps));

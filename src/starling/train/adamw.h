@@ -48,8 +48,14 @@ class AdamW {
   at::Tensor& exp_avg(size_t index) { return exp_avg_[index]; }
   at::Tensor& exp_avg_sq(size_t index) { return exp_avg_sq_[index]; }
   const AdamWOptions& options() const { return options_; }
-  // Counts one update without touching any parameter: the caller applies update_elements.
+  // Counts one update without touching any parameter: the caller applies update_part.
   void begin_step() { ++steps_; }
+  // The update of one part of a parameter's elements (views or copies of its weight, gradient
+  // and moments, on one device) at update count `steps`, with the kernel step() uses: the fused
+  // one where step() is fused, update_elements otherwise. Every kernel is elementwise, so the
+  // parts of a parameter end with the bits step() gives it whole.
+  void update_part(at::Tensor& w, const at::Tensor& g, at::Tensor& m, at::Tensor& v, double lr,
+                   bool decay, int64_t steps) const;
   // With defer_zero_state: true once, if the moments are still the unwritten allocation that
   // stands for zeros (no load_state() or step() since construction); the caller then treats
   // them as zeros and owns their contents from here. False otherwise, and on every later call.

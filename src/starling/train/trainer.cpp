@@ -2,11 +2,13 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <iostream>
 
+#include "starling/common/device.h"
 #include "starling/common/error.h"
 #include "starling/train/evaluate.h"
 #include "starling/train/precision.h"
@@ -109,10 +111,14 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   int64_t evaluated_step = replica.step;
   bool at_boundary = true;
   double loss = 0;  // the last loss read back from the device
+  // On a GPU: the most device memory a step allocated (evaluations and checkpoints, which may
+  // gather a swapped state, fall between steps and do not count).
+  int64_t step_peak = 0;
   // A signal stops at the next round boundary (at once for a single replica), where the
   // parameters are the shared model and a checkpoint can be taken.
   while (replica.step < last && !(g_stop.load() && at_boundary)) {
     const double t0 = now_s();
+    if (!s.device.is_cpu()) reset_peak_memory(s.device);
     // The loss and the gradient norm stay on the device until they are reported: reading them
     // every step would make the host wait for the GPU and leave it idle between steps.
     const double loss_scale = fp16 ? s.scaler.scale() : 1.0;
@@ -132,6 +138,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     // After the exchange: a peer that adopted the swarm's state there took the swarm's step too.
     const double lr = learning_rate(c.optim, replica.step, c.train.steps);
     const at::Tensor grad_norm = runner.update(lr, c.optim.grad_clip, skip);
+    if (!s.device.is_cpu()) step_peak = std::max(step_peak, peak_memory_bytes(s.device));
     ++replica.step;
     replica.tokens += work.tokens;
     // The strategy's round boundary: its communication time counts in the step's time.
@@ -186,6 +193,11 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     }
   }
   if (const std::string note = runner.report(); !note.empty()) progress.log(note);
+  if (!s.device.is_cpu() && step_peak > 0)
+    progress.log(
+        fmt("device memory peak over the steps %.2f GiB (allocated: weights, gradients, "
+            "optimizer state, activations; not the allocator's cache of freed blocks)",
+            static_cast<double>(step_peak) / (1 << 30)));
   progress.finish();
   if (hooks) hooks->finish(replica);
   result.net = report_of(hooks, runner);
