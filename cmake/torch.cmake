@@ -55,6 +55,7 @@ add_library(starling STATIC
   src/starling/strategy/tensor_message.cpp
   src/starling/compress/topk.cpp
   src/starling/strategy/pipeline_runner.cpp
+  src/starling/strategy/shared_copies.cpp
   src/starling/strategy/pipeline_admission.cpp
   src/starling/strategy/pipeline_peer.cpp
   src/starling/strategy/peer.cpp

@@ -584,6 +584,36 @@ INSTANTIATE_TEST_SUITE_P(Strategies, PipelineReplicas,
                                   std::to_string(c.stages) + "Stages" + (c.zero ? "Zero" : "");
                          });
 
+// A tied weight (GPT-2's embedding and head) has a copy on the first and on the last stage. Each
+// copy is averaged in its own stage's group; with three or more replicas those sums may add the
+// replicas in different orders. The copies must still end every step equal, bit for bit.
+TEST_F(PipelineRunTest, TiedWeightCopiesStayEqualUnderThreeReplicas) {
+  const fs::path cfg = config("tied3", "gpt2-tiny", 1, false);
+  const auto r = run_cli("train -q --config " + cfg.string() +
+                         " --peers 6 --set pipeline.num_stages=2 --set strategy.kind=diloco "
+                         "--set strategy.local_steps=1 --set net.peer_timeout_ms=20000");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto model = starling::train::load_run_config(cfg);
+  auto dag = starling::model::build_model(model.model, model.train.seed, c10::kCPU);
+  PipelineConfig pc;
+  pc.num_stages = 2;
+  const PipelineLayout layout(*dag, stage_ranges(pc, dag->size()));
+  ASSERT_FALSE(layout.shared().empty()) << "gpt2-tiny has no tied weight";
+  for (int replica = 0; replica < 3; ++replica) {
+    auto weights = [&](int stage) {
+      return starling::read_safetensors(root_ / "run_tied3" /
+                                        ("peer-" + std::to_string(replica * 2 + stage)) /
+                                        "checkpoints" / "step_00000004" / "model.safetensors");
+    };
+    const auto first = weights(0), last = weights(1);
+    for (const auto& sp : layout.shared()) {
+      const at::Tensor a = first.at(sp.name), b = last.at(sp.name);
+      EXPECT_TRUE(at::equal(a, b)) << sp.name << " on replica " << replica << ": max difference "
+                                   << (a - b).abs().max().item<double>();
+    }
+  }
+}
+
 TEST_F(PipelineRunTest, AKilledStageStopsItsPipelineWhileTheOtherReplicaGoesOn) {
   const fs::path cfg = config("kill_replica", "gpt2-tiny", 2, false);
   const fs::path run = root_ / "run_kill_replica";

@@ -8,6 +8,7 @@
 #include "starling/common/error.h"
 #include "starling/strategy/pipeline_admission.h"
 #include "starling/strategy/pipeline_runner.h"
+#include "starling/strategy/shared_copies.h"
 #include "starling/train/events.h"
 #include "starling/train/precision.h"
 #include "starling/train/session.h"
@@ -133,7 +134,16 @@ train::TrainResult train_stage(const train::RunConfig& c, train::TrainOptions t,
     return stage_ranges(c.pipeline, nodes).at(static_cast<size_t>(stage));
   };
   std::unique_ptr<train::StepHooks> hooks;
+  // A strategy with rounds averages a shared weight's copies in separate groups: they are
+  // realigned after each round (shared_copies.h). ddp averages gradients, which the stages then
+  // add up themselves, so its copies never part.
+  AlignSharedCopies* aligner = nullptr;
   if (c.strategy.kind != "none") hooks = make_strategy(c, node, counterparts);
+  if (hooks && c.strategy.kind != "ddp") {
+    auto wrapped = std::make_unique<AlignSharedCopies>(std::move(hooks));
+    aligner = wrapped.get();
+    hooks = std::move(wrapped);
+  }
   t.hooks = hooks.get();
   std::optional<PipelineAdmission> admission;
   if (place.replicas > 1) admission.emplace(node, grid, stage);
@@ -162,8 +172,11 @@ train::TrainResult train_stage(const train::RunConfig& c, train::TrainOptions t,
                             .compress_activations = c.pipeline.compress_activations,
                             .error_feedback = c.pipeline.error_feedback,
                             .admission = admission ? &*admission : nullptr};
-    return std::make_unique<PipelineStepRunner>(node, std::move(layout), std::move(o), *s.executor,
-                                                *s.dag, *s.optimizer, *s.loader, s.device);
+    auto runner =
+        std::make_unique<PipelineStepRunner>(node, std::move(layout), std::move(o), *s.executor,
+                                             *s.dag, *s.optimizer, *s.loader, s.device);
+    if (aligner != nullptr) aligner->set_runner(runner.get());
+    return runner;
   };
   train::TrainResult result = train::train(c, t);
   node.leave();

@@ -26,6 +26,9 @@ constexpr uint64_t kMessageTag = 0x7069706500000000;     // "pipe"
 constexpr uint64_t kCollectiveTag = 0x7069706300000000;  // "pipc"
 constexpr uint64_t kNormTag = kCollectiveTag | 0xffffffff;
 constexpr uint64_t kModelSumTag = kCollectiveTag | 0xfffffffe;  // sums a strategy asks for
+// Aligning the copies of a shared parameter: its checksums, then (if they differ) its value.
+constexpr uint64_t kAlignTag = 0x7069706100000000;  // "pipa"
+constexpr uint64_t kAlignValueBit = uint64_t{1} << 31;
 
 uint64_t tag_of(TensorKind kind, int node) {
   return kMessageTag | (static_cast<uint64_t>(kind) << 24) | static_cast<uint64_t>(node);
@@ -493,6 +496,34 @@ std::optional<train::StepRunner::ModelPart> PipelineStepRunner::trained_params()
   return part;
 }
 
+void PipelineStepRunner::align_shared_copies() {
+  at::NoGradGuard no_grad;
+  const int stages = layout_.stages();
+  for (const SharedParam& sp : layout_.shared()) {
+    if (std::find(sp.stages.begin(), sp.stages.end(), options_.stage) == sp.stages.end()) continue;
+    at::Tensor& value = dag_.params().get(sp.name).value;
+    // The copy's bits summed as integers: equal copies give equal sums, and a copy that differs
+    // in its last bits almost surely does not. Sent in 21-bit parts, each exact in fp32, in this
+    // stage's own slots.
+    const auto checksum =
+        static_cast<uint64_t>(value.contiguous().view(at::kInt).sum().item<int64_t>());
+    at::Tensor sums = at::zeros({stages * 3}, at::kFloat);
+    for (int k = 0; k < 3; ++k)
+      sums[options_.stage * 3 + k] = static_cast<float>((checksum >> (21 * k)) & 0x1fffff);
+    all_reduce(sums, sp.stages, kAlignTag | static_cast<uint64_t>(sp.id));
+    const at::Tensor first = sums.narrow(0, sp.stages.front() * 3, 3);
+    bool equal = true;
+    for (const int s : sp.stages) equal = equal && at::equal(sums.narrow(0, s * 3, 3), first);
+    if (equal) continue;
+    // The first stage's copy, to all: the others add zeros, which leaves its bits as they are.
+    at::Tensor v =
+        options_.stage == sp.stages.front() ? value.detach().clone() : at::zeros_like(value);
+    all_reduce(v, sp.stages, kAlignTag | kAlignValueBit | static_cast<uint64_t>(sp.id));
+    value.detach().copy_(v);
+    ++aligned_;
+  }
+}
+
 void PipelineStepRunner::sum_over_model(at::Tensor& t) {
   std::vector<int> all(static_cast<size_t>(layout_.stages()));
   for (int s = 0; s < layout_.stages(); ++s) all[static_cast<size_t>(s)] = s;
@@ -555,7 +586,10 @@ std::string PipelineStepRunner::report() const {
                     "; at the end keeping " + train::fmt("%.1f", 100 * keep_ratio_) + "% of " +
                     (options_.compress_activations == "topk" ? "entries" : "gradient entries") +
                     (quantize_activations_ ? ", activations int8" : "") +
-                    (quantize_gradients_ ? ", gradients int8" : "") + ")");
+                    (quantize_gradients_ ? ", gradients int8" : "") + ")") +
+         (aligned_ > 0 ? "; realigned its shared weights' copies " + std::to_string(aligned_) +
+                             " times after a round"
+                       : std::string());
 }
 
 }  // namespace starling::strategy

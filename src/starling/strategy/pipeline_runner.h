@@ -86,6 +86,11 @@ class PipelineStepRunner : public train::StepRunner {
   // can be admitted; admit_waiting() admits this stage's waiting counterparts.
   bool admission_ready() const override { return admission_ready_; }
   void admit_waiting() override;
+  // After a strategy's round: the copies of each shared parameter on the stages that read it are
+  // compared by checksum, and where they differ in any bit the first stage's copy replaces the
+  // others (shared_copies.h says why they can). Every stage that reads a shared parameter must
+  // call it at the same step.
+  void align_shared_copies();
 
  private:
   struct InFlight;  // one micro-batch between its forward and its backward
@@ -140,6 +145,7 @@ class PipelineStepRunner : public train::StepRunner {
   double compute_s_ = 0;  // this stage's forward and backward
   int64_t steps_ = 0;
   bool admission_ready_ = false;
+  int64_t aligned_ = 0;  // shared copies align_shared_copies() found apart and realigned
   // Compression.
   bool training_ = false;                               // inside run(): compression applies
   compress::StageCompression fixed_;                    // "topk", "int8": every link alike

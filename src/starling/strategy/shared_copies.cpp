@@ -1,0 +1,15 @@
+#include "starling/strategy/shared_copies.h"
+
+#include "starling/strategy/pipeline_runner.h"
+
+namespace starling::strategy {
+
+bool AlignSharedCopies::step_done(train::Replica& replica, bool last) {
+  const bool boundary = strategy_->step_done(replica, last);
+  // Only a round changes the parameters outside the stages' own identical steps; every stage of
+  // the pipeline reaches the same boundaries, so all of them take part.
+  if (boundary && runner_ != nullptr) runner_->align_shared_copies();
+  return boundary;
+}
+
+}  // namespace starling::strategy

@@ -1,0 +1,48 @@
+// A pipeline's stages that read the same parameter (GPT-2's tied embedding and head) each hold a
+// copy of it. Their gradients are summed across the stages every step, so the copies step alike;
+// but a strategy with rounds (localsgd, diloco, co2) averages each copy in its own stage's group,
+// and with three or more replicas those groups may add the replicas in different orders: the
+// copies would drift apart in their last bits, round after round. These hooks wrap the strategy
+// and, after every round boundary, have the stage's runner align the copies
+// (PipelineStepRunner::align_shared_copies), so they end each round equal, bit for bit.
+#pragma once
+
+#include <memory>
+
+#include "starling/train/step_hooks.h"
+
+namespace starling::strategy {
+
+class PipelineStepRunner;
+
+class AlignSharedCopies final : public train::StepHooks {
+ public:
+  explicit AlignSharedCopies(std::unique_ptr<train::StepHooks> strategy)
+      : strategy_(std::move(strategy)) {}
+
+  // The stage's runner, once the trainer has made it (it outlives the steps).
+  void set_runner(PipelineStepRunner* runner) { runner_ = runner; }
+
+  void start(train::Replica& replica, const nlohmann::json& state,
+             const SafetensorsFile* tensors) override {
+    strategy_->start(replica, state, tensors);
+  }
+  StepWork run_step(train::StepRunner& runner, train::Replica& replica,
+                    double loss_scale) override {
+    return strategy_->run_step(runner, replica, loss_scale);
+  }
+  void gradients_ready(train::Replica& replica) override { strategy_->gradients_ready(replica); }
+  bool step_done(train::Replica& replica, bool last) override;
+  nlohmann::json checkpoint_state(
+      std::vector<std::pair<std::string, at::Tensor>>& tensors) override {
+    return strategy_->checkpoint_state(tensors);
+  }
+  train::StrategyReport report() const override { return strategy_->report(); }
+  void finish(train::Replica& replica) override { strategy_->finish(replica); }
+
+ private:
+  std::unique_ptr<train::StepHooks> strategy_;
+  PipelineStepRunner* runner_ = nullptr;
+};
+
+}  // namespace starling::strategy
