@@ -9,7 +9,9 @@ add_library(starling STATIC
   src/starling/model/config.cpp
   src/starling/model/build.cpp
   src/starling/model/describe.cpp
-  src/starling/model/hf_gpt2.cpp
+  src/starling/model/hf_layout.cpp
+  src/starling/model/hf_import.cpp
+  src/starling/model/hf_export.cpp
   src/starling/model/ops/attention.cpp
   src/starling/model/ops/embedding.cpp
   src/starling/model/ops/head.cpp
@@ -34,6 +36,9 @@ add_library(starling STATIC
   src/starling/train/trainer.cpp
   src/starling/train/sampler.cpp
   src/starling/train/sample_checkpoint.cpp
+  src/starling/train/export_checkpoint.cpp
+  src/starling/train/eval_checkpoint.cpp
+  src/starling/train/checkpoint_model.cpp
   src/starling/train/compute_bench.cpp
   src/starling/train/trace_profiler.cpp
   src/starling/net/c10d_group.cpp
@@ -109,6 +114,8 @@ add_executable(starling_cli
   src/starling/cli/data_command.cpp
   src/starling/cli/train_command.cpp
   src/starling/cli/sample_command.cpp
+  src/starling/cli/export_command.cpp
+  src/starling/cli/eval_command.cpp
   src/starling/cli/model_command.cpp
   src/starling/cli/bench_command.cpp
   src/starling/cli/net_command.cpp
@@ -128,6 +135,7 @@ add_executable(starling_tests
   tests/model/config_test.cpp
   tests/model/oracle_test.cpp
   tests/model/hf_gpt2_test.cpp
+  tests/model/hf_export_test.cpp
   tests/model/build_part_test.cpp
   tests/common/safetensors_test.cpp
   tests/common/cpu_runtime_test.cpp

@@ -123,6 +123,42 @@ TEST_F(CliTest, SampleFromCheckpoint) {
   EXPECT_GE(r.output.size(), 8u + 20u);
 }
 
+// `starling eval` over the batches the run evaluated gives the run's own final validation loss
+// (the same windows, in the same order, summed the same way), and bad options are clear errors.
+TEST_F(CliTest, EvalGivesTheRunsValidationLoss) {
+  const fs::path cfg = write_config("eval");
+  ASSERT_EQ(run("train -q --config " + cfg.string()).code, 0);
+  double run_loss = 0;
+  {
+    std::ifstream in(root_ / "run_eval" / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);)
+      if (const auto at = line.find("\"val_loss\":"); at != std::string::npos)
+        run_loss = std::stod(line.substr(at + 11));
+  }
+  ASSERT_GT(run_loss, 0);
+  const fs::path json = root_ / "eval.json";
+  const Result r = run("eval -q --checkpoint " + (root_ / "run_eval").string() +
+                       " --batches 2 --json " + json.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("perplexity"), std::string::npos) << r.output;
+  std::ifstream in(json);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto at = text.find("\"loss\":");
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_NEAR(std::stod(text.substr(at + 7)), run_loss, 1e-9) << text;
+
+  const Result whole = run("eval -q --checkpoint " + (root_ / "run_eval").string());
+  EXPECT_EQ(whole.code, 0) << whole.output;
+  const Result split =
+      run("eval -q --checkpoint " + (root_ / "run_eval").string() + " --split test");
+  EXPECT_NE(split.code, 0);
+  EXPECT_NE(split.output.find("\"test\" is not a split"), std::string::npos) << split.output;
+  const Result big =
+      run("eval -q --checkpoint " + (root_ / "run_eval").string() + " --batch-size 100000");
+  EXPECT_NE(big.code, 0);
+  EXPECT_NE(big.output.find("smaller --batch-size"), std::string::npos) << big.output;
+}
+
 struct BadConfigCase {
   const char* name;
   std::string extra;  // appended TOML or --set flags

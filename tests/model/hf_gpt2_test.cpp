@@ -1,11 +1,9 @@
 // Import of Hugging Face GPT-2 weights: python/hf_gpt2_fixture.py writes a small GPT-2 in HF's
 // names and Conv1D layouts together with the loss an HF-style forward computes on a batch; after
-// load_hf_gpt2, Starling's Executor must give the same loss. Those tests skip (with a message)
+// load_hf, Starling's Executor must give the same loss. Those tests skip (with a message)
 // where the python interpreter has no torch; the error cases use a file written here and always
 // run. ctest runs every test in its own process, so the fixture is cached in the build tree, keyed
 // by a hash of the scripts and arguments that make it.
-#include "starling/model/hf_gpt2.h"
-
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -23,6 +21,7 @@
 #include "starling/common/safetensors.h"
 #include "starling/graph/executor.h"
 #include "starling/model/build.h"
+#include "starling/model/hf_import.h"
 
 namespace starling {
 namespace {
@@ -139,7 +138,7 @@ TEST_F(HfGpt2, ImportedModelGivesHuggingFaceLoss) {
   auto dag = model::build_model(c, 1);
   EXPECT_GT(std::abs(loss(*dag, batch) - hf), 1e-3)
       << "a fresh model should not already give the HF loss";
-  model::load_hf_gpt2(model_file(), *dag, c);
+  model::load_hf(model_file(), *dag, c);
   EXPECT_NEAR(loss(*dag, batch), hf, kLossTol);
 
   // Spot-check the Conv1D transpose directly.
@@ -168,7 +167,7 @@ TEST_F(HfGpt2, PrefixBuffersAndLmHeadAreAccepted) {
 
   const auto c = fixture_config();
   auto dag = model::build_model(c, 1);
-  model::load_hf_gpt2(exported, *dag, c);
+  model::load_hf(exported, *dag, c);
   const auto batch = expected();
   EXPECT_NEAR(loss(*dag, batch), batch.at("loss").item<double>(), kLossTol);
 }
@@ -181,7 +180,7 @@ TEST_F(HfGpt2, HalfPrecisionFileBecomesFp32) {
   write_safetensors(half, tensors);
   const auto c = fixture_config();
   auto dag = model::build_model(c, 1);
-  model::load_hf_gpt2(half, *dag, c);
+  model::load_hf(half, *dag, c);
   const auto& w = dag->params().get("layers.0.attn.qkv.weight").value;
   EXPECT_EQ(w.scalar_type(), at::kFloat);
   EXPECT_TRUE(at::equal(w, file.at("h.0.attn.c_attn.weight").to(at::kHalf).to(at::kFloat).t()));
@@ -194,8 +193,8 @@ TEST_F(HfGpt2, HalfPrecisionFileBecomesFp32) {
 TEST_F(HfGpt2, ShorterContextTakesFirstPositions) {
   const auto full_c = fixture_config(32), short_c = fixture_config(16);
   auto full = model::build_model(full_c, 1), shorter = model::build_model(short_c, 2);
-  model::load_hf_gpt2(model_file(), *full, full_c);
-  model::load_hf_gpt2(model_file(), *shorter, short_c);
+  model::load_hf(model_file(), *full, full_c);
+  model::load_hf(model_file(), *shorter, short_c);
   const auto file = read_safetensors(model_file());
   EXPECT_TRUE(at::equal(shorter->params().get("embed.pos.weight").value,
                         file.at("wpe.weight").narrow(0, 0, 16)));
@@ -265,7 +264,7 @@ class HfGpt2Errors : public ::testing::Test {
 TEST_F(HfGpt2Errors, LayoutFileImports) {
   const auto c = fixture_config();
   auto dag = model::build_model(c, 1);
-  ASSERT_NO_THROW(model::load_hf_gpt2(file_, *dag, c));
+  ASSERT_NO_THROW(model::load_hf(file_, *dag, c));
   const auto file = read_safetensors(file_);
   EXPECT_TRUE(at::equal(dag->params().get("layers.1.attn.proj.weight").value,
                         file.at("h.1.attn.c_proj.weight").t()));
@@ -280,7 +279,7 @@ TEST_F(HfGpt2Errors, APartOfTheModelTakesItsOwnTensors) {
     return graph::StageRange{whole.size() / 2, whole.size() - 1};
   });
   ASSERT_FALSE(part->params().elsewhere().empty());
-  ASSERT_NO_THROW(model::load_hf_gpt2(file_, *part, c));
+  ASSERT_NO_THROW(model::load_hf(file_, *part, c));
   const auto file = read_safetensors(file_);
   EXPECT_TRUE(at::equal(part->params().get("final_norm.bias").value, file.at("ln_f.bias")));
   EXPECT_TRUE(at::equal(part->params().get("embed.tok.weight").value, file.at("wte.weight")));
@@ -290,7 +289,7 @@ TEST_F(HfGpt2Errors, APartOfTheModelTakesItsOwnTensors) {
   part = model::build_model_part(fewer, 1, c10::kCPU, [](const graph::OpDag& whole) {
     return graph::StageRange{whole.size() / 2, whole.size() - 1};
   });
-  expect_error<CheckpointError>([&] { model::load_hf_gpt2(file_, *part, fewer); },
+  expect_error<CheckpointError>([&] { model::load_hf(file_, *part, fewer); },
                                 {file_.string(), "\"h.2."});
 }
 
@@ -299,7 +298,7 @@ TEST_F(HfGpt2Errors, WrongWidthNamesTensor) {
   c.d_model = 32;
   auto dag = model::build_model(c, 1);
   expect_error<CheckpointError>(
-      [&] { model::load_hf_gpt2(file_, *dag, c); },
+      [&] { model::load_hf(file_, *dag, c); },
       {file_.string(), "tensor \"wte.weight\"", "[256, 64]", "model.d_model"});
 }
 
@@ -307,29 +306,31 @@ TEST_F(HfGpt2Errors, WrongLayerCountNamesTensor) {
   auto c = fixture_config();
   c.n_layer = 1;  // the file has h.1.*
   auto dag = model::build_model(c, 1);
-  expect_error<CheckpointError>([&] { model::load_hf_gpt2(file_, *dag, c); },
+  expect_error<CheckpointError>([&] { model::load_hf(file_, *dag, c); },
                                 {file_.string(), "\"h.1."});
   c.n_layer = 3;  // the file lacks h.2.*
   dag = model::build_model(c, 1);
-  expect_error<CheckpointError>([&] { model::load_hf_gpt2(file_, *dag, c); },
+  expect_error<CheckpointError>([&] { model::load_hf(file_, *dag, c); },
                                 {file_.string(), "\"h.2."});
 }
 
-TEST_F(HfGpt2Errors, LlamaOrUntiedIsAConfigError) {
+TEST_F(HfGpt2Errors, LlamaOrUntiedNamesTheTensorThatDoesNotFit) {
   auto c = model::preset("llama-tiny");
   c.n_layer = 1;
   auto dag = model::build_model(c, 1);
-  expect_error<ConfigError>([&] { model::load_hf_gpt2(file_, *dag, c); }, {"model.arch", "gpt2"});
+  expect_error<CheckpointError>([&] { model::load_hf(file_, *dag, c); },
+                                {file_.string(), "\"wte.weight\"", "llama"});
   auto untied = fixture_config();
   untied.tie_embeddings = false;
   auto dag2 = model::build_model(untied, 1);
-  expect_error<ConfigError>([&] { model::load_hf_gpt2(file_, *dag2, untied); }, {"tie_embeddings"});
+  expect_error<CheckpointError>([&] { model::load_hf(file_, *dag2, untied); },
+                                {file_.string(), "\"lm_head.weight\""});
 }
 
 TEST_F(HfGpt2Errors, MissingFileIsCheckpointError) {
   const auto c = fixture_config();
   auto dag = model::build_model(c, 1);
-  expect_error<CheckpointError>([&] { model::load_hf_gpt2(dir_ / "absent.safetensors", *dag, c); },
+  expect_error<CheckpointError>([&] { model::load_hf(dir_ / "absent.safetensors", *dag, c); },
                                 {(dir_ / "absent.safetensors").string()});
 }
 

@@ -8,6 +8,8 @@ namespace starling::cli {
 void add_data_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
+void add_export_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
 void add_model_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_net_commands(CLI::App& app);  // keygen, status

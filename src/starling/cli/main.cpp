@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
   starling::cli::add_data_command(app);
   starling::cli::add_train_command(app);
   starling::cli::add_sample_command(app);
+  starling::cli::add_export_command(app);
+  starling::cli::add_eval_command(app);
   starling::cli::add_model_command(app);
   starling::cli::add_bench_command(app);
   starling::cli::add_net_commands(app);

@@ -76,8 +76,10 @@ std::vector<Key> bind(RunConfig& c) {
                          "run directory: checkpoints, metrics.jsonl, config.toml"));
   k.push_back(float_key("train", "peak_tflops", &t.peak_tflops, 0,
                         "device peak TFLOP/s for MFU; 0 = measure with a matmul probe"));
-  k.push_back(string_key("train", "init_from", &t.init_from,
-                         "Hugging Face GPT-2 model.safetensors to fine-tune from; \"\" = random"));
+  k.push_back(string_key(
+      "train", "init_from", &t.init_from,
+      "Hugging Face GPT-2 or LLaMA model.safetensors to start from (the model config must "
+      "match it); \"\" = random"));
   k.push_back(bool_key("train", "sample_at_end", &t.sample_at_end,
                        "print a sample ([sample]) when training ends"));
 

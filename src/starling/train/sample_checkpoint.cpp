@@ -2,16 +2,15 @@
 
 #include "starling/common/error.h"
 #include "starling/data/tokenizer.h"
-#include "starling/model/build.h"
-#include "starling/train/checkpoint.h"
+#include "starling/train/checkpoint_model.h"
 #include "starling/train/sampler.h"
 
 namespace starling::train {
 
 std::string sample_from_checkpoint(const std::filesystem::path& path, const SampleConfig& options) {
-  const Checkpoint ckpt = read_checkpoint(find_checkpoint(path));
-  const RunConfig config =
-      parse_run_config(ckpt.meta.config_toml, (ckpt.dir / "meta.json").string());
+  const CheckpointModel m = load_checkpoint_model(path);
+  const Checkpoint& ckpt = m.checkpoint;
+  const RunConfig& config = m.config;
   std::unique_ptr<data::Tokenizer> tokenizer;
   if (ckpt.meta.tokenizer_kind == "byte") {
     tokenizer = data::make_byte_tokenizer();
@@ -22,15 +21,13 @@ std::string sample_from_checkpoint(const std::filesystem::path& path, const Samp
                     ckpt.meta.tokenizer_kind +
                     "\" has no built-in decoder, so text cannot be sampled");
   }
-  auto dag = model::build_model(config.model, config.train.seed);
-  load_params(ckpt.model, dag->params());
   std::vector<uint32_t> prompt = tokenizer->encode(options.prompt);
   if (prompt.empty()) throw ConfigError("--prompt: the prompt encodes to no tokens");
   for (auto id : prompt)
     if (id >= static_cast<uint32_t>(config.model.vocab_size))
       throw ConfigError("--prompt: token " + std::to_string(id) +
                         " is outside the model's vocabulary");
-  return tokenizer->decode(generate(*dag, config.model, prompt, options));
+  return tokenizer->decode(generate(*m.dag, config.model, prompt, options));
 }
 
 }  // namespace starling::train

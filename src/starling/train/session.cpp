@@ -9,7 +9,7 @@
 #include "starling/common/cpu_runtime.h"
 #include "starling/common/error.h"
 #include "starling/model/build.h"
-#include "starling/model/hf_gpt2.h"
+#include "starling/model/hf_import.h"
 #include "starling/train/compute_bench.h"
 #include "starling/train/precision.h"
 #include "starling/train/step_runner.h"
@@ -109,7 +109,7 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
     restore(*s, ckpt);
     std::cerr << "resumed from " << ckpt.dir.string() << " at step " << s->replica->step << "\n";
   } else if (!c.train.init_from.empty()) {
-    model::load_hf_gpt2(c.train.init_from, *s->dag, c.model);
+    model::load_hf(c.train.init_from, *s->dag, c.model);
     progress.note("initialised from " + c.train.init_from);
   } else if (options.resume) {
     progress.note("--resume: no checkpoint in " + run_dir.string() + ", starting fresh");

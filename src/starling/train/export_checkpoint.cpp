@@ -1,0 +1,32 @@
+#include "starling/train/export_checkpoint.h"
+
+#include "starling/common/error.h"
+#include "starling/model/hf_export.h"
+#include "starling/train/checkpoint_model.h"
+
+namespace starling::train {
+namespace fs = std::filesystem;
+
+std::string export_checkpoint(const fs::path& path, const fs::path& out,
+                              const std::string& format) {
+  if (format != "hf")
+    throw ConfigError("--format: \"" + format + "\" is not an export format; use \"hf\"");
+  const CheckpointModel m = load_checkpoint_model(path);
+  const Checkpoint& ckpt = m.checkpoint;
+  const RunConfig& config = m.config;
+  model::export_hf(m.dag->params(), config.model, out);
+  std::string tokenizer =
+      "no tokenizer files (" + ckpt.meta.tokenizer_kind + " tokens: the ids are the bytes)";
+  if (ckpt.meta.tokenizer_kind == "sentencepiece") {
+    fs::copy_file(ckpt.dir / "tokenizer.model", out / "tokenizer.model",
+                  fs::copy_options::overwrite_existing);
+    tokenizer = "tokenizer.model (SentencePiece)";
+  } else if (ckpt.meta.tokenizer_kind != "byte") {
+    tokenizer = "no tokenizer files (" + ckpt.meta.tokenizer_kind + " tokens)";
+  }
+  return "exported " + ckpt.dir.string() + " (" + model::to_string(config.model.arch) + ", " +
+         std::to_string(config.model.num_params()) + " parameters) to " + out.string() +
+         ": model.safetensors, config.json, " + tokenizer;
+}
+
+}  // namespace starling::train
