@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 
@@ -102,4 +103,38 @@ TEST(KeysTest, EntryPointSplitsAtTheEndpointNotAtAnAtSignInTheKey) {
   EXPECT_THROW(net::parse_entry_point("tcp://h:99999", "--join"), starling::ConfigError);
   EXPECT_THROW(net::parse_entry_point("h:1", "--join"), starling::ConfigError);
   EXPECT_THROW(net::parse_entry_point("short@tcp://h:1", "--join"), starling::ConfigError);
+}
+
+// The form peers print: the key in hex, which a shell passes through unquoted (Z85 keys hold
+// '<', '>', '(', ')', '!' and more); the same key as Z85, or as a .pub file, parses the same.
+TEST(KeysTest, EntryPointsTakeTheKeyInHexZ85OrAPubFile) {
+  const auto k = key_where([](const std::string& key) {
+    return key.find_first_of("<>()!&|;$`\\\"' ") != std::string::npos;
+  });
+  const std::string printed = net::format_entry_point(k.public_key, "tcp://10.0.0.1:7000");
+  EXPECT_EQ(printed, net::hex_key(k.public_key) + "@tcp://10.0.0.1:7000");
+  for (char c : printed)
+    EXPECT_TRUE(std::isalnum(static_cast<unsigned char>(c)) ||
+                std::string("@:/.").find(c) != std::string::npos)
+        << "'" << c << "' in " << printed;
+  EXPECT_EQ(net::parse_entry_point(printed, "--join").public_key, k.public_key);
+  EXPECT_EQ(net::parse_entry_point(k.public_key + "@tcp://10.0.0.1:7000", "--join").public_key,
+            k.public_key);
+  const auto key_file = temp("joinee.key");
+  net::save_keypair(k, key_file, "joinee");
+  const std::string pub = fs::path(key_file).replace_extension(".pub").string();
+  const auto from_file = net::parse_entry_point(pub + "@tcp://10.0.0.1:7000", "--join");
+  EXPECT_EQ(from_file.public_key, k.public_key);
+  EXPECT_EQ(from_file.endpoint, "tcp://10.0.0.1:7000");
+  EXPECT_EQ(net::format_entry_point("", "tcp://h:1"), "tcp://h:1");
+  try {
+    net::parse_entry_point("missing.pub@tcp://h:1", "--join");
+    ADD_FAILURE() << "a missing .pub file was accepted";
+  } catch (const starling::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("missing.pub"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(net::parse_entry_point(std::string(64, 'g') + "@tcp://h:1", "--join"),
+               starling::ConfigError);
+  fs::remove(key_file);
+  fs::remove(pub);
 }

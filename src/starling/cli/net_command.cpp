@@ -23,7 +23,8 @@ void add_net_commands(CLI::App& app) {
     std::filesystem::path pub(*out);
     pub.replace_extension(".pub");
     std::cout << "wrote " << *out << " (keep it secret) and " << pub.string() << "\n"
-              << "public key: " << keys.public_key << "\n"
+              << "public key: " << keys.public_key
+              << " (Z85; in hex: " << net::hex_key(keys.public_key) << ")\n"
               << "add the .pub line to the swarm's allowlist on every peer\n";
   });
 

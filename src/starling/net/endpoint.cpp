@@ -83,15 +83,28 @@ EntryPoint parse_entry_point(const std::string& text, const std::string& what) {
   if (at == std::string::npos) {
     e.endpoint = text;
   } else {
-    e.public_key = text.substr(0, at);
+    const std::string key = text.substr(0, at);
     e.endpoint = text.substr(at + 1);
-    if (!is_valid_public_key(e.public_key))
-      throw ConfigError(what + ": '" + e.public_key + "' before '@' is not a CURVE public key");
+    if (is_hex_key(key)) {
+      e.public_key = z85_from_hex(key);
+    } else if (is_valid_public_key(key)) {
+      e.public_key = key;
+    } else if (key.size() > 4 && key.compare(key.size() - 4, 4, ".pub") == 0) {
+      e.public_key = read_public_key_file(key);
+    } else {
+      throw ConfigError(what + ": '" + key +
+                        "' before '@' is not a CURVE public key (64 hex digits, 40 Z85 "
+                        "characters, or a .pub file)");
+    }
   }
   const HostPort hp = split(e.endpoint, what);
   if (hp.port == "*" || hp.port == "0" || hp.host == "*" || hp.host == "0.0.0.0")
     throw ConfigError(what + ": '" + e.endpoint + "' needs a concrete host and port");
   return e;
+}
+
+std::string format_entry_point(const std::string& z85_public_key, const std::string& endpoint) {
+  return z85_public_key.empty() ? endpoint : hex_key(z85_public_key) + "@" + endpoint;
 }
 
 std::string advertised_endpoint(const std::string& bound, const std::string& advertise_host,

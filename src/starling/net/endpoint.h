@@ -1,6 +1,8 @@
 // Endpoint strings: "tcp://HOST:PORT", and entry points "tcp://HOST:PORT" or
 // "PUBLICKEY@tcp://HOST:PORT" (the key names which allowlisted peer listens there; without it a
-// joining peer tries every key on its allowlist at once).
+// joining peer tries every key on its allowlist at once). The key may be written in hex (the form
+// peers print, safe in a shell unquoted), in Z85 (quoted: it has shell metacharacters), or as the
+// path of a ".pub" file.
 #pragma once
 
 #include <string>
@@ -15,8 +17,13 @@ struct EntryPoint {
   std::string public_key;  // empty when not given
 };
 
-// Throws ConfigError naming `what` (e.g. "--join") when the text is not a valid entry point.
+// Throws ConfigError naming `what` (e.g. "--join") when the text is not a valid entry point. The
+// returned key is Z85, whatever form the text used.
 EntryPoint parse_entry_point(const std::string& text, const std::string& what);
+
+// "HEXKEY@tcp://HOST:PORT" for a Z85 public key (just the endpoint when the key is empty): the
+// form to print for others to paste.
+std::string format_entry_point(const std::string& z85_public_key, const std::string& endpoint);
 
 // The public keys a client should try for `entry`: none needed (insecure: one empty key), the
 // one the entry names, or every allowlisted key but our own (only the right one completes the

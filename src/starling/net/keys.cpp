@@ -3,7 +3,9 @@
 #include <sys/stat.h>
 #include <zmq.h>
 
+#include <algorithm>
 #include <array>
+#include <cctype>
 #include <fstream>
 #include <sstream>
 
@@ -45,6 +47,44 @@ std::array<uint8_t, 32> raw_key(const std::string& z85_key) {
   if (z85_key.size() != 40 || zmq_z85_decode(raw.data(), z85_key.c_str()) == nullptr)
     throw ConfigError("not a 40-character Z85 CURVE key");
   return raw;
+}
+
+std::string hex_key(const std::string& z85_key) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (uint8_t b : raw_key(z85_key)) {
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
+  return out;
+}
+
+bool is_hex_key(const std::string& text) {
+  return text.size() == 64 &&
+         std::all_of(text.begin(), text.end(), [](char c) { return std::isxdigit(c) != 0; });
+}
+
+std::string z85_from_hex(const std::string& hex) {
+  if (!is_hex_key(hex)) throw ConfigError("'" + hex + "' is not a key of 64 hex digits");
+  std::array<uint8_t, 32> raw{};
+  for (size_t i = 0; i < raw.size(); ++i)
+    raw[i] = static_cast<uint8_t>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  char z85[41];
+  if (zmq_z85_encode(z85, raw.data(), raw.size()) == nullptr)
+    throw ConfigError("'" + hex + "' cannot be encoded as a CURVE key");
+  return z85;
+}
+
+std::string read_public_key_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path.string() + ": cannot read the public key file");
+  std::string word;
+  in >> word;
+  if (is_hex_key(word)) return z85_from_hex(word);
+  if (!is_valid_public_key(word))
+    throw ConfigError(path.string() + ": '" + word +
+                      "' is not a CURVE public key (40 Z85 characters or 64 hex digits)");
+  return word;
 }
 
 PeerId peer_id_from_public_key(const std::string& z85_key) {

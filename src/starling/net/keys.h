@@ -42,6 +42,17 @@ bool is_valid_public_key(const std::string& key);
 // The 32 raw bytes of a Z85 key (public or secret). Throws ConfigError for anything else.
 std::array<uint8_t, 32> raw_key(const std::string& z85_key);
 
+// The same 32 bytes as 64 lowercase hex digits: a form a shell passes through unquoted (Z85 has
+// '<', '>', '(', ')', '!', '&' and more).
+std::string hex_key(const std::string& z85_key);
+// True if `text` is 64 hex digits.
+bool is_hex_key(const std::string& text);
+// The Z85 form of a 64-hex-digit key. Throws ConfigError for anything else.
+std::string z85_from_hex(const std::string& hex);
+// The public key of a ".pub" file (save_keypair's twin, or any file whose first word is a key, in
+// Z85 or hex), in Z85. Throws ConfigError naming the file.
+std::string read_public_key_file(const std::filesystem::path& path);
+
 // The peer id a public key stands for: its first 8 bytes, little-endian.
 PeerId peer_id_from_public_key(const std::string& z85_key);
 

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "starling/common/error.h"
+#include "starling/net/endpoint.h"
 #include "starling/net/gloo_backend.h"
 #include "starling/net/nccl_backend.h"
 #include "starling/net/node.h"
@@ -56,7 +57,7 @@ train::TrainResult run_swarm_peer(const train::RunConfig& config, const PeerOpti
   net::NodeOptions node_opts = net::node_options(config.net);
   net::Node node(node_opts);
   const std::string entry =
-      node_opts.insecure ? node.endpoint() : node_opts.keys.public_key + "@" + node.endpoint();
+      net::format_entry_point(node_opts.insecure ? "" : node_opts.keys.public_key, node.endpoint());
   if (options.train.json_events) std::cout << train::events::listening(entry).dump() << std::endl;
   std::cerr << "peer " << net::short_peer_id(node.id()) << " listening at " << entry << "\n";
   const auto min_peers = static_cast<size_t>(config.net.min_peers);

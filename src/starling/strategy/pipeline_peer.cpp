@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "starling/common/error.h"
+#include "starling/net/endpoint.h"
 #include "starling/strategy/pipeline_admission.h"
 #include "starling/strategy/pipeline_runner.h"
 #include "starling/strategy/shared_copies.h"
@@ -188,7 +189,7 @@ std::vector<std::string> entry_points(const net::Node& node, bool insecure) {
   std::vector<std::string> out;
   for (const net::MemberView& m : node.members())
     if (m.info.id != node.id() && m.state == net::MemberState::alive && !m.info.endpoint.empty())
-      out.push_back(insecure ? m.info.endpoint : m.info.public_key + "@" + m.info.endpoint);
+      out.push_back(net::format_entry_point(insecure ? "" : m.info.public_key, m.info.endpoint));
   return out;
 }
 
@@ -211,8 +212,8 @@ train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerO
         "pipeline.replacement_wait_s needs the peers' keys: a replacement takes over a stage "
         "under the dead peer's key, and --insecure peers draw a new id at every start");
   auto node = std::make_unique<net::Node>(node_opts);
-  const std::string entry =
-      node_opts.insecure ? node->endpoint() : node_opts.keys.public_key + "@" + node->endpoint();
+  const std::string entry = net::format_entry_point(
+      node_opts.insecure ? "" : node_opts.keys.public_key, node->endpoint());
   if (options.train.json_events) std::cout << train::events::listening(entry).dump() << std::endl;
   std::cerr << "peer " << net::short_peer_id(node->id()) << " (pipeline stage " << stage << " of "
             << place.stages;
