@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -121,6 +122,30 @@ TEST_F(CliTest, SampleFromCheckpoint) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(r.output.rfind("the jury", 0), 0u) << r.output;
   EXPECT_GE(r.output.size(), 8u + 20u);
+
+  // A nucleus so small that only the likeliest token is in it samples what greedy picks.
+  const std::string greedy = r.output;
+  const Result nucleus = run("sample --checkpoint " + (root_ / "run_sample").string() +
+                             " --prompt 'the jury' --max-tokens 20 --temperature 1 --top-p 1e-6");
+  ASSERT_EQ(nucleus.code, 0) << nucleus.output;
+  EXPECT_EQ(nucleus.output, greedy);
+  // A stop text ends the sample just before its first appearance after the prompt.
+  const std::string generated = greedy.substr(8, greedy.size() - 9);  // minus the newline
+  ASSERT_GE(generated.size(), 8u);
+  // A printable character of the generated text that first appears after its start, so the cut
+  // keeps something (a byte-level model may also write quotes and controls: those are skipped).
+  std::string stop;
+  for (size_t i = 1; i < generated.size() && stop.empty(); ++i)
+    if (std::isprint(static_cast<unsigned char>(generated[i])) && generated[i] != '\'' &&
+        generated.find(generated[i]) == i)
+      stop = generated.substr(i, 1);
+  ASSERT_FALSE(stop.empty()) << "no character to stop at in the greedy sample: " << greedy;
+  const Result stopped =
+      run("sample --checkpoint " + (root_ / "run_sample").string() +
+          " --prompt 'the jury' --max-tokens 20 --temperature 0 --stop '" + stop + "'");
+  ASSERT_EQ(stopped.code, 0) << stopped.output;
+  EXPECT_EQ(stopped.output, "the jury" + generated.substr(0, generated.find(stop)) + "\n");
+  EXPECT_NE(run("sample --checkpoint " + (root_ / "run_sample").string() + " --top-p 0").code, 0);
 }
 
 // `starling eval` over the batches the run evaluated gives the run's own final validation loss

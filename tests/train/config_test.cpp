@@ -338,7 +338,7 @@ std::vector<std::string> all_keys() {
       {"optim",
        {"lr", "min_lr", "warmup_steps", "schedule", "weight_decay", "beta1", "beta2", "eps",
         "grad_clip"}},
-      {"sample", {"prompt", "max_tokens", "temperature", "top_k", "seed"}},
+      {"sample", {"prompt", "max_tokens", "temperature", "top_k", "top_p", "stop", "seed"}},
       {"strategy",
        {"kind", "local_steps", "outer_lr", "outer_momentum", "staleness_penalty", "clip",
         "clip_threshold", "zero", "target_batch", "precision"}},

@@ -2,6 +2,7 @@
 
 #include "starling/cli/commands.h"
 #include "starling/common/cpu_runtime.h"
+#include "starling/common/error.h"
 #include "starling/train/sample_checkpoint.h"
 
 namespace starling::cli {
@@ -21,8 +22,14 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--top-k", opts->top_k, "sample among the k likeliest tokens; 0 = all")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd->add_option("--top-p", opts->top_p,
+                  "sample among the likeliest tokens holding this probability; 1 = off")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--stop", opts->stop, "text that ends the sample (repeatable)");
   cmd->add_option("--seed", opts->seed, "sampling seed")->capture_default_str();
   cmd->callback([ckpt, opts] {
+    if (opts->top_p <= 0) throw ConfigError("--top-p: must be in (0, 1]");
     setup_cpu_runtime(0);
     std::cout << train::sample_from_checkpoint(*ckpt, *opts) << "\n";
   });

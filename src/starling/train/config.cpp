@@ -101,6 +101,11 @@ std::vector<Key> bind(RunConfig& c) {
   k.push_back(int_key("sample", "max_tokens", &s.max_tokens, 1, "tokens to generate"));
   k.push_back(float_key("sample", "temperature", &s.temperature, 0, "0 = greedy"));
   k.push_back(int_key("sample", "top_k", &s.top_k, 0, "sample among the k likeliest; 0 = all"));
+  k.push_back(float_key("sample", "top_p", &s.top_p, 0,
+                        "sample among the likeliest tokens that together hold this probability "
+                        "(after top_k); 1 = off"));
+  k.push_back(string_list_key("sample", "stop", &s.stop,
+                              "texts that end the sample (it stops before the first one)"));
   k.push_back(seed_key("sample", "seed", &s.seed, "sampling seed"));
 
   strategy::add_config_keys(c.strategy, k);
@@ -235,6 +240,8 @@ RunConfig parse_run_config(std::string_view text, const std::string& source,
                       ") must not exceed optim.lr (" + std::to_string(config.optim.lr) + ")");
   if (config.optim.beta1 >= 1 || config.optim.beta2 >= 1)
     throw ConfigError(source + ": optim.beta1 and optim.beta2 must be < 1");
+  if (config.sample.top_p <= 0 || config.sample.top_p > 1)
+    throw ConfigError(source + ": sample.top_p must be in (0, 1]");
   strategy::check(config.strategy, source);
   net::check(config.net, source);
   swap::check(config.swap, source);

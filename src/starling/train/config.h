@@ -66,6 +66,8 @@ struct SampleConfig {
   int64_t max_tokens = 200;
   double temperature = 0.8;  // 0 = greedy
   int64_t top_k = 40;        // 0 = whole vocabulary
+  double top_p = 1.0;        // nucleus: the smallest set of likeliest tokens holding p; 1 = off
+  std::vector<std::string> stop;  // generation ends before the first of these in the text
   uint64_t seed = 1;
 };
 

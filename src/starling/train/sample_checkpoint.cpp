@@ -27,7 +27,7 @@ std::string sample_from_checkpoint(const std::filesystem::path& path, const Samp
     if (id >= static_cast<uint32_t>(config.model.vocab_size))
       throw ConfigError("--prompt: token " + std::to_string(id) +
                         " is outside the model's vocabulary");
-  return tokenizer->decode(generate(*m.dag, config.model, prompt, options));
+  return sample_text(*m.dag, config.model, *tokenizer, prompt, options);
 }
 
 }  // namespace starling::train

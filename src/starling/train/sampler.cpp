@@ -3,15 +3,18 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <stdexcept>
 
+#include "starling/data/tokenizer.h"
 #include "starling/graph/executor.h"
 #include "starling/model/build.h"
 
 namespace starling::train {
 
 std::vector<uint32_t> generate(graph::OpDag& dag, const model::ModelConfig& config,
-                               const std::vector<uint32_t>& prompt, const SampleConfig& options) {
+                               const std::vector<uint32_t>& prompt, const SampleConfig& options,
+                               const std::function<bool(const std::vector<uint32_t>&)>& done) {
   if (prompt.empty()) throw std::invalid_argument("sampling needs a non-empty prompt");
   graph::Executor exec(dag);
   const int head = model::logits_node(dag);
@@ -35,11 +38,47 @@ std::vector<uint32_t> generate(graph::OpDag& dag, const model::ModelConfig& conf
         logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
       }
       at::Tensor probs = at::softmax(logits, -1);
+      if (options.top_p < 1) {
+        // The likeliest tokens whose probabilities, added up in order, first reach top_p (the
+        // token that crosses it included, so at least one is kept).
+        auto [sorted, order] = probs.sort(/*dim=*/-1, /*descending=*/true);
+        const at::Tensor before = sorted.cumsum(-1) - sorted;  // mass ahead of each token
+        const at::Tensor dropped = before >= options.top_p;
+        probs = probs.scatter(0, order, sorted.masked_fill(dropped, 0));
+      }
       next = at::multinomial(probs, 1, false, gen).item<int64_t>();
     }
     ids.push_back(static_cast<uint32_t>(next));
+    if (done && done(ids)) break;
   }
   return ids;
+}
+
+namespace {
+
+// Where the first of `stop` starts in `text` at or after `from`; npos if none does.
+size_t first_stop(const std::string& text, size_t from, const std::vector<std::string>& stop) {
+  size_t cut = std::string::npos;
+  for (const std::string& s : stop)
+    if (!s.empty()) cut = std::min(cut, text.find(s, std::min(from, text.size())));
+  return cut;
+}
+
+}  // namespace
+
+std::string sample_text(graph::OpDag& dag, const model::ModelConfig& config,
+                        const data::Tokenizer& tokenizer, const std::vector<uint32_t>& prompt,
+                        const SampleConfig& options) {
+  // With stop sequences the text is decoded after every token: cheap beside a forward pass.
+  const size_t from = tokenizer.decode(prompt).size();
+  std::function<bool(const std::vector<uint32_t>&)> done;
+  if (!options.stop.empty())
+    done = [&](const std::vector<uint32_t>& ids) {
+      return first_stop(tokenizer.decode(ids), from, options.stop) != std::string::npos;
+    };
+  const std::string text = tokenizer.decode(generate(dag, config, prompt, options, done));
+  const size_t cut = first_stop(text, from, options.stop);
+  return cut == std::string::npos ? text : text.substr(0, cut);
 }
 
 }  // namespace starling::train

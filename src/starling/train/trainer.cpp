@@ -225,8 +225,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     std::vector<uint32_t> prompt = tokenizer->encode(c.sample.prompt);
     if (prompt.empty()) prompt.push_back(0);
     runner.gather_weights();
-    auto ids = generate(*s.dag, c.model, prompt, c.sample);
-    result.sample = tokenizer->decode(ids);
+    result.sample = sample_text(*s.dag, c.model, *tokenizer, prompt, c.sample);
   }
   return result;
 }
