@@ -29,22 +29,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.dirname(HERE))  # bench/
 from netlab import labs_unavailable  # noqa: E402
 from records import peer_dirs, read_jsonl, steady_tokens_per_s  # noqa: E402
-
-
-def run(cmd, log):
-    with open(log, "w") as f:
-        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
-    if p.returncode != 0:
-        sys.exit("failed: " + " ".join(cmd) + "\n" + open(log).read()[-3000:])
+from bench_run import prepare, run  # noqa: E402
 
 
 def swarm_rate(out, stages, skip, steps):
@@ -139,15 +131,10 @@ def main():
     if why := labs_unavailable():
         sys.exit(f"labs unavailable here: {why}")
 
-    work = tempfile.mkdtemp(prefix="starling_bench_labs_")
-    data = os.path.join(work, "data")
-    run([args.starling, "data", "prepare", args.text, "--out", data], os.path.join(work, "prepare.log"))
-    cfg = os.path.join(work, "run.toml")
-    with open(cfg, "w") as f:
-        f.write(f'[model]\npreset = "{args.preset}"\nseq_len = {args.seq}\n[data]\ndir = "{data}"\n'
-                f"[train]\nsteps = {args.steps}\nbatch_size = {args.batch}\ngrad_accum = {args.accum}\n"
-                "threads = 1\nlog_every = 1\neval_every = 0\ncheckpoint_every = 0\nsample_at_end = false\n"
-                f'[strategy]\nkind = "{args.strategy}"\nlocal_steps = {args.local_steps}\n')
+    work, cfg = prepare(args.starling, args.text, "starling_bench_labs_",
+                        f'preset = "{args.preset}"\nseq_len = {args.seq}\n',
+                        f"steps = {args.steps}\nbatch_size = {args.batch}\ngrad_accum = {args.accum}\n",
+                        f'[strategy]\nkind = "{args.strategy}"\nlocal_steps = {args.local_steps}\n')
     profile = os.path.join(work, "profile.json")
     run([args.starling, "plan", "profile", "-c", cfg, "-o", profile], os.path.join(work, "profile.log"))
     tokens_per_step = args.batch * args.seq * args.accum

@@ -25,26 +25,17 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 
-
-def records(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
+from bench_run import prepare, run  # noqa: E402
+from records import read_jsonl as records  # noqa: E402
 
 
 def steady_tokens_per_s(metrics):
     rows = [r["tokens_per_s"] for r in records(metrics) if r.get("step", 0) > 2 and "tokens_per_s" in r]
     return statistics.median(rows) if rows else 0.0
-
-
-def run(cmd, log):
-    with open(log, "w") as f:
-        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
-    if p.returncode != 0:
-        sys.exit("failed: " + " ".join(cmd) + "\n" + open(log).read()[-3000:])
 
 
 def main():
@@ -65,14 +56,9 @@ def main():
                     help="pipeline.compression values to compare: none, topk, topk:RATIO, adatopk")
     args = ap.parse_args()
 
-    work = tempfile.mkdtemp(prefix="starling_bench_pipeline_")
-    data = os.path.join(work, "data")
-    run([args.starling, "data", "prepare", args.text, "--out", data], os.path.join(work, "prepare.log"))
-    cfg = os.path.join(work, "run.toml")
-    with open(cfg, "w") as f:
-        f.write(f'[model]\npreset = "{args.preset}"\n[data]\ndir = "{data}"\n'
-                f"[train]\nsteps = {args.steps}\nbatch_size = {args.batch}\ngrad_accum = {args.accum}\n"
-                "threads = 1\nlog_every = 1\neval_every = 0\ncheckpoint_every = 0\nsample_at_end = false\n")
+    work, cfg = prepare(args.starling, args.text, "starling_bench_pipeline_",
+                        f'preset = "{args.preset}"\n',
+                        f"steps = {args.steps}\nbatch_size = {args.batch}\ngrad_accum = {args.accum}\n")
     root = os.geteuid() == 0
     tokens_per_step = None
     rows = []
