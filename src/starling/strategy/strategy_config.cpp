@@ -64,7 +64,7 @@ void check_peer(const StrategyConfig& c, bool swapped, const std::string& net_ba
   if (std::find(kinds.begin(), kinds.end(), c.kind) == kinds.end())
     throw ConfigError("strategy.kind = \"" + c.kind + "\" does not train with peers; use " +
                       swarm_strategy_list());
-  // ddp and atom reach a swapped replica's gradients a layer group at a time; the others keep
+  // ddp and atom reach a swapped replica's gradients a node at a time; the others keep
   // whole-model vectors (anchors, outer momentum) beside the replica, which a budget cannot hold.
   if (swapped && c.kind != "ddp" && c.kind != "atom")
     throw ConfigError("swap.budget is set, but strategy.kind = \"" + c.kind +

@@ -21,7 +21,7 @@ using StepRunnerFactory =
 
 // The factory train::TrainOptions::step_runner takes for a config with a [swap] budget. The
 // runner it makes throws ConfigError for what swapping does not support yet (fp16 loss scaling,
-// the disk tier below a GPU). With peers, ddp and atom exchange its gradients a layer group at a time
+// the disk tier below a GPU). With peers, ddp and atom exchange its gradients a node at a time
 // (StepRunner::visit_gradients); strategies that keep whole-model vectors refuse a [swap] budget.
 StepRunnerFactory swapped_step_runner();
 

@@ -26,6 +26,7 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
   node_group_ = plan_.node_groups(n);
   group_params_.resize(plan_.groups.size());
   owner_.assign(params.size(), -1);
+  owner_node_.assign(params.size(), -1);
   for (int node = 0; node < n; ++node) {
     const int g = node_group_[node];
     for (const auto& name : dag_.nodes()[node].op->param_names()) {
@@ -34,6 +35,7 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
       auto& list = group_params_[g];
       if (std::find(list.begin(), list.end(), index) == list.end()) list.push_back(index);
       if (owner_[index] < 0) owner_[index] = g;
+      if (owner_node_[index] < 0) owner_node_[index] = node;
     }
   }
   std::vector<bool> pinned(params.size(), false);
@@ -488,10 +490,12 @@ void Swapper::visit_gradients(const std::function<void(std::span<const int>)>& v
   leave();
   end_passes();
   const double start = now_s(), start_wait = stats_.wait_s;
-  const int G = static_cast<int>(plan_.groups.size());
-  std::vector<std::vector<int>> pieces(G);
-  for (size_t p = 0; p < owner_.size(); ++p)
-    pieces[std::max(owner_[p], 0)].push_back(static_cast<int>(p));  // unread ones: the first
+  // One piece per node, by the node that reads each parameter first: the pieces are the same on
+  // every peer, whatever layer groups its own plan chose (a peer plans from its own budget and
+  // timings), so peers that exchange a piece at a time agree on every collective's size.
+  std::vector<std::vector<int>> pieces(static_cast<size_t>(dag_.size()));
+  for (size_t p = 0; p < owner_node_.size(); ++p)
+    pieces[static_cast<size_t>(std::max(owner_node_[p], 0))].push_back(static_cast<int>(p));
   std::erase_if(pieces, [](const std::vector<int>& piece) { return piece.empty(); });
   // The backward passes ended with the first groups: their gradients are resident, so the walk
   // starts there, and room is made from the pieces already visited (the lowest indices).

@@ -76,9 +76,10 @@ class Swapper final : public graph::NodeObserver {
   void begin_step(int64_t micro_batches);
   void begin_micro_batch(int64_t micro);
   void end_pass();
-  // train::StepRunner::visit_gradients: the pieces are the parameters each layer group reads
-  // first, in group order; each piece's gradients are made resident (the next piece's loading
-  // meanwhile), visited, kept as changed, and their norms taken again.
+  // train::StepRunner::visit_gradients: the pieces are the parameters each node reads first, in
+  // node order (the same on every peer, whatever its plan); each piece's gradients are made
+  // resident (the next piece's loading meanwhile), visited, kept as changed, and their norms taken
+  // again.
   void visit_gradients(const std::function<void(std::span<const int>)>& visit);
   // Clips to `max_norm` (0 = off) and applies one AdamW update with `lr`, deferred (see above);
   // each gradient goes once its parameter is updated. Returns the gradient norm before clipping
@@ -141,6 +142,7 @@ class Swapper final : public graph::NodeObserver {
   std::vector<int> node_group_;
   std::vector<std::vector<int>> group_params_;  // parameters each group reads
   std::vector<int> owner_;                      // first group reading each parameter
+  std::vector<int> owner_node_;                 // first node reading each parameter
   std::vector<SwapSlot> values_, grads_, exp_avg_, exp_avg_sq_;
   std::unordered_map<const void*, SwapSlot*> slot_of_;  // weights and moments, by TensorImpl
   std::vector<at::Tensor> norms_;  // per parameter, taken when its gradient is final
