@@ -62,6 +62,8 @@ add_library(starling STATIC
   src/starling/strategy/pipeline_runner.cpp
   src/starling/strategy/shared_copies.cpp
   src/starling/strategy/pipeline_admission.cpp
+  src/starling/strategy/auto_pipeline.cpp
+  src/starling/strategy/pipeline_auto_peer.cpp
   src/starling/strategy/pipeline_peer.cpp
   src/starling/strategy/peer.cpp
   src/starling/swap/swap_config.cpp
@@ -121,7 +123,6 @@ add_executable(starling_cli
   src/starling/cli/net_command.cpp
   src/starling/cli/peer_command.cpp
   src/starling/cli/local_swarm.cpp
-  src/starling/cli/auto_pipeline.cpp
   src/starling/cli/cpu_quota.cpp
   src/starling/cli/number_list.cpp
   src/starling/cli/plan_command.cpp

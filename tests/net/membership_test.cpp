@@ -68,6 +68,28 @@ TEST(MembershipTest, AMemberOnceActiveStaysActiveUntilItRestarts) {
   EXPECT_EQ(table.participants({1, 2}), (std::vector<net::PeerId>{1}));
 }
 
+TEST(MembershipTest, ARoleChangeSpreadsAndOlderGossipCannotUndoIt) {
+  net::Membership table(member(1, 100, true));
+  const auto now = net::Clock::now();
+  net::MemberInfo planning = member(2, 200, false);
+  planning.role = "pipeline auto";
+  EXPECT_TRUE(table.merge(planning, now));
+  // The peer took its place: a higher version carries the new role.
+  net::MemberInfo placed = planning;
+  placed.role = "pipeline stage 1/2 replica 0/1";
+  placed.role_version = 1;
+  const net::MemberInfo back = net::member_from_json(net::to_json(placed));
+  EXPECT_EQ(back.role_version, 1u);
+  EXPECT_FALSE(table.merge(back, now));
+  EXPECT_EQ(table.find(2)->info.role, placed.role);
+  // Gossip from a peer that has not heard of the change yet leaves it.
+  EXPECT_FALSE(table.merge(planning, now));
+  EXPECT_EQ(table.find(2)->info.role, placed.role);
+  auto bad = net::to_json(placed);
+  bad["role_version"] = "1";
+  EXPECT_THROW(net::member_from_json(bad), starling::NetError);
+}
+
 TEST(MailboxTest, ARestartFailsWaitingReceivesAndDropsTheOldIncarnationsMessages) {
   net::Mailbox box;
   const net::PeerId peer = 5;

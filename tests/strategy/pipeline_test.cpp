@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -26,6 +27,7 @@
 #include "starling/model/build.h"
 #include "starling/net/netlab.h"
 #include "starling/strategy/pipeline_admission.h"
+#include "starling/strategy/pipeline_auto_peer.h"
 #include "starling/strategy/pipeline_layout.h"
 #include "starling/strategy/pipeline_peer.h"
 #include "starling/strategy/tensor_message.h"
@@ -203,6 +205,64 @@ TEST(PipelineAdmission, OnlyAWholeWaitingReplicaWithEveryPlaceHeldIsAdmitted) {
       can_admit(view({{1, true}, {2, true}, {3, false}, {4, false}}, MemberState::dead), grid));
   // Its stage 0 still runs the old pipeline (active) while stage 1 waits: wait.
   EXPECT_FALSE(can_admit(view({{1, true}, {2, true}, {3, true}, {4, false}}), grid));
+}
+
+// The planner's table from the peers' reports: speeds against the reference's total, each link as
+// the receiving peer measured it, the other direction where only that one was, and a pair nobody
+// measured taken as unshaped and named.
+TEST(PipelineAutoPeer, ReportsBecomeTheSwarmsCostTable) {
+  starling::sched::CostTable ref;
+  ref.nodes = {{.name = "a", .compute_s = 0.3, .cut_bytes = 100},
+               {.name = "b", .compute_s = 0.1, .cut_bytes = 0}};
+  ref.devices = {{.name = "this machine", .speed = 1}};
+  ref.links = {{{}}};
+  const std::vector<PeerReport> reports = {
+      {.id = 7, .name = "fast", .compute_s = 0.2, .inbound_bytes_per_s = {{9, 1e6}}},
+      {.id = 9, .name = "", .compute_s = 0.4, .inbound_bytes_per_s = {{7, 2e6}}},
+      {.id = 12, .name = "far", .compute_s = 0.8, .inbound_bytes_per_s = {{7, 5e5}}}};
+  std::vector<std::string> unmeasured;
+  const auto t = swarm_costs(ref, reports, &unmeasured);
+  ASSERT_EQ(t.devices.size(), 3u);
+  EXPECT_DOUBLE_EQ(t.devices[0].speed, 2.0);
+  EXPECT_DOUBLE_EQ(t.devices[1].speed, 1.0);
+  EXPECT_DOUBLE_EQ(t.devices[2].speed, 0.5);
+  EXPECT_EQ(t.devices[0].name, "peer 00000000 (fast)");
+  EXPECT_EQ(t.nodes.size(), 2u);
+  EXPECT_DOUBLE_EQ(t.links[0][1].bytes_per_s, 2e6);  // what 9 measured from 7
+  EXPECT_DOUBLE_EQ(t.links[1][0].bytes_per_s, 1e6);  // what 7 measured from 9
+  EXPECT_DOUBLE_EQ(t.links[0][2].bytes_per_s, 5e5);
+  EXPECT_DOUBLE_EQ(t.links[2][0].bytes_per_s, 5e5);  // only the other direction was measured
+  EXPECT_DOUBLE_EQ(t.links[1][2].bytes_per_s, starling::sched::kUnshapedBytesPerS);
+  ASSERT_EQ(unmeasured.size(), 1u);
+  EXPECT_EQ(unmeasured[0], "peer 00000000 - peer 00000000 (far)");
+  EXPECT_NO_THROW(t.validate());
+}
+
+TEST(PipelineAutoPeer, AReportRoundTripsAndABadOneNamesItsSender) {
+  const PeerReport r{
+      .id = 0x1234, .name = "n", .compute_s = 0.25, .inbound_bytes_per_s = {{0xabcdef, 3e6}}};
+  const auto back = decode_report(encode_report(r), 0x1234);
+  EXPECT_EQ(back.name, "n");
+  EXPECT_DOUBLE_EQ(back.compute_s, 0.25);
+  EXPECT_EQ(back.inbound_bytes_per_s, r.inbound_bytes_per_s);
+  // Sent by another peer than it speaks of.
+  EXPECT_NE(error_of([&] { decode_report(encode_report(r), 0x99); }).find("another peer"),
+            std::string::npos);
+  const auto bad = [](const std::string& text) {
+    return error_of([&] { decode_report(std::vector<uint8_t>(text.begin(), text.end()), 0x1234); });
+  };
+  const std::string id = "\"id\": \"0000000000001234\", \"name\": \"n\"";
+  EXPECT_NE(bad("not json").find("measurements of peer 00000000 are malformed"), std::string::npos);
+  EXPECT_NE(
+      bad("{" + id + ", \"compute_s\": -1, \"inbound_bytes_per_s\": {}}").find("compute time"),
+      std::string::npos);
+  EXPECT_NE(bad("{" + id + ", \"compute_s\": 1, \"inbound_bytes_per_s\": {\"zz\": 1}}")
+                .find("no peer id"),
+            std::string::npos);
+  EXPECT_NE(
+      bad("{" + id + ", \"compute_s\": 1, \"inbound_bytes_per_s\": {\"0000000000000001\": 0}}")
+          .find("rate of"),
+      std::string::npos);
 }
 
 TEST(PipelineConfig, StagesAreReadCheckedAndSplit) {
@@ -720,32 +780,61 @@ TEST_F(PipelineRunTest, AutoStagesArePlannedOnceAndKeptForResume) {
   EXPECT_NE(damaged.code, 0);
   EXPECT_NE(damaged.output.find("auto_pipeline.json: damaged pipeline plan"), std::string::npos)
       << damaged.output;
-  // A peer started by hand cannot plan; it says how to get a plan.
+  // A peer started by hand plans with the others, so it must know how many there are.
   const auto peer = run_cli("peer --config " + cfg.string() +
                             " --set 'pipeline.stages=\"auto\"' --insecure --listen "
                             "tcp://127.0.0.1:0");
   EXPECT_NE(peer.code, 0);
-  EXPECT_NE(peer.output.find("starling plan pipeline"), std::string::npos) << peer.output;
+  EXPECT_NE(peer.output.find("set net.min_peers to the swarm's size"), std::string::npos)
+      << peer.output;
 }
 
 // On a lab with one slow pair, the plan keeps the pipeline off that link: the peer between the two
-// slow-linked ones runs the middle stage.
-TEST_F(PipelineRunTest, AutoStagesStepAroundASlowLinkOfTheLab) {
+// slow-linked ones runs the middle stage. The launcher plans from the lab's rates; with
+// pipeline.planner = "peers" the peers find the slow link by measuring it themselves.
+class AutoStagesInALab : public PipelineRunTest,
+                         public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(AutoStagesInALab, StepAroundASlowLink) {
   if (auto why = starling::net::NetLab::unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
-  const fs::path cfg = config("auto_lab", "gpt2-tiny", 2, false);
+  const std::string planner = GetParam();
+  const fs::path cfg = config("auto_lab_" + planner, "gpt2-tiny", 2, false);
   const fs::path lab = root_ / "slow-pair.toml";
   std::ofstream(lab) << "peers = 3\nrate = \"1gbit\"\n[[link]]\npeers = [0, 1]\n"
                         "rate = \"1mbit\"\n";
   const auto r = run_cli("train -q --config " + cfg.string() + " --lab " + lab.string() +
-                         " --set 'pipeline.stages=\"auto\"' --set train.steps=3");
+                         " --set 'pipeline.stages=\"auto\"' --set train.steps=3 --set "
+                         "'pipeline.planner=\"" +
+                         planner + "\"'");
   ASSERT_EQ(r.code, 0) << r.output;
-  const std::string plan =
-      starling::testing::read_file(root_ / "run_auto_lab" / "auto_pipeline.json");
-  const auto j = nlohmann::json::parse(plan);
-  EXPECT_EQ(j["stages"].size(), 3u) << plan;
-  EXPECT_EQ(j["stage_of"][2], 1) << plan;
   EXPECT_NE(r.output.find("1mbit: 0-1"), std::string::npos) << r.output;
+  const fs::path run = root_ / ("run_auto_lab_" + planner);
+  if (planner == "launcher") {
+    const std::string plan = starling::testing::read_file(run / "auto_pipeline.json");
+    const auto j = nlohmann::json::parse(plan);
+    EXPECT_EQ(j["stages"].size(), 3u) << plan;
+    EXPECT_EQ(j["stage_of"][2], 1) << plan;
+    return;
+  }
+  // Every peer keeps the same plan, and the one it names as itself is where it sits.
+  std::vector<int> stage_of_peer;
+  std::string first_ids;
+  for (int i = 0; i < 3; ++i) {
+    const std::string plan =
+        starling::testing::read_file(run / ("peer-" + std::to_string(i)) / "auto_pipeline.json");
+    const auto j = nlohmann::json::parse(plan);
+    ASSERT_EQ(j["stages"].size(), 3u) << plan;
+    if (i == 0) first_ids = j["peer_ids"].dump();
+    EXPECT_EQ(j["peer_ids"].dump(), first_ids) << "peer " << i << " agreed on another plan";
+    stage_of_peer.push_back(j["stage_of"][j["self"].get<int>()]);
+  }
+  EXPECT_EQ(stage_of_peer[2], 1) << "peer 2, between the two slow-linked peers, runs stage "
+                                 << stage_of_peer[2] << ":\n"
+                                 << starling::testing::read_file(run / "peer-0.log");
 }
+
+INSTANTIATE_TEST_SUITE_P(Planners, AutoStagesInALab, ::testing::Values("launcher", "peers"),
+                         [](const auto& info) { return info.param; });
 
 // With pipeline.replacement_wait_s, a peer started with a dead stage's key takes its place: the
 // dead stage's partner leaves and rejoins, a whole replica admits both at one step, they take its
@@ -873,6 +962,36 @@ TEST_F(PipelineRunTest, TorchrunRanksPlaceStagesAndReplicas) {
   EXPECT_NEAR(r0[0].second, r1[0].second, 1e-5 * r0[0].second);
   ASSERT_FALSE(r2.empty());
   EXPECT_GT(std::abs(r0[0].second - r2[0].second), 1e-4) << "both replicas read the same data";
+}
+
+// Peers started one by one (here as torchrun's ranks) with stages = "auto" measure themselves and
+// agree on one plan, each keeps it, and a resumed run places every peer as that plan did.
+TEST_F(PipelineRunTest, PeersStartedOneByOnePlanAutoStagesTogether) {
+  const fs::path cfg = config("peers_auto", "gpt2-tiny", 2, false);
+  const fs::path run = root_ / "run_peers_auto";
+  const std::string settings =
+      " --set 'pipeline.stages=\"auto\"' --set strategy.kind=ddp --set train.steps=4"
+      " --set train.checkpoint_every=2";
+  std::string logs;
+  ASSERT_EQ(run_torchrun_group(cfg, run, 4, 6121, settings + " --stop-at 2", {}, logs), 0) << logs;
+  std::set<std::pair<int, int>> places;
+  std::string stages;
+  for (int r = 0; r < 4; ++r) {
+    const auto j = nlohmann::json::parse(
+        starling::testing::read_file(run / std::to_string(r) / "auto_pipeline.json"));
+    if (r == 0) stages = j["stages"].dump();
+    EXPECT_EQ(j["stages"].dump(), stages) << "rank " << r << " planned another cut";
+    const int self = j["self"];
+    places.emplace(j["stage_of"][self], j["replica_of"][self]);
+  }
+  EXPECT_EQ(places.size(), 4u) << "two peers took one place:\n" << logs;
+  EXPECT_NE(logs.find("plan: agreed by the peers"), std::string::npos) << logs;
+  EXPECT_NE(logs.find("measured by the peers:"), std::string::npos) << logs;
+  ASSERT_EQ(run_torchrun_group(cfg, run, 4, 6187, settings + " --resume", {}, logs), 0) << logs;
+  EXPECT_NE(logs.find("plan: this peer's own"), std::string::npos) << logs;
+  EXPECT_EQ(logs.find("plan: agreed by the peers"), std::string::npos) << logs;
+  for (int r = 0; r < 4; ++r)
+    EXPECT_TRUE(fs::exists(run / std::to_string(r) / "checkpoints" / "step_00000004")) << logs;
 }
 
 // Only tensors cross a link, so the stages of one pipeline may run on different devices: stage 0

@@ -348,9 +348,9 @@ std::vector<std::string> all_keys() {
         "join_timeout_s", "collective_timeout_s", "min_peers"}},
       {"swap", {"budget", "tier", "dir", "group_nodes", "depth", "overlap_update"}},
       {"pipeline",
-       {"stages", "profile", "num_stages", "schedule", "extra_warmup", "stage", "replicas", "replica",
-        "replacement_wait_s", "compression", "topk_ratio", "compress_activations",
-        "adatopk_min_ratio", "error_feedback"}}};
+       {"stages", "profile", "planner", "num_stages", "schedule", "extra_warmup", "stage",
+        "replicas", "replica", "replacement_wait_s", "compression", "topk_ratio",
+        "compress_activations", "adatopk_min_ratio", "error_feedback"}}};
   std::vector<std::string> keys;
   for (const auto& [table, names] : tables)
     for (const auto& n : names) keys.push_back(table + "." + n);

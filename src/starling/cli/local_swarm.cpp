@@ -13,12 +13,13 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "starling/cli/auto_pipeline.h"
 #include "starling/cli/cpu_quota.h"
 #include "starling/common/error.h"
 #include "starling/common/process.h"
 #include "starling/net/keys.h"
 #include "starling/net/netlab.h"
+#include "starling/strategy/auto_pipeline.h"
+#include "starling/strategy/pipeline_auto_peer.h"
 #include "starling/train/events.h"
 #include "starling/train/metrics.h"
 
@@ -106,26 +107,22 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
   // with, on --resume: its checkpoints hold those stages), then run explicit stages. The plan is
   // kept once the peers are about to start.
   train::RunConfig config = user_config;
-  std::optional<AutoPipeline> planned;
+  std::optional<strategy::AutoPipeline> planned;
   const fs::path saved_plan = out / "auto_pipeline.json";
   bool keep_plan = false;
   if (config.pipeline.auto_stages) {
     if (config.pipeline.replicas > 0)
       throw ConfigError(
           "pipeline.stages = \"auto\" chooses the replicas too: drop pipeline.replicas");
-    // What a peer would refuse whatever the cut: before a profile that may take a while.
-    strategy::PipelineConfig any_cut = config.pipeline;
-    any_cut.auto_stages = false;
-    any_cut.num_stages = 2;
-    strategy::check_pipeline_peer(any_cut, {.strategy_kind = config.strategy.kind,
-                                            .dtype = config.train.dtype,
-                                            .net_backend = config.net.backend,
-                                            .swapped = config.swap.enabled(),
-                                            .stage = 0,
-                                            .replica = 0,
-                                            .replicas = 1});
-    if (o.resume && fs::exists(saved_plan)) {
-      planned = read_auto_pipeline(saved_plan);
+    // Before a profile that may take a while.
+    strategy::check_any_cut(config);
+    if (config.pipeline.planner == "peers") {
+      // The peers measure themselves in the lab and agree on a plan (each keeps it in its own
+      // directory for --resume); the launcher only starts them.
+      std::cerr << "plan: the peers measure their speeds and links and plan the stages "
+                   "(pipeline.planner = \"peers\")\n";
+    } else if (o.resume && fs::exists(saved_plan)) {
+      planned = strategy::read_auto_pipeline(saved_plan);
       if (static_cast<int>(planned->stage_of.size()) != o.peers)
         throw ConfigError(saved_plan.string() + " places " +
                           std::to_string(planned->stage_of.size()) + " peers, not --peers " +
@@ -138,17 +135,24 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
                         "the stages it began with");
     } else {
       const sched::LabSpec lab = effective_lab(o);
-      planned = plan_auto_pipeline(config, lab);
+      planned = strategy::plan_auto_pipeline(config, lab);
       std::cerr << "plan: OP-Fence for " << lab.describe() << "\n" << planned->report;
       keep_plan = true;
     }
-    config.pipeline.auto_stages = false;
-    config.pipeline.stages = planned->stages;
-    config.pipeline.replicas = planned->replicas;
+    if (planned) {
+      config.pipeline.auto_stages = false;
+      config.pipeline.stages = planned->stages;
+      config.pipeline.replicas = planned->replicas;
+    }
   }
   const bool pipeline = config.pipeline.enabled();
-  const int64_t stages = pipeline ? config.pipeline.count() : 1;
-  if (pipeline) {
+  // Planned by the peers: unknown until they have agreed (peer 0 keeps their plan).
+  int64_t stages = pipeline && !config.pipeline.auto_stages ? config.pipeline.count() : 1;
+  const fs::path peers_plan = out / "peer-0" / "auto_pipeline.json";
+  if (config.pipeline.auto_stages && !o.resume) fs::remove(peers_plan);
+  if (config.pipeline.auto_stages) {
+    // Planned by the peers: how many stages is theirs to say.
+  } else if (pipeline) {
     // Peer i runs stage i % stages of replica i / stages (its flat rank places it, as RANK would
     // under torchrun) unless the plan placed it; every peer would refuse a bad setting on its
     // own, after the others started waiting for it.
@@ -274,7 +278,7 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     }
   } restore{old_int, old_term};
 
-  if (keep_plan) write_auto_pipeline(saved_plan, *planned);
+  if (keep_plan) strategy::write_auto_pipeline(saved_plan, *planned);
   std::vector<Process> procs;
   std::vector<PeerView> views(o.peers);
   auto log_of = [&](int i) { return (out / ("peer-" + std::to_string(i) + ".log")).string(); };
@@ -296,7 +300,8 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
   if (entry.empty()) throw Error("peer 0 did not start; see " + log_of(0));
   for (int i = 1; i < o.peers; ++i) procs.emplace_back(argv_for(i, entry), log_of(i));
   std::cerr << "swarm: " << o.peers << " peers ("
-            << (!pipeline ? config.strategy.kind
+            << (!pipeline                     ? config.strategy.kind
+                : config.pipeline.auto_stages ? std::string("pipelines the peers plan")
                 : o.peers == stages
                     ? "pipeline of " + std::to_string(stages) + " stages, " +
                           config.pipeline.schedule
@@ -310,8 +315,13 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
   int forwarded = 0;
   nlohmann::json done_events = nlohmann::json::array();
   int64_t last_milestone = -1;
+  bool stopped_early = false;
   int64_t last_eval_step = -1;
   while (true) {
+    if (config.pipeline.auto_stages && !planned && fs::exists(peers_plan)) {
+      planned = strategy::read_auto_pipeline(peers_plan);
+      stages = static_cast<int64_t>(planned->stages.size());
+    }
     if (const int sig = g_signal.load(); sig != 0 && forwarded != sig) {
       for (auto& p : procs) p.signal(SIGTERM);
       forwarded = sig;
@@ -370,6 +380,17 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
         }
       }
       any_running = any_running || v.running;
+    }
+    // A peer that fails before anyone trained refused something the others will too, or leaves
+    // a place they would wait for until net.join_timeout_s: stop them now. Nothing is lost (no
+    // step ran; a resumed run's checkpoints stay as they were).
+    const bool nobody_trained =
+        std::all_of(views.begin(), views.end(), [](const PeerView& v) { return v.step == 0; });
+    if (nobody_trained && result.failed_peers > 0 && any_running && !stopped_early) {
+      stopped_early = true;
+      progress.note("swarm: a peer failed before the first step; stopping the others");
+      for (int i = 0; i < o.peers; ++i)
+        if (views[i].running) procs[i].signal(SIGKILL);
     }
     // The combined line: the slowest running peer's step, the swarm's throughput and traffic.
     int64_t step = -1, steps = 0;

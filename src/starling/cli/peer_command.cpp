@@ -122,7 +122,10 @@ void add_peer_command(CLI::App& app) {
     if (world < 1 || rank < 0 || rank >= world)
       throw ConfigError("--data-rank " + std::to_string(rank) + " must be in [0, --data-world " +
                         std::to_string(world) + ")");
-    if (c.pipeline.enabled()) {
+    if (c.pipeline.auto_stages) {
+      // The peers place themselves once they have planned (strategy/pipeline_auto_peer.h), and
+      // each stage then reads its replica's share of the data.
+    } else if (c.pipeline.enabled()) {
       // A flat rank (RANK, --data-rank) names the stage and the replica unless pipeline.stage
       // and pipeline.replica do; every stage of a replica reads that replica's batches.
       strategy::place_pipeline_peer(c.pipeline, rank, world);

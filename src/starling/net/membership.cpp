@@ -32,9 +32,16 @@ std::string to_string(MemberState state) {
 }
 
 nlohmann::json to_json(const MemberInfo& m) {
-  return {{"id", format_peer_id(m.id)},  {"name", m.name},           {"endpoint", m.endpoint},
-          {"key", m.public_key},         {"data_port", m.data_port}, {"joined_at", m.joined_at_ms},
-          {"active", m.active},          {"left", m.left},           {"role", m.role},
+  return {{"id", format_peer_id(m.id)},
+          {"name", m.name},
+          {"endpoint", m.endpoint},
+          {"key", m.public_key},
+          {"data_port", m.data_port},
+          {"joined_at", m.joined_at_ms},
+          {"active", m.active},
+          {"left", m.left},
+          {"role", m.role},
+          {"role_version", m.role_version},
           {"incarnation", m.incarnation}};
 }
 
@@ -76,6 +83,11 @@ MemberInfo member_from_json(const nlohmann::json& j) {
       throw NetError("member field 'role' is not a string of at most 128 characters");
     m.role = j["role"].get<std::string>();
   }
+  if (j.contains("role_version")) {  // absent: a role never changed
+    if (!j["role_version"].is_number_unsigned())
+      throw NetError("member field 'role_version' is not an unsigned integer");
+    m.role_version = j["role_version"].get<uint64_t>();
+  }
   if (m.endpoint.rfind("tcp://", 0) != 0 || m.endpoint.size() > 256)
     throw NetError("member endpoint '" + m.endpoint.substr(0, 64) + "' is not tcp://HOST:PORT");
   if (m.name.size() > 128) throw NetError("member name is longer than 128 characters");
@@ -105,6 +117,10 @@ bool Membership::merge(const MemberInfo& info, Clock::time_point now) {
   if (info.joined_at_ms == m.info.joined_at_ms) {
     if (info.left) m.state = MemberState::left;
     if (info.active) m.info.active = true;
+    if (info.role_version > m.info.role_version) {
+      m.info.role = info.role;
+      m.info.role_version = info.role_version;
+    }
   }
   return false;
 }

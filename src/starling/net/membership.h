@@ -35,8 +35,11 @@ struct MemberInfo {
   bool active = true;  // takes part in collectives (an inactive peer is not waited for)
   bool left = false;   // announced its departure
   // What the peer does, for peers that must find one another by it (a pipeline stage:
-  // "pipeline stage S replica R"); "" = nothing in particular. Set when it joins.
+  // "pipeline stage S replica R"); "" = nothing in particular. Set when it joins, and changed by
+  // the peer itself (Node::set_role): each change counts up `role_version`, and gossip keeps the
+  // role of the highest version it has seen.
   std::string role;
+  uint64_t role_version = 0;
 };
 
 nlohmann::json to_json(const MemberInfo& m);

@@ -397,6 +397,17 @@ bool Node::Impl::admit(PeerId peer, uint64_t incarnation) {
   return true;
 }
 
+void Node::Impl::set_role(const std::string& role) {
+  {
+    std::lock_guard lock(table_.mutex);
+    MemberInfo& self = table_.members.self_info();
+    if (self.role == role) return;
+    self.role = role;
+    ++self.role_version;
+  }
+  table_.changed.notify_all();
+}
+
 void Node::Impl::note_link_rate(PeerId from, double mbit_per_s) {
   if (!(mbit_per_s > 0) || from == self_id_) return;
   std::lock_guard lock(table_.mutex);
@@ -429,6 +440,7 @@ bool Node::wait_for_members(size_t count, milliseconds timeout) const {
   return impl_->wait_for_members(count, timeout);
 }
 void Node::activate() { impl_->activate(); }
+void Node::set_role(const std::string& role) { impl_->set_role(role); }
 void Node::leave() { impl_->stop(true); }
 bool Node::admit(PeerId peer, uint64_t incarnation) { return impl_->admit(peer, incarnation); }
 Node::Counters Node::counters() const { return impl_->counters(); }

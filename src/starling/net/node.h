@@ -81,6 +81,10 @@ class Node : public Collectives {
   // replacement pipeline stage): each marks it at that step, then the member calls one. False
   // when `peer` is not an alive member in that incarnation.
   bool admit(PeerId peer, uint64_t incarnation);
+  // Changes the role this peer announces (MemberInfo::role; NodeOptions::role set the first):
+  // its next heartbeats carry the new one, so the other members see it within about one
+  // heartbeat interval, and later gossip never brings the old one back.
+  void set_role(const std::string& role);
   // Tells every member this peer leaves, then stops. Pending collectives fail.
   void leave();
 

@@ -44,6 +44,7 @@ class Node::Impl {
   bool admit(PeerId peer, uint64_t incarnation);
   bool returning() const;
   void note_link_rate(PeerId from, double mbit_per_s);
+  void set_role(const std::string& role);
   Node::Counters counters() const;
 
   PeerId id() const { return self_id_; }

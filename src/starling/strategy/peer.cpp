@@ -15,6 +15,7 @@
 #include "starling/strategy/ddp.h"
 #include "starling/strategy/diloco.h"
 #include "starling/strategy/localsgd.h"
+#include "starling/strategy/pipeline_auto_peer.h"
 #include "starling/strategy/pipeline_peer.h"
 #include "starling/train/events.h"
 
@@ -121,6 +122,10 @@ train::TrainResult run_group_rank(const train::RunConfig& config, const PeerOpti
 }  // namespace
 
 train::TrainResult run_peer(const train::RunConfig& config, const PeerOptions& options) {
+  if (config.pipeline.auto_stages) {
+    check_auto_pipeline_peer(config);
+    return run_pipeline_peer(config, options);
+  }
   if (config.pipeline.enabled()) {
     check_pipeline_peer(config.pipeline, {.strategy_kind = config.strategy.kind,
                                           .dtype = config.train.dtype,

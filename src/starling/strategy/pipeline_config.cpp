@@ -20,8 +20,9 @@ config::Key stages_key(PipelineConfig& c) {
       "array of [first, last], or \"auto\"",
       "node ranges of the stages, e.g. [[0, 4], [5, 9]] (`starling model show` numbers "
       "the nodes); [] = pipeline.num_stages stages of about equal node count; \"auto\" = "
-      "OP-Fence's cut and placement for the local swarm's peers and links (`starling train "
-      "--peers N`, with --lab for unequal ones; docs/scheduler.md)",
+      "OP-Fence's cut and placement for the swarm's peers and links: a local swarm's "
+      "(`starling train --peers N`, with --lab for unequal ones), or peers started one by one "
+      "that measure themselves once net.min_peers are in (docs/scheduler.md)",
       [=](const toml::node& n, const std::string& where) {
         if (n.is_string() && n.as_string()->get() == "auto") {
           p->clear();
@@ -59,8 +60,14 @@ void add_config_keys(PipelineConfig& c, config::Keys& k) {
   k.push_back(stages_key(c));
   k.push_back(string_key("pipeline", "profile", &c.profile,
                          "with stages = \"auto\": the cost table (`starling plan profile`) the "
-                         "plan weighs; \"\" = the launcher profiles the model on this machine "
-                         "first"));
+                         "plan weighs (its times are a device of speed 1); \"\" = the launcher, or "
+                         "the planning peer, profiles the model first"));
+  k.push_back(string_key("pipeline", "planner", &c.planner,
+                         "who plans stages = \"auto\" for `starling train --peers N`: "
+                         "\"launcher\" (from the lab, before the peers start) or \"peers\" (the "
+                         "peers measure their speeds and links and agree, as peers started one "
+                         "by one do)",
+                         {"launcher", "peers"}));
   k.push_back(int_key("pipeline", "num_stages", &c.num_stages, 0,
                       "stages of an even split by node count when pipeline.stages is empty; 0 or "
                       "1 = no pipeline"));
@@ -138,9 +145,10 @@ void check(const PipelineConfig& c, const std::string& source) {
 void refuse_auto_stages(const PipelineConfig& c) {
   if (c.auto_stages)
     throw ConfigError(
-        "pipeline.stages = \"auto\" is planned by the local launcher (`starling train --peers "
-        "N`, which knows every peer and link); for peers started one by one, print the plan "
-        "with `starling plan pipeline --profile P --lab L` and set the stages it prints");
+        "pipeline.stages = \"auto\" must be planned first: by the local launcher (`starling "
+        "train --peers N`), by the peers themselves (`starling peer` with net.min_peers = N), "
+        "or print a plan with `starling plan pipeline --profile P --lab L` and set the stages "
+        "it prints");
 }
 
 void place_pipeline_peer(PipelineConfig& c, int64_t rank, int64_t world) {

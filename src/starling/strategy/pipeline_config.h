@@ -18,12 +18,16 @@ struct PipelineConfig {
   // (`starling model show` numbers them). Empty: `num_stages` stages of about equal node count.
   std::vector<std::pair<int64_t, int64_t>> stages;
   int64_t num_stages = 0;  // with `stages` empty; 0 or 1 = no pipeline
-  // stages = "auto": the local launcher cuts the model and places the peers with OP-Fence
-  // (sched/op_fence.h) over `profile` (a cost table; "" = it profiles the model first) and the
-  // swarm's lab, then hands every peer explicit stages (cli/auto_pipeline.h). A peer never runs
-  // with it set.
+  // stages = "auto": OP-Fence (sched/op_fence.h) cuts the model and places the peers over
+  // `profile` (a cost table; "" = the model is profiled first). The local launcher plans for its
+  // lab and hands every peer explicit stages (auto_pipeline.h); peers started one by one measure
+  // their speeds and links and agree on a plan among themselves (pipeline_auto_peer.h).
   bool auto_stages = false;
   std::string profile;
+  // Who plans "auto" for a local swarm (`starling train --peers N`): "launcher" (from the lab's
+  // rates and CPU shares, before any peer starts) or "peers" (the peers measure themselves and
+  // agree, as peers started one by one always do).
+  std::string planner = "launcher";
   std::string schedule = "1f1b";  // micro-batch order: "1f1b" or "gpipe"
   // 1F1B: forwards each stage but the last runs ahead beyond 1F1B's stages - 1 - stage before
   // its first backward. On slow links more micro-batches in flight overlap the forward and
@@ -88,10 +92,10 @@ void check_pipeline_peer(const PipelineConfig& c, const PipelinePeerSettings& s)
 // WORLD_SIZE, or --data-rank and --data-world): fills pipeline.stage (rank % stages),
 // pipeline.replica (rank / stages) and pipeline.replicas (world / stages) where they are unset.
 // ConfigError when a world of several peers is not a multiple of the stage count.
-// ConfigError with stages = "auto" unless the local launcher has planned it.
+// ConfigError with stages = "auto" (the plan places the peers).
 void place_pipeline_peer(PipelineConfig& c, int64_t rank, int64_t world);
 
-// ConfigError when stages = "auto" reaches a peer: only the launcher can plan it.
+// ConfigError when stages = "auto" reaches what needs explicit stages (a plan must place it).
 void refuse_auto_stages(const PipelineConfig& c);
 
 }  // namespace starling::strategy

@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <thread>
 
 #include "starling/common/error.h"
 #include "starling/net/endpoint.h"
+#include "starling/strategy/auto_pipeline.h"
 #include "starling/strategy/pipeline_admission.h"
+#include "starling/strategy/pipeline_auto_peer.h"
 #include "starling/strategy/pipeline_runner.h"
 #include "starling/strategy/shared_copies.h"
 #include "starling/train/events.h"
@@ -86,6 +89,9 @@ PipelineGrid wait_for_places(const net::Node& node, const PipelinePlace& mine,
     PipelineGrid grid(replicas, std::vector<net::PeerId>(stages, 0));
     for (const net::MemberView& m : node.members()) {
       if (m.state != net::MemberState::alive) continue;
+      // A peer of a planned swarm that has not announced its place yet: its place is empty for
+      // now (it is being planned, or the news is one heartbeat away).
+      if (m.info.role == kAutoPipelineRole) continue;
       const auto p = parse_pipeline_role(m.info.role);
       if (!p)
         throw NetError("pipeline: " + member_name(m) + " is not a pipeline stage (it announces " +
@@ -193,38 +199,92 @@ std::vector<std::string> entry_points(const net::Node& node, bool insecure) {
   return out;
 }
 
+// Runs the plan's place of device `self`: explicit stages from here on.
+void take_place(train::RunConfig& c, const AutoPipeline& plan, int self) {
+  c.pipeline.auto_stages = false;
+  c.pipeline.stages = plan.stages;
+  c.pipeline.replicas = plan.replicas;
+  c.pipeline.stage = plan.stage_of.at(static_cast<size_t>(self));
+  c.pipeline.replica = plan.replica_of.at(static_cast<size_t>(self));
+}
+
+PipelinePlace place_of(const PipelineConfig& p) {
+  return {.stage = static_cast<int>(p.stage),
+          .stages = static_cast<int>(p.count()),
+          .replica = static_cast<int>(p.replica),
+          .replicas = static_cast<int>(p.replicas)};
+}
+
 }  // namespace
 
 train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerOptions& options) {
-  const PipelinePlace place{.stage = static_cast<int>(config.pipeline.stage),
-                            .stages = static_cast<int>(config.pipeline.count()),
-                            .replica = static_cast<int>(config.pipeline.replica),
-                            .replicas = static_cast<int>(config.pipeline.replicas)};
-  const int stage = place.stage;
-  net::NodeOptions node_opts = net::node_options(config.net);
-  node_opts.role = pipeline_role(place);
-  // No collective waits for a stage before every place is held and every stage says it takes
-  // part (below): one that arrives late holds no one up meanwhile.
-  node_opts.active = false;
-  const int64_t replacement_wait_s = place.replicas > 1 ? config.pipeline.replacement_wait_s : 0;
-  if (replacement_wait_s > 0 && node_opts.insecure)
-    throw ConfigError(
-        "pipeline.replacement_wait_s needs the peers' keys: a replacement takes over a stage "
-        "under the dead peer's key, and --insecure peers draw a new id at every start");
-  auto node = std::make_unique<net::Node>(node_opts);
-  const std::string entry = net::format_entry_point(
-      node_opts.insecure ? "" : node_opts.keys.public_key, node->endpoint());
-  if (options.train.json_events) std::cout << train::events::listening(entry).dump() << std::endl;
-  std::cerr << "peer " << net::short_peer_id(node->id()) << " (pipeline stage " << stage << " of "
-            << place.stages;
-  if (place.replicas > 1) std::cerr << ", replica " << place.replica << " of " << place.replicas;
-  std::cerr << ") listening at " << entry << "\n";
-
   // The end-of-run sample would need the whole model on one peer.
   train::RunConfig c = config;
   c.train.sample_at_end = false;
   train::TrainOptions t = options.train;
   const auto join_timeout = std::chrono::seconds(config.net.join_timeout_s);
+  // stages = "auto": the peers plan together once all are in (pipeline_auto_peer.h), unless this
+  // run resumes, whose checkpoints hold the stages of the plan it began with.
+  bool planning = false;
+  const std::filesystem::path plan_file =
+      std::filesystem::path(config.train.out_dir) / "auto_pipeline.json";
+  if (config.pipeline.auto_stages) {
+    if (t.resume && std::filesystem::exists(plan_file)) {
+      const AutoPipeline saved = read_auto_pipeline(plan_file);
+      if (saved.self < 0)
+        throw ConfigError(plan_file.string() +
+                          " is a local launcher's plan: resume that run with `starling train "
+                          "--peers N --resume`");
+      take_place(c, saved, saved.self);
+      std::cerr << "plan: this peer's own, from " << plan_file.string() << "\n" << saved.report;
+    } else if (t.resume && std::filesystem::exists(std::filesystem::path(config.train.out_dir) /
+                                                   "checkpoints" / "latest")) {
+      throw ConfigError(config.train.out_dir +
+                        " holds checkpoints of a run that did not begin with pipeline.stages = "
+                        "\"auto\" (no auto_pipeline.json): resume it with the stages it began "
+                        "with");
+    } else {
+      planning = true;
+    }
+  }
+  PipelinePlace place = planning ? PipelinePlace{} : place_of(c.pipeline);
+  net::NodeOptions node_opts = net::node_options(config.net);
+  node_opts.role = planning ? kAutoPipelineRole : pipeline_role(place);
+  // No collective waits for a stage before every place is held and every stage says it takes
+  // part (below): one that arrives late holds no one up meanwhile.
+  node_opts.active = false;
+  auto node = std::make_unique<net::Node>(node_opts);
+  const std::string entry = net::format_entry_point(
+      node_opts.insecure ? "" : node_opts.keys.public_key, node->endpoint());
+  if (options.train.json_events) std::cout << train::events::listening(entry).dump() << std::endl;
+  if (planning) {
+    std::cerr << "peer " << net::short_peer_id(node->id()) << " (pipeline stages to be planned) "
+              << "listening at " << entry << "\n";
+    const AutoPipeline plan = agree_on_pipeline(*node, config, join_timeout);
+    take_place(c, plan, plan.self);
+    place = place_of(c.pipeline);
+    std::filesystem::create_directories(plan_file.parent_path());
+    write_auto_pipeline(plan_file, plan);
+    std::cerr << "plan: agreed by the peers, kept in " << plan_file.string() << "\n" << plan.report;
+    node_opts.role = pipeline_role(place);
+    node->set_role(node_opts.role);
+  }
+  if (config.pipeline.auto_stages) {
+    // Every stage of a replica reads that replica's batches.
+    t.data_rank = place.replica;
+    t.data_world = place.replicas;
+  }
+  const int stage = place.stage;
+  const int64_t replacement_wait_s = place.replicas > 1 ? c.pipeline.replacement_wait_s : 0;
+  if (replacement_wait_s > 0 && node_opts.insecure)
+    throw ConfigError(
+        "pipeline.replacement_wait_s needs the peers' keys: a replacement takes over a stage "
+        "under the dead peer's key, and --insecure peers draw a new id at every start");
+  std::cerr << "peer " << net::short_peer_id(node->id()) << " (pipeline stage " << stage << " of "
+            << place.stages;
+  if (place.replicas > 1) std::cerr << ", replica " << place.replica << " of " << place.replicas;
+  std::cerr << ") " << (planning ? "takes its place" : "listening at " + entry) << "\n";
+
   const auto rejoin_timeout = std::max<std::chrono::seconds>(
       join_timeout, std::chrono::seconds(std::max<int64_t>(replacement_wait_s, 0)));
   for (bool rejoined = false;; rejoined = true) {

@@ -25,18 +25,20 @@ std::string pipeline_role(const PipelinePlace& p);
 std::optional<PipelinePlace> parse_pipeline_role(const std::string& role);
 
 // Waits until every place of `mine`'s grid (stages x replicas) is held by an alive member, this
-// one included, and returns who holds which. NetError at once when a member is not a pipeline
-// peer, counts other stages or replicas, or claims a place another alive member holds; and after
-// `timeout` (net.join_timeout_s), naming the places still empty.
+// one included, and returns who holds which; a member still placing itself (kAutoPipelineRole)
+// holds no place yet. NetError at once when a member is not a pipeline peer, counts other stages or
+// replicas, or claims a place another alive member holds; and after `timeout` (net.join_timeout_s),
+// naming the places still empty.
 PipelineGrid wait_for_places(const net::Node& node, const PipelinePlace& mine,
                              std::chrono::milliseconds timeout);
 
-// The whole run of a pipeline stage peer (net.backend = "starling"; check_pipeline_peer passed):
-// joins inactive with its place as its role, waits for every place (wait_for_places) and for
-// every stage to take part, then trains its stage. A peer that comes back under a key the swarm
-// knew (a replacement) first waits until a whole replica admits it (pipeline_admission.h); with
-// pipeline.replacement_wait_s, a stage whose pipeline lost a peer leaves, joins again inactive
-// and waits the same way instead of stopping.
+// The whole run of a pipeline stage peer (net.backend = "starling"; check_pipeline_peer passed, or
+// check_auto_pipeline_peer with stages = "auto", when the peers first agree on a plan and each
+// takes its place from it: pipeline_auto_peer.h): joins inactive with its place as its role, waits
+// for every place (wait_for_places) and for every stage to take part, then trains its stage. A peer
+// that comes back under a key the swarm knew (a replacement) first waits until a whole replica
+// admits it (pipeline_admission.h); with pipeline.replacement_wait_s, a stage whose pipeline lost a
+// peer leaves, joins again inactive and waits the same way instead of stopping.
 train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerOptions& options);
 
 }  // namespace starling::strategy

@@ -1,4 +1,4 @@
-#include "starling/cli/auto_pipeline.h"
+#include "starling/strategy/auto_pipeline.h"
 
 #include <cmath>
 #include <fstream>
@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <span>
+#include <sstream>
 #include <stdexcept>
 
 #include "starling/common/error.h"
@@ -18,7 +19,7 @@
 #include "starling/sched/workload.h"
 #include "starling/train/config.h"
 
-namespace starling::cli {
+namespace starling::strategy {
 
 std::vector<std::string> AutoPipeline::overrides(int i) const {
   std::string ranges = "[";
@@ -32,7 +33,7 @@ std::vector<std::string> AutoPipeline::overrides(int i) const {
           "pipeline.replicas=" + std::to_string(replicas)};
 }
 
-AutoPipeline plan_auto_pipeline(const train::RunConfig& config, const sched::LabSpec& lab) {
+sched::CostTable model_costs(const train::RunConfig& config) {
   sched::CostTable t;
   if (!config.pipeline.profile.empty()) {
     t = sched::read_cost_table(config.pipeline.profile);
@@ -47,18 +48,28 @@ AutoPipeline plan_auto_pipeline(const train::RunConfig& config, const sched::Lab
                         std::to_string(t.nodes.size()) + " nodes are not the model's " +
                         std::to_string(dag->size()) +
                         " (profile this config with `starling plan profile`)");
-  } else {
-    std::cerr << "plan: profiling the model on this machine for pipeline.stages = \"auto\" (set "
-                 "pipeline.profile to a table from `starling plan profile` to skip this)\n";
-    t = sched::profile_workload(config);
+    return t;
   }
+  std::cerr << "plan: profiling the model on this machine for pipeline.stages = \"auto\" (set "
+               "pipeline.profile to a table from `starling plan profile` to skip this)\n";
+  return sched::profile_workload(config);
+}
+
+AutoPipeline plan_auto_pipeline(const train::RunConfig& config, const sched::LabSpec& lab) {
+  sched::CostTable t = model_costs(config);
+  sched::apply_lab(t, lab);
+  return plan_on_costs(config, std::move(t),
+                       config.pipeline.profile.empty() ? "the profile" : config.pipeline.profile);
+}
+
+AutoPipeline plan_on_costs(const train::RunConfig& config, sched::CostTable t,
+                           const std::string& where) {
   // What crosses a cut is what compression leaves of it: price the links at that.
   const double wire = compress::planned_wire_fraction(config.pipeline.compression,
                                                       config.pipeline.compress_activations,
                                                       config.pipeline.topk_ratio);
   t.scale_cuts(wire);
-  sched::apply_lab(t, lab);
-  t.validate(config.pipeline.profile.empty() ? "the profile" : config.pipeline.profile);
+  t.validate(where);
 
   // How replicas average: every step (ddp), every round of local steps (localsgd, diloco), or
   // every round behind the next round's computation (co2). Without a strategy there is one
@@ -79,8 +90,8 @@ AutoPipeline plan_auto_pipeline(const train::RunConfig& config, const sched::Lab
   a.replicas = plan.replicas;
   a.predicted_step_s = plan.step_s;
   for (const auto& st : plan.pipelines.front().stages) a.stages.emplace_back(st.first, st.last);
-  a.stage_of.assign(static_cast<size_t>(lab.peers), -1);
-  a.replica_of.assign(static_cast<size_t>(lab.peers), -1);
+  a.stage_of.assign(t.devices.size(), -1);
+  a.replica_of.assign(t.devices.size(), -1);
   for (int r = 0; r < plan.replicas; ++r)
     for (int s = 0; s < plan.stages; ++s) {
       const int peer = plan.pipelines[static_cast<size_t>(r)].stages[static_cast<size_t>(s)].device;
@@ -95,36 +106,50 @@ AutoPipeline plan_auto_pipeline(const train::RunConfig& config, const sched::Lab
   return a;
 }
 
-void write_auto_pipeline(const std::filesystem::path& file, const AutoPipeline& a) {
+std::string auto_pipeline_text(const AutoPipeline& a) {
   nlohmann::json stages = nlohmann::json::array();
   for (const auto& [first, last] : a.stages) stages.push_back({first, last});
-  const nlohmann::json j = {{"format", "starling-auto-pipeline"},
-                            {"stages", stages},
-                            {"replicas", a.replicas},
-                            {"stage_of", a.stage_of},
-                            {"replica_of", a.replica_of},
-                            {"predicted_step_s", a.predicted_step_s},
-                            {"report", a.report}};
-  const std::string text = j.dump(2) + "\n";
+  nlohmann::json j = {{"format", "starling-auto-pipeline"},
+                      {"stages", stages},
+                      {"replicas", a.replicas},
+                      {"stage_of", a.stage_of},
+                      {"replica_of", a.replica_of},
+                      {"predicted_step_s", a.predicted_step_s},
+                      {"report", a.report}};
+  if (!a.peer_ids.empty()) j["peer_ids"] = a.peer_ids;
+  if (a.self >= 0) j["self"] = a.self;
+  return j.dump(2) + "\n";
+}
+
+void write_auto_pipeline(const std::filesystem::path& file, const AutoPipeline& a) {
+  const std::string text = auto_pipeline_text(a);
   data::write_file_atomically(file, {std::as_bytes(std::span(text.data(), text.size()))});
 }
 
 AutoPipeline read_auto_pipeline(const std::filesystem::path& file) {
   std::ifstream in(file);
   if (!in) throw ConfigError("cannot read " + file.string());
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_auto_pipeline(text.str(), file.string());
+}
+
+AutoPipeline parse_auto_pipeline(const std::string& text, const std::string& where) {
   AutoPipeline a;
   try {
-    const auto j = nlohmann::json::parse(in);
+    const auto j = nlohmann::json::parse(text);
     if (j.value("format", "") != "starling-auto-pipeline")
-      throw ConfigError(file.string() + ": not a pipeline plan (\"format\")");
+      throw ConfigError(where + ": not a pipeline plan (\"format\")");
     for (const auto& r : j.at("stages")) a.stages.emplace_back(r.at(0), r.at(1));
     a.replicas = j.at("replicas");
     a.stage_of = j.at("stage_of").get<std::vector<int>>();
     a.replica_of = j.at("replica_of").get<std::vector<int>>();
     a.predicted_step_s = j.value("predicted_step_s", 0.0);
     a.report = j.value("report", "");
+    if (j.contains("peer_ids")) a.peer_ids = j.at("peer_ids").get<std::vector<std::string>>();
+    a.self = j.value("self", -1);
   } catch (const nlohmann::json::exception& e) {
-    throw ConfigError(file.string() + ": damaged pipeline plan: " + e.what());
+    throw ConfigError(where + ": damaged pipeline plan: " + e.what());
   }
   const int stages = static_cast<int>(a.stages.size());
   bool ok = stages >= 1 && a.replicas >= 1 && a.stage_of.size() == a.replica_of.size() &&
@@ -135,8 +160,11 @@ AutoPipeline read_auto_pipeline(const std::filesystem::path& file) {
   std::set<std::pair<int, int>> places;
   for (size_t i = 0; ok && i < a.stage_of.size(); ++i)
     ok = places.emplace(a.stage_of[i], a.replica_of[i]).second;
-  if (!ok) throw ConfigError(file.string() + ": damaged pipeline plan (places do not fit)");
+  if (!a.peer_ids.empty() && a.peer_ids.size() != a.stage_of.size()) ok = false;
+  if (a.self >= static_cast<int>(a.stage_of.size()) || (a.self >= 0 && a.peer_ids.empty()))
+    ok = false;
+  if (!ok) throw ConfigError(where + ": damaged pipeline plan (places do not fit)");
   return a;
 }
 
-}  // namespace starling::cli
+}  // namespace starling::strategy

@@ -1,0 +1,66 @@
+// pipeline.stages = "auto": OP-Fence (sched/op_fence.h: plan_replicas) chooses the stage count, the
+// cut and each peer's place from a cost table whose devices are the swarm's peers. Two planners
+// fill that table:
+// - the local launcher (`starling train --peers N`), which knows every peer's CPU share and every
+//   link (the lab): it profiles the model (or reads pipeline.profile), lays the lab over it
+//   (sched/lab_spec.h) and plans before any peer starts (plan_auto_pipeline);
+// - peers started one by one (`starling peer`), which measure their own speed and links and
+//   agree on one plan among themselves (pipeline_auto_peer.h), through plan_on_costs.
+// Either way the peers then run explicit stages, as if they had been configured by hand.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "starling/sched/cost_table.h"
+#include "starling/sched/lab_spec.h"
+
+namespace starling::train {
+struct RunConfig;
+}
+
+namespace starling::strategy {
+
+struct AutoPipeline {
+  std::vector<std::pair<int64_t, int64_t>> stages;  // node ranges, shared by every replica
+  int replicas = 1;
+  std::vector<int> stage_of, replica_of;  // per peer (a device of the cost table)
+  double predicted_step_s = 0;
+  std::string report;  // the plan as `starling plan pipeline` prints it
+  // A plan the peers agreed on themselves: their ids (net::format_peer_id) in device order, and
+  // which of them the peer that keeps this copy is (-1: a launcher's plan, by peer number).
+  std::vector<std::string> peer_ids;
+  int self = -1;
+
+  // The --set overrides that place peer `i` (stages, stage, replica, replicas).
+  std::vector<std::string> overrides(int i) const;
+};
+
+// The cost table of the model: pipeline.profile's, checked against the model's nodes, or this
+// machine's profile of it (sched::profile_workload), with the config's micro-batches. ConfigError
+// when the profile cannot be read or its nodes are not the model's.
+sched::CostTable model_costs(const train::RunConfig& config);
+
+// OP-Fence over `t`, whose devices and links are already the swarm's: the cut bytes are priced at
+// what pipeline.compression sends, and the replicas average by strategy.kind. ConfigError naming
+// `where` when the table is inconsistent or no pipeline fits the devices.
+AutoPipeline plan_on_costs(const train::RunConfig& config, sched::CostTable t,
+                           const std::string& where);
+
+// The launcher's plan: model_costs with `lab`'s peers and links laid over it.
+AutoPipeline plan_auto_pipeline(const train::RunConfig& config, const sched::LabSpec& lab);
+
+// The plan a run began with, kept in its out_dir so --resume places every peer as before (a new
+// profile could cut elsewhere, and the checkpoints hold the old stages). Atomic write; the read
+// is a ConfigError naming the file when it is damaged (a missing field, a place out of range or
+// held twice, peer ids that do not match the places).
+void write_auto_pipeline(const std::filesystem::path& file, const AutoPipeline& a);
+AutoPipeline read_auto_pipeline(const std::filesystem::path& file);
+// The same JSON as a string (what peers send one another), and back: ConfigError naming `where`
+// as read_auto_pipeline does.
+std::string auto_pipeline_text(const AutoPipeline& a);
+AutoPipeline parse_auto_pipeline(const std::string& text, const std::string& where);
+
+}  // namespace starling::strategy

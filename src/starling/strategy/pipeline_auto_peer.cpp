@@ -1,0 +1,243 @@
+#include "starling/strategy/pipeline_auto_peer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "starling/common/error.h"
+#include "starling/sched/workload.h"
+#include "starling/strategy/pipeline_config.h"
+#include "starling/train/config.h"
+#include "starling/train/metrics.h"
+
+namespace starling::strategy {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+// Mailbox tags: a peer's measurements to the planner, and the plan back.
+constexpr uint64_t kReportTag = 0x706970656175'7472;  // "pipeautr"
+constexpr uint64_t kPlanTag = 0x706970656175'7470;    // "pipeautp"
+
+std::string who(net::PeerId id, const std::string& name) {
+  return "peer " + net::short_peer_id(id) + (name.empty() ? std::string() : " (" + name + ")");
+}
+
+// The bytes of a received message, or NetError saying what did not come from whom.
+std::vector<uint8_t> receive(net::Node& node, net::PeerId from, uint64_t tag, milliseconds timeout,
+                             const std::string& what) {
+  net::Transfer t = node.recv(from, tag);
+  if (!t.wait_for(timeout))
+    throw NetError("pipeline: " + what + " did not come from peer " + net::short_peer_id(from) +
+                   " within net.join_timeout_s = " + std::to_string(timeout.count() / 1000) + " s");
+  return t.wait();
+}
+
+double total_compute_s(const sched::CostTable& t) {
+  double s = 0;
+  for (const auto& n : t.nodes) s += n.compute_s;
+  return s;
+}
+
+// The bandwidth this peer measured from each of `others` (gossip's probes), waiting a little for
+// probes still on their way: a newcomer's arrive right behind its hello.
+std::map<net::PeerId, double> inbound_rates(const net::Node& node,
+                                            const std::vector<net::PeerId>& others) {
+  const auto deadline = steady_clock::now() + std::chrono::seconds(5);
+  for (;;) {
+    std::map<net::PeerId, double> rates;
+    for (const net::LinkView& l : node.links())
+      if (l.to == node.id() && l.stats.mbit_per_s > 0) rates[l.from] = l.stats.mbit_per_s * 1e6 / 8;
+    const bool all = std::all_of(others.begin(), others.end(),
+                                 [&](net::PeerId p) { return rates.count(p) != 0; });
+    if (all || steady_clock::now() > deadline) return rates;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode_report(const PeerReport& r) {
+  nlohmann::json in = nlohmann::json::object();
+  for (const auto& [from, rate] : r.inbound_bytes_per_s) in[net::format_peer_id(from)] = rate;
+  const nlohmann::json j = {{"id", net::format_peer_id(r.id)},
+                            {"name", r.name},
+                            {"compute_s", r.compute_s},
+                            {"inbound_bytes_per_s", in}};
+  const std::string text = j.dump();
+  return {text.begin(), text.end()};
+}
+
+PeerReport decode_report(std::span<const uint8_t> bytes, net::PeerId sender) {
+  const std::string where = "pipeline: the measurements of peer " + net::short_peer_id(sender);
+  PeerReport r;
+  try {
+    const auto j = nlohmann::json::parse(bytes.begin(), bytes.end());
+    if (j.at("id").get<std::string>() != net::format_peer_id(sender))
+      throw NetError(where + " speak of another peer");
+    r.id = sender;
+    r.name = j.at("name").get<std::string>().substr(0, 128);
+    r.compute_s = j.at("compute_s").get<double>();
+    for (const auto& [key, rate] : j.at("inbound_bytes_per_s").items()) {
+      if (key.size() != 16 || key.find_first_not_of("0123456789abcdef") != std::string::npos)
+        throw NetError(where + " name a link from \"" + key.substr(0, 32) +
+                       "\", which is no peer id");
+      const double v = rate.get<double>();
+      if (!(v > 0) || !std::isfinite(v))
+        throw NetError(where + " give the link from " + key + " a rate of " + std::to_string(v));
+      r.inbound_bytes_per_s[std::stoull(key, nullptr, 16)] = v;
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw NetError(where + " are malformed: " + e.what());
+  }
+  if (!(r.compute_s > 0) || !std::isfinite(r.compute_s))
+    throw NetError(where + " give a compute time of " + std::to_string(r.compute_s) + " s");
+  return r;
+}
+
+sched::CostTable swarm_costs(const sched::CostTable& reference,
+                             const std::vector<PeerReport>& reports,
+                             std::vector<std::string>* unmeasured) {
+  sched::CostTable t = reference;
+  const double reference_s = total_compute_s(reference);
+  const size_t n = reports.size();
+  t.devices.clear();
+  for (const PeerReport& r : reports)
+    t.devices.push_back({.name = who(r.id, r.name), .speed = reference_s / r.compute_s});
+  t.links.assign(n, std::vector<sched::LinkCost>(n));
+  auto measured = [&](size_t from, size_t to) {
+    const auto& in = reports[to].inbound_bytes_per_s;
+    const auto it = in.find(reports[from].id);
+    return it == in.end() ? 0.0 : it->second;
+  };
+  for (size_t a = 0; a < n; ++a)
+    for (size_t b = 0; b < n; ++b) {
+      if (a == b) continue;
+      double rate = measured(a, b);
+      if (rate == 0) rate = measured(b, a);
+      if (rate == 0) {
+        rate = sched::kUnshapedBytesPerS;
+        if (unmeasured != nullptr && a < b)
+          unmeasured->push_back(t.devices[a].name + " - " + t.devices[b].name);
+      }
+      t.links[a][b] = {.bytes_per_s = rate, .latency_s = 0};
+    }
+  return t;
+}
+
+void check_auto_pipeline_peer(const train::RunConfig& c) {
+  const PipelineConfig& p = c.pipeline;
+  if (p.stage >= 0 || p.replica >= 0 || p.replicas > 0)
+    throw ConfigError(
+        "pipeline.stages = \"auto\" places every peer and chooses the replicas: drop "
+        "pipeline.stage, pipeline.replica and pipeline.replicas");
+  if (c.net.min_peers < 2)
+    throw ConfigError(
+        "pipeline.stages = \"auto\" on a peer: the peers measure themselves and plan once all "
+        "of them are in the swarm, so set net.min_peers to the swarm's size (at least 2; "
+        "WORLD_SIZE sets it under a launcher such as torchrun), or start a local swarm with "
+        "`starling train --peers N`");
+  // Before the others wait for it.
+  check_any_cut(c);
+}
+
+void check_any_cut(const train::RunConfig& c) {
+  PipelineConfig any_cut = c.pipeline;
+  any_cut.auto_stages = false;
+  any_cut.num_stages = 2;
+  check_pipeline_peer(any_cut, {.strategy_kind = c.strategy.kind,
+                                .dtype = c.train.dtype,
+                                .net_backend = c.net.backend,
+                                .swapped = c.swap.enabled(),
+                                .stage = 0,
+                                .replica = 0,
+                                .replicas = 1});
+}
+
+AutoPipeline agree_on_pipeline(net::Node& node, const train::RunConfig& config,
+                               milliseconds timeout) {
+  const auto peers = static_cast<size_t>(config.net.min_peers);
+  std::cerr << "pipeline: waiting for " << peers
+            << " peers to measure the swarm and plan the stages (pipeline.stages = \"auto\")\n";
+  if (!node.wait_for_members(peers, timeout))
+    throw NetError("pipeline: only " + std::to_string(node.members().size()) +
+                   " of net.min_peers = " + std::to_string(peers) +
+                   " peers arrived within net.join_timeout_s = " +
+                   std::to_string(timeout.count() / 1000) + " s");
+  std::vector<net::PeerId> ids;
+  for (const net::MemberView& m : node.members()) {
+    if (m.state != net::MemberState::alive) continue;
+    if (m.info.role != kAutoPipelineRole)
+      throw NetError("pipeline: " + who(m.info.id, m.info.name) + " announces \"" +
+                     m.info.role.substr(0, 64) +
+                     "\" in a swarm that plans its pipeline (pipeline.stages = \"auto\" on every "
+                     "peer, or explicit stages on every peer)");
+    ids.push_back(m.info.id);
+  }
+  if (ids.size() != peers)
+    throw NetError("pipeline: " + std::to_string(ids.size()) +
+                   " peers are in a swarm planned for net.min_peers = " + std::to_string(peers));
+  std::sort(ids.begin(), ids.end());
+  const net::PeerId planner = ids.front();
+  std::vector<net::PeerId> others;
+  for (net::PeerId id : ids)
+    if (id != node.id()) others.push_back(id);
+
+  // Measure this peer, and report to the planner (itself included). The links first: a profile
+  // keeps the cores busy, and a probe timed meanwhile would read slower than its link.
+  PeerReport mine{.id = node.id(), .name = config.net.name};
+  mine.inbound_bytes_per_s = inbound_rates(node, others);
+  const double t0 = train::now_s();
+  const sched::CostTable own = sched::profile_workload(config);
+  mine.compute_s = total_compute_s(own);
+  std::cerr << "pipeline: this peer computes a micro-batch's forward and backward in "
+            << train::fmt("%.1f", mine.compute_s * 1e3) << " ms (measured in "
+            << train::fmt("%.1f", train::now_s() - t0) << " s)\n";
+  node.send(planner, kReportTag, encode_report(mine)).wait();
+
+  AutoPipeline plan;
+  if (node.id() == planner) {
+    std::vector<PeerReport> reports;
+    for (net::PeerId id : ids)
+      reports.push_back(
+          decode_report(receive(node, id, kReportTag, timeout, "its measurements"), id));
+    const sched::CostTable reference = config.pipeline.profile.empty() ? own : model_costs(config);
+    std::vector<std::string> unmeasured;
+    sched::CostTable t = swarm_costs(reference, reports, &unmeasured);
+    plan = plan_on_costs(config, t, "the swarm's measurements");
+    std::string measured = "measured by the peers:\n";
+    for (size_t d = 0; d < reports.size(); ++d)
+      measured += "  device " + std::to_string(d) + ": " + t.devices[d].name + ", " +
+                  train::fmt("%.1f", reports[d].compute_s * 1e3) + " ms per micro-batch\n";
+    for (size_t a = 0; a < reports.size(); ++a)
+      for (size_t b = a + 1; b < reports.size(); ++b)
+        measured += "  link " + std::to_string(a) + "-" + std::to_string(b) + ": " +
+                    train::fmt("%.3g", t.links[a][b].bytes_per_s * 8 / 1e6) + " Mbit/s to " +
+                    std::to_string(b) + ", " +
+                    train::fmt("%.3g", t.links[b][a].bytes_per_s * 8 / 1e6) + " Mbit/s back\n";
+    for (const std::string& pair : unmeasured)
+      measured += "  no bandwidth measured between " + pair + ": taken as unshaped\n";
+    plan.report = measured + plan.report;
+    for (net::PeerId id : ids) plan.peer_ids.push_back(net::format_peer_id(id));
+    const std::string text = auto_pipeline_text(plan);
+    for (net::PeerId id : others) node.send(id, kPlanTag, {text.begin(), text.end()}).wait();
+  } else {
+    const auto bytes = receive(node, planner, kPlanTag, timeout, "the plan");
+    plan = parse_auto_pipeline(std::string(bytes.begin(), bytes.end()),
+                               "the plan from peer " + net::short_peer_id(planner));
+    std::vector<std::string> expected;
+    for (net::PeerId id : ids) expected.push_back(net::format_peer_id(id));
+    if (plan.peer_ids != expected)
+      throw NetError("pipeline: the plan from peer " + net::short_peer_id(planner) +
+                     " places other peers than the swarm's");
+  }
+  const auto at =
+      std::find(plan.peer_ids.begin(), plan.peer_ids.end(), net::format_peer_id(node.id()));
+  plan.self = static_cast<int>(at - plan.peer_ids.begin());
+  return plan;
+}
+
+}  // namespace starling::strategy
