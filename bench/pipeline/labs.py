@@ -7,7 +7,9 @@
   opfence-1+ada  the same with pipeline.compression = "adatopk" (not run unless named);
   opfence      pipeline.stages = "auto": OP-Fence's stage count, cut and placement for the lab,
                replicas averaged by --strategy where it chooses them, whole tensors;
-  opfence+ada  the same plan with pipeline.compression = "adatopk" (int8 activations),
+  opfence+ada  the same plan with pipeline.compression = "adatopk" (int8 activations);
+  opfence-peers, opfence-1-peers  as opfence and opfence-1, but planned by the peers from their
+               own measurements (pipeline.planner = "peers"; not run unless named),
 each as a ratio against the uniform run of the same repetition, plus OP-Fence's predicted step
 time against the measured one.
 
@@ -158,6 +160,8 @@ def main():
                     cmd += ["--set", 'pipeline.stages="auto"', "--set", f'pipeline.profile="{profile}"']
                     if c.startswith("opfence-1"):
                         cmd += ["--set", 'strategy.kind="none"']
+                    if "-peers" in c:
+                        cmd += ["--set", 'pipeline.planner="peers"']
                     if c.endswith("+ada"):
                         cmd += ["--set", 'pipeline.compression="adatopk"']
                 run(cmd, out + ".log")

@@ -424,6 +424,11 @@ TEST_F(CliTest, PlanProfileAndPipeline) {
           "--link 0-3=10mbit --link 1-2=10mbit");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("2 groups of devices by bandwidth"), std::string::npos) << r.output;
+  // A star: each device's one upload carries a middle stage's two directions.
+  r = run("plan pipeline --profile " + table.string() +
+          " --speeds 1,1,1 --link-rate 10kbit --egress 10kbit");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("sends both ways through one upload"), std::string::npos) << r.output;
 
   // Bad input names what is wrong.
   r = run("plan pipeline --profile " + table.string() + " --speeds 1,x");
@@ -435,6 +440,9 @@ TEST_F(CliTest, PlanProfileAndPipeline) {
   r = run("plan pipeline --profile " + table.string() + " --link-rate fast");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("--link-rate = \"fast\""), std::string::npos) << r.output;
+  r = run("plan pipeline --profile " + table.string() + " --egress 5");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--egress = \"5\""), std::string::npos) << r.output;
   r = run("plan pipeline --profile " + (root_ / "absent.json").string());
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("absent.json"), std::string::npos) << r.output;

@@ -94,7 +94,13 @@ TEST(LabSpec, AppliedToACostTable) {
   EXPECT_DOUBLE_EQ(t.devices[2].speed, 0.25);
   EXPECT_DOUBLE_EQ(t.links[0][1].bytes_per_s, 1e6);
   EXPECT_DOUBLE_EQ(t.links[2][0].bytes_per_s, kUnshapedBytesPerS);
+  EXPECT_DOUBLE_EQ(t.devices[1].egress_bytes_per_s, 0);  // a link of its own per pair
   EXPECT_NO_THROW(t.validate());
+  // A star (`--link-rate`): each peer's one upload.
+  LabSpec star = lab;
+  star.egress_bits_per_s = {8e6, 8e6, 16e6};
+  apply_lab(t, star);
+  EXPECT_DOUBLE_EQ(t.devices[2].egress_bytes_per_s, 2e6);
 }
 
 }  // namespace

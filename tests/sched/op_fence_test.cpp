@@ -126,6 +126,9 @@ TEST(OpFence, MatchesABruteForceOverEveryCut) {
     }
     for (int a = 0; a < k; ++a)
       for (int b = a + 1; b < k; ++b) set_link(t, a, b, u(rng) * 1e6);
+    // Every other table is a star: each device's sends share one upload.
+    if (trial % 2 == 1)
+      for (auto& d : t.devices) d.egress_bytes_per_s = u(rng) * 1e6;
     std::vector<int> chain(static_cast<size_t>(k));
     std::iota(chain.begin(), chain.end(), 0);
     const auto dp = cut_pipeline(t, chain);
@@ -183,6 +186,26 @@ TEST(OpFence, RefusesImpossibleChains) {
   EXPECT_THROW(cut_pipeline(t, {7}), std::invalid_argument);
 }
 
+// In a star every device sends through one upload: a middle stage's activations forward and
+// gradients back share it, so it carries twice what an end stage does, and the cut moves.
+TEST(OpFence, AStarsUploadCarriesBothDirectionsOfAMiddleStage) {
+  CostTable t = table(6, {1, 1, 1}, kFast, 1, 1'000'000);
+  for (auto& d : t.devices) d.egress_bytes_per_s = 500'000;  // 2 s per MB
+  auto even = uniform_pipeline(t, {0, 1, 2});
+  EXPECT_DOUBLE_EQ(even.stages[0].egress_s, 2);
+  EXPECT_DOUBLE_EQ(even.stages[1].egress_s, 4);  // 1 MB each way
+  EXPECT_DOUBLE_EQ(even.stages[2].egress_s, 2);
+  EXPECT_DOUBLE_EQ(even.bottleneck_s, 4);  // not the 2 s of compute per stage
+  // Separate links would hide it: the same table without the upload.
+  CostTable separate = t;
+  for (auto& d : separate.devices) d.egress_bytes_per_s = 0;
+  EXPECT_DOUBLE_EQ(uniform_pipeline(separate, {0, 1, 2}).bottleneck_s, 2);
+  // With uploads that slow, two stages beat three: one crossing, each end sending it once.
+  const auto p = op_fence(t);
+  EXPECT_EQ(p.stages.size(), 2u);
+  EXPECT_DOUBLE_EQ(p.bottleneck_s, 3);  // 3 nodes per stage; 2 s through each upload
+}
+
 TEST(CostTable, RoundTripsThroughJsonAndNamesWhatIsWrong) {
   auto t = table(3, {2, 1});
   t.links[0][1] = {5e6, 0.01};
@@ -199,6 +222,10 @@ TEST(CostTable, RoundTripsThroughJsonAndNamesWhatIsWrong) {
   EXPECT_DOUBLE_EQ(back.link(0, 1).latency_s, 0.01);  // the slower direction of the two
   EXPECT_DOUBLE_EQ(back.link(1, 0).bytes_per_s, 5e6);
   EXPECT_EQ(back.micro_batches, 8);
+  EXPECT_DOUBLE_EQ(back.devices[1].egress_bytes_per_s, 0);  // none given, none read
+  t.devices[1].egress_bytes_per_s = 1.25e6;
+  EXPECT_DOUBLE_EQ(cost_table_from_json(to_json(t), "p.json").devices[1].egress_bytes_per_s,
+                   1.25e6);
 
   auto error_of = [](const nlohmann::json& j) {
     try {
@@ -214,6 +241,10 @@ TEST(CostTable, RoundTripsThroughJsonAndNamesWhatIsWrong) {
   j = to_json(t);
   j["devices"][1]["speed"] = 0;
   EXPECT_NE(error_of(j).find("devices[1] (d1): speed must be > 0"), std::string::npos);
+  j = to_json(t);
+  j["devices"][1]["egress_bytes_per_s"] = -1;
+  EXPECT_NE(error_of(j).find("devices[1] (d1): egress_bytes_per_s must be >= 0"),
+            std::string::npos);
   j = to_json(t);
   j["links"].erase(1);
   EXPECT_NE(error_of(j).find("links must be a 2 x 2 matrix"), std::string::npos);

@@ -78,6 +78,8 @@ sched::LabSpec effective_lab(const LocalSwarmOptions& o) {
                           : sched::parse_link_rate(o.link_rate, "--link-rate") * 8;
   lab.bits_per_s.assign(o.peers, std::vector<double>(o.peers, bits));
   for (int i = 0; i < o.peers; ++i) lab.bits_per_s[i][i] = 0;
+  // A star: each peer's one shaped upload carries everything it sends.
+  if (bits > 0) lab.egress_bits_per_s.assign(o.peers, bits);
   lab.cpus = o.peer_cpus;
   return lab;
 }

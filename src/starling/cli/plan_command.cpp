@@ -100,7 +100,7 @@ void add_plan_command(CLI::App& app) {
       "cut a profiled model into pipeline stages for devices of given speeds and links "
       "(OP-Fence: groups by bandwidth, exact cut; docs/scheduler.md)");
   struct PipelineArgs {
-    std::string profile, speeds = "1,1", rate = "1gbit", lab;
+    std::string profile, speeds = "1,1", rate = "1gbit", lab, egress;
     std::vector<std::string> links;
     int64_t micro_batches = 0;
     double sync_every = 1;
@@ -118,6 +118,10 @@ void add_plan_command(CLI::App& app) {
   pipeline->add_option("--link", pp->links,
                        "one link's rate, A-B=RATE with device numbers, e.g. 1-2=10mbit "
                        "(repeatable)");
+  pipeline->add_option("--egress", pp->egress,
+                       "every device sends through one upload of this rate, e.g. 10mbit (a star, "
+                       "as `train --link-rate` builds): a middle stage's activations and "
+                       "gradients share it");
   pipeline->add_option("--lab", pp->lab,
                        "the devices and links of a lab file (as `train --peers N --lab` builds "
                        "it) in place of --speeds, --link-rate and --link");
@@ -154,6 +158,9 @@ void add_plan_command(CLI::App& app) {
     } else {
       set_devices(t, pp->speeds, pp->rate, pp->links);
     }
+    if (!pp->egress.empty())
+      for (auto& d : t.devices)
+        d.egress_bytes_per_s = sched::parse_link_rate(pp->egress, "--egress");
     t.validate(pp->profile);
     const auto groups = sched::cluster_devices(t);
     const auto chain = sched::device_chain(t, groups);

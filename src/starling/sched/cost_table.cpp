@@ -57,10 +57,12 @@ void CostTable::validate(const std::string& where) const {
           at + ": compute_s must be a finite time >= 0");
     check(nodes[i].param_bytes >= 0 && nodes[i].cut_bytes >= 0, at + ": negative bytes");
   }
-  for (size_t d = 0; d < devices.size(); ++d)
-    check(std::isfinite(devices[d].speed) && devices[d].speed > 0,
-          where + ": devices[" + std::to_string(d) + "] (" + devices[d].name +
-              "): speed must be > 0");
+  for (size_t d = 0; d < devices.size(); ++d) {
+    const std::string at = where + ": devices[" + std::to_string(d) + "] (" + devices[d].name + ")";
+    check(std::isfinite(devices[d].speed) && devices[d].speed > 0, at + ": speed must be > 0");
+    check(std::isfinite(devices[d].egress_bytes_per_s) && devices[d].egress_bytes_per_s >= 0,
+          at + ": egress_bytes_per_s must be >= 0 (0 = none)");
+  }
   check(links.size() == devices.size(), where + ": links must be a " +
                                             std::to_string(devices.size()) + " x " +
                                             std::to_string(devices.size()) + " matrix");
@@ -106,7 +108,11 @@ json to_json(const CostTable& t) {
                      {"compute_s", n.compute_s},
                      {"param_bytes", n.param_bytes},
                      {"cut_bytes", n.cut_bytes}});
-  for (const auto& d : t.devices) devices.push_back({{"name", d.name}, {"speed", d.speed}});
+  for (const auto& d : t.devices) {
+    json device = {{"name", d.name}, {"speed", d.speed}};
+    if (d.egress_bytes_per_s > 0) device["egress_bytes_per_s"] = d.egress_bytes_per_s;
+    devices.push_back(device);
+  }
   for (const auto& row : t.links) {
     json r = json::array();
     for (const auto& l : row)
@@ -145,8 +151,11 @@ CostTable cost_table_from_json(const json& j, const std::string& where) {
   check(devices.is_array(), where + ".devices: expected an array");
   for (size_t i = 0; i < devices.size(); ++i) {
     const std::string at = where + ".devices[" + std::to_string(i) + "]";
-    t.devices.push_back(
-        {.name = text(devices[i], "name", at), .speed = number(devices[i], "speed", at)});
+    t.devices.push_back({.name = text(devices[i], "name", at),
+                         .speed = number(devices[i], "speed", at),
+                         .egress_bytes_per_s = devices[i].contains("egress_bytes_per_s")
+                                                   ? number(devices[i], "egress_bytes_per_s", at)
+                                                   : 0.0});
   }
   const json& links = field(j, "links", where);
   check(links.is_array(), where + ".links: expected an array of arrays");

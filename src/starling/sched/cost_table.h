@@ -27,6 +27,10 @@ struct NodeCost {
 struct DeviceCost {
   std::string name;
   double speed = 1;  // throughput against the reference device: a node takes compute_s / speed
+  // One upload that everything the device sends shares, in bytes per second (a star network, such
+  // as `--link-rate`'s, where a peer reaches every other through one shaped link); 0 = none: each
+  // link of `links` is a path of its own.
+  double egress_bytes_per_s = 0;
 };
 
 struct LinkCost {
@@ -52,8 +56,8 @@ struct CostTable {
   // The link between two devices, either direction: the slower of the two measurements.
   LinkCost link(size_t a, size_t b) const;
   // ConfigError naming `where` and the field when the table is inconsistent: no nodes or devices,
-  // a negative or non-finite time or size, a speed <= 0, a links matrix of the wrong size, a
-  // missing link between two devices, fewer than one micro-batch.
+  // a negative or non-finite time or size, a speed <= 0, a negative egress, a links matrix of the
+  // wrong size, a missing link between two devices, fewer than one micro-batch.
   void validate(const std::string& where = "cost table") const;
   // Every cut's bytes times `fraction`: what a compression leaves of them on the wire.
   void scale_cuts(double fraction);

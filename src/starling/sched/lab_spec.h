@@ -30,7 +30,10 @@ struct LabSpec {
   // bits_per_s[a][b]: the link from peer a to peer b; 0 = not shaped (and on the diagonal).
   std::vector<std::vector<double>> bits_per_s;
   std::vector<double> cpus;  // one per peer, or empty for no quotas
-  std::string source;        // the file, for messages
+  // Set for a star (`--link-rate`: each peer reaches every other through one shaped upload): that
+  // upload's rate per peer, in bits per second. Empty: every pair has a link of its own.
+  std::vector<double> egress_bits_per_s;
+  std::string source;  // the file, for messages
 
   // tc's form of the rate from a to b ("10000000bit"), or "unlimited".
   std::string tc_rate(int a, int b) const;
@@ -47,8 +50,8 @@ LabSpec read_lab_spec(const std::filesystem::path& file);
 
 // The lab as the scheduler's devices and links: device i is peer i, at speed
 // min(cpus[i], t.reference_cpus) / t.reference_cpus (peers run the profiled config's threads;
-// 1 without quotas), the links the lab's rates (an unshaped link at kUnshapedBytesPerS), no
-// latency.
+// 1 without quotas), with a star's upload, the links the lab's rates (an unshaped link at
+// kUnshapedBytesPerS), no latency.
 void apply_lab(CostTable& t, const LabSpec& lab);
 
 }  // namespace starling::sched

@@ -20,6 +20,18 @@ double link_time(const CostTable& t, int last, int a, int b) {
          l.latency_s;
 }
 
+// What stage `s` of `stages` on device `d` sends through the device's one upload per micro-batch,
+// when it starts after node first - 1 and ends at node last: the gradient of its input back
+// (not the first stage) and its output forward (not the last). 0 without an upload of its own.
+double egress_time(const CostTable& t, int d, int s, int stages, int first, int last) {
+  const double rate = t.devices[static_cast<size_t>(d)].egress_bytes_per_s;
+  if (rate <= 0) return 0;
+  double bytes = 0;
+  if (s > 0) bytes += static_cast<double>(t.nodes[static_cast<size_t>(first) - 1].cut_bytes);
+  if (s + 1 < stages) bytes += static_cast<double>(t.nodes[static_cast<size_t>(last)].cut_bytes);
+  return bytes / rate;
+}
+
 int find(std::vector<int>& parent, int x) {
   while (parent[static_cast<size_t>(x)] != x) {
     parent[static_cast<size_t>(x)] = parent[static_cast<size_t>(parent[static_cast<size_t>(x)])];
@@ -171,8 +183,10 @@ void price(const CostTable& t, PipelinePlan& plan) {
     st.link_s = s + 1 < plan.stages.size()
                     ? link_time(t, st.last, st.device, plan.stages[s + 1].device)
                     : 0;
+    st.egress_s = egress_time(t, st.device, static_cast<int>(s),
+                              static_cast<int>(plan.stages.size()), st.first, st.last);
     sum += st.compute_s + 2 * st.link_s;
-    slowest = std::max({slowest, st.compute_s, st.link_s});
+    slowest = std::max({slowest, st.compute_s, st.link_s, st.egress_s});
   }
   plan.bottleneck_s = slowest;
   plan.step_s = sum + static_cast<double>(t.micro_batches - 1) * slowest;
@@ -203,19 +217,24 @@ PipelinePlan cut_pipeline(const CostTable& t, const std::vector<int>& chain) {
   auto link = [&](int s, int j) {
     return link_time(t, j - 1, chain[static_cast<size_t>(s) - 1], chain[static_cast<size_t>(s)]);
   };
+  // Stage s on nodes [j, i): its compute, and its upload's time where its device has one of its
+  // own. Both cuts of the stage are known here, so the cut stays exact.
+  auto part = [&](int s, int j, int i) {
+    return std::max(stage(s, j, i), egress_time(t, chain[static_cast<size_t>(s)], s, k, j, i - 1));
+  };
   using Table = std::vector<std::vector<double>>;
   const size_t rows = static_cast<size_t>(k), cols = static_cast<size_t>(n) + 1;
 
   // 1. The smallest possible slowest part: worst[s][i] for nodes [0, i) on stages 0..s.
   Table worst(rows, std::vector<double>(cols, kInf));
-  for (int i = 1; i <= n; ++i) worst[0][static_cast<size_t>(i)] = stage(0, 0, i);
+  for (int i = 1; i <= n; ++i) worst[0][static_cast<size_t>(i)] = part(0, 0, i);
   for (int s = 1; s < k; ++s)
     for (int i = s + 1; i <= n; ++i)
       for (int j = s; j < i; ++j)
         worst[static_cast<size_t>(s)][static_cast<size_t>(i)] =
             std::min(worst[static_cast<size_t>(s)][static_cast<size_t>(i)],
                      std::max({worst[static_cast<size_t>(s) - 1][static_cast<size_t>(j)],
-                               link(s, j), stage(s, j, i)}));
+                               link(s, j), part(s, j, i)}));
   const double bound = worst[rows - 1][cols - 1];
   const double limit = bound * (1 + 1e-12) + 1e-300;
 
@@ -224,7 +243,7 @@ PipelinePlan cut_pipeline(const CostTable& t, const std::vector<int>& chain) {
   Table sum(rows, std::vector<double>(cols, kInf));
   std::vector<std::vector<int>> start(rows, std::vector<int>(cols, -1));
   for (int i = 1; i <= n; ++i)
-    if (const double c = stage(0, 0, i); c <= limit) {
+    if (const double c = stage(0, 0, i); part(0, 0, i) <= limit) {
       sum[0][static_cast<size_t>(i)] = c;
       start[0][static_cast<size_t>(i)] = 0;
     }
@@ -233,7 +252,7 @@ PipelinePlan cut_pipeline(const CostTable& t, const std::vector<int>& chain) {
       for (int j = s; j < i; ++j) {
         const double before = sum[static_cast<size_t>(s) - 1][static_cast<size_t>(j)];
         const double l = link(s, j), c = stage(s, j, i);
-        if (before == kInf || l > limit || c > limit) continue;
+        if (before == kInf || l > limit || part(s, j, i) > limit) continue;
         if (const double v = before + 2 * l + c;
             v < sum[static_cast<size_t>(s)][static_cast<size_t>(i)]) {
           sum[static_cast<size_t>(s)][static_cast<size_t>(i)] = v;
@@ -300,10 +319,15 @@ ReplicatedPlan plan_windows(const CostTable& t, const std::vector<int>& chain, i
   v.links.assign(static_cast<size_t>(stages),
                  std::vector<LinkCost>(static_cast<size_t>(stages), {kUnshapedBytesPerS, 0}));
   for (int s = 0; s < stages; ++s) {
-    double speed = kInf;
-    for (int r = 0; r < replicas; ++r)
-      speed = std::min(speed, t.devices[static_cast<size_t>(device(r, s))].speed);
-    v.devices.push_back({.name = "stage " + std::to_string(s), .speed = speed});
+    double speed = kInf, egress = 0;  // the slowest upload of one (0: none has one)
+    for (int r = 0; r < replicas; ++r) {
+      const DeviceCost& d = t.devices[static_cast<size_t>(device(r, s))];
+      speed = std::min(speed, d.speed);
+      if (d.egress_bytes_per_s > 0)
+        egress = egress > 0 ? std::min(egress, d.egress_bytes_per_s) : d.egress_bytes_per_s;
+    }
+    v.devices.push_back(
+        {.name = "stage " + std::to_string(s), .speed = speed, .egress_bytes_per_s = egress});
     if (s + 1 == stages) continue;
     LinkCost slowest{kInf, 0};
     for (int r = 0; r < replicas; ++r) {

@@ -10,7 +10,10 @@
 // on the two directions of the link at once). With M micro-batches a step takes
 //   sum of the stages + 2 x sum of the links + (M - 1) x the slowest stage or link
 // (the first micro-batch goes through everything forward and back; the others follow at the pace
-// of the slowest part: GPipe's and 1F1B's steady state). Torch-free.
+// of the slowest part: GPipe's and 1F1B's steady state). A device with one upload for everything
+// it sends (DeviceCost::egress_bytes_per_s: a star network) adds a part of its own: the bytes its
+// stage sends both ways per micro-batch, activations to the next stage and gradients to the
+// previous one, over that upload. Torch-free.
 #pragma once
 
 #include <vector>
@@ -24,11 +27,14 @@ struct StagePlan {
   int device = 0;           // index into CostTable::devices
   double compute_s = 0;     // per micro-batch, forward and backward
   double link_s = 0;        // to the next stage, per micro-batch and direction; 0 for the last
+  // Through the device's one upload (a star's), per micro-batch: activations forward and
+  // gradients back together; 0 without one.
+  double egress_s = 0;
 };
 
 struct PipelinePlan {
   std::vector<StagePlan> stages;
-  double bottleneck_s = 0;  // the slowest stage or link
+  double bottleneck_s = 0;  // the slowest stage, link or upload
   double step_s = 0;        // predicted time of an optimizer step (the model above)
 };
 

@@ -29,6 +29,15 @@ std::string describe_plan(const CostTable& t, const PipelinePlan& p) {
         s + 1 < p.stages.size() ? format_seconds(st.link_s).c_str() : "-");
     out << line;
   }
+  // A star's uploads, where one is slower than the stage's compute and its own link: activations
+  // forward and gradients back leave through it together.
+  for (size_t s = 0; s < p.stages.size(); ++s) {
+    const auto& st = p.stages[s];
+    if (st.egress_s > std::max(st.compute_s, st.link_s))
+      out << "  stage " << s
+          << " sends both ways through one upload: " << format_seconds(st.egress_s)
+          << " per micro-batch\n";
+  }
   out << "  slowest part " << format_seconds(p.bottleneck_s) << " per micro-batch; predicted step "
       << format_seconds(p.step_s) << " for " << t.micro_batches << " micro-batches\n";
   return out.str();
