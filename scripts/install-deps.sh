@@ -15,6 +15,7 @@ PACKAGES=(
   liburing-dev                      # swap disk tier: asynchronous O_DIRECT I/O
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
   libsentencepiece-dev sentencepiece
+  libpcre2-dev                      # GPT-2's tokenizer: its pre-split pattern (Unicode classes)
   libgtest-dev libgmock-dev
   python3-numpy                     # the oracle scripts and safetensors exchange
   python3-matplotlib                # loss curves (scripts/plot_loss.py) and bench/strategies plots

@@ -148,6 +148,36 @@ TEST_F(CliTest, SampleFromCheckpoint) {
   EXPECT_NE(run("sample --checkpoint " + (root_ / "run_sample").string() + " --top-p 0").code, 0);
 }
 
+// Text through GPT-2's BPE trains a model of GPT-2's vocabulary, and its checkpoint samples text
+// back through the dataset's own copy of the BPE files.
+TEST_F(CliTest, GptTwoTokensTrainAndSampleText) {
+  const fs::path bpe = fs::path(STARLING_SOURCE_DIR) / "data" / "gpt2";
+  if (!fs::is_regular_file(bpe / "vocab.bpe"))
+    GTEST_SKIP() << "GPT-2's BPE files are not in " << bpe
+                 << ": run scripts/fetch-gpt2-bpe.sh (make test does)";
+  const Result prep =
+      run("data prepare " + (root_ / "text").string() + " --out " + (root_ / "data_gpt2").string() +
+          " --tokenizer gpt2 --bpe " + bpe.string() + " --val-fraction 0.2");
+  ASSERT_EQ(prep.code, 0) << prep.output;
+  EXPECT_NE(prep.output.find("gpt2 tokenizer, vocab 50257"), std::string::npos) << prep.output;
+  const fs::path cfg = write_config("gpt2_tokens");
+  const Result train =
+      run("train -q --config " + cfg.string() + " --set 'data.dir=\"" +
+          (root_ / "data_gpt2").string() + "\"' --set model.vocab_size=50257 --set train.steps=2");
+  ASSERT_EQ(train.code, 0) << train.output;
+  const Result r = run("sample --checkpoint " + (root_ / "run_gpt2_tokens").string() +
+                       " --prompt 'the jury said' --max-tokens 5 --temperature 0");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("the jury said", 0), 0u) << r.output;
+  // Without the files, preparing says where they should come from.
+  const Result missing = run("data prepare " + (root_ / "text").string() + " --out " +
+                             (root_ / "data_nobpe").string() + " --tokenizer gpt2 --bpe " +
+                             (root_ / "nowhere").string());
+  EXPECT_NE(missing.code, 0);
+  EXPECT_NE(missing.output.find("fetch it with scripts/fetch-gpt2-bpe.sh"), std::string::npos)
+      << missing.output;
+}
+
 // `starling eval` over the batches the run evaluated gives the run's own final validation loss
 // (the same windows, in the same order, summed the same way), and bad options are clear errors.
 TEST_F(CliTest, EvalGivesTheRunsValidationLoss) {

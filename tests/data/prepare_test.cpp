@@ -253,7 +253,7 @@ TEST(Prepare, RejectsBadOptions) {
   };
   EXPECT_THROW(prepare_dataset(with([](auto& o) { o.inputs.clear(); })), ConfigError);
   EXPECT_THROW(prepare_dataset(with([](auto& o) { o.out_dir.clear(); })), ConfigError);
-  EXPECT_THROW(prepare_dataset(with([](auto& o) { o.tokenizer = "gpt2"; })), ConfigError);
+  EXPECT_THROW(prepare_dataset(with([](auto& o) { o.tokenizer = "gpt3"; })), ConfigError);
   EXPECT_THROW(prepare_dataset(with([](auto& o) { o.val_fraction = 0; })), ConfigError);
   EXPECT_THROW(prepare_dataset(with([](auto& o) { o.val_fraction = 1; })), ConfigError);
   EXPECT_THROW(prepare_dataset(with([](auto& o) { o.shard_tokens = 0; })), ConfigError);

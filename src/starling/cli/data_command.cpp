@@ -15,8 +15,14 @@ void add_data_command(CLI::App& app) {
   prep->add_option("inputs", *inputs, "text files, or directories searched recursively")
       ->required();
   prep->add_option("-o,--out", opts->out_dir, "output directory")->required();
-  prep->add_option("--tokenizer", opts->tokenizer, "byte (vocab 256) or sentencepiece")
-      ->check(CLI::IsMember({"byte", "sentencepiece"}))
+  prep->add_option("--tokenizer", opts->tokenizer,
+                   "byte (vocab 256), sentencepiece (trained here, or --sp-model) or gpt2 "
+                   "(GPT-2's BPE, vocab 50257: llm.c's shards)")
+      ->check(CLI::IsMember({"byte", "sentencepiece", "gpt2"}))
+      ->capture_default_str();
+  prep->add_option("--bpe", opts->gpt2_bpe_dir,
+                   "gpt2: the directory of GPT-2's encoder.json and vocab.bpe "
+                   "(scripts/fetch-gpt2-bpe.sh)")
       ->capture_default_str();
   prep->add_option("--vocab-size", opts->vocab_size, "sentencepiece: vocabulary to train")
       ->capture_default_str();

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "starling/common/error.h"
+#include "starling/data/gpt2_bpe.h"
 #include "starling/data/shard.h"
 
 namespace starling::data {
@@ -128,7 +129,12 @@ DatasetInfo open_with_meta(const fs::path& dir, const fs::path& meta_file) {
     if (!fs::is_regular_file(info.tokenizer_model)) {
       meta.fail("tokenizer model '" + info.tokenizer_model.string() + "' does not exist");
     }
-  } else if (info.tokenizer_kind != "gpt2") {
+  } else if (info.tokenizer_kind == "gpt2") {
+    if (vocab != kGpt2VocabSize)
+      meta.fail("gpt2 tokenizer with \"vocab_size\" " + std::to_string(vocab) + ", expected " +
+                std::to_string(kGpt2VocabSize));
+    if (tok.contains("bpe")) info.tokenizer_model = meta.relative_file(tok, "bpe", where);
+  } else {
     meta.fail("tokenizer \"kind\" is \"" + info.tokenizer_kind +
               "\", expected \"byte\", \"sentencepiece\" or \"gpt2\"");
   }
@@ -166,6 +172,12 @@ DatasetInfo open_llmc(const fs::path& dir) {
                     "' is not a dataset: it has no meta.json and no llm.c shards named *train*.bin "
                     "(run `starling data prepare` to make one)");
   }
+  // GPT-2's BPE files beside the shards, if someone put them there, decode samples.
+  for (const fs::path& bpe : {dir / "gpt2", dir})
+    if (fs::is_regular_file(bpe / kGpt2EncoderFile) && fs::is_regular_file(bpe / kGpt2MergesFile)) {
+      info.tokenizer_model = bpe;
+      break;
+    }
   return info;
 }
 
@@ -194,10 +206,13 @@ std::unique_ptr<Tokenizer> load_dataset_tokenizer(const DatasetInfo& info) {
     return tokenizer;
   }
   if (info.tokenizer_kind == "gpt2") {
-    throw DataError("dataset '" + info.dir.string() +
-                    "' uses the GPT-2 tokenizer, which is not built in: it trains fine, but text "
-                    "cannot be encoded or decoded (prepare text with --tokenizer byte or "
-                    "sentencepiece to sample)");
+    if (info.tokenizer_model.empty())
+      throw DataError("dataset '" + info.dir.string() +
+                      "' holds GPT-2 tokens but not GPT-2's BPE files to encode or decode text: "
+                      "put encoder.json and vocab.bpe in '" +
+                      (info.dir / "gpt2").string() + "' (scripts/fetch-gpt2-bpe.sh " +
+                      (info.dir / "gpt2").string() + ")");
+    return load_gpt2_bpe(info.tokenizer_model);
   }
   throw DataError("dataset '" + info.dir.string() + "' has unknown tokenizer kind '" +
                   info.tokenizer_kind + "'");

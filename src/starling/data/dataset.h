@@ -22,7 +22,9 @@ struct DatasetInfo {
   std::filesystem::path dir;
   std::string tokenizer_kind;  // "byte", "sentencepiece" or "gpt2"
   uint32_t vocab_size = 0;
-  std::filesystem::path tokenizer_model;            // absolute; empty unless sentencepiece
+  // Absolute: the SentencePiece model, or the directory of GPT-2's BPE files (empty when an llm.c
+  // dataset has none beside its shards).
+  std::filesystem::path tokenizer_model;
   std::vector<std::filesystem::path> train_shards;  // absolute, in order
   std::vector<std::filesystem::path> val_shards;
   uint64_t train_tokens = 0;

@@ -12,6 +12,7 @@
 
 #include "starling/common/error.h"
 #include "starling/data/atomic_file.h"
+#include "starling/data/gpt2_bpe.h"
 #include "starling/data/shard.h"
 
 namespace starling::data {
@@ -22,17 +23,19 @@ namespace {
 
 constexpr const char* kMetaFile = "meta.json";
 constexpr const char* kModelFile = "tokenizer.model";
+constexpr const char* kGpt2Dir = "gpt2";  // the GPT-2 BPE files, inside the dataset
 
 void validate(const PrepareOptions& o) {
   if (o.inputs.empty()) throw ConfigError("data prepare: no inputs given (files or directories)");
   if (o.out_dir.empty()) throw ConfigError("data prepare: no output directory given");
-  if (o.tokenizer != "byte" && o.tokenizer != "sentencepiece") {
-    throw ConfigError("data prepare: tokenizer must be \"byte\" or \"sentencepiece\", got \"" +
-                      o.tokenizer + "\"");
-  }
-  if (o.tokenizer == "byte" && !o.sentencepiece_model.empty()) {
+  if (o.tokenizer != "byte" && o.tokenizer != "sentencepiece" && o.tokenizer != "gpt2") {
     throw ConfigError(
-        "data prepare: a SentencePiece model was given but the tokenizer is \"byte\"");
+        "data prepare: tokenizer must be \"byte\", \"sentencepiece\" or \"gpt2\", got \"" +
+        o.tokenizer + "\"");
+  }
+  if (o.tokenizer != "sentencepiece" && !o.sentencepiece_model.empty()) {
+    throw ConfigError("data prepare: a SentencePiece model was given but the tokenizer is \"" +
+                      o.tokenizer + "\"");
   }
   if (o.tokenizer == "sentencepiece" && o.sentencepiece_model.empty() &&
       (o.vocab_size < 64 || o.vocab_size > 65536)) {
@@ -191,6 +194,19 @@ std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& o,
                                           const std::vector<fs::path>& train_docs,
                                           const PrepareProgress& progress) {
   if (o.tokenizer == "byte") return make_byte_tokenizer();
+  if (o.tokenizer == "gpt2") {
+    auto tokenizer = load_gpt2_bpe(o.gpt2_bpe_dir);  // validates before copying
+    const fs::path into = o.out_dir / kGpt2Dir;
+    std::error_code ec;
+    if (!fs::equivalent(o.gpt2_bpe_dir, into, ec)) {
+      fs::create_directories(into);
+      for (const char* file : {kGpt2EncoderFile, kGpt2MergesFile}) {
+        const std::string bytes = read_document(o.gpt2_bpe_dir / file);
+        write_file_atomically(into / file, {std::as_bytes(std::span(bytes))});
+      }
+    }
+    return tokenizer;
+  }
   const fs::path model = o.out_dir / kModelFile;
   if (!o.sentencepiece_model.empty()) {
     auto tokenizer = load_sentencepiece(o.sentencepiece_model);  // validates before copying
@@ -216,6 +232,7 @@ void write_meta(const fs::path& out_dir, const Tokenizer& tokenizer, const Shard
   meta["version"] = 1;
   meta["tokenizer"] = {{"kind", tokenizer.kind()}, {"vocab_size", tokenizer.vocab_size()}};
   if (tokenizer.kind() == "sentencepiece") meta["tokenizer"]["model"] = kModelFile;
+  if (tokenizer.kind() == "gpt2") meta["tokenizer"]["bpe"] = kGpt2Dir;
   for (const auto* sink : {&train, &val}) {
     auto list = nlohmann::ordered_json::array();
     for (const auto& [file, tokens] : sink->written())
@@ -288,11 +305,14 @@ DatasetInfo prepare_dataset(const PrepareOptions& options, const PrepareProgress
                         " token(s); at least 2 are needed to make train and val splits");
       }
       const std::size_t cut = tokens.size() - fraction_of(tokens.size(), options.val_fraction);
+      if (tokenizer->kind() == "gpt2") train.append(separator);  // llm.c's document start
       train.append(std::span(tokens).first(cut));
       val.append(std::span(tokens).subspan(cut));
     } else {
       ShardSink& sink = is_val[i] ? val : train;
-      if (!sink.empty()) sink.append(separator);
+      // GPT-2's <|endoftext|> starts every document, the first too, as in llm.c's shards; other
+      // separators only stand between documents.
+      if (!sink.empty() || tokenizer->kind() == "gpt2") sink.append(separator);
       sink.append(tokens);
     }
     if (progress && ((i + 1) % step == 0 || i + 1 == docs.size())) {

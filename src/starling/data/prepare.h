@@ -16,7 +16,11 @@ struct PrepareOptions {
   // Each file is one document.
   std::vector<std::filesystem::path> inputs;
   std::filesystem::path out_dir;
-  std::string tokenizer = "byte";  // "byte" or "sentencepiece"
+  std::string tokenizer = "byte";  // "byte", "sentencepiece" or "gpt2"
+  // gpt2: the directory holding GPT-2's encoder.json and vocab.bpe (scripts/fetch-gpt2-bpe.sh);
+  // they are copied into out_dir/gpt2, so the dataset carries its tokenizer. Every document then
+  // starts with <|endoftext|>, as in llm.c's GPT-2 shards.
+  std::filesystem::path gpt2_bpe_dir = "data/gpt2";
   // sentencepiece: apply this .model if given (it is copied into out_dir as tokenizer.model),
   // otherwise train a BPE model of `vocab_size` on the inputs.
   std::filesystem::path sentencepiece_model;

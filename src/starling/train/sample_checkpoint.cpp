@@ -1,6 +1,7 @@
 #include "starling/train/sample_checkpoint.h"
 
 #include "starling/common/error.h"
+#include "starling/data/dataset.h"
 #include "starling/data/tokenizer.h"
 #include "starling/train/checkpoint_model.h"
 #include "starling/train/sampler.h"
@@ -16,6 +17,10 @@ std::string sample_from_checkpoint(const std::filesystem::path& path, const Samp
     tokenizer = data::make_byte_tokenizer();
   } else if (ckpt.meta.tokenizer_kind == "sentencepiece") {
     tokenizer = data::load_sentencepiece(ckpt.dir / "tokenizer.model");
+  } else if (ckpt.meta.tokenizer_kind == "gpt2") {
+    // GPT-2's BPE is the same for every run: the run's dataset carries it (or says where it
+    // should be).
+    tokenizer = data::load_dataset_tokenizer(data::open_dataset(config.data.dir));
   } else {
     throw DataError((ckpt.dir / "meta.json").string() + ": tokenizer \"" +
                     ckpt.meta.tokenizer_kind +

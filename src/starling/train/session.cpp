@@ -133,7 +133,10 @@ fs::path Session::save(StepHooks* hooks) {
   return save_checkpoint(
       run_dir(), dag->params(), *optimizer, meta,
       {.keep = config.train.keep_checkpoints,
-       .tokenizer_model = dataset.tokenizer_model.empty() ? "" : dataset.tokenizer_model.string(),
+       // A SentencePiece model travels with the checkpoint; GPT-2's BPE is public and fixed, and
+       // samples read it from the dataset (sample_checkpoint.cpp).
+       .tokenizer_model =
+           dataset.tokenizer_kind == "sentencepiece" ? dataset.tokenizer_model.string() : "",
        .on_note = [](const std::string& note) { std::cerr << note << "\n"; },
        .strategy_tensors = std::move(strategy_tensors),
        .read_state =

@@ -220,7 +220,9 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   }
   result.checkpoint = last_ckpt;
 
-  if (c.train.sample_at_end && !result.interrupted && s.dataset.tokenizer_kind != "gpt2") {
+  // GPT-2 tokens without GPT-2's BPE files beside them (llm.c shards) train, but cannot be read.
+  const bool readable = s.dataset.tokenizer_kind != "gpt2" || !s.dataset.tokenizer_model.empty();
+  if (c.train.sample_at_end && !result.interrupted && readable) {
     auto tokenizer = data::load_dataset_tokenizer(s.dataset);
     std::vector<uint32_t> prompt = tokenizer->encode(c.sample.prompt);
     if (prompt.empty()) prompt.push_back(0);
