@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "starling/model/build.h"
+#include "starling/train/sampler.h"
 
 namespace starling {
 namespace {
@@ -208,6 +209,66 @@ TEST(Executor, ForwardMatchesTrainingLoss) {
   EXPECT_NEAR(eval, train, 1e-6);
   auto logits = exec.forward({in[0], at::Tensor()}, model::logits_node(*dag));
   EXPECT_EQ(logits.sizes(), (at::IntArrayRef{2, c.seq_len, c.vocab_size}));
+}
+
+// A KV cache gives the logits a whole-sequence forward gives, position for position: a prompt,
+// then tokens one at a time, then a chunk of several, for GPT-2 (learned positions) and LLaMA
+// (rotary positions, grouped-query attention). Clearing the cache starts a sequence afresh.
+TEST(Executor, ForwardCachedMatchesTheWholeSequence) {
+  for (const auto arch : {model::Arch::kGpt2, model::Arch::kLlama}) {
+    auto c = tiny(arch);
+    if (arch == model::Arch::kLlama) c.n_kv_head = 2;  // grouped-query attention
+    auto dag = model::build_model(c, 9);
+    graph::Executor exec(*dag);
+    const int head = model::logits_node(*dag);
+    const auto tokens = batch(c, 1, 4)[0];  // [1, seq_len]
+    const at::Tensor whole = exec.forward({tokens, at::Tensor()}, head);
+    graph::DecodeCache cache;
+    std::vector<at::Tensor> parts;
+    for (const auto [from, n] : std::vector<std::pair<int64_t, int64_t>>{
+             {0, 5}, {5, 1}, {6, 1}, {7, 4}, {11, 1}, {12, c.seq_len - 12}}) {
+      parts.push_back(exec.forward_cached({tokens.narrow(1, from, n), at::Tensor()}, cache, head));
+      EXPECT_EQ(cache.position(), from + n);
+    }
+    const at::Tensor cached = at::cat(parts, 1);
+    ASSERT_EQ(cached.sizes(), whole.sizes());
+    EXPECT_TRUE(at::allclose(cached, whole, 1e-4, 1e-5))
+        << (arch == model::Arch::kGpt2 ? "gpt2" : "llama") << ": max diff "
+        << (cached - whole).abs().max().item<double>();
+    // The prompt's own positions are forward()'s, bit for bit: the same attention kernel.
+    cache.clear();
+    const at::Tensor again =
+        exec.forward_cached({tokens.narrow(1, 0, 5), at::Tensor()}, cache, head);
+    EXPECT_TRUE(at::equal(again, parts[0]));
+    // Past model.seq_len the positions run out: a clear error, not a wrong answer.
+    cache.clear();
+    exec.forward_cached({tokens, at::Tensor()}, cache, head);
+    EXPECT_THROW(exec.forward_cached({tokens.narrow(1, 0, 1), at::Tensor()}, cache, head),
+                 std::invalid_argument);
+  }
+}
+
+// Sampling with the cache picks the tokens rerunning the whole context picks, greedy and seeded,
+// past model.seq_len too (where the window slides and the cache gives way to whole windows).
+TEST(Sampler, TheCacheGivesTheTokensOfRerunningTheContext) {
+  for (const auto arch : {model::Arch::kGpt2, model::Arch::kLlama}) {
+    const auto c = tiny(arch);
+    auto dag = model::build_model(c, 11);
+    for (const double temperature : {0.0, 1.0}) {
+      train::SampleConfig o;
+      o.max_tokens = c.seq_len + 8;  // through the end of the context and beyond
+      o.temperature = temperature;
+      o.top_k = 0;
+      o.seed = 3;
+      const std::vector<uint32_t> prompt = {1, 2, 3};
+      o.cache = true;
+      const auto cached = train::generate(*dag, c, prompt, o);
+      o.cache = false;
+      const auto rerun = train::generate(*dag, c, prompt, o);
+      EXPECT_EQ(cached, rerun) << "temperature " << temperature;
+      EXPECT_EQ(cached.size(), prompt.size() + static_cast<size_t>(o.max_tokens));
+    }
+  }
 }
 
 // Ops hold no parameters: the executor hands each node the ParamStore's tensors as they are when

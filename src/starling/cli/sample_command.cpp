@@ -3,6 +3,7 @@
 #include "starling/cli/commands.h"
 #include "starling/common/cpu_runtime.h"
 #include "starling/common/error.h"
+#include "starling/train/metrics.h"
 #include "starling/train/sample_checkpoint.h"
 
 namespace starling::cli {
@@ -28,10 +29,22 @@ void add_sample_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--stop", opts->stop, "text that ends the sample (repeatable)");
   cmd->add_option("--seed", opts->seed, "sampling seed")->capture_default_str();
-  cmd->callback([ckpt, opts] {
+  auto no_cache = std::make_shared<bool>(false), timing = std::make_shared<bool>(false);
+  cmd->add_flag("--no-cache", *no_cache,
+                "rerun the whole context for every token instead of keeping each layer's keys "
+                "and values (sample.cache = false)");
+  cmd->add_flag("--timing", *timing,
+                "print the tokens generated per second on stderr (the model's loading excluded)");
+  cmd->callback([ckpt, opts, no_cache, timing] {
     if (opts->top_p <= 0) throw ConfigError("--top-p: must be in (0, 1]");
+    opts->cache = !*no_cache;
     setup_cpu_runtime(0);
-    std::cout << train::sample_from_checkpoint(*ckpt, *opts) << "\n";
+    train::SampleTiming t;
+    std::cout << train::sample_from_checkpoint(*ckpt, *opts, *timing ? &t : nullptr) << "\n";
+    if (*timing)
+      std::cerr << "sample: " << t.tokens << " tokens in " << train::fmt("%.3f", t.seconds)
+                << " s, " << train::fmt("%.1f", t.tokens / std::max(t.seconds, 1e-9))
+                << " tokens/s (" << (opts->cache ? "KV cache" : "no cache") << ")\n";
   });
 }
 

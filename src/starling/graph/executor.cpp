@@ -260,4 +260,27 @@ at::Tensor Executor::forward(const std::vector<at::Tensor>& inputs, int last) {
   return outputs[last];
 }
 
+at::Tensor Executor::forward_cached(const std::vector<at::Tensor>& inputs, DecodeCache& cache,
+                                    int last) {
+  const int n = dag_.size();
+  if (last < 0 || last >= n)
+    throw std::out_of_range("Executor::forward_cached: node index out of range");
+  auto& nodes = dag_.nodes();
+  cache.state_.resize(static_cast<size_t>(n));
+  at::NoGradGuard no_grad;
+  AutocastScope autocast(input_device(inputs, {}), options_.autocast);
+  std::vector<at::Tensor> outputs(n);
+  int64_t t = -1;
+  for (int i = 0; i <= last; ++i) {
+    notify(i, Phase::kForward, false);
+    const auto ins = gather_inputs(i, inputs, outputs, /*as_leaves=*/false);
+    if (t < 0 && !ins.empty() && ins[0].dim() >= 2) t = ins[0].size(1);
+    outputs[i] = nodes[i].op->forward_cached(ins, params_of(i), cache.position_,
+                                             cache.state_[static_cast<size_t>(i)]);
+    notify(i, Phase::kForward, true);
+  }
+  cache.position_ += t;
+  return outputs[last];
+}
+
 }  // namespace starling::graph

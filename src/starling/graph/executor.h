@@ -72,6 +72,23 @@ class MicroBatch {
   bool forward_only_ = false;  // made without autograd: no backward
 };
 
+// The cache of incremental decoding (Executor::forward_cached): how many positions of the
+// sequence have run, and what each node keeps of them (Op::forward_cached's state).
+class DecodeCache {
+ public:
+  int64_t position() const { return position_; }
+  // Forgets everything: the next forward_cached starts the sequence at position 0.
+  void clear() {
+    position_ = 0;
+    state_.clear();
+  }
+
+ private:
+  friend class Executor;
+  int64_t position_ = 0;
+  std::vector<std::vector<at::Tensor>> state_;  // per node
+};
+
 class Executor {
  public:
   // The DAG's ParamStore may hold only part of the model (ParamStore::held_elsewhere): running a
@@ -101,6 +118,12 @@ class Executor {
   // Forward without autograd up to and including node `last` (-1 = the last node); returns its
   // output. Used for evaluation and sampling.
   at::Tensor forward(const std::vector<at::Tensor>& inputs, int last = -1);
+  // forward() of the next positions of one sequence: `inputs` hold the tokens at positions
+  // [cache.position(), cache.position() + t), the earlier ones having run through `cache`, and the
+  // result is node `last`'s output at the new positions, as forward() over the whole sequence
+  // gives it (up to rounding). The nodes up to `last` must not mix sequences or read the targets
+  // (the loss node). Sampling uses it: the prompt once, then one token at a time.
+  at::Tensor forward_cached(const std::vector<at::Tensor>& inputs, DecodeCache& cache, int last);
 
   void add_observer(NodeObserver* observer) { observers_.push_back(observer); }
   void remove_observer(NodeObserver* observer) { std::erase(observers_, observer); }

@@ -32,6 +32,20 @@ class Op {
   // more than one op (tied embeddings); its gradient is then the sum over readers.
   virtual std::vector<std::string> param_names() const = 0;
 
+  // Incremental decoding (a KV cache): `inputs` hold only positions [start, start + t) of one
+  // sequence whose positions [0, start) ran before through the same `state` (empty at start 0).
+  // The result equals forward()'s output at those positions for the whole sequence. Ops that
+  // act on each position alone need not override; ops that mix positions keep what later
+  // positions need in `state` (attention: its keys and values), ops that depend on the position
+  // use `start`. No autograd.
+  virtual at::Tensor forward_cached(const std::vector<at::Tensor>& inputs,
+                                    const std::vector<at::Tensor>& params, int64_t start,
+                                    std::vector<at::Tensor>& state) {
+    (void)start;
+    (void)state;
+    return forward(inputs, params);
+  }
+
   // Forward FLOPs per token at this context length (backward is about twice this).
   virtual double forward_flops_per_token(int64_t seq_len) const = 0;
 

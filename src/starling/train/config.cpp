@@ -107,6 +107,9 @@ std::vector<Key> bind(RunConfig& c) {
   k.push_back(string_list_key("sample", "stop", &s.stop,
                               "texts that end the sample (it stops before the first one)"));
   k.push_back(seed_key("sample", "seed", &s.seed, "sampling seed"));
+  k.push_back(bool_key("sample", "cache", &s.cache,
+                       "keep each layer's keys and values (KV cache): each new token runs alone; "
+                       "false = the whole context again for every token"));
 
   strategy::add_config_keys(c.strategy, k);
   net::add_config_keys(c.net, k);

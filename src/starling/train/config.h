@@ -69,6 +69,9 @@ struct SampleConfig {
   double top_p = 1.0;        // nucleus: the smallest set of likeliest tokens holding p; 1 = off
   std::vector<std::string> stop;  // generation ends before the first of these in the text
   uint64_t seed = 1;
+  // Keep each layer's keys and values (a KV cache): the prompt runs once, then each new token
+  // alone, instead of the whole context again for every token.
+  bool cache = true;
 };
 
 struct RunConfig {

@@ -4,11 +4,13 @@
 #include "starling/data/dataset.h"
 #include "starling/data/tokenizer.h"
 #include "starling/train/checkpoint_model.h"
+#include "starling/train/metrics.h"
 #include "starling/train/sampler.h"
 
 namespace starling::train {
 
-std::string sample_from_checkpoint(const std::filesystem::path& path, const SampleConfig& options) {
+std::string sample_from_checkpoint(const std::filesystem::path& path, const SampleConfig& options,
+                                   SampleTiming* timing) {
   const CheckpointModel m = load_checkpoint_model(path);
   const Checkpoint& ckpt = m.checkpoint;
   const RunConfig& config = m.config;
@@ -32,7 +34,11 @@ std::string sample_from_checkpoint(const std::filesystem::path& path, const Samp
     if (id >= static_cast<uint32_t>(config.model.vocab_size))
       throw ConfigError("--prompt: token " + std::to_string(id) +
                         " is outside the model's vocabulary");
-  return sample_text(*m.dag, config.model, *tokenizer, prompt, options);
+  const double start = now_s();
+  int64_t generated = 0;
+  std::string text = sample_text(*m.dag, config.model, *tokenizer, prompt, options, &generated);
+  if (timing != nullptr) *timing = {.tokens = generated, .seconds = now_s() - start};
+  return text;
 }
 
 }  // namespace starling::train

@@ -21,13 +21,29 @@ std::vector<uint32_t> generate(graph::OpDag& dag, const model::ModelConfig& conf
   auto gen = at::make_generator<at::CPUGeneratorImpl>(options.seed);
   const auto device = dag.params().params().front().value.device();
   std::vector<uint32_t> ids = prompt;
+  graph::DecodeCache cache;
+  const auto tensor = [&](auto begin, auto end) {
+    std::vector<int64_t> window(begin, end);
+    return at::tensor(window, at::kLong).view({1, static_cast<int64_t>(window.size())}).to(device);
+  };
   for (int64_t n = 0; n < options.max_tokens; ++n) {
     const size_t ctx = std::min<size_t>(ids.size(), static_cast<size_t>(config.seq_len));
-    std::vector<int64_t> window(ids.end() - static_cast<std::ptrdiff_t>(ctx), ids.end());
-    at::Tensor tokens =
-        at::tensor(window, at::kLong).view({1, static_cast<int64_t>(ctx)}).to(device);
-    at::Tensor logits =
-        exec.forward({tokens, at::Tensor()}, head)[0][-1].to(at::kCPU).to(at::kFloat);
+    at::Tensor out;
+    const bool fits = ids.size() <= static_cast<size_t>(config.seq_len);
+    if (options.cache && fits && cache.position() > 0 &&
+        static_cast<size_t>(cache.position()) + 1 == ids.size()) {
+      // Only the newest token runs; the cache holds every earlier position.
+      out = exec.forward_cached({tensor(ids.end() - 1, ids.end()), at::Tensor()}, cache, head);
+    } else if (options.cache && fits) {
+      cache.clear();  // the prompt, once
+      out = exec.forward_cached({tensor(ids.begin(), ids.end()), at::Tensor()}, cache, head);
+    } else {
+      // No cache, or a context past model.seq_len: the last seq_len tokens again, whole (the
+      // positions of a window that slides change with every token).
+      out = exec.forward(
+          {tensor(ids.end() - static_cast<std::ptrdiff_t>(ctx), ids.end()), at::Tensor()}, head);
+    }
+    at::Tensor logits = out[0][-1].to(at::kCPU).to(at::kFloat);
     int64_t next;
     if (options.temperature <= 0) {
       next = logits.argmax().item<int64_t>();
@@ -68,7 +84,7 @@ size_t first_stop(const std::string& text, size_t from, const std::vector<std::s
 
 std::string sample_text(graph::OpDag& dag, const model::ModelConfig& config,
                         const data::Tokenizer& tokenizer, const std::vector<uint32_t>& prompt,
-                        const SampleConfig& options) {
+                        const SampleConfig& options, int64_t* generated) {
   // With stop sequences the text is decoded after every token: cheap beside a forward pass.
   const size_t from = tokenizer.decode(prompt).size();
   std::function<bool(const std::vector<uint32_t>&)> done;
@@ -76,7 +92,9 @@ std::string sample_text(graph::OpDag& dag, const model::ModelConfig& config,
     done = [&](const std::vector<uint32_t>& ids) {
       return first_stop(tokenizer.decode(ids), from, options.stop) != std::string::npos;
     };
-  const std::string text = tokenizer.decode(generate(dag, config, prompt, options, done));
+  const auto ids = generate(dag, config, prompt, options, done);
+  if (generated != nullptr) *generated = static_cast<int64_t>(ids.size() - prompt.size());
+  const std::string text = tokenizer.decode(ids);
   const size_t cut = first_stop(text, from, options.stop);
   return cut == std::string::npos ? text : text.substr(0, cut);
 }

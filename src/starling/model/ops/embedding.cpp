@@ -23,6 +23,21 @@ at::Tensor EmbeddingOp::forward(const std::vector<at::Tensor>& inputs,
   return x;
 }
 
+at::Tensor EmbeddingOp::forward_cached(const std::vector<at::Tensor>& inputs,
+                                       const std::vector<at::Tensor>& params, int64_t start,
+                                       std::vector<at::Tensor>&) {
+  graph::ParamReader p(params);
+  const at::Tensor tok = p.next(), pos = p.next_if(!pos_name_.empty());
+  const at::Tensor& tokens = inputs.at(0);
+  const int64_t t = tokens.size(1);
+  if (start + t > config_.seq_len)
+    throw std::invalid_argument("embedding: positions up to " + std::to_string(start + t) +
+                                " exceed model.seq_len " + std::to_string(config_.seq_len));
+  at::Tensor x = at::embedding(tok, tokens);
+  if (pos.defined()) x = x + pos.narrow(0, start, t);
+  return x;
+}
+
 std::vector<std::string> EmbeddingOp::param_names() const {
   if (pos_name_.empty()) return {tok_name_};
   return {tok_name_, pos_name_};

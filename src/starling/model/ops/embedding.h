@@ -14,6 +14,10 @@ class EmbeddingOp : public graph::Op {
   std::string kind() const override { return "embedding"; }
   at::Tensor forward(const std::vector<at::Tensor>& inputs,
                      const std::vector<at::Tensor>& params) override;
+  // Learned positions from `start` on.
+  at::Tensor forward_cached(const std::vector<at::Tensor>& inputs,
+                            const std::vector<at::Tensor>& params, int64_t start,
+                            std::vector<at::Tensor>& state) override;
   std::vector<std::string> param_names() const override;
   double forward_flops_per_token(int64_t seq_len) const override;
   std::vector<int64_t> output_shape(int64_t batch, int64_t seq_len) const override;
