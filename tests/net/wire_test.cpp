@@ -7,12 +7,14 @@
 
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
 #include <zmq.hpp>
 
+#include "../support/wire_fuzz.h"
 #include "starling/net/crc32c.h"
 #include "starling/net/node.h"
 
@@ -201,6 +203,37 @@ TEST(WireTest, FuzzedDecoderRejectsCorruptionWithoutCrashing) {
   EXPECT_GT(rejected, (accepted + rejected) / 2);
 }
 
+// A target peer and its partner on plain TCP (so a raw socket can pass for a member), and a raw
+// DEALER socket connected to the target.
+struct PlainPair {
+  explicit PlainPair(net::NodeOptions o) {
+    o.insecure = true;  // lets the fuzzer connect; authentication is tested elsewhere
+    o.heartbeat_interval = 100ms;
+    o.probe_bytes = 0;
+    o.name = "target";
+    target = std::make_unique<net::Node>(o);
+    o.name = "partner";
+    o.join = {target->endpoint()};
+    partner = std::make_unique<net::Node>(o);
+    socket.set(zmq::sockopt::linger, 0);
+    socket.set(zmq::sockopt::sndhwm, 0);
+    socket.connect(target->endpoint());
+  }
+  // The target still serves collectives: an all-reduce with its partner gives the right sum.
+  void expect_all_reduce() {
+    std::vector<float> a(5000, 1.0f), b(5000, 2.0f);
+    auto wa = target->all_reduce(a, {});
+    auto wb = partner->all_reduce(b, {});
+    ASSERT_TRUE(wa.wait_for(20s));
+    wa.wait();
+    wb.wait();
+    EXPECT_EQ(a, std::vector<float>(5000, 3.0f));
+  }
+  std::unique_ptr<net::Node> target, partner;
+  zmq::context_t ctx;
+  zmq::socket_t socket{ctx, zmq::socket_type::dealer};
+};
+
 // A live peer under a stream of garbage: wrong frame counts, random bytes, valid headers with
 // corrupt payloads, valid control headers carrying malformed JSON. It must log and drop all of
 // it, and then still run a collective.
@@ -212,69 +245,20 @@ TEST(WireTest, LivePeerSurvivesFuzzedMessages) {
     ++log_lines;
   };
   net::NodeOptions o;
-  o.insecure = true;  // lets the fuzzer connect; authentication is tested elsewhere
-  o.heartbeat_interval = 100ms;
   o.peer_timeout = 2000ms;
-  o.probe_bytes = 0;
   o.log = quiet;
-  o.name = "target";
-  net::Node target(o);
-  o.name = "partner";
-  o.join = {target.endpoint()};
-  net::Node partner(o);
+  PlainPair pair(o);
+  net::Node &target = *pair.target, &partner = *pair.partner;
   ASSERT_TRUE(target.wait_for_members(2, 5s));
-
-  zmq::context_t ctx;
-  zmq::socket_t s(ctx, zmq::socket_type::dealer);
-  s.set(zmq::sockopt::linger, 0);
-  s.set(zmq::sockopt::sndhwm, 0);
-  s.connect(target.endpoint());
-  std::mt19937_64 rng(7);
+  zmq::socket_t& s = pair.socket;
   const auto send = [&](const std::vector<std::vector<std::byte>>& frames) {
     for (size_t i = 0; i < frames.size(); ++i)
       s.send(zmq::const_buffer(frames[i].data(), frames[i].size()),
              i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
   };
+  starling::testing::WireFuzzer fuzz(7, partner.id());
   const int kMessages = 20000;
-  for (int i = 0; i < kMessages; ++i) {
-    net::Header h;
-    h.type = static_cast<net::MsgType>(1 + rng() % net::kMaxMsgType);
-    // Half claim to come from the partner (insecure mode cannot tell), except for a "leave",
-    // which from the partner would be a valid message rather than a malformed one.
-    h.sender = rng() % 2 && h.type != net::MsgType::leave ? partner.id() : rng();
-    h.op = rng() % 4;
-    std::vector<std::byte> payload(rng() % 200);
-    for (auto& b : payload) b = static_cast<std::byte>(rng());
-    if (rng() % 3 == 0) {  // JSON-shaped but wrong
-      static const char* kBodies[] = {"{}",
-                                      "[]",
-                                      "{\"member\":5}",
-                                      "{\"members\":[{\"id\":1}]}",
-                                      "{\"attempt\":-1}",
-                                      "{\"ring\":[\"zz\"],\"attempt\":1}",
-                                      "{\"ping\":\"x\"}",
-                                      "nul",
-                                      "{\"members\":[]"};
-      const std::string body = kBodies[rng() % 9];
-      payload.assign(reinterpret_cast<const std::byte*>(body.data()),
-                     reinterpret_cast<const std::byte*>(body.data()) + body.size());
-    }
-    auto header = header_bytes(h, payload);
-    switch (rng() % 4) {
-      case 0:
-        send({header});
-        break;  // missing payload frame
-      case 1:
-        send({header, payload, payload});
-        break;  // one frame too many
-      case 2:
-        payload.push_back(std::byte{1});
-        [[fallthrough]];  // length mismatch
-      default:
-        send({header, payload});
-        break;
-    }
-  }
+  for (int i = 0; i < kMessages; ++i) send(fuzz.next());
   // Every message is refused: by framing, length, checksum, or its body (a few well-formed
   // ones, e.g. a status request, are served). Wait for the target to get through the flood.
   const auto until = std::chrono::steady_clock::now() + 30s;
@@ -283,12 +267,40 @@ TEST(WireTest, LivePeerSurvivesFuzzedMessages) {
     std::this_thread::sleep_for(20ms);
   EXPECT_GE(target.counters().rejected_messages, kMessages * 9u / 10);
   // The target keeps working: heartbeats flow and a collective completes.
-  std::vector<float> a(5000, 1.0f), b(5000, 2.0f);
-  auto wa = target.all_reduce(a, {});
-  auto wb = partner.all_reduce(b, {});
-  ASSERT_TRUE(wa.wait_for(20s));
-  wa.wait();
-  wb.wait();
-  EXPECT_EQ(a, std::vector<float>(5000, 3.0f));
+  pair.expect_all_reduce();
   for (const auto& m : target.members()) EXPECT_NE(m.info.name, "");
+}
+
+// Chunks of a collective that has not started here are kept for when it does, but only up to
+// NodeOptions::max_early_bytes: a member that floods chunks of collectives that never come is
+// refused once the bound is reached, and the peer still runs a real collective afterwards.
+TEST(WireTest, ChunksOfCollectivesNotStartedAreBounded) {
+  net::NodeOptions o;
+  o.log = [](const std::string&) {};
+  o.max_early_bytes = 64 << 10;
+  PlainPair pair(o);
+  net::Node &target = *pair.target, &partner = *pair.partner;
+  ASSERT_TRUE(target.wait_for_members(2, 5s));
+  zmq::socket_t& s = pair.socket;
+  const std::vector<std::byte> payload(1000, std::byte{7});
+  const int kChunks = 2000;  // 2000 x (1000 + 1024 bytes counted) against a 64 KiB bound
+  for (int i = 0; i < kChunks; ++i) {
+    net::Header h;
+    h.type = net::MsgType::data;
+    h.sender = partner.id();  // plain TCP cannot tell
+    h.op = 987654321;         // a collective that never starts
+    h.step = 0;
+    h.chunk = static_cast<uint32_t>(i);
+    std::vector<std::byte> header(net::kHeaderBytes);
+    net::seal_header(h, payload, header.data());
+    s.send(zmq::const_buffer(header.data(), header.size()), zmq::send_flags::sndmore);
+    s.send(zmq::const_buffer(payload.data(), payload.size()), zmq::send_flags::none);
+  }
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  while (target.counters().rejected_messages < kChunks - 40 &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(20ms);
+  EXPECT_GE(target.counters().rejected_messages, static_cast<uint64_t>(kChunks - 40))
+      << "chunks of a collective that never starts were kept without a bound";
+  pair.expect_all_reduce();
 }

@@ -112,6 +112,8 @@ class Node::Impl {
   Mailbox p2p_;                                        // point-to-point messages, by (peer, tag)
   std::map<uint64_t, std::unique_ptr<RingRun>> runs_;  // by operation id
   std::map<uint64_t, std::deque<Incoming>> early_;     // chunks of operations not started here
+  uint64_t early_bytes_ = 0;  // what early_ holds, counted as early_cost() of each chunk
+  uint64_t early_dropped_ = 0;
   std::map<uint64_t, std::string> aborted_;            // aborts of operations not started here
   std::deque<uint64_t> finished_ops_;
 };

@@ -35,6 +35,11 @@ struct NodeOptions {
   size_t chunk_bytes = 512 * 1024;                       // fp32 bytes per pipelined chunk
   size_t probe_bytes = 256 * 1024;                       // bandwidth probe sent to each new member
   uint64_t max_message_bytes = 64ull << 20;
+  // Chunks of collectives that have not started here yet (a neighbour a few ring steps ahead)
+  // are kept until they do, up to this many bytes in all; beyond it they are dropped and the
+  // collective fails and runs again. Without a bound a member could fill this peer's memory
+  // with chunks of collectives that never come.
+  uint64_t max_early_bytes = 1ull << 30;
   LogFn log;  // default: stderr
 };
 

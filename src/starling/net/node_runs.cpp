@@ -13,6 +13,16 @@ using json = nlohmann::json;
 // Operations whose chunks may arrive before their start does (or after they ended here).
 constexpr size_t kEarlyOps = 16, kFinishedOps = 64;
 
+// What an early chunk costs to keep: its payload and the message around it (frames, routing id,
+// address).
+uint64_t early_cost(const Incoming& in) { return in.payload.size() + 1024; }
+
+uint64_t early_cost(const std::deque<Incoming>& chunks) {
+  uint64_t bytes = 0;
+  for (const Incoming& in : chunks) bytes += early_cost(in);
+  return bytes;
+}
+
 }  // namespace
 
 void Node::Impl::start_run(Launched op, Start start) {
@@ -65,6 +75,7 @@ void Node::Impl::start_run(Launched op, Start start) {
   const uint64_t op_id = start.op_id;
   std::deque<Incoming> early;
   if (auto it = early_.find(op_id); it != early_.end()) {
+    early_bytes_ -= early_cost(it->second);
     early = std::move(it->second);
     early_.erase(it);
   }
@@ -115,8 +126,24 @@ void Node::Impl::handle_data(Incoming& in) {
   }
   if (std::find(finished_ops_.begin(), finished_ops_.end(), op) != finished_ops_.end())
     return;  // late chunk of an operation that already ended here
+  const uint64_t cost = early_cost(in);
+  if (early_bytes_ + cost > options_.max_early_bytes) {
+    // Counted as rejected: a member that floods chunks of collectives that never start here is
+    // what this bound is for.
+    ++malformed_;
+    if (early_dropped_++ % 10000 == 0)
+      log("dropped a chunk of collective " + std::to_string(op) + " from " +
+          table_.who(in.header.sender) + ": " + std::to_string(early_bytes_ >> 20) +
+          " MiB of chunks already wait for collectives that have not started here (" +
+          std::to_string(early_dropped_) + " dropped so far)");
+    return;
+  }
+  early_bytes_ += cost;
   early_[op].push_back(std::move(in));
-  if (early_.size() > kEarlyOps) early_.erase(early_.begin());  // stale ops never run here
+  if (early_.size() > kEarlyOps) {  // stale ops never run here
+    early_bytes_ -= early_cost(early_.begin()->second);
+    early_.erase(early_.begin());
+  }
 }
 
 void Node::Impl::handle_abort(const Header& h, const json& body) {
