@@ -318,6 +318,24 @@ TEST_F(SwarmCliTest, JoinerAdoptsTheRunningSwarmsState) {
   peers.emplace_back(peer_argv("join", 1, 3, entry, 2), (run_dir("join") / "p1.log").string());
   ASSERT_TRUE(wait_event(
       peers[1], [](const json& j) { return j["event"] == "step" && j["step"] >= 40; }, 60s));
+  // Each peer tells the swarm how it trains: `starling status` shows every member's step and
+  // loss from one member's view.
+  const auto status = run_cli("status --insecure --join " + entry);
+  ASSERT_EQ(status.code, 0) << status.output;
+  EXPECT_NE(status.output.find("tokens/s"), std::string::npos) << status.output;
+  int training = 0;
+  std::istringstream rows(status.output);
+  for (std::string row; std::getline(rows, row);) {
+    std::istringstream cells(row);
+    std::vector<std::string> c;
+    for (std::string cell; cells >> cell;) c.push_back(cell);
+    // ... state, active, heard, step, loss, tokens/s, endpoint (the name may be empty)
+    const size_t n = c.size();
+    if (n >= 8 && row.find("alive") != std::string::npos && c[n - 4] != "-" &&
+        std::stoi(c[n - 4]) >= 20 && c[n - 3] != "-")
+      ++training;
+  }
+  EXPECT_EQ(training, 2) << status.output;
   peers.emplace_back(peer_argv("join", 2, 3, entry, 1), (run_dir("join") / "p2.log").string());
   auto first = wait_event(
       peers[2], [](const json& j) { return j["event"] == "step"; }, 60s);

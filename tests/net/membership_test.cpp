@@ -90,6 +90,30 @@ TEST(MembershipTest, ARoleChangeSpreadsAndOlderGossipCannotUndoIt) {
   EXPECT_THROW(net::member_from_json(bad), starling::NetError);
 }
 
+TEST(MembershipTest, ProgressTravelsAsNumbersAndTheNewestWins) {
+  net::Membership table(member(1, 100, true));
+  const auto now = net::Clock::now();
+  net::MemberInfo m = member(2, 200, true);
+  EXPECT_TRUE(table.merge(m, now));
+  m.progress = R"({"loss":2.5,"step":40})";
+  m.progress_version = 3;
+  const net::MemberInfo back = net::member_from_json(net::to_json(m));
+  EXPECT_EQ(back.progress, m.progress);
+  EXPECT_FALSE(table.merge(back, now));
+  EXPECT_EQ(table.find(2)->info.progress, m.progress);
+  net::MemberInfo older = m;
+  older.progress = R"({"step":20})";
+  older.progress_version = 2;
+  table.merge(older, now);
+  EXPECT_EQ(table.find(2)->info.progress, m.progress);
+  // Anything but an object of numbers is refused.
+  for (const char* bad : {R"("x")", R"({"step":"40"})", R"({"a":{"b":1}})"}) {
+    auto j = net::to_json(m);
+    j["progress"] = nlohmann::json::parse(bad);
+    EXPECT_THROW(net::member_from_json(j), starling::NetError) << bad;
+  }
+}
+
 TEST(MailboxTest, ARestartFailsWaitingReceivesAndDropsTheOldIncarnationsMessages) {
   net::Mailbox box;
   const net::PeerId peer = 5;

@@ -32,18 +32,40 @@ std::string to_string(MemberState state) {
 }
 
 nlohmann::json to_json(const MemberInfo& m) {
-  return {{"id", format_peer_id(m.id)},
-          {"name", m.name},
-          {"endpoint", m.endpoint},
-          {"key", m.public_key},
-          {"data_port", m.data_port},
-          {"joined_at", m.joined_at_ms},
-          {"active", m.active},
-          {"left", m.left},
-          {"role", m.role},
-          {"role_version", m.role_version},
-          {"incarnation", m.incarnation}};
+  nlohmann::json j = {{"id", format_peer_id(m.id)},
+                      {"name", m.name},
+                      {"endpoint", m.endpoint},
+                      {"key", m.public_key},
+                      {"data_port", m.data_port},
+                      {"joined_at", m.joined_at_ms},
+                      {"active", m.active},
+                      {"left", m.left},
+                      {"role", m.role},
+                      {"role_version", m.role_version},
+                      {"incarnation", m.incarnation}};
+  if (!m.progress.empty()) {
+    j["progress"] = nlohmann::json::parse(m.progress, nullptr, /*allow_exceptions=*/false);
+    j["progress_version"] = m.progress_version;
+  }
+  return j;
 }
+
+namespace {
+
+// A progress record as it travels: an object of at most 32 numbers (null for none), 2 KiB.
+std::string progress_text(const nlohmann::json& j) {
+  if (!j.is_object() || j.size() > 32)
+    throw NetError("member field 'progress' is not an object of at most 32 entries");
+  for (const auto& [key, value] : j.items())
+    if (key.size() > 32 || !(value.is_number() || value.is_null()))
+      throw NetError("member field 'progress' holds \"" + key.substr(0, 32) +
+                     "\", which is not a number");
+  std::string text = j.dump();
+  if (text.size() > 2048) throw NetError("member field 'progress' is longer than 2 KiB");
+  return text;
+}
+
+}  // namespace
 
 MemberInfo member_from_json(const nlohmann::json& j) {
   if (!j.is_object()) throw NetError("member record is not an object");
@@ -83,6 +105,12 @@ MemberInfo member_from_json(const nlohmann::json& j) {
       throw NetError("member field 'role' is not a string of at most 128 characters");
     m.role = j["role"].get<std::string>();
   }
+  if (j.contains("progress")) {  // absent: a peer that says nothing of its training
+    m.progress = progress_text(j["progress"]);
+    if (!j.contains("progress_version") || !j["progress_version"].is_number_unsigned())
+      throw NetError("member field 'progress_version' is not an unsigned integer");
+    m.progress_version = j["progress_version"].get<uint64_t>();
+  }
   if (j.contains("role_version")) {  // absent: a role never changed
     if (!j["role_version"].is_number_unsigned())
       throw NetError("member field 'role_version' is not an unsigned integer");
@@ -120,6 +148,10 @@ bool Membership::merge(const MemberInfo& info, Clock::time_point now) {
     if (info.role_version > m.info.role_version) {
       m.info.role = info.role;
       m.info.role_version = info.role_version;
+    }
+    if (info.progress_version > m.info.progress_version) {
+      m.info.progress = info.progress;
+      m.info.progress_version = info.progress_version;
     }
   }
   return false;

@@ -40,6 +40,10 @@ struct MemberInfo {
   // role of the highest version it has seen.
   std::string role;
   uint64_t role_version = 0;
+  // How its training goes, as the peer last said (Node::set_progress): a compact JSON object of
+  // numbers (step, loss, tokens/s, ...), "" = nothing said; gossip keeps the highest version.
+  std::string progress;
+  uint64_t progress_version = 0;
 };
 
 nlohmann::json to_json(const MemberInfo& m);

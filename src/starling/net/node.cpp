@@ -408,6 +408,13 @@ void Node::Impl::set_role(const std::string& role) {
   table_.changed.notify_all();
 }
 
+void Node::Impl::set_progress(const std::string& progress) {
+  std::lock_guard lock(table_.mutex);
+  MemberInfo& self = table_.members.self_info();
+  self.progress = progress;
+  ++self.progress_version;
+}
+
 void Node::Impl::note_link_rate(PeerId from, double mbit_per_s) {
   if (!(mbit_per_s > 0) || from == self_id_) return;
   std::lock_guard lock(table_.mutex);
@@ -441,6 +448,7 @@ bool Node::wait_for_members(size_t count, milliseconds timeout) const {
 }
 void Node::activate() { impl_->activate(); }
 void Node::set_role(const std::string& role) { impl_->set_role(role); }
+void Node::set_progress(const std::string& progress) { impl_->set_progress(progress); }
 void Node::leave() { impl_->stop(true); }
 bool Node::admit(PeerId peer, uint64_t incarnation) { return impl_->admit(peer, incarnation); }
 Node::Counters Node::counters() const { return impl_->counters(); }

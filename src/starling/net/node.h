@@ -85,6 +85,10 @@ class Node : public Collectives {
   // its next heartbeats carry the new one, so the other members see it within about one
   // heartbeat interval, and later gossip never brings the old one back.
   void set_role(const std::string& role);
+  // What this peer says of its training (MemberInfo::progress): a JSON object of at most 32
+  // numbers, such as {"step": 40, "loss": 2.31, "tokens_per_s": 5120}. Its next heartbeats carry
+  // it, and `starling status` shows it for every member.
+  void set_progress(const std::string& progress);
   // Tells every member this peer leaves, then stops. Pending collectives fail.
   void leave();
 

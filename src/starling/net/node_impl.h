@@ -45,6 +45,7 @@ class Node::Impl {
   bool returning() const;
   void note_link_rate(PeerId from, double mbit_per_s);
   void set_role(const std::string& role);
+  void set_progress(const std::string& progress);
   Node::Counters counters() const;
 
   PeerId id() const { return self_id_; }
@@ -114,7 +115,7 @@ class Node::Impl {
   std::map<uint64_t, std::deque<Incoming>> early_;     // chunks of operations not started here
   uint64_t early_bytes_ = 0;  // what early_ holds, counted as early_cost() of each chunk
   uint64_t early_dropped_ = 0;
-  std::map<uint64_t, std::string> aborted_;            // aborts of operations not started here
+  std::map<uint64_t, std::string> aborted_;  // aborts of operations not started here
   std::deque<uint64_t> finished_ops_;
 };
 

@@ -91,13 +91,25 @@ std::string format_status(const StatusReport& r) {
   std::snprintf(line, sizeof line, "%zu members (as seen by %s)\n", r.members.size(),
                 short_peer_id(r.answered_by).c_str());
   out += line;
-  std::snprintf(line, sizeof line, "  %-8s  %-12s  %-6s  %-8s  %-7s  %s\n", "id", "name", "state",
-                "active", "heard", "endpoint");
+  std::snprintf(line, sizeof line, "  %-8s  %-12s  %-6s  %-8s  %-7s  %7s  %8s  %9s  %s\n", "id",
+                "name", "state", "active", "heard", "step", "loss", "tokens/s", "endpoint");
   out += line;
   for (const auto& m : r.members) {
-    std::snprintf(line, sizeof line, "  %-8s  %-12s  %-6s  %-8s  %5.1fs  %s\n",
+    // What the member says of its training ('-' where it says nothing: not training, or not yet).
+    const auto said = nlohmann::json::parse(m.info.progress.empty() ? "{}" : m.info.progress,
+                                            nullptr, /*allow_exceptions=*/false);
+    const auto figure = [&](const char* key, const char* format) {
+      if (!said.is_object() || !said.contains(key) || !said[key].is_number())
+        return std::string("-");
+      char f[32];
+      std::snprintf(f, sizeof f, format, said[key].get<double>());
+      return std::string(f);
+    };
+    std::snprintf(line, sizeof line, "  %-8s  %-12s  %-6s  %-8s  %5.1fs  %7s  %8s  %9s  %s\n",
                   short_peer_id(m.info.id).c_str(), m.info.name.c_str(), m.state.c_str(),
-                  m.info.active ? "yes" : "no", m.seconds_since_heard, m.info.endpoint.c_str());
+                  m.info.active ? "yes" : "no", m.seconds_since_heard,
+                  figure("step", "%.0f").c_str(), figure("loss", "%.4f").c_str(),
+                  figure("tokens_per_s", "%.0f").c_str(), m.info.endpoint.c_str());
     out += line;
   }
   std::map<std::pair<PeerId, PeerId>, LinkStats> links;

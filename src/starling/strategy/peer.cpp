@@ -44,6 +44,18 @@ std::unique_ptr<train::StepHooks> make_strategy(const train::RunConfig& config,
   return s;
 }
 
+std::function<void(const nlohmann::json&)> publish_progress(net::Node& node) {
+  auto said = std::make_shared<nlohmann::json>(nlohmann::json::object());
+  return [&node, said](const nlohmann::json& record) {
+    for (const char* key : {"step", "loss", "tokens", "tokens_per_s", "val_loss"})
+      if (record.contains(key) && record[key].is_number()) (*said)[key] = record[key];
+    if (record.contains("net") && record["net"].is_object())
+      for (const auto& [key, value] : record["net"].items())
+        if (value.is_number() && key != "bytes_sent" && key != "state_bytes") (*said)[key] = value;
+    node.set_progress(said->dump());
+  };
+}
+
 namespace {
 
 train::TrainResult train_with(const train::RunConfig& config, const PeerOptions& options,
@@ -69,7 +81,9 @@ train::TrainResult run_swarm_peer(const train::RunConfig& config, const PeerOpti
                      std::to_string(min_peers) + " peers arrived within net.join_timeout_s = " +
                      std::to_string(config.net.join_timeout_s) + " s");
   }
-  train::TrainResult result = train_with(config, options, node);
+  PeerOptions o = options;
+  o.train.on_record = publish_progress(node);
+  train::TrainResult result = train_with(config, o, node);
   node.leave();
   return result;
 }

@@ -21,6 +21,11 @@ std::unique_ptr<train::StepHooks> make_strategy(const train::RunConfig& config,
                                                 net::Collectives& net,
                                                 std::vector<net::PeerId> group = {});
 
+// A TrainOptions::on_record that tells the swarm how this peer trains (net::Node::set_progress):
+// its latest step, loss, tokens, tokens/s and validation loss, and from the strategy's report the
+// network wait, the round and its own figures (co2's staleness gap).
+std::function<void(const nlohmann::json&)> publish_progress(net::Node& node);
+
 struct PeerOptions {
   train::TrainOptions train;  // resume, progress, stop_at, data share, json_events
   // gloo/nccl: a launcher already hosts the rendezvous store at net.store (torchrun's agent).

@@ -152,6 +152,7 @@ train::TrainResult train_stage(const train::RunConfig& c, train::TrainOptions t,
     hooks = std::move(wrapped);
   }
   t.hooks = hooks.get();
+  t.on_record = publish_progress(node);
   std::optional<PipelineAdmission> admission;
   if (place.replicas > 1) admission.emplace(node, grid, stage);
   t.step_runner = [&](train::Session& s,

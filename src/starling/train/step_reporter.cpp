@@ -19,11 +19,13 @@ std::string net_summary(const std::optional<StrategyReport>& net) {
 }  // namespace
 
 StepReporter::StepReporter(const RunConfig& config, ProgressLine& progress, bool json_events,
-                           double peak_gflops, int64_t last, int64_t resume_step)
+                           double peak_gflops, int64_t last, int64_t resume_step,
+                           std::function<void(const nlohmann::json&)> on_record)
     : config_(config),
       progress_(progress),
       metrics_(config.train.out_dir, resume_step),
       json_events_(json_events),
+      on_record_(std::move(on_record)),
       peak_gflops_(peak_gflops),
       flops_per_token_(config.model.train_flops_per_token()),
       last_(last),
@@ -73,13 +75,16 @@ void StepReporter::step(const StepOutcome& s, bool milestone,
   if (s.loss_scale) record["loss_scale"] = *s.loss_scale;
   if (net) record["net"] = *net;
   metrics_.write(record);
+  if (on_record_) on_record_(record);
   window_s_ = 0;
   window_tokens_ = 0;
 }
 
 void StepReporter::eval(int64_t step, double val_loss, uint64_t tokens) {
-  metrics_.write(
-      {{"step", step}, {"val_loss", val_loss}, {"tokens", tokens}, {"elapsed_s", elapsed_s()}});
+  const nlohmann::json record = {
+      {"step", step}, {"val_loss", val_loss}, {"tokens", tokens}, {"elapsed_s", elapsed_s()}};
+  metrics_.write(record);
+  if (on_record_) on_record_(record);
   if (json_events_)
     std::cout << events::eval(step, val_loss, tokens, elapsed_s()).dump() << std::endl;
   progress_.note("step " + std::to_string(step) + " | val loss " + fmt("%.4f", val_loss));

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -30,7 +31,8 @@ class StepReporter {
   // `last` is the step this run stops at; `resume_step` >= 0 when resuming (metrics.jsonl drops
   // lines written after it).
   StepReporter(const RunConfig& config, ProgressLine& progress, bool json_events,
-               double peak_gflops, int64_t last, int64_t resume_step);
+               double peak_gflops, int64_t last, int64_t resume_step,
+               std::function<void(const nlohmann::json&)> on_record = {});
 
   // Counts the step's time; at a milestone (every train.log_every steps, and the last) writes the
   // metrics record and the step event, and closes the throughput window.
@@ -46,6 +48,7 @@ class StepReporter {
   ProgressLine& progress_;
   MetricsLog metrics_;
   bool json_events_;
+  std::function<void(const nlohmann::json&)> on_record_;
   double peak_gflops_, flops_per_token_;
   int64_t last_;
   double start_s_;

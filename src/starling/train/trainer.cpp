@@ -98,7 +98,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   const int64_t last =
       options.stop_at >= 0 ? std::min(options.stop_at, c.train.steps) : c.train.steps;
   StepReporter reporter(c, progress, options.json_events, peak_gflops, last,
-                        options.resume ? replica.step : -1);
+                        options.resume ? replica.step : -1, options.on_record);
   const bool fp16 = c.train.dtype == "fp16";
   const auto tokens_per_step =
       static_cast<uint64_t>(c.train.batch_size * c.train.grad_accum * c.model.seq_len);
