@@ -95,6 +95,11 @@ if(TARGET torch_cuda OR "${TORCH_LIBRARIES}" MATCHES "torch_cuda")
   if(CUDAToolkit_INCLUDE_DIRS)
     target_include_directories(starling PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
   endif()
+  # The CUDA runtime itself: device.cpp reads the card's memory (cudaMemGetInfo) for
+  # train.device_memory.
+  if(TARGET CUDA::cudart)
+    target_link_libraries(starling PRIVATE CUDA::cudart)
+  endif()
   # c10d's NCCL process group, where the libtorch ships it (pip's CUDA torch does): the `nccl`
   # collective backend (net/nccl_backend.cpp; without it, asking for it is a clear error).
   find_file(STARLING_NCCL_HEADER torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp

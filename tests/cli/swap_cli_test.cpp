@@ -137,6 +137,16 @@ TEST_F(SwapCliTest, BadSettingsGetClearErrors) {
   EXPECT_NE(disk.output.find("swap.tier = \"disk\" is not supported on train.device = \"cuda\""),
             std::string::npos)
       << disk.output;
+  // A cap on GPU memory needs a GPU, and a size.
+  const auto cap = run_cli("train -q --config " + cfg.string() + " --set train.device_memory=1GB");
+  EXPECT_NE(cap.code, 0);
+  EXPECT_NE(cap.output.find("train.device_memory caps a GPU's memory"), std::string::npos)
+      << cap.output;
+  const auto cap_size =
+      run_cli("train -q --config " + cfg.string() + " --set train.device_memory=much");
+  EXPECT_NE(cap_size.code, 0);
+  EXPECT_NE(cap_size.output.find("train.device_memory: \"much\" is not a size"), std::string::npos)
+      << cap_size.output;
 }
 
 // Whether the binary sees a GPU ("starling 0.1.0 (libtorch 2.11.0, CUDA, 1 GPU)").
@@ -224,6 +234,51 @@ INSTANTIATE_TEST_SUITE_P(
              (info.param.overlap ? "" : "UpdateAfterPasses") +
              (std::string(info.param.device) == "cuda" ? "Cuda" : "");
     });
+
+// A GPU capped below the training state (train.device_memory) trains it only swapped: the AdamW
+// moments wait in RAM and come over one tensor at a time, never whole. A run stopped and resumed
+// (the checkpoint's moments staged the same way) ends where a straight one does.
+TEST_F(SwapCliTest, StateLargerThanTheGpuTrainsSwappedAndResumes) {
+  if (!binary_sees_a_gpu())
+    GTEST_SKIP() << "no GPU: the binary is not built against a CUDA libtorch or sees no GPU "
+                    "(scripts/build-cuda.sh)";
+  // 4 layers of width 1024 and a 4096-token vocabulary: 54.6M parameters, 218 MB of weights,
+  // 874 MB with gradients and AdamW moments; the card is capped at 512 MB. (No MFU probe: its
+  // matrices would crowd the cap.)
+  auto widen = [](const fs::path& path) {
+    std::string text = read_file(path);
+    text = std::regex_replace(text, std::regex("n_layer = 2\nd_model = 32\nn_head = 2\n"),
+                              "n_layer = 4\nd_model = 1024\nn_head = 16\nvocab_size = 4096\n");
+    std::ofstream(path) << text;
+    return path;
+  };
+  const std::string gpu =
+      " --set train.device=cuda --set train.device_memory=512MB --set train.peak_tflops=100";
+  const fs::path plain = widen(config("capped_plain", "gpt2-tiny", false, 1));
+  const auto refused = run_cli("train -q --config " + plain.string() + gpu);
+  EXPECT_NE(refused.code, 0) << refused.output;
+  EXPECT_NE(refused.output.find("out of memory"), std::string::npos) << refused.output;
+
+  const std::string swap = gpu + " --set swap.budget=300MB --set swap.tier=host";
+  const fs::path straight = widen(config("capped_straight", "gpt2-tiny", false, 1));
+  const auto whole = run_cli("train --config " + straight.string() + swap);
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(whole.output, m,
+                                std::regex("device memory peak over the steps ([0-9.]+) GiB")))
+      << whole.output;
+  EXPECT_LT(std::stod(m[1].str()) * (1 << 30), 512e6) << whole.output;
+
+  const fs::path split = widen(config("capped_split", "gpt2-tiny", false, 1));
+  const auto first = run_cli("train -q --config " + split.string() + swap + " --stop-at 3");
+  ASSERT_EQ(first.code, 0) << first.output;
+  const auto second = run_cli("train -q --config " + split.string() + swap + " --resume");
+  ASSERT_EQ(second.code, 0) << second.output;
+  const fs::path a = root_ / "run_capped_straight" / "checkpoints" / "step_00000006";
+  const fs::path b = root_ / "run_capped_split" / "checkpoints" / "step_00000006";
+  EXPECT_TRUE(read_file(a / "model.safetensors") == read_file(b / "model.safetensors"))
+      << "the resumed run's weights differ from the straight run's";
+}
 
 TEST_F(SwapCliTest, ResumedSwappedRunMatchesAStraightOne) {
   const fs::path straight = config("resume_straight", "gpt2-tiny", true, 2);

@@ -1,4 +1,6 @@
 // `starling`: prepare data, train, sample, inspect models, benchmark, manage swarm keys.
+#include <c10/util/Exception.h>
+
 #include <iostream>
 
 #include "starling/cli/commands.h"
@@ -31,6 +33,15 @@ int main(int argc, char** argv) {
     std::cerr << "error: " << e.what() << "\n";
     if (verbose) std::cerr << "  (raised at " << e.origin() << ")\n";
     return 2;
+  } catch (const c10::Error& e) {
+    // libtorch's own errors: the message without its C++ backtrace (shown with --verbose).
+    const std::string what = verbose ? e.what() : e.what_without_backtrace();
+    std::cerr << "error: " << what << "\n";
+    if (what.find("out of memory") != std::string::npos)
+      std::cerr << "  (the model's training state, activations and batch do not fit in the "
+                   "device's memory: a smaller train.batch_size, train.recompute = true, or a "
+                   "[swap] budget to keep part of the state in host RAM; see docs/swap.md)\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;

@@ -8,7 +8,10 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 #endif
+
+#include <stdexcept>
 
 namespace starling {
 #ifdef STARLING_WITH_CUDA
@@ -66,6 +69,27 @@ void reset_peak_memory(const c10::Device& device) {
 #else
   (void)device;
 #endif
+}
+
+int64_t limit_memory(const c10::Device& device, int64_t bytes) {
+#ifdef STARLING_WITH_CUDA
+  if (device.is_cuda()) {
+    const int index = cuda_index(device);
+    c10::cuda::CUDAGuard guard(device);
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess)
+      throw std::invalid_argument("cannot read the memory of " + device.str());
+    if (bytes <= 0 || bytes > static_cast<int64_t>(total))
+      throw std::invalid_argument("a cap of " + std::to_string(bytes) + " bytes on " +
+                                  device.str() + ", which has " + std::to_string(total));
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(
+        static_cast<double>(bytes) / static_cast<double>(total),
+        static_cast<c10::DeviceIndex>(index));
+    return static_cast<int64_t>(total);
+  }
+#endif
+  (void)bytes;
+  throw std::invalid_argument("only a CUDA device's memory can be capped, not " + device.str());
 }
 
 }  // namespace starling

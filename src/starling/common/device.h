@@ -24,4 +24,10 @@ void synchronize(const c10::Device& device);
 int64_t peak_memory_bytes(const c10::Device& device);
 void reset_peak_memory(const c10::Device& device);
 
+// Caps what libtorch's CUDA caching allocator may hold on `device` at `bytes` (as PyTorch's
+// set_per_process_memory_fraction): an allocation beyond it fails as if the card were that small.
+// Returns the card's total memory. std::invalid_argument for a CPU, for a build without CUDA, or
+// for a cap above the card's memory.
+int64_t limit_memory(const c10::Device& device, int64_t bytes);
+
 }  // namespace starling

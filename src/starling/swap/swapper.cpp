@@ -48,13 +48,24 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
   // read as zeros, without being held or written (a model whose moments exceed RAM can start).
   const bool zero_moments = optimizer_.claim_zero_state();
   auto slot = [&](const at::Tensor& t, bool pin, bool zero) {
-    if (t.scalar_type() != at::kFloat || t.device() != device_)
+    // Below a GPU, moments may wait in RAM (AdamW's deferred zeros, a checkpoint's mapped
+    // moments): each comes over alone and, beyond the budget, goes on to the tier at once, so the
+    // GPU never holds more than the budget and one tensor while the state is adopted.
+    const bool staged = t.device() != device_ && t.is_cpu();
+    if (t.scalar_type() != at::kFloat || (t.device() != device_ && !staged))
       throw std::logic_error("swap: training state must be fp32, on one device");
     SwapSlot s;
     s.tensor = t;
     s.bytes = static_cast<size_t>(t.numel()) * t.element_size();
     s.key = tier_->reserve(s.bytes);
     s.pinned = pin;
+    if (staged) {
+      // set_data keeps the TensorImpl (the optimizer's and slot_of_'s handle) and gives it a
+      // device tensor's storage. Fresh zeros that stay out need no bytes: the storage is emptied
+      // at once, and the caching allocator hands the block to the next tensor.
+      t.set_data(zero || t.numel() == 0 ? at::empty(t.sizes(), t.options().device(device_))
+                                        : t.to(device_));
+    }
     if (zero && !pin) {
       free_storage(t);
       s.state = SwapSlot::State::kOut;
@@ -62,6 +73,10 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
       return s;
     }
     if (zero) t.zero_();
+    if (staged && !pin && held_ + static_cast<int64_t>(align_up(s.bytes)) > plan_.budget) {
+      write_through(s);
+      return s;
+    }
     // Only what may go to the tier needs aligned storage; a pinned slot never leaves. Beyond the
     // budget, a tensor that cannot keep its storage (a checkpoint's mapped moments) goes straight
     // to the tier instead of being copied in whole with the rest.
@@ -75,12 +90,15 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
     held_ += s.held();
     return s;
   };
-  for (size_t i = 0; i < params.size(); ++i) {
+  // The weights first: they are in compute memory already, so a moment staged in RAM is held
+  // only where the budget has room beside all of them.
+  for (size_t i = 0; i < params.size(); ++i)
     values_.push_back(slot(params[i].value, pinned[i], false));
+  for (size_t i = 0; i < params.size(); ++i) {
     exp_avg_.push_back(slot(optimizer_.exp_avg(i), plan_.everything_resident, zero_moments));
     exp_avg_sq_.push_back(slot(optimizer_.exp_avg_sq(i), plan_.everything_resident, zero_moments));
     SwapSlot g;
-    g.bytes = values_.back().bytes;
+    g.bytes = values_[i].bytes;
     g.key = tier_->reserve(g.bytes);
     g.pinned = pinned[i];
     g.state = SwapSlot::State::kOut;  // no gradient yet

@@ -13,9 +13,13 @@ namespace starling::train {
 AdamW::AdamW(graph::ParamStore& params, AdamWOptions options) : params_(params), options_(options) {
   zeros_pending_ = options_.defer_zero_state;
   for (const auto& p : params_.params()) {
-    // at::empty maps its memory without touching it: nothing is committed until it is written.
-    exp_avg_.push_back(zeros_pending_ ? at::empty_like(p.value) : at::zeros_like(p.value));
-    exp_avg_sq_.push_back(zeros_pending_ ? at::empty_like(p.value) : at::zeros_like(p.value));
+    // Deferred moments are placeholders in RAM, whatever the parameters' device: at::empty maps
+    // its memory without touching it, so nothing is committed until it is written (on a GPU an
+    // allocation would take the memory at once).
+    const auto cpu = p.value.options().device(c10::kCPU);
+    exp_avg_.push_back(zeros_pending_ ? at::empty(p.value.sizes(), cpu) : at::zeros_like(p.value));
+    exp_avg_sq_.push_back(zeros_pending_ ? at::empty(p.value.sizes(), cpu)
+                                         : at::zeros_like(p.value));
   }
 #if STARLING_TORCH_AT_LEAST(2, 1)
   const auto& params_list = params_.params();
@@ -33,9 +37,12 @@ bool AdamW::claim_zero_state() {
 
 void AdamW::step(double lr) {
   at::NoGradGuard no_grad;
-  if (claim_zero_state())
+  if (claim_zero_state()) {
+    // Nothing else holds the placeholders yet: zeros beside the parameters take their place.
+    const auto& params = params_.params();
     for (auto* list : {&exp_avg_, &exp_avg_sq_})
-      for (at::Tensor& t : *list) t.zero_();
+      for (size_t i = 0; i < list->size(); ++i) (*list)[i] = at::zeros_like(params[i].value);
+  }
   ++steps_;
   if (fused_)
     step_fused(lr);

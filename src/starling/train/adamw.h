@@ -23,10 +23,11 @@ namespace starling::train {
 struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   bool fused = true;  // the fused multi-tensor kernel where available (false: per-parameter ops)
-  // The moments start allocated but unwritten, so no memory is committed for them (a swapping
-  // runner takes them over as zeros through claim_zero_state() and keeps them in a slower tier:
-  // a model whose moments do not fit in RAM can then be built). Whatever is not claimed is zeroed
-  // by the first step().
+  // The moments start as unwritten placeholders in RAM, whatever the parameters' device, so no
+  // memory is committed for them (a swapping runner takes them over as zeros through
+  // claim_zero_state() and keeps them in a slower tier: a model whose moments fit neither in RAM
+  // nor on its GPU can then be built). Whatever is not claimed becomes zeros beside the
+  // parameters at the first step().
   bool defer_zero_state = false;
 };
 

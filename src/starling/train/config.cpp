@@ -57,6 +57,8 @@ std::vector<Key> bind(RunConfig& c) {
                          {"fp32", "bf16", "fp16"}));
   k.push_back(
       bool_key("train", "tf32", &t.tf32, "CUDA: let fp32 matrix products use TF32 tensor cores"));
+  k.push_back(string_key("train", "device_memory", &t.device_memory,
+                         "CUDA: cap this process's GPU memory (\"12GB\"; \"\" = the whole card)"));
   k.push_back(bool_key("train", "recompute", &t.recompute,
                        "recompute each node's activations in backward (saves memory)"));
   k.push_back(int_key("train", "log_every", &t.log_every, 1, "steps between metric lines"));

@@ -34,10 +34,13 @@ struct TrainConfig {
   std::string dtype = "fp32";  // compute precision: "fp32", "bf16" or "fp16" (autocast; fp32 master
                                // weights and optimizer state; fp16 adds dynamic loss scaling)
   bool tf32 = true;            // CUDA: fp32 matrix products may use TF32 tensor cores
-  bool recompute = false;      // per-node activation recomputation
-  int64_t log_every = 10;      // steps between metric lines
-  int64_t eval_every = 200;    // steps between validation passes; 0 = only at the end
-  int64_t eval_batches = 20;   // micro-batches per validation pass
+  // CUDA: a cap on what this process may hold on the GPU ("12GB"; "" = the whole card), to share
+  // a card or to see how a smaller one would fare.
+  std::string device_memory;
+  bool recompute = false;          // per-node activation recomputation
+  int64_t log_every = 10;          // steps between metric lines
+  int64_t eval_every = 200;        // steps between validation passes; 0 = only at the end
+  int64_t eval_batches = 20;       // micro-batches per validation pass
   int64_t checkpoint_every = 500;  // steps between checkpoints; 0 = only at the end
   int keep_checkpoints = 2;        // newest checkpoints kept in out_dir
   // A periodic checkpoint that cannot be written (a full disk): "stop" the run with the error, or

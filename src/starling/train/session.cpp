@@ -7,9 +7,11 @@
 #include <iostream>
 
 #include "starling/common/cpu_runtime.h"
+#include "starling/common/device.h"
 #include "starling/common/error.h"
 #include "starling/model/build.h"
 #include "starling/model/hf_import.h"
+#include "starling/swap/swap_config.h"
 #include "starling/train/compute_bench.h"
 #include "starling/train/precision.h"
 #include "starling/train/step_runner.h"
@@ -26,6 +28,20 @@ std::string model_signature(const RunConfig& c) {
   const auto begin = text.find("[model]");
   const auto end = text.find("\n[", begin + 1);
   return text.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+}
+
+void cap_device_memory(const RunConfig& c) {
+  if (c.train.device_memory.empty()) return;
+  const int64_t bytes = swap::parse_bytes(c.train.device_memory, "train.device_memory");
+  const c10::Device device(c.train.device);
+  if (!device.is_cuda())
+    throw ConfigError("train.device_memory caps a GPU's memory; train.device is \"" +
+                      c.train.device + "\"");
+  try {
+    limit_memory(device, bytes);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError("train.device_memory = \"" + c.train.device_memory + "\": " + e.what());
+  }
 }
 
 void restore(Session& s, const Checkpoint& ckpt) {
@@ -56,6 +72,7 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
   check_device(c.train.device, "train.device");
   check_dtype(c.train.device, c.train.dtype, "train.dtype");
   configure_matmul_precision(c.train.device, c.train.tf32);
+  cap_device_memory(c);
   auto s = std::make_unique<Session>(c, c10::Device(c.train.device));
   s->threads = threads;
   s->dataset = data::open_dataset(c.data.dir);
