@@ -1,7 +1,7 @@
 // atom's progress board between real swarm peers on loopback: announcements reach the other
 // peers and count only for their round, a peer that has not announced in a round yet counts
-// nothing, a started one is projected at its pace, a ready peer is seen, and a malformed
-// announcement is dropped and counted, never a crash.
+// nothing, a started one is projected at its pace, a ready peer is seen, one poll reads a whole
+// backlog, and a malformed announcement is dropped and counted, never a crash.
 #include "starling/strategy/progress_board.h"
 
 #include <gtest/gtest.h>
@@ -73,6 +73,21 @@ TEST(ProgressBoard, ProjectsPeersAtTheirPace) {
   b.announce(2, 30, 100.0, true);
   v = wait_view(a, 10.0, [](const auto& v) { return v.ready == 1; });
   EXPECT_DOUBLE_EQ(v.projected, 30);
+}
+
+// A peer that polls less often than another announces (a slower one: once per micro-batch of
+// its own) reads everything that arrived in between at its next poll, not one announcement.
+TEST(ProgressBoard, OnePollReadsEveryAnnouncementThatArrived) {
+  net::testing::Swarm swarm(2);
+  auto nodes = swarm.start(2);
+  ProgressBoard a(*nodes[0]), b(*nodes[1]);
+  a.begin_round(3);
+  a.view(0);
+  for (int64_t samples = 1; samples <= 20; ++samples) b.announce(3, samples, 0, false);
+  // Received while a computes (its node's thread takes them in); a looks once.
+  std::this_thread::sleep_for(500ms);
+  const auto v = a.view(0);
+  EXPECT_EQ(v.samples, 20) << "one poll read only part of a backlog of 20 announcements";
 }
 
 TEST(ProgressBoard, MalformedAnnouncementsAreDropped) {

@@ -56,31 +56,35 @@ void ProgressBoard::poll() {
     if (m.info.id != node_.id()) alive[m.info.id] = m.state == net::MemberState::alive;
   for (auto it = receives_.begin(); it != receives_.end();) {
     const net::PeerId peer = it->first;
+    std::deque<net::Transfer>& posted = it->second;
     bool failed = false;
-    while (!failed && it->second.test()) {
+    while (!posted.empty() && posted.front().test()) {
       std::vector<uint8_t> bytes;
       try {
-        bytes = it->second.wait();
+        bytes = posted.front().wait();
       } catch (const std::exception&) {
         failed = true;  // the peer died or left: forget it until it is alive again
         break;
       }
+      posted.pop_front();
       take(peer, bytes);
-      it->second = node_.recv(peer, kTag);
     }
     if (failed) {
       latest_.erase(peer);
       it = receives_.erase(it);
-    } else {
-      ++it;
+      continue;
     }
+    while (posted.size() < kPosted) posted.push_back(node_.recv(peer, kTag));
+    ++it;
   }
   for (const auto& [peer, is_alive] : alive) {
     if (!is_alive) {
       latest_.erase(peer);
       continue;
     }
-    if (!receives_.contains(peer)) receives_.emplace(peer, node_.recv(peer, kTag));
+    if (receives_.contains(peer)) continue;
+    std::deque<net::Transfer>& posted = receives_[peer];
+    while (posted.size() < kPosted) posted.push_back(node_.recv(peer, kTag));
   }
 }
 
