@@ -188,7 +188,8 @@ add_executable(starling_cli_tests
   tests/cli/swarm_cli_test.cpp
   tests/cli/swap_cli_test.cpp
 )
-target_link_libraries(starling_cli_tests PRIVATE starling_net starling_netlab GTest::gtest_main)
+target_link_libraries(starling_cli_tests PRIVATE starling_net starling_netlab GTest::gtest_main
+                      PkgConfig::HTTPLIB)
 target_compile_definitions(starling_cli_tests PRIVATE
   STARLING_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
   STARLING_CLI_PATH="$<TARGET_FILE:starling_cli>"

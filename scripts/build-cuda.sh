@@ -23,6 +23,7 @@ PYTHON=${PYTHON:-python3}
 # nlohmann-json3-dev libsentencepiece-dev libsentencepiece0 libgtest-dev libgmock-dev libgloo-dev
 # libsodium23 libpgm-5.3-0 libnorm1 libbsd0 libmd0 libssl-dev libssl3 liburing-dev liburing2
 # libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3
+# libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1 zlib1g-dev
 # (and pkg-config if the machine lacks it:
 # pkg-config pkgconf pkgconf-bin libpkgconf3)
 

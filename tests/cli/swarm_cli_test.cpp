@@ -5,6 +5,7 @@
 // Swapped peers (a [swap] budget) exchange their gradients a layer group at a time: ddp's stay
 // bit-identical to unswapped ones, and joins and kills work as without swapping.
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <random>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "run_cli.h"
 #include "run_files.h"
@@ -583,6 +585,179 @@ TEST_F(SwarmCliTest, BadSwarmArgumentsAreClearErrors) {
               "net.store=127.0.0.1:0");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("nccl"), std::string::npos) << r.output;
+}
+
+// The swarm dashboard: a 3-peer ddp swarm whose first peer serves [net] dashboard, and
+// `starling dashboard --join` serving the same swarm from outside it.
+class DashboardTest : public SwarmCliTest {
+ protected:
+  // Starts the swarm (steps enough to outlast the test) and returns peer 0's dashboard URL.
+  std::string start_swarm(const std::string& name) {
+    write_config(name, "kind = \"ddp\"", 100000, 1);
+    fs::create_directories(run_dir(name));
+    peers_.emplace_back(peer_argv(name, 0, 3, "", 3, {"--set", "net.dashboard=\"127.0.0.1:0\""}),
+                        (run_dir(name) / "p0.log").string());
+    const auto listening = wait_event(
+        peers_[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
+    if (!listening) return "";
+    entry_ = (*listening)["endpoint"];
+    const auto dashboard = wait_event(
+        peers_[0], [](const json& j) { return j["event"] == "dashboard"; }, 10s);
+    if (!dashboard) return "";
+    for (int rank = 1; rank < 3; ++rank)
+      peers_.emplace_back(peer_argv(name, rank, 3, entry_, 3),
+                          (run_dir(name) / ("p" + std::to_string(rank) + ".log")).string());
+    return (*dashboard)["url"];
+  }
+
+  // GET `path` of the dashboard at `url` ("http://127.0.0.1:PORT/").
+  static std::optional<std::string> get(const std::string& url, const std::string& path) {
+    const std::smatch m = [&] {
+      std::smatch r;
+      std::regex_search(url, r, std::regex("http://([0-9.]+):([0-9]+)/"));
+      return r;
+    }();
+    if (m.empty()) return std::nullopt;
+    httplib::Client client(m[1].str(), std::stoi(m[2].str()));
+    client.set_read_timeout(5, 0);
+    auto res = client.Get(path.c_str());
+    if (!res || res->status != 200) return std::nullopt;
+    return res->body;
+  }
+
+  // Polls /api/swarm until 3 members are alive and each says a step, for up to `timeout`.
+  static std::optional<json> wait_for_training(const std::string& url,
+                                               std::chrono::seconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (auto body = get(url, "/api/swarm")) {
+        const json view = json::parse(*body);
+        int training = 0;
+        for (const auto& m : view["members"])
+          training += m["state"] == "alive" && m["progress"].contains("step") ? 1 : 0;
+        if (training == 3) return view;
+      }
+      std::this_thread::sleep_for(300ms);
+    }
+    return std::nullopt;
+  }
+
+  static int64_t max_step(const json& view) {
+    int64_t most = -1;
+    for (const auto& m : view["members"])
+      if (m["progress"].contains("step"))
+        most = std::max(most, m["progress"]["step"].get<int64_t>());
+    return most;
+  }
+
+  std::vector<Process> peers_;
+  std::string entry_;
+};
+
+TEST_F(DashboardTest, ServesTheSwarmLiveFromAPeerAndFromOutside) {
+  const std::string url = start_swarm("dash_api");
+  ASSERT_FALSE(url.empty()) << read_file(run_dir("dash_api") / "p0.log");
+  EXPECT_EQ(url.rfind("http://127.0.0.1:", 0), 0u) << "loopback unless told otherwise: " << url;
+  const auto first = wait_for_training(url, 60s);
+  ASSERT_TRUE(first) << read_file(run_dir("dash_api") / "p1.log");
+  EXPECT_EQ((*first)["members"].size(), 3u);
+  EXPECT_EQ((*first)["error"], "");
+  // Links are measured between the peers (the probes each member sends a newcomer).
+  EXPECT_FALSE((*first)["links"].empty()) << first->dump();
+
+  // It is live: steps rise, each member's history grows, and checkpoints show (every 4 steps).
+  std::this_thread::sleep_for(3s);
+  const json later = json::parse(get(url, "/api/swarm").value_or("{}"));
+  EXPECT_GT(max_step(later), max_step(*first));
+  bool checkpointed = false;
+  for (const auto& m : later["members"])
+    checkpointed = checkpointed || m["progress"].contains("checkpoint_step");
+  EXPECT_TRUE(checkpointed) << later.dump();
+  const json history = json::parse(get(url, "/api/history").value_or("{}"));
+  ASSERT_EQ(history["members"].size(), 3u) << history.dump();
+  for (const auto& [id, points] : history["members"].items()) {
+    ASSERT_GE(points.size(), 2u) << id;
+    EXPECT_GT(points.back()["step"].get<int64_t>(), points.front()["step"].get<int64_t>()) << id;
+    EXPECT_TRUE(points.back().contains("loss")) << id;
+  }
+  const auto page = get(url, "/");
+  ASSERT_TRUE(page);
+  EXPECT_NE(page->find("<title>Starling swarm</title>"), std::string::npos);
+
+  // From outside the swarm: `starling dashboard --join` asks a member once a second.
+  Process outside({STARLING_CLI_PATH, "dashboard", "--join", entry_, "--insecure", "--listen",
+                   "127.0.0.1:0", "--every", "0.5"},
+                  (run_dir("dash_api") / "outside.log").string());
+  const auto line = outside.read_line(20s);
+  ASSERT_TRUE(line) << read_file(run_dir("dash_api") / "outside.log");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(*line, m, std::regex("dashboard at (http://\\S+/)"))) << *line;
+  const auto seen = wait_for_training(m[1].str(), 30s);
+  ASSERT_TRUE(seen);
+  EXPECT_EQ((*seen)["source"], entry_);
+  outside.signal(SIGINT);
+  EXPECT_EQ(outside.wait(10s), 0) << read_file(run_dir("dash_api") / "outside.log");
+
+  // A taken port is a clear error.
+  const auto port = url.substr(url.rfind(':') + 1, url.size() - url.rfind(':') - 2);
+  const auto taken =
+      run_cli("dashboard --join " + entry_ + " --insecure --listen 127.0.0.1:" + port);
+  EXPECT_NE(taken.code, 0);
+  EXPECT_NE(taken.output.find("cannot listen on 127.0.0.1:" + port), std::string::npos)
+      << taken.output;
+}
+
+// The page itself, in a real headless Chromium: the members and a rising step count appear, and
+// its screenshot goes to docs/img/dashboard.png.
+TEST_F(DashboardTest, PageShowsMembersAndRisingStepsInChromium) {
+  if (std::system("command -v chromium >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "no chromium here (scripts/install-deps.sh installs Debian's)";
+  const std::string url = start_swarm("dash_page");
+  ASSERT_FALSE(url.empty()) << read_file(run_dir("dash_page") / "p0.log");
+  ASSERT_TRUE(wait_for_training(url, 60s));
+  const fs::path profile = run_dir("dash_page") / "chromium";
+  // Root (as in CI) needs --no-sandbox; the virtual time budget lets the page's timers and
+  // fetches run for 4 s before the DOM is taken.
+  auto chromium = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = {"/usr/bin/chromium",
+                                     "--headless",
+                                     "--no-sandbox",
+                                     "--disable-gpu",
+                                     "--disable-dev-shm-usage",
+                                     "--user-data-dir=" + profile.string(),
+                                     "--virtual-time-budget=4000"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    argv.push_back(url);
+    Process p(argv, (run_dir("dash_page") / "chromium.log").string());
+    std::string out;
+    for (const auto& l : p.read_all(60s)) out += l + "\n";
+    p.wait(10s);
+    return out;
+  };
+  // The step column of every member row of the rendered table.
+  auto steps_in = [](const std::string& dom) {
+    std::vector<int64_t> steps;
+    const std::regex cell("<td class=\"step\">([0-9]+)</td>");
+    for (auto it = std::sregex_iterator(dom.begin(), dom.end(), cell); it != std::sregex_iterator();
+         ++it)
+      steps.push_back(std::stoll((*it)[1].str()));
+    return steps;
+  };
+  const std::string dom1 = chromium({"--dump-dom"});
+  const auto before = steps_in(dom1);
+  ASSERT_EQ(before.size(), 3u) << dom1.substr(0, 4000)
+                               << read_file(run_dir("dash_page") / "chromium.log");
+  EXPECT_EQ(std::count(dom1.begin(), dom1.end(), '\n') > 0, true);
+  EXPECT_NE(dom1.find("3 members, 3 alive"), std::string::npos) << dom1.substr(0, 4000);
+  std::this_thread::sleep_for(2s);
+  const auto after = steps_in(chromium({"--dump-dom"}));
+  ASSERT_EQ(after.size(), 3u);
+  EXPECT_GT(*std::max_element(after.begin(), after.end()),
+            *std::max_element(before.begin(), before.end()));
+  const fs::path shot = fs::path(STARLING_SOURCE_DIR) / "docs" / "img" / "dashboard.png";
+  chromium({"--screenshot=" + shot.string(), "--window-size=1280,1000", "--hide-scrollbars"});
+  ASSERT_TRUE(fs::exists(shot)) << read_file(run_dir("dash_page") / "chromium.log");
+  EXPECT_GT(fs::file_size(shot), 20000u) << "a blank page?";
 }
 
 }  // namespace

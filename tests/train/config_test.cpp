@@ -363,7 +363,7 @@ std::vector<std::string> all_keys() {
       {"net",
        {"backend", "rank", "world_size", "store", "interface", "name", "listen", "advertise",
         "join", "key", "allow", "insecure", "direct_data", "heartbeat_ms", "peer_timeout_ms",
-        "join_timeout_s", "collective_timeout_s", "min_peers"}},
+        "join_timeout_s", "collective_timeout_s", "min_peers", "dashboard"}},
       {"swap", {"budget", "tier", "dir", "group_nodes", "depth", "overlap_update"}},
       {"pipeline",
        {"stages", "profile", "planner", "num_stages", "schedule", "extra_warmup", "stage",

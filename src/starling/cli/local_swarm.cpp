@@ -261,6 +261,8 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
           // N libtorch processes starting at once on a busy machine can take a while.
           "net.join_timeout_s=" + std::to_string(std::max<int64_t>(config.net.join_timeout_s, 120)),
           "net.join=[" + (join.empty() ? "" : "\"" + join + "\"") + "]"};
+      // One page for the swarm: peer 0 serves [net] dashboard, the others would want its port.
+      if (i != 0) sets.push_back("net.dashboard=\"\"");
     }
     for (const std::string& s : sets) argv.insert(argv.end(), {"--set", s});
     if (o.resume) argv.push_back("--resume");
@@ -364,6 +366,8 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
             progress.note("step " + std::to_string(at) + " | val loss " +
                           fmt("%.4f", result.val_loss));
           last_eval_step = std::max(last_eval_step, at);
+        } else if (event == "dashboard") {
+          progress.note("swarm: dashboard at " + j.value("url", std::string()));
         } else if (event == "done") {
           if (i == 0) result.sample = j.value("sample", "");
           j["peer"] = i;

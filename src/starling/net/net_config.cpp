@@ -48,6 +48,9 @@ void add_config_keys(NetConfig& n, config::Keys& k) {
                       "how long a round waits for every peer to reach it"));
   k.push_back(int_key("net", "min_peers", &n.min_peers, 1,
                       "peers (this one included) to wait for before the first step"));
+  k.push_back(string_key("net", "dashboard", &n.dashboard,
+                         "HOST:PORT to serve the swarm's live web page on (\"127.0.0.1:8080\"; "
+                         "\"\" = none)"));
 }
 
 void check(const NetConfig& n, const std::string& source) {

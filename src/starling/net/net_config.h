@@ -33,6 +33,7 @@ struct NetConfig {
   int64_t join_timeout_s = 30;
   int64_t collective_timeout_s = 600;  // how long a round waits for every peer to be ready
   int64_t min_peers = 1;               // peers to wait for before the first step
+  std::string dashboard;  // HOST:PORT of this peer's swarm dashboard (dashboard.h); "" = none
 };
 
 // Appends the [net] keys, bound to `c`'s fields.

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "starling/common/error.h"
+#include "starling/net/dashboard.h"
 #include "starling/net/endpoint.h"
 #include "starling/net/gloo_backend.h"
 #include "starling/net/nccl_backend.h"
@@ -52,6 +53,8 @@ std::function<void(const nlohmann::json&)> publish_progress(net::Node& node) {
     if (record.contains("net") && record["net"].is_object())
       for (const auto& [key, value] : record["net"].items())
         if (value.is_number() && key != "bytes_sent" && key != "state_bytes") (*said)[key] = value;
+    if (record.contains("checkpoint_step") && record["checkpoint_step"].is_number())
+      (*said)["checkpoint_step"] = record["checkpoint_step"];
     node.set_progress(said->dump());
   };
 }
@@ -73,6 +76,12 @@ train::TrainResult run_swarm_peer(const train::RunConfig& config, const PeerOpti
       net::format_entry_point(node_opts.insecure ? "" : node_opts.keys.public_key, node.endpoint());
   if (options.train.json_events) std::cout << train::events::listening(entry).dump() << std::endl;
   std::cerr << "peer " << net::short_peer_id(node.id()) << " listening at " << entry << "\n";
+  const auto dashboard = net::serve_dashboard(config.net, node);  // goes before the node
+  if (dashboard) {
+    if (options.train.json_events)
+      std::cout << train::events::dashboard(dashboard->url()).dump() << std::endl;
+    std::cerr << "dashboard at " << dashboard->url() << "\n";
+  }
   const auto min_peers = static_cast<size_t>(config.net.min_peers);
   if (min_peers > 1) {
     std::cerr << "waiting for " << min_peers << " peers...\n";

@@ -3,6 +3,7 @@
 // read them too. Every event is built here, so writer and readers agree on one definition.
 //
 //   listening  {endpoint}                          first line: where the others join (or meet)
+//   dashboard  {url}                               with [net] dashboard: where its page is
 //   step       {step, steps, loss, lr, tokens, tokens_per_s, net, elapsed_s}   every log_every
 //   eval       {step, val_loss, tokens, elapsed_s}
 //   done       {step, loss, val_loss, tokens_per_s, net, peak_rss_mb, sample}  last line
@@ -25,6 +26,10 @@ inline nlohmann::json net_json(const std::optional<StrategyReport>& net) {
 
 inline nlohmann::json listening(const std::string& endpoint) {
   return {{"event", "listening"}, {"endpoint", endpoint}};
+}
+
+inline nlohmann::json dashboard(const std::string& url) {
+  return {{"event", "dashboard"}, {"url", url}};
 }
 
 struct StepFigures {

@@ -181,6 +181,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
       try {
         last_ckpt = s.save(hooks);
         progress.note("checkpoint " + last_ckpt.string());
+        if (options.on_record) options.on_record({{"checkpoint_step", replica.step}});
       } catch (const CheckpointError& e) {
         // Nothing of the failed save is left, and the previous checkpoints are as they were.
         if (final_step || c.train.on_checkpoint_error != "continue")

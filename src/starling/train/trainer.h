@@ -40,8 +40,9 @@ struct TrainOptions {
   // read (model::build_model_part), and its optimizer state and checkpoints cover only them.
   // Empty = the whole model.
   std::function<std::pair<int, int>(int nodes)> model_part;
-  // Told every record metrics.jsonl gets (a step milestone's, an evaluation's), as it is written:
-  // a swarm peer tells the others how it trains (net::Node::set_progress).
+  // Told every record metrics.jsonl gets (a step milestone's, an evaluation's), as it is written,
+  // and {"checkpoint_step": N} after each checkpoint: a swarm peer tells the others how it trains
+  // (net::Node::set_progress).
   std::function<void(const nlohmann::json& record)> on_record;
 };
 
