@@ -4,6 +4,7 @@ PyTorch eager decoding with a cache, on the same weights.
 
     python3 bench/sample/run.py                                   # gpt2-mini, 256 tokens, 3 reps
     python3 bench/sample/run.py --preset gpt2-124m --tokens 128 --reps 3
+    python3 bench/sample/run.py --tokens 256 --seq-len 512          # the whole context cached
 
 It trains the preset one step on the byte-level Brown corpus (data/brown/text; scripts/fetch-brown.sh)
 to get a checkpoint, exports it for Hugging Face (`starling export --format hf`), and then, R times
@@ -13,7 +14,8 @@ and alternating the order, times greedy decoding of --tokens tokens after a shor
   bench/sample/torch_decode.py          (PyTorch eager with a KV cache, the same threads)
 each in its own process. It prints the median tokens/s of each and the ratios of Starling's cached
 decoding against the other two (> 1: Starling's cache is faster), and whether the three chose the
-same tokens. --tokens must stay within the preset's seq_len for the cache to hold everything.
+same tokens. The prompt and --tokens must fit in model.seq_len (--seq-len) for the cache to hold
+the whole context.
 """
 import argparse
 import json
@@ -54,6 +56,9 @@ def main():
     ap.add_argument("--text", default=os.path.join(ROOT, "data/brown/text"))
     ap.add_argument("--preset", default="gpt2-mini")
     ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--seq-len", type=int, default=0,
+                    help="model.seq_len (0: the preset's); prompt + tokens must fit for the cache "
+                         "to hold the whole context")
     ap.add_argument("--prompt", default="The jury said")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
@@ -68,7 +73,9 @@ def main():
     run([args.starling, "data", "prepare", args.text, "--out", data])
     cfg = os.path.join(work, "run.toml")
     with open(cfg, "w") as f:
-        f.write(f'[model]\npreset = "{args.preset}"\nvocab_size = 256\n[data]\ndir = "{data}"\n'
+        seq_len = f"seq_len = {args.seq_len}\n" if args.seq_len > 0 else ""
+        f.write(f'[model]\npreset = "{args.preset}"\nvocab_size = 256\n{seq_len}'
+                f'[data]\ndir = "{data}"\n'
                 f'[train]\nsteps = 1\nbatch_size = 1\nthreads = {args.threads}\neval_every = 0\n'
                 f'checkpoint_every = 1\nsample_at_end = false\nout_dir = "{run_dir}"\n')
     run([args.starling, "train", "-q", "--config", cfg], env)
