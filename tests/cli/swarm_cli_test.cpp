@@ -389,9 +389,10 @@ TEST_F(SwarmCliTest, SwappedPeersTrainLikeUnswappedOnes) {
       ASSERT_TRUE(std::regex_search(log, m, report)) << run << " peer " << i << ": " << log;
       EXPECT_LE(std::stod(m[1].str()), 600.0 * 1.024) << log;  // format_bytes' KB are 1000 B
       EXPECT_GT(std::stod(m[2].str()), 0) << log;
-      if (run == "swap_atom")
+      if (run == "swap_atom") {
         EXPECT_TRUE(final_model(run_dir(run) / ("peer-" + std::to_string(i)), 16) == model)
             << "atom peer " << i << "'s final model differs";
+      }
     }
 
   // Strategies that keep whole-model vectors beside the replica refuse a budget, saying why,

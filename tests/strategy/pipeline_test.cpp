@@ -500,8 +500,16 @@ TEST_F(PipelineRunTest, AResumedPipelineMatchesAStraightOne) {
   const fs::path straight = config("straight", "gpt2-tiny", 2, false);
   const fs::path resumed = config("resumed", "gpt2-tiny", 2, false);
   const std::string pipe = " --peers 2 --set pipeline.num_stages=2";
-  const auto a = run_cli("train -q --config " + straight.string() + pipe);
+  // The straight run's first stage also serves the swarm dashboard (it changes nothing else).
+  const auto a = run_cli("train -q --config " + straight.string() + pipe +
+                         " --set 'net.dashboard=\"127.0.0.1:0\"'");
   ASSERT_EQ(a.code, 0) << a.output;
+  const std::string log0 = starling::testing::read_file(root_ / "run_straight" / "peer-0.log");
+  EXPECT_NE(log0.find("dashboard at http://127.0.0.1:"), std::string::npos) << log0;
+  EXPECT_EQ(
+      starling::testing::read_file(root_ / "run_straight" / "peer-1.log").find("dashboard at"),
+      std::string::npos)
+      << "only peer 0 serves it";
   const auto b1 = run_cli("train -q --config " + resumed.string() + pipe + " --stop-at 2");
   ASSERT_EQ(b1.code, 0) << b1.output;
   const auto b2 = run_cli("train -q --config " + resumed.string() + pipe + " --resume");

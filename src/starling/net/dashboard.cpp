@@ -206,11 +206,24 @@ nlohmann::json Dashboard::history() const {
   return {{"members", members}};
 }
 
-std::unique_ptr<Dashboard> serve_dashboard(const NetConfig& config, const Node& node) {
+void CurrentNode::set(const Node* node) {
+  std::lock_guard lock(mutex_);
+  node_ = node;
+}
+
+StatusReport CurrentNode::status() const {
+  std::lock_guard lock(mutex_);
+  if (node_ == nullptr) throw NetError("this peer is between two joins of the swarm");
+  return status_of(*node_);
+}
+
+std::unique_ptr<Dashboard> serve_dashboard(const NetConfig& config,
+                                           std::shared_ptr<const CurrentNode> node) {
   if (config.dashboard.empty()) return nullptr;
+  const std::string source = "peer " + short_peer_id(node->status().answered_by);
   return std::make_unique<Dashboard>(
-      [&node] { return status_of(node); },
-      DashboardOptions{.listen = config.dashboard, .source = "peer " + short_peer_id(node.id())});
+      [node] { return node->status(); },
+      DashboardOptions{.listen = config.dashboard, .source = source});
 }
 
 }  // namespace starling::net

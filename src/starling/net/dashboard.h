@@ -15,6 +15,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -39,9 +40,25 @@ nlohmann::json status_json(const StatusReport& report);
 
 struct NetConfig;
 
+// The node a member's own dashboard samples. A member that replaces its node (a pipeline stage
+// that leaves and joins again) sets the new one, and clears it in between, under the lock every
+// sample takes.
+class CurrentNode {
+ public:
+  explicit CurrentNode(const Node* node) : node_(node) {}
+  void set(const Node* node);
+  // status_of the node; NetError while there is none.
+  StatusReport status() const;
+
+ private:
+  mutable std::mutex mutex_;
+  const Node* node_;
+};
+
 class Dashboard;
 // A member's own dashboard as `[net] dashboard` asks (nullptr when it is ""), sampling `node`.
-std::unique_ptr<Dashboard> serve_dashboard(const NetConfig& config, const Node& node);
+std::unique_ptr<Dashboard> serve_dashboard(const NetConfig& config,
+                                           std::shared_ptr<const CurrentNode> node);
 
 class Dashboard {
  public:

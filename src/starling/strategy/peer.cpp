@@ -76,7 +76,9 @@ train::TrainResult run_swarm_peer(const train::RunConfig& config, const PeerOpti
       net::format_entry_point(node_opts.insecure ? "" : node_opts.keys.public_key, node.endpoint());
   if (options.train.json_events) std::cout << train::events::listening(entry).dump() << std::endl;
   std::cerr << "peer " << net::short_peer_id(node.id()) << " listening at " << entry << "\n";
-  const auto dashboard = net::serve_dashboard(config.net, node);  // goes before the node
+  // Declared after the node, so it stops sampling before the node goes.
+  const auto dashboard =
+      net::serve_dashboard(config.net, std::make_shared<net::CurrentNode>(&node));
   if (dashboard) {
     if (options.train.json_events)
       std::cout << train::events::dashboard(dashboard->url()).dump() << std::endl;

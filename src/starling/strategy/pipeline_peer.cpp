@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "starling/common/error.h"
+#include "starling/net/dashboard.h"
 #include "starling/net/endpoint.h"
 #include "starling/strategy/auto_pipeline.h"
 #include "starling/strategy/pipeline_admission.h"
@@ -258,6 +259,15 @@ train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerO
   const std::string entry = net::format_entry_point(
       node_opts.insecure ? "" : node_opts.keys.public_key, node->endpoint());
   if (options.train.json_events) std::cout << train::events::listening(entry).dump() << std::endl;
+  // Declared after the node: it stops sampling before the node goes. A stage that rejoins makes
+  // a new node, which the dashboard follows.
+  const auto current = std::make_shared<net::CurrentNode>(node.get());
+  const auto dashboard = net::serve_dashboard(config.net, current);
+  if (dashboard) {
+    if (options.train.json_events)
+      std::cout << train::events::dashboard(dashboard->url()).dump() << std::endl;
+    std::cerr << "dashboard at " << dashboard->url() << "\n";
+  }
   if (planning) {
     std::cerr << "peer " << net::short_peer_id(node->id()) << " (pipeline stages to be planned) "
               << "listening at " << entry << "\n";
@@ -313,11 +323,13 @@ train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerO
                 << ": waiting up to " << replacement_wait_s
                 << " s for a replacement of the lost stage (a peer started with its net.key)\n";
       node_opts.join = entry_points(*node, node_opts.insecure);
+      current->set(nullptr);
       node->leave();
       node.reset();
       if (node_opts.join.empty())
         throw NetError(std::string(e.what()) + "; no other peer is alive to rejoin through");
       node = std::make_unique<net::Node>(node_opts);
+      current->set(node.get());
       // It trains on from its checkpoints, and from the state its counterparts hold.
       t.resume = true;
     }
