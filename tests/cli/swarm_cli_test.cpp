@@ -712,7 +712,7 @@ TEST_F(DashboardTest, ServesTheSwarmLiveFromAPeerAndFromOutside) {
 // its screenshot goes to docs/img/dashboard.png.
 TEST_F(DashboardTest, PageShowsMembersAndRisingStepsInChromium) {
   if (std::system("command -v chromium >/dev/null 2>&1") != 0)
-    GTEST_SKIP() << "no chromium here (scripts/install-deps.sh installs Debian's)";
+    GTEST_SKIP() << "no chromium here (scripts/install-deps.sh --tests installs Debian's)";
   const std::string url = start_swarm("dash_page");
   ASSERT_FALSE(url.empty()) << read_file(run_dir("dash_page") / "p0.log");
   ASSERT_TRUE(wait_for_training(url, 60s));
