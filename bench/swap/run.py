@@ -264,8 +264,10 @@ def run_one(args, out_dir, sets):
     optimizer = re.search(r"optimizer ([0-9.]+) s \(waiting", text)
     maxrss = re.search(r"maxrss_kb (\d+)", text)
     device_peak = re.search(r"device memory peak over the steps ([0-9.]+) GiB", text)
-    # The planner's own measurement of the tier: "tier host (read 25.1 GB/s, write 24.0 GB/s)".
-    bw = re.search(r"\(read ([0-9.]+) (B|KB|MB|GB)/s, write ([0-9.]+) (B|KB|MB|GB)/s\)", text)
+    # The planner's own measurement of the tier: "tier host (read 25.1 GB/s, write 24.0 GB/s)",
+    # with ", at once" where loads and stores overlap (pinned RAM below a GPU).
+    bw = re.search(r"\(read ([0-9.]+) (B|KB|MB|GB)/s, write ([0-9.]+) (B|KB|MB|GB)/s(?:, at once)?\)",
+                   text)
     return {"tokens_per_s": tokens_per_s, "step_s": step_s,
             "rss_mb": int(maxrss.group(1)) / 1024 if maxrss else 0.0,
             "steady_rss_mb": steady_rss_kb / 1024,

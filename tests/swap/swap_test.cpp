@@ -151,6 +151,29 @@ TEST(SwapPlan, TheOptimizersTransfersHideBehindTheNextForward) {
   EXPECT_GT(plan_swap(slow).predicted_s, plan.predicted_s) << describe_plan(plan_swap(slow), slow);
 }
 
+// A duplex tier (a GPU's copy engines, one each way) moves loads and stores at once: the same
+// plan's transfers take the longer direction's time, not the sum, and the step is shorter when
+// the tier bounds it.
+TEST(SwapPlan, ADuplexTierOverlapsReadsWithWrites) {
+  SwapProblem p = model_problem(12, 4 << 20, 4 << 20);
+  p.read_bps = p.write_bps = 1e8;  // the tier bounds the step
+  int64_t state = 0;
+  for (int64_t b : p.param_bytes) state += 4 * b;
+  p.budget = state / 2;
+  p.group_nodes = 2;
+  p.depth = 1;
+  const SwapPlan simplex = plan_swap(p);
+  p.duplex = true;
+  const SwapPlan duplex = plan_swap(p);
+  ASSERT_EQ(duplex.read_bytes, simplex.read_bytes);
+  ASSERT_EQ(duplex.write_bytes, simplex.write_bytes);
+  EXPECT_DOUBLE_EQ(simplex.io_s, (simplex.read_bytes + simplex.write_bytes) / 1e8);
+  EXPECT_DOUBLE_EQ(duplex.io_s, std::max(duplex.read_bytes, duplex.write_bytes) / 1e8);
+  EXPECT_LT(duplex.predicted_s, 0.9 * simplex.predicted_s) << describe_plan(duplex, p);
+  EXPECT_GE(duplex.predicted_s, duplex.io_s) << describe_plan(duplex, p);
+  EXPECT_NE(describe_plan(duplex, p).find("at once"), std::string::npos);
+}
+
 TEST(SwapPlan, OverridesAreFollowed) {
   SwapProblem p = model_problem(8, 4 << 20, 4 << 20);
   int64_t state = 0;

@@ -34,6 +34,7 @@ class PinnedTier final : public Tier {
   void wait(Ticket ticket) override;
   bool done(Ticket ticket) override;
   std::string describe() const override;
+  bool duplex() const override { return true; }  // one side stream loads, another stores
   int64_t reserved_bytes() const override { return reserved_; }
 
  private:

@@ -140,6 +140,7 @@ void measure_tier(SwapProblem& p, const std::string& kind, const std::filesystem
   p.write_bps = pass(true);
   p.read_bps = pass(false);
   p.tier = kind;
+  p.duplex = tier->duplex();
 }
 
 }  // namespace starling::swap

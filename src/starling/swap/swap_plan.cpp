@@ -140,7 +140,7 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
   // The optimizer streams the moments (and moving weights and gradients) through the staging
   // area, each parameter's share just before its first reader group's forward.
   const double r = p.read_bps, w = p.write_bps;
-  std::vector<double> opt_io(G, 0), opt_compute(G, 0);
+  std::vector<double> opt_in(G, 0), opt_out(G, 0), opt_compute(G, 0);
   int64_t opt_read = 0, opt_write = 0, all_bytes = 0;
   for (int64_t b : p.param_bytes) all_bytes += b;
   std::vector<bool> seen(p.param_bytes.size(), false);
@@ -153,7 +153,8 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
       const int64_t out = 2 * b + (pinned.count(q) ? 0 : b);
       opt_read += in;
       opt_write += out;
-      opt_io[i] += in / r + out / w;
+      opt_in[i] += in / r;
+      opt_out[i] += out / w;
       opt_compute[i] += p.optimizer_s * p.param_bytes[q] / std::max<int64_t>(all_bytes, 1);
     }
   struct Task {
@@ -167,7 +168,9 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
     for (int i = G - 1; i >= 0; --i) tasks.push_back({i, true, m});
   }
   std::vector<double> end(tasks.size(), 0);
-  IoTimeline io;
+  // A duplex tier (DMA engines each way) reads and writes at once; otherwise both share one.
+  IoTimeline reads, own_writes;
+  IoTimeline& writes = p.duplex ? own_writes : reads;
   double cp_free = 0, compute = 0, update_done = 0;
   int64_t read = 0, written = 0;
   for (size_t k = 0; k < tasks.size(); ++k) {
@@ -180,7 +183,12 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
     double ready = 0;
     if (p.overlap_update && !t.backward && t.micro == 0) {
       // The update's stream runs from the step's start, one parameter after the other.
-      update_done = io.place(update_done, opt_io[t.group]);
+      if (p.duplex) {
+        const double in = reads.place(update_done, opt_in[t.group]);
+        update_done = std::max(in, writes.place(update_done, opt_out[t.group]));
+      } else {
+        update_done = reads.place(update_done, opt_in[t.group] + opt_out[t.group]);
+      }
       ready = update_done;
       c += opt_compute[t.group];
     }
@@ -196,22 +204,24 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
     }
     const double window_open =
         k >= static_cast<size_t>(plan.depth + 1) ? end[k - plan.depth - 1] : 0;
-    if (load > 0) ready = std::max(ready, io.place(window_open, load / r));
+    if (load > 0) ready = std::max(ready, reads.place(window_open, load / r));
     end[k] = std::max(cp_free, ready) + c;
     cp_free = end[k];
-    if (write > 0) io.place(end[k], write / w);
+    if (write > 0) writes.place(end[k], write / w);
     read += load;
     written += write;
   }
   plan.compute_s = compute + p.optimizer_s;
   plan.read_bytes = read + opt_read;
   plan.write_bytes = written + opt_write;
-  plan.io_s = plan.read_bytes / r + plan.write_bytes / w;
-  plan.predicted_s = std::max(cp_free, io.end());
+  plan.io_s = p.duplex ? std::max(plan.read_bytes / r, plan.write_bytes / w)
+                       : plan.read_bytes / r + plan.write_bytes / w;
+  plan.predicted_s = std::max({cp_free, reads.end(), writes.end()});
   if (!p.overlap_update) {
     // The update after the passes: its transfers and AdamW's compute, whichever is longer.
-    double opt_s = 0;
-    for (double s : opt_io) opt_s += s;
+    double opt_in_s = 0, opt_out_s = 0;
+    for (int i = 0; i < G; ++i) opt_in_s += opt_in[i], opt_out_s += opt_out[i];
+    const double opt_s = p.duplex ? std::max(opt_in_s, opt_out_s) : opt_in_s + opt_out_s;
     plan.predicted_s += std::max(p.optimizer_s, opt_s);
   }
 }
@@ -323,10 +333,10 @@ std::string describe_plan(const SwapPlan& plan, const SwapProblem& p) {
   std::string out;
   std::snprintf(line, sizeof line,
                 "swap plan: budget %s for %s of training state (%.0f%%), tier %s (read %s/s, "
-                "write %s/s)\n",
+                "write %s/s%s)\n",
                 b(plan.budget).c_str(), b(plan.state_bytes).c_str(),
                 100.0 * plan.budget / plan.state_bytes, p.tier.c_str(), b(p.read_bps).c_str(),
-                b(p.write_bps).c_str());
+                b(p.write_bps).c_str(), p.duplex ? ", at once" : "");
   out += line;
   if (plan.everything_resident) {
     std::snprintf(line, sizeof line, "  the whole state fits: nothing is swapped; step %.3f s\n",

@@ -38,6 +38,7 @@ struct SwapProblem {
   std::vector<int64_t> param_bytes;    // bytes of each parameter (fp32)
   double optimizer_s = 0;              // one AdamW step over all parameters, everything resident
   double read_bps = 0, write_bps = 0;  // the tier's measured bandwidth
+  bool duplex = false;                 // reads and writes run at once, each at its bandwidth
   std::string tier = "disk";
   int64_t budget = 0;
   int64_t micro_batches = 1;   // per optimizer step (train.grad_accum)
@@ -61,9 +62,9 @@ struct SwapPlan {
   int64_t staging_bytes = 0;         // 3 sets of 4 operand chunks
   int64_t state_bytes = 0;           // weights + gradients + moments, aligned as stored
   int64_t budget = 0;
-  int64_t peak_bytes = 0;                   // the largest resident set the plan allows
-  double compute_s = 0;                     // per step, as if nothing moved
-  double io_s = 0;                          // per step, the tier's time for what moves
+  int64_t peak_bytes = 0;  // the largest resident set the plan allows
+  double compute_s = 0;    // per step, as if nothing moved
+  double io_s = 0;  // per step, the tier's time for what moves (duplex: the longer direction)
   double predicted_s = 0;                   // per step, loads overlapped with compute
   int64_t read_bytes = 0, write_bytes = 0;  // per step
 

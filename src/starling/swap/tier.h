@@ -38,6 +38,9 @@ class Tier {
   virtual bool done(Ticket ticket) = 0;
 
   virtual std::string describe() const = 0;  // "disk /path (O_DIRECT, io_uring)"
+  // Whether reads and writes proceed at once, each at its own bandwidth (DMA engines each way),
+  // rather than sharing one channel; the planner's time model follows it.
+  virtual bool duplex() const { return false; }
   virtual int64_t reserved_bytes() const = 0;
 };
 
