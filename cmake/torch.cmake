@@ -49,6 +49,8 @@ add_library(starling STATIC
   src/starling/strategy/staging.cpp
   src/starling/strategy/state_tensors.cpp
   src/starling/strategy/swarm_strategy.cpp
+  src/starling/strategy/robust_aggregate.cpp
+  src/starling/strategy/fault_injection.cpp
   src/starling/strategy/ddp.cpp
   src/starling/strategy/localsgd.cpp
   src/starling/strategy/diloco.cpp
@@ -151,6 +153,7 @@ add_executable(starling_tests
   tests/net/nccl_backend_test.cpp
   tests/strategy/co2_test.cpp
   tests/strategy/progress_board_test.cpp
+  tests/strategy/robust_aggregate_test.cpp
   tests/strategy/pipeline_test.cpp
   tests/train/precision_test.cpp
   tests/train/cuda_test.cpp

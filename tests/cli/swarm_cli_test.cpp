@@ -226,6 +226,46 @@ class SwarmCliTest : public ::testing::Test {
                 final_model(run_dir(name) / "peer-1", steps));
   }
 
+  // `n` peers of config `name` (written with `strategy`), the last one started with
+  // STARLING_FAULT_POISON = `poison` when that is not empty; every one must finish. Returns each
+  // peer's validation losses; `logs` gets each peer's log.
+  static std::vector<std::map<int64_t, double>> run_swarm_with_poisoner(
+      const std::string& name, const std::string& strategy, int n, int64_t steps,
+      const std::string& poison, std::vector<std::string>& logs) {
+    write_config(name, strategy, steps, 20);
+    fs::create_directories(run_dir(name));
+    const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+    std::vector<Process> peers;
+    std::string entry;
+    for (int i = 0; i < n; ++i) {
+      std::vector<std::string> argv =
+          peer_argv(name, i, n, entry, n, {"--name", "peer-" + std::to_string(i)});
+      if (i == n - 1 && !poison.empty())
+        argv.insert(argv.begin(), {"/usr/bin/env", "STARLING_FAULT_POISON=" + poison});
+      peers.emplace_back(argv, log(i).string());
+      if (i == 0) {
+        auto listening = wait_event(
+            peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
+        if (!listening) {
+          ADD_FAILURE() << "peer 0 did not listen: " << read_file(log(0));
+          return {};
+        }
+        entry = (*listening)["endpoint"];
+      }
+    }
+    std::vector<std::map<int64_t, double>> losses;
+    logs.clear();
+    for (int i = 0; i < n; ++i) {
+      auto done = wait_event(
+          peers[i], [](const json& j) { return j["event"] == "done"; }, 180s);
+      EXPECT_TRUE(done) << "peer " << i << " did not finish: " << read_file(log(i));
+      EXPECT_EQ(peers[i].wait(30s), 0);
+      logs.push_back(read_file(log(i)));
+      losses.push_back(val_losses(run_dir(name) / ("peer-" + std::to_string(i))));
+    }
+    return losses;
+  }
+
   static fs::path root_;
 };
 fs::path SwarmCliTest::root_;
@@ -236,8 +276,10 @@ TEST_F(SwarmCliTest, EveryStrategyKeepsReplicasIdentical) {
   std::map<std::string, double> final_val;
   for (const std::string kind : {"ddp", "localsgd", "diloco", "co2", "co2-zero", "atom"}) {
     SCOPED_TRACE(kind);
-    const std::string strategy = kind == "co2-zero" ? "kind = \"co2\"\nlocal_steps = 4\nzero = true"
-                                                    : "kind = \"" + kind + "\"\nlocal_steps = 4";
+    // strategy.fingerprint: every peer reports a CRC of the shared state round by round.
+    const std::string strategy =
+        kind == "co2-zero" ? "kind = \"co2\"\nlocal_steps = 4\nzero = true"
+                           : "kind = \"" + kind + "\"\nlocal_steps = 4\nfingerprint = true";
     const fs::path config = write_config("same_" + kind, strategy);
     const auto r = run_cli("train -q --peers 3 --config " + config.string());
     ASSERT_EQ(r.code, 0) << r.output << read_file(run_dir("same_" + kind) / "peer-0.log");
@@ -249,6 +291,22 @@ TEST_F(SwarmCliTest, EveryStrategyKeepsReplicasIdentical) {
       const fs::path peer = run_dir("same_" + kind) / ("peer-" + std::to_string(i));
       EXPECT_EQ(val_losses(peer), reference) << "peer " << i;
       EXPECT_TRUE(final_model(peer, 16) == model) << "peer " << i << "'s final model differs";
+    }
+    if (kind != "co2-zero") {
+      std::map<int64_t, double> prints;  // round -> fingerprint, over every peer
+      int compared = 0;
+      for (int i = 0; i < 3; ++i)
+        for (const auto& m : metrics(run_dir("same_" + kind) / ("peer-" + std::to_string(i)))) {
+          if (!m.contains("net") || !m["net"].contains("fingerprint")) continue;
+          const auto round = m["net"]["fingerprint_round"].get<int64_t>();
+          const double print = m["net"]["fingerprint"].get<double>();
+          const auto [it, fresh] = prints.emplace(round, print);
+          if (!fresh) {
+            EXPECT_EQ(it->second, print) << "peer " << i << " at round " << round;
+            ++compared;
+          }
+        }
+      EXPECT_GE(compared, 6) << "rounds compared across peers";
     }
     final_val[kind] = reference.rbegin()->second;
     const json summary = json::parse(read_file(run_dir("same_" + kind) / "swarm.json"));
@@ -450,6 +508,46 @@ TEST_F(SwarmCliTest, SwappedAtomSurvivesAKilledPeer) {
   kill_one_of_three("swap_kill", "kind = \"atom\"", 150, 20, as_argv(swapped()));
 }
 
+// One of five ddp peers sends its gradients sign-flipped and ten times too large. Averaged, they
+// ruin the swarm; the trimmed mean drops the extreme value of every element and trains close to
+// the clean swarm. A peer sending NaN is rejected and named.
+TEST_F(SwarmCliTest, TrimmedMeanSurvivesAPoisonedPeer) {
+  const std::string ddp = "kind = \"ddp\"";
+  const std::string robust = ddp + "\naggregation = \"trimmed_mean\"";
+  std::vector<std::string> logs;
+  const auto final_val = [](const std::vector<std::map<int64_t, double>>& losses) {
+    return losses.empty() || losses[0].empty() ? std::nan("") : losses[0].rbegin()->second;
+  };
+  const auto clean = run_swarm_with_poisoner("clean5", ddp, 5, 24, "", logs);
+  const auto ruined = run_swarm_with_poisoner("ruined5", ddp, 5, 24, "scale:-10", logs);
+  const auto trimmed = run_swarm_with_poisoner("trimmed5", robust, 5, 24, "scale:-10", logs);
+  ASSERT_EQ(trimmed.size(), 5u);
+  for (int i = 1; i < 4; ++i) EXPECT_EQ(trimmed[i], trimmed[0]) << "honest peer " << i;
+  const double c = final_val(clean), r = final_val(ruined), t = final_val(trimmed);
+  std::cout << "final validation loss: clean " << c << ", poisoned mean " << r
+            << ", poisoned trimmed mean " << t << std::endl;
+  EXPECT_LT(c, std::log(256.0));
+  EXPECT_FALSE(r < c * 1.3) << "the poisoned average should ruin the run: " << r << " vs " << c;
+  EXPECT_LT(t, c * 1.05) << "trimmed mean " << t << " vs clean " << c;
+  const auto nan_run = run_swarm_with_poisoner("nan5", robust, 5, 8, "nan", logs);
+  ASSERT_EQ(logs.size(), 5u);
+  EXPECT_NE(logs[4].find("fault injection: every round update this peer sends is NaN"),
+            std::string::npos)
+      << logs[4];
+  EXPECT_NE(logs[0].find("rejected a non-finite gradient all-reduce contribution from peer"),
+            std::string::npos)
+      << logs[0];
+  EXPECT_NE(logs[0].find("(peer-4)\n"), std::string::npos) << logs[0];
+  EXPECT_TRUE(std::isfinite(final_val(nan_run)));
+  // Averaged, a NaN update fails the round's all-reduce on every peer, naming the sender, and
+  // never reaches anyone's weights (the swarm makes no progress while it is there).
+  const auto nan_mean = run_swarm_with_poisoner("nan5mean", ddp, 5, 8, "nan", logs);
+  ASSERT_EQ(logs.size(), 5u);
+  EXPECT_NE(logs[0].find("(peer-4)'s own contribution holds non-finite values"), std::string::npos)
+      << logs[0];
+  EXPECT_TRUE(std::isfinite(final_val(nan_mean)));
+}
+
 // Two peers, so every sum is a + b and bit-identical whichever peer adds: a stopped and resumed
 // swarm must end exactly where a straight run ends.
 TEST_F(SwarmCliTest, StoppedSwarmResumesExactly) {
@@ -494,8 +592,10 @@ TEST_F(SwarmCliTest, GlooGroupTrainsLikeTheSwarm) {
   for (const std::string kind : {"ddp", "localsgd", "diloco", "co2-zero"}) {
     SCOPED_TRACE(kind);
     const std::string name = "gloo_" + kind;
-    const std::string strategy = kind == "co2-zero" ? "kind = \"co2\"\nlocal_steps = 4\nzero = true"
-                                                    : "kind = \"" + kind + "\"\nlocal_steps = 4";
+    // strategy.fingerprint: every peer reports a CRC of the shared state round by round.
+    const std::string strategy =
+        kind == "co2-zero" ? "kind = \"co2\"\nlocal_steps = 4\nzero = true"
+                           : "kind = \"" + kind + "\"\nlocal_steps = 4\nfingerprint = true";
     const fs::path config = write_config(name, strategy);
     const auto r =
         run_cli("train -q --peers 4 --config " + config.string() + " --set net.backend=gloo");
@@ -574,6 +674,26 @@ TEST_F(SwarmCliTest, BadSwarmArgumentsAreClearErrors) {
   r = run_cli("train --peers 3 --peer-cpus 1,1 --config " + (root_ / "atom_gloo.toml").string());
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("lists 2 values for 3 peers"), std::string::npos) << r.output;
+  // The robust aggregate covers the round-based strategies on Starling's swarm only; a poison
+  // that cannot be read is named.
+  r = run_cli("train --peers 2 --config " +
+              write_config("trim_co2", "kind = \"co2\"\naggregation = \"trimmed_mean\"").string());
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("strategy.aggregation = \"trimmed_mean\" works with strategy.kind = "
+                          "\"ddp\", \"localsgd\" or \"diloco\", not \"co2\""),
+            std::string::npos)
+      << r.output;
+  r = run_cli("train --peers 2 --config " +
+              write_config("trim_gloo", "kind = \"ddp\"\naggregation = \"trimmed_mean\"").string() +
+              " --set net.backend=gloo");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("needs net.backend = \"starling\", not \"gloo\""), std::string::npos)
+      << r.output;
+  ::setenv("STARLING_FAULT_POISON", "scale:many", 1);
+  r = run_cli("train --peers 2 --config " + (root_ / "trim_gloo.toml").string());
+  ::unsetenv("STARLING_FAULT_POISON");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("STARLING_FAULT_POISON = \"scale:many\""), std::string::npos) << r.output;
   // A fixed group needs to know its rank, size and store.
   r = run_cli("peer --config " + write_config("norank", "kind = \"ddp\"").string() +
               " --set net.backend=gloo");

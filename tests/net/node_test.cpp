@@ -136,6 +136,57 @@ TEST(NodeTest, DisagreeingCallsFailEverywhereWithTheReason) {
   EXPECT_EQ(c, std::vector<float>(50, 3.0f));
 }
 
+// A peer whose contribution holds a NaN, with reject_non_finite: the all-reduce fails on every
+// participant, naming that peer, and nothing non-finite is left in anyone's result. An overflow
+// to infinity while summing is caught where it arises, naming the neighbour it came from.
+TEST(NodeTest, NonFiniteContributionsAreRejectedAndTheSenderNamed) {
+  Swarm swarm(4);
+  auto nodes = swarm.start(4);
+  net::CollectiveOptions o;
+  o.reject_non_finite = true;
+  const auto run = [&](const std::vector<std::vector<float>>& in) {
+    std::vector<std::vector<float>> data = in;
+    std::vector<net::Work> works;
+    for (int i = 0; i < 4; ++i) works.push_back(nodes[i]->all_reduce(data[i], o));
+    std::vector<std::string> errors;
+    for (auto& w : works) {
+      try {
+        w.wait();
+        errors.emplace_back();
+      } catch (const starling::NetError& e) {
+        errors.emplace_back(e.what());
+      }
+    }
+    return errors;
+  };
+  std::vector<std::vector<float>> data(4, ramp(20011, 1));
+  data[2][12345] = std::nanf("");
+  for (const auto& e : run(data)) {
+    EXPECT_NE(e.find("(p2)'s own contribution holds non-finite values"), std::string::npos) << e;
+  }
+  // Every element finite, but two peers' 3e38 overflow when added: the peer that adds them
+  // names the neighbour the partial sum came from. (The others fail too, with that reason or,
+  // when the failed peer's direct link closes before its abort arrives, with the link's.)
+  data[2][12345] = 3e38f;
+  data[3][12345] = 3e38f;
+  int named = 0;
+  for (const auto& e : run(data)) {
+    EXPECT_NE(e, "");
+    named += e.find("non-finite values arrived from peer") != std::string::npos;
+  }
+  EXPECT_GE(named, 1);
+  // Clean contributions go through, and without the check a NaN spreads as before.
+  data[2][12345] = data[3][12345] = 1;
+  for (const auto& e : run(data)) EXPECT_EQ(e, "");
+  o.reject_non_finite = false;
+  data[2][12345] = std::nanf("");
+  std::vector<std::vector<float>> plain = data;
+  std::vector<net::Work> works;
+  for (int i = 0; i < 4; ++i) works.push_back(nodes[i]->all_reduce(plain[i], o));
+  for (auto& w : works) w.wait();
+  EXPECT_TRUE(std::isnan(plain[0][12345]));
+}
+
 TEST(NodeTest, LeavingPeerIsExcludedWithoutWaitingForATimeout) {
   Swarm swarm(3);
   auto nodes = swarm.start(3);

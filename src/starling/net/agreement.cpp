@@ -41,6 +41,7 @@ json Request::to_json() const {
           {"root", format_peer_id(options.root)},
           {"order", static_cast<int>(options.order)},
           {"tag", options.tag},
+          {"finite", options.reject_non_finite},
           {"group", group}};
 }
 
@@ -58,6 +59,10 @@ Request Request::from_json(const json& j) {
   r.options.root = parse_hex_id(j.value("root", json()), "root");
   r.options.order = static_cast<RingOrder>(small("order", 1));
   r.options.tag = unsigned_field(j, "tag");
+  if (j.contains("finite")) {
+    if (!j["finite"].is_boolean()) throw NetError("field 'finite' is not a boolean");
+    r.options.reject_non_finite = j["finite"].get<bool>();
+  }
   if (!j.contains("group") || !j["group"].is_array() || j["group"].size() > 4096)
     throw NetError("field 'group' is missing or not a list of at most 4096 peers");
   for (const auto& id : j["group"]) r.options.group.push_back(parse_hex_id(id, "group"));
@@ -70,6 +75,7 @@ bool Request::same_as(const Request& o) const {
   return kind == o.kind && count == o.count && options.precision == o.options.precision &&
          options.op == o.options.op && options.root == o.options.root &&
          options.order == o.options.order && options.tag == o.options.tag &&
+         options.reject_non_finite == o.options.reject_non_finite &&
          options.group == o.options.group;
 }
 

@@ -45,6 +45,12 @@ struct CollectiveOptions {
   // may be in flight at once (each participant launches an operation with the same tag). c10d
   // backends run everything in launch order, so there every rank must launch in the same order.
   uint64_t tag = 0;
+  // all_reduce and reduce_scatter on Starling's swarm: every participant checks that its own
+  // contribution and every partial sum it receives are finite, and the operation fails, naming
+  // the peer, at the first that is not (a poisoned update is rejected instead of spreading). An
+  // honest peer's left neighbour sent it a non-finite partial sum only if that neighbour added
+  // one itself, or passed one on unchecked. c10d backends ignore it.
+  bool reject_non_finite = false;
 };
 
 // The half-open element range [begin, end) that ring position `position` of `size` owns in a
@@ -94,6 +100,8 @@ class Collectives {
 
   // This participant's id, as CollectiveResult::ring names it (a peer id, or a rank).
   virtual PeerId self() const = 0;
+  // A participant as logs name it: its short id, and its name where the backend knows one.
+  virtual std::string describe(PeerId id) const { return short_peer_id(id); }
   // Of `participants` (ids from a CollectiveResult::ring), the one that has been a member the
   // longest (ties: the smallest id); every participant computes the same answer. A rank-based
   // backend answers the smallest rank.

@@ -453,6 +453,7 @@ void Node::leave() { impl_->stop(true); }
 bool Node::admit(PeerId peer, uint64_t incarnation) { return impl_->admit(peer, incarnation); }
 Node::Counters Node::counters() const { return impl_->counters(); }
 PeerId Node::self() const { return id(); }
+std::string Node::describe(PeerId id) const { return impl_->who(id); }
 uint64_t Node::bytes_sent() const { return counters().bytes_sent; }
 
 PeerId Node::longest_standing(const std::vector<PeerId>& participants) const {

@@ -94,6 +94,8 @@ class Node : public Collectives {
 
   std::string backend_name() const override { return "starling"; }
   PeerId self() const override;
+  // "6df6641f (rank-2)": the short id and the name the member announced (this peer's own too).
+  std::string describe(PeerId id) const override;
   // By the join times the members announced (members() agree on them everywhere).
   PeerId longest_standing(const std::vector<PeerId>& participants) const override;
   bool elastic() const override { return true; }

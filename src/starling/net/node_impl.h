@@ -49,6 +49,12 @@ class Node::Impl {
   Node::Counters counters() const;
 
   PeerId id() const { return self_id_; }
+  // A member as logs name it; this peer too, which is not in its own member table.
+  std::string who(PeerId id) const {
+    if (id == self_id_ && !options_.name.empty())
+      return short_peer_id(id) + " (" + options_.name + ")";
+    return table_.who(id);
+  }
   const std::string& endpoint() const { return endpoint_; }
 
  private:

@@ -71,7 +71,7 @@ void Node::Impl::start_run(Launched op, Start start) {
     }
     transport_->wake();
   };
-  env.who = [this](PeerId id) { return table_.who(id); };
+  env.who = [this](PeerId id) { return who(id); };
   const uint64_t op_id = start.op_id;
   std::deque<Incoming> early;
   if (auto it = early_.find(op_id); it != early_.end()) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <zmq.hpp>
 
+#include "starling/common/error.h"
 #include "starling/net/collective.h"
 
 namespace starling::net {
@@ -28,6 +29,17 @@ struct RingSpec {
   size_t chunk_elements = 128 * 1024;
   WirePrecision precision = WirePrecision::fp32;
   ReduceOp op = ReduceOp::sum;
+  bool reject_non_finite = false;  // CollectiveOptions::reject_non_finite
+};
+
+// Thrown by a ring algorithm with reject_non_finite set: this peer's own contribution (`own`), or
+// values that arrived from the left neighbour, are not finite. The run names the peer.
+struct NonFiniteValues : NetError {
+  explicit NonFiniteValues(bool own_values)
+      : NetError(own_values ? "own contribution holds non-finite values"
+                            : "non-finite values arrived from the left neighbour"),
+        own(own_values) {}
+  bool own;
 };
 
 // Ring algorithms; one per file. Steps of the reduce-scatter phase are numbered 0..size-2 and
@@ -54,6 +66,9 @@ zmq::message_t encode_message(WirePrecision p, const float* src, size_t count);
 template <typename OnReduced>
 void reduce_scatter_phase(std::span<float> data, const RingSpec& spec, RingChannel& channel,
                           OnReduced&& on_reduced);
+
+// Whether all of data[begin, begin + n) are finite.
+bool all_finite(const float* data, size_t n);
 
 // Receives the all-gather phase (steps base..base+size-2), forwarding every received chunk
 // unchanged (the same encoded bytes) except on the last step.

@@ -14,6 +14,9 @@ void reduce_scatter_phase(std::span<float> data, const RingSpec& spec, RingChann
   const int P = spec.size, r = spec.position;
   const auto mod = [P](int x) { return ((x % P) + P) % P; };
   const size_t ce = spec.chunk_elements;
+  // Our own values are checked before any leaves, so a non-finite partial sum that arrives later
+  // can only have come from the left (see CollectiveOptions::reject_non_finite).
+  if (spec.reject_non_finite && !all_finite(data.data(), data.size())) throw NonFiniteValues(true);
   // Step 0: send our own contribution to segment r-1 (it travels r -> r+1 -> ... -> r-1). Its
   // chunks go out a window ahead of the chunks coming in rather than all at once, so a large
   // tensor is not copied into a segment's worth of queued messages before anything arrives.
@@ -39,6 +42,7 @@ void reduce_scatter_phase(std::span<float> data, const RingSpec& spec, RingChann
                                                compress::encoded_bytes(spec.precision, n));
       compress::decode_add(spec.precision, static_cast<const std::byte*>(in.data()), n,
                            data.data() + b);
+      if (spec.reject_non_finite && !all_finite(data.data() + b, n)) throw NonFiniteValues(false);
       if (s < P - 2) {
         channel.send_right(static_cast<uint32_t>(s + 1), c,
                            encode_message(spec.precision, data.data() + b, n));

@@ -135,6 +135,7 @@ void RingRun::run() {
   spec.chunk_elements = start_.chunk_elements;
   spec.precision = req.options.precision;
   spec.op = req.options.op;
+  spec.reject_non_finite = req.options.reject_non_finite;
   last_progress_ = Clock::now();
   try {
     switch (req.kind) {
@@ -156,6 +157,13 @@ void RingRun::run() {
       }
     }
     if (uses_direct()) finish_direct();
+  } catch (const NonFiniteValues& e) {
+    // The reason goes to every participant: name the peer from nobody's point of view.
+    reason_ = e.own ? "peer " + env_.who(env_.self) +
+                          "'s own contribution holds non-finite values; it is rejected"
+                    : "non-finite values arrived from peer " + env_.who(left_) +
+                          " (its own contribution, or one it passed on unchecked); rejected";
+    error_ = to_string(req.kind) + " failed: " + reason_;
   } catch (const NetError& e) {
     reason_ = e.what();
     error_ = to_string(req.kind) + " failed: " + reason_;

@@ -130,6 +130,7 @@ void Co2::update_momentum() {
 void Co2::move_anchor() {
   anchor_.sub_(momentum_, config_.strategy.outer_lr);
   ++version_;
+  if (!zero()) note_round(anchor_);  // with zero each peer holds its own shard
 }
 
 bool Co2::gather_anchor() {

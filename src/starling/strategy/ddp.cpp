@@ -36,7 +36,7 @@ bool Ddp::average_gradients(train::Replica& r, const Agreement& a,
     flat_->gather_grads(piece, grads);
     // A peer that just adopted the swarm's parameters computed its gradients on other ones.
     if (!a.contribute) grads.zero_();
-    ok = all_reduce(*grads_, n, precision_, "gradient all-reduce") && ok;
+    ok = aggregate(*grads_, n, a, precision_, "gradient all-reduce") && ok;
     if (!asked) {
       d = divisor();
       asked = true;
@@ -62,6 +62,11 @@ void Ddp::gradients_ready(train::Replica& r) {
 
 bool Ddp::step_done(train::Replica&, bool) {
   ++version_;
+  if (config_.strategy.fingerprint) {
+    at::Tensor params = flat_->zeros();
+    flat_->gather(params);
+    note_round(params);
+  }
   return true;
 }
 

@@ -23,13 +23,14 @@ bool DiLoCo::step_done(train::Replica& r, bool last) {
   flat_->gather(delta);                // y
   at::sub_out(delta, anchor_, delta);  // delta = x - y
   if (!a.contribute) delta.zero_();
-  if (a.contributors > 0 && all_reduce(*delta_, precision_, "pseudo-gradient all-reduce")) {
+  if (a.contributors > 0 && aggregate(*delta_, -1, a, precision_, "pseudo-gradient all-reduce")) {
     delta.div_(static_cast<double>(a.contributors));  // Delta
     const double beta = config_.strategy.outer_momentum;
     momentum_.mul_(beta).add_(delta);
     anchor_.sub_(delta.add_(momentum_, beta), config_.strategy.outer_lr);  // Nesterov
     ++version_;
     flat_->scatter(anchor_);
+    note_round(anchor_);
   }
   // On failure the local progress is kept: the next round's delta covers both rounds.
   ++rounds_;

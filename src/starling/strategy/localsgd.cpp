@@ -17,10 +17,11 @@ bool LocalSgd::step_done(train::Replica& r, bool last) {
   at::Tensor& params = buffer_->device();
   flat_->gather(params);
   if (!a.contribute) params.zero_();
-  if (a.contributors > 0 && all_reduce(*buffer_, precision_, "parameter averaging")) {
+  if (a.contributors > 0 && aggregate(*buffer_, -1, a, precision_, "parameter averaging")) {
     params.div_(static_cast<double>(a.contributors));
     flat_->scatter(params);
     ++version_;
+    note_round(params);
   }
   // On failure each peer keeps its own parameters; the next agreement finds the versions apart
   // only if some peer did average, and then hands everyone the root's.

@@ -4,6 +4,7 @@
 
 #include "starling/common/error.h"
 #include "starling/config/config_keys.h"
+#include "starling/strategy/fault_injection.h"
 
 namespace starling::strategy {
 
@@ -53,6 +54,20 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
                          "wire precision of the averaged tensors: \"fp32\", \"fp16\", \"bf16\" "
                          "or \"int8\" (accumulation is always fp32)",
                          {"fp32", "fp16", "bf16", "int8"}));
+  k.push_back(string_key("strategy", "aggregation", &st.aggregation,
+                         "how a round's updates combine (ddp, localsgd, diloco): \"mean\" (ring "
+                         "all-reduce) or \"trimmed_mean\" (every update to every peer; each "
+                         "element drops the strategy.trim smallest and largest values; robust to "
+                         "poisoned updates, P/2 times the traffic; docs/reliability.md)",
+                         {"mean", "trimmed_mean"}));
+  k.push_back(int_key("strategy", "trim", &st.trim, 0,
+                      "trimmed_mean: peers' values dropped at each end of every element (at most "
+                      "(peers - 1) / 2 are)"));
+  k.push_back(bool_key("strategy", "fingerprint", &st.fingerprint,
+                       "step events and metrics carry net.fingerprint, a CRC-32C of the shared "
+                       "state after the latest round this peer averaged (net.fingerprint_round), "
+                       "so peers can be compared round by round (bench/chaos); costs a pass over "
+                       "the model per round; not with swap.budget or co2's zero"));
 }
 
 void check(const StrategyConfig& c, const std::string& source) {
@@ -70,6 +85,25 @@ void check_peer(const StrategyConfig& c, bool swapped, const std::string& net_ba
     throw ConfigError("swap.budget is set, but strategy.kind = \"" + c.kind +
                       "\" keeps whole-model vectors beside a swapped replica; swapped peers "
                       "train with \"ddp\" or \"atom\", or drop swap.budget");
+  if (c.fingerprint && (swapped || c.zero))
+    throw ConfigError(
+        std::string("strategy.fingerprint needs the whole shared state on every peer: "
+                    "not with ") +
+        (swapped ? "swap.budget" : "strategy.zero"));
+  UpdatePoison::from_env();  // a malformed STARLING_FAULT_POISON is refused here, not mid-run
+  // The robust aggregate gathers whole updates in host memory, on Starling's swarm (whose rings
+  // are ordered by peer id); atom's updates are sums weighted by unequal sample counts, and co2's
+  // overlap the next round in a ring.
+  if (c.aggregation != "mean") {
+    if (c.kind != "ddp" && c.kind != "localsgd" && c.kind != "diloco")
+      throw ConfigError(
+          "strategy.aggregation = \"" + c.aggregation +
+          "\" works with strategy.kind = \"ddp\", \"localsgd\" or \"diloco\", not \"" + c.kind +
+          "\"");
+    if (net_backend != "starling")
+      throw ConfigError("strategy.aggregation = \"" + c.aggregation +
+                        "\" needs net.backend = \"starling\", not \"" + net_backend + "\"");
+  }
   // Peers announce their progress on the swarm's point-to-point messages, which a fixed c10d
   // group does not offer.
   if (c.kind == "atom" && net_backend != "starling")

@@ -29,6 +29,13 @@ struct StrategyConfig {
   bool zero = false;               // co2: shard anchor and outer momentum across peers
   int64_t target_batch = 0;        // atom: samples per step; 0 = batch x accum per peer
   std::string precision = "fp32";  // on the wire: "fp32", "fp16", "bf16" or "int8"
+  // How a round's updates combine (ddp, localsgd, diloco): "mean" (a ring all-reduce) or
+  // "trimmed_mean" (robust to misbehaving peers; robust_aggregate.h).
+  std::string aggregation = "mean";
+  int64_t trim = 1;  // trimmed_mean: values dropped at each end of every element
+  // Step events carry a CRC-32C of the shared state at the latest round (the chaos harness
+  // compares the peers' round by round).
+  bool fingerprint = false;
 };
 
 // Appends the [strategy] keys, bound to `c`'s fields.

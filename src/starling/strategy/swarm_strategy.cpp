@@ -7,6 +7,8 @@
 #include <limits>
 
 #include "starling/common/error.h"
+#include "starling/net/crc32c.h"
+#include "starling/strategy/robust_aggregate.h"
 #include "starling/train/metrics.h"
 #include "starling/train/step_runner.h"
 
@@ -35,7 +37,14 @@ net::WirePrecision parse_precision(const std::string& name) {
 }
 
 SwarmStrategy::SwarmStrategy(const train::RunConfig& config, net::Collectives& net)
-    : config_(config), net_(net), precision_(parse_precision(config.strategy.precision)) {}
+    : config_(config),
+      net_(net),
+      precision_(parse_precision(config.strategy.precision)),
+      poison_(UpdatePoison::from_env()) {
+  if (poison_)
+    log("fault injection: every round update this peer sends is " + poison_->describe() +
+        " (STARLING_FAULT_POISON)");
+}
 
 c10::Device SwarmStrategy::net_device() const {
   return through_host() ? c10::Device(c10::kCPU) : flat_->device();
@@ -66,18 +75,23 @@ void SwarmStrategy::log(const std::string& line) const {
 }
 
 bool SwarmStrategy::wait(const net::Work& work, const char* what) {
+  return wait_result(work, what).has_value();
+}
+
+std::optional<net::CollectiveResult> SwarmStrategy::wait_result(const net::Work& work,
+                                                                const char* what) {
   const double t0 = now_s();
   try {
-    work.wait();
+    net::CollectiveResult result = work.wait();
     net_wait_s_ += now_s() - t0;
-    return true;
+    return result;
   } catch (const std::exception& e) {
     net_wait_s_ += now_s() - t0;
     if (!net_.elastic())
       throw NetError(std::string(what) + " failed on the " + net_.backend_name() +
                      " group, which cannot go on without a rank: " + e.what());
     log(std::string(what) + " failed: " + e.what());
-    return false;
+    return std::nullopt;
   }
 }
 
@@ -99,6 +113,72 @@ bool SwarmStrategy::all_reduce(Staging& staged, int64_t n, net::WirePrecision pr
   staged.upload(0, n);
   staged.use_upload();
   return true;
+}
+
+bool SwarmStrategy::aggregate(Staging& staged, int64_t n, const Agreement& a,
+                              net::WirePrecision precision, const char* what) {
+  if (n < 0) n = staged.numel();
+  staged.download(0, n);
+  staged.wait_download();
+  at::Tensor host = staged.host().narrow(0, 0, n);
+  if (poison_ && a.contribute) poison_->apply(host);
+  bool ok = false;
+  if (config_.strategy.aggregation == "trimmed_mean") {
+    ok = trimmed_mean_all_reduce(host, a, precision, what);
+  } else {
+    // fp16's loss scaling finds an overflow by the non-finite sum every peer sees, and skips
+    // the step everywhere; elsewhere a non-finite update is a fault, rejected where it enters.
+    net::CollectiveOptions o = options(precision);
+    o.reject_non_finite = config_.train.dtype != "fp16";
+    ok = wait(net_.all_reduce(as_span(host), o), what);
+  }
+  if (!ok) return false;
+  staged.upload(0, n);
+  staged.use_upload();
+  return true;
+}
+
+bool SwarmStrategy::trimmed_mean_all_reduce(at::Tensor& host, const Agreement& a,
+                                            net::WirePrecision precision, const char* what) {
+  // Row i of the gathered matrix is the update of the i-th participant by id, which is the
+  // all-gather's shard of ring position i (the ring is ordered by id), then its flag.
+  const auto self = std::find(a.ring.begin(), a.ring.end(), net_.self());
+  if (self == a.ring.end()) throw std::logic_error("trimmed_mean: this peer is not in the round");
+  const int64_t peers = static_cast<int64_t>(a.ring.size()), n = host.numel(), m = n + 1;
+  const int64_t position = self - a.ring.begin();
+  if (!gathered_.defined() || gathered_.numel() != peers * m)
+    gathered_ = at::empty({peers * m}, at::kFloat);
+  at::Tensor mine = gathered_.narrow(0, position * m, m);
+  mine.narrow(0, 0, n).copy_(host);
+  mine[n] = a.contribute ? 1.f : 0.f;
+  const auto result = wait_result(net_.all_gather(as_span(gathered_), options(precision)), what);
+  if (!result) return false;
+  if (result->ring != a.ring) {
+    log(std::string(what) +
+        ": the participants changed since the round's agreement; no "
+        "average this round");
+    return false;
+  }
+  const TrimmedMeanOutcome out =
+      trimmed_mean(gathered_.view({peers, m}), config_.strategy.trim, host);
+  for (int i : out.non_finite) {
+    ++rejected_updates_;
+    log("rejected a non-finite " + std::string(what) + " contribution from peer " +
+        net_.describe(a.ring[static_cast<size_t>(i)]));
+  }
+  if (out.used == 0) {
+    log(std::string(what) + ": no finite update to average this round");
+    return false;
+  }
+  host.mul_(static_cast<double>(a.contributors));  // the callers divide by the contributors
+  return true;
+}
+
+void SwarmStrategy::note_round(const at::Tensor& shared) {
+  if (!config_.strategy.fingerprint || need_state_) return;
+  const at::Tensor host = shared.to(at::kCPU).contiguous();
+  fingerprint_ = net::crc32c(host.data_ptr(), host.numel() * host.element_size());
+  fingerprint_round_ = version_;
 }
 
 Agreement SwarmStrategy::agree(train::Replica& r) {
@@ -229,10 +309,17 @@ void SwarmStrategy::start(train::Replica& r, const nlohmann::json& state,
 void SwarmStrategy::finish(train::Replica&) {}
 
 train::StrategyReport SwarmStrategy::report() const {
-  return {.peers = peers_,
-          .bytes_sent = static_cast<double>(net_.bytes_sent()),
-          .net_wait_s = net_wait_s_,
-          .round = version_};
+  train::StrategyReport rep{.peers = peers_,
+                            .bytes_sent = static_cast<double>(net_.bytes_sent()),
+                            .net_wait_s = net_wait_s_,
+                            .round = version_};
+  if (fingerprint_round_ >= 0) {
+    rep.figures["fingerprint"] = static_cast<double>(fingerprint_);
+    rep.figures["fingerprint_round"] = static_cast<double>(fingerprint_round_);
+  }
+  if (rejected_updates_ > 0)
+    rep.figures["rejected_updates"] = static_cast<double>(rejected_updates_);
+  return rep;
 }
 
 }  // namespace starling::strategy

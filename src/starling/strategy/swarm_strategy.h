@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "starling/net/collective.h"
+#include "starling/strategy/fault_injection.h"
 #include "starling/strategy/flat.h"
 #include "starling/strategy/staging.h"
 #include "starling/train/step_hooks.h"
@@ -78,6 +79,15 @@ class SwarmStrategy : public train::StepHooks {
   // (through the host copy on a GPU).
   bool all_reduce(Staging& staged, net::WirePrecision precision, const char* what);
   bool all_reduce(Staging& staged, int64_t n, net::WirePrecision precision, const char* what);
+  // A round's update in `staged` (its first `n` elements, -1: all; zeroed by a peer that does not
+  // contribute): summed over the swarm (strategy.aggregation = "mean"), or, with
+  // "trimmed_mean", the robust average of the contributors' updates times a.contributors, so the
+  // caller's division by the contributors gives that average either way. A non-finite update is
+  // rejected and its sender named in the log. False (logged) if the exchange failed.
+  bool aggregate(Staging& staged, int64_t n, const Agreement& a, net::WirePrecision precision,
+                 const char* what);
+  // Waits like wait() and returns the result; nullopt (logged) if it failed.
+  std::optional<net::CollectiveResult> wait_result(const net::Work& work, const char* what);
 
   // The elements of a slice of the flat vector (`part`, starting at element `begin`) that count
   // in model-wide sums: all of them, unless the replica trains a pipeline stage whose tied weight
@@ -106,8 +116,23 @@ class SwarmStrategy : public train::StepHooks {
   int64_t rounds_ = 0;
   double net_wait_s_ = 0;
 
+  // Rejected non-finite updates (trimmed_mean), by sender, over the run.
+  int64_t rejected_updates_ = 0;
+
+  // The shared state has just become round version_'s (an average applied): with
+  // strategy.fingerprint, notes its CRC-32C for the reports, unless this peer knows its state
+  // may differ from the swarm's (a failed exchange; the next agreement repairs it).
+  void note_round(const at::Tensor& shared);
+
  private:
-  std::vector<net::PeerId> group_;  // empty: the whole swarm
+  bool trimmed_mean_all_reduce(at::Tensor& host, const Agreement& a, net::WirePrecision precision,
+                               const char* what);
+
+  std::vector<net::PeerId> group_;      // empty: the whole swarm
+  std::optional<UpdatePoison> poison_;  // STARLING_FAULT_POISON (fault_injection.h)
+  at::Tensor gathered_;                 // trimmed_mean: every peer's update and flag
+  int64_t fingerprint_round_ = -1;      // note_round(): the round and its state's CRC-32C
+  uint32_t fingerprint_ = 0;
   train::StepRunner* runner_ = nullptr;
   bool model_part_ = false;    // the replica trains part of the model (a pipeline stage)
   int64_t counted_numel_ = 0;  // the leading elements of flat_ that count in model-wide sums

@@ -1,0 +1,50 @@
+#include "starling/strategy/fault_injection.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+
+#include "starling/common/error.h"
+
+namespace starling::strategy {
+
+std::optional<UpdatePoison> UpdatePoison::from_env() {
+  const char* v = std::getenv("STARLING_FAULT_POISON");
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return parse(v);
+}
+
+UpdatePoison UpdatePoison::parse(const std::string& value) {
+  UpdatePoison p;
+  if (value == "nan") {
+    p.nan = true;
+    return p;
+  }
+  const std::string prefix = "scale:";
+  if (value.rfind(prefix, 0) == 0) {
+    const std::string k = value.substr(prefix.size());
+    char* end = nullptr;
+    p.scale = std::strtod(k.c_str(), &end);
+    if (!k.empty() && end == k.c_str() + k.size() && std::isfinite(p.scale)) return p;
+  }
+  throw ConfigError("STARLING_FAULT_POISON = \"" + value +
+                    "\": expected \"nan\" or \"scale:K\" with a finite number K");
+}
+
+std::string UpdatePoison::describe() const {
+  if (nan) return "NaN";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "scaled by %g", scale);
+  return buf;
+}
+
+void UpdatePoison::apply(at::Tensor& update) const {
+  if (nan)
+    update.fill_(std::numeric_limits<float>::quiet_NaN());
+  else
+    update.mul_(scale);
+}
+
+}  // namespace starling::strategy

@@ -1,0 +1,32 @@
+// Faults a peer can be told to commit, for tests and the chaos harness (docs/reliability.md):
+// set in the environment of one peer, they make it a misbehaving member with a valid key.
+//
+//   STARLING_FAULT_POISON=scale:K   multiply every round update this peer sends by K (K = -10:
+//                                   sign-flipped and ten times too large)
+//   STARLING_FAULT_POISON=nan       send NaN in every round update
+//
+// Unset (the normal case), nothing changes. A malformed value is a ConfigError naming it, raised
+// before the peer joins anyone (strategy::check_peer). Torch-free but for apply().
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace at {
+class Tensor;
+}
+
+namespace starling::strategy {
+
+struct UpdatePoison {
+  bool nan = false;
+  double scale = 1;
+
+  // From STARLING_FAULT_POISON; nullopt when it is unset or empty.
+  static std::optional<UpdatePoison> from_env();
+  static UpdatePoison parse(const std::string& value);
+  std::string describe() const;  // "scaled by -10", "NaN"
+  void apply(at::Tensor& update) const;
+};
+
+}  // namespace starling::strategy
