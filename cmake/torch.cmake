@@ -178,6 +178,14 @@ add_test(NAME bindings.starling_tests
   COMMAND ${CMAKE_SOURCE_DIR}/scripts/check-bindings.sh $<TARGET_FILE:starling_tests>
           --gtest_list_tests)
 
+# The chaos harness, short: a swarm of five trains 30 s with each of two strategies while peers
+# are killed, restarted and stopped, and every invariant is checked (docs/reliability.md). Alone,
+# because its stall limit (two peer timeouts) assumes the peers get the CPU they ask for.
+add_test(NAME ChaosTest.QuickRun
+  COMMAND ${STARLING_PYTHON} ${CMAKE_SOURCE_DIR}/bench/chaos/run.py
+          --starling $<TARGET_FILE:starling_cli> --strategies ddp diloco --seconds 30 --seed 3)
+set_tests_properties(ChaosTest.QuickRun PROPERTIES RUN_SERIAL TRUE TIMEOUT 400)
+
 # Bus bandwidth of Starling's all-reduce against Gloo's (bench/allreduce/run.py drives it). Built
 # by default so `make bench-allreduce` needs nothing more than `make build`.
 add_executable(starling_allreduce_peer bench/allreduce/allreduce_peer.cpp)

@@ -894,7 +894,7 @@ TEST_F(PipelineRunTest, AReplacementTakesOverADeadStageFromItsCounterpart) {
   EXPECT_NE(replacement.find("waiting until a whole replica admits"), std::string::npos)
       << replacement;
   EXPECT_TRUE(std::regex_search(replacement, std::regex("adopting the swarm's state from peer "
-                                                        "\\S+ \\(step [1-9]")))
+                                                        "\\S+ (\\(\\S+\\) )?\\(step [1-9]")))
       << replacement;
   const std::string healthy = starling::testing::read_file(run / "peer-1.log");
   EXPECT_NE(healthy.find("admitting peer"), std::string::npos) << healthy;

@@ -12,6 +12,7 @@
 #include "starling/net/dashboard_page.h"
 #include "starling/net/net_config.h"
 #include "starling/net/node.h"
+#include "starling/net/quiet_thread.h"
 
 namespace starling::net {
 namespace {
@@ -161,8 +162,8 @@ Dashboard::Dashboard(Source source, DashboardOptions options) : impl_(std::make_
   if (d.port <= 0 || (port != 0 && !d.server.bind_to_port(host, port)))
     throw NetError("dashboard: cannot listen on " + d.options.listen +
                    " (is the port taken, or the host not an address of this machine?)");
-  d.http = std::thread([&d] { d.server.listen_after_bind(); });
-  d.sampler = std::thread([&d] { d.run_sampler(); });
+  d.http = quiet_thread([&d] { d.server.listen_after_bind(); });
+  d.sampler = quiet_thread([&d] { d.run_sampler(); });
 }
 
 Dashboard::~Dashboard() {

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "starling/common/error.h"
+#include "starling/net/quiet_thread.h"
 
 namespace starling::net {
 namespace {
@@ -148,7 +149,7 @@ DirectLinks::DirectLinks(const std::string& bind_host, LogFn log,
     throw NetError("direct data links: pipe: " + errno_text());
   wake_read_ = Fd(pipe_fds[0]);
   wake_write_ = Fd(pipe_fds[1]);
-  thread_ = std::thread([this] { accept_loop(); });
+  thread_ = quiet_thread([this] { accept_loop(); });
 }
 
 DirectLinks::~DirectLinks() {

@@ -1,5 +1,6 @@
 #include "starling/net/gossip.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "starling/common/error.h"
@@ -106,6 +107,17 @@ bool Gossip::heard(const Header& h, Clock::time_point now) {
   return known;
 }
 
+void Gossip::resumed_after(Clock::duration paused, Clock::time_point now) {
+  {
+    std::lock_guard lock(table_.mutex);
+    table_.members.excuse_silence(now);
+  }
+  log("this peer did not run for " +
+      seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(paused)) +
+      " (stopped, suspended or starved of CPU): the members it could not hear meanwhile get a "
+      "fresh timeout");
+}
+
 void Gossip::tick(Clock::time_point now) {
   std::vector<PeerId> dead;
   {
@@ -198,8 +210,19 @@ void Gossip::handle(Incoming& in, const json& body) {
       if (added) introduce(m, restarted);
       {
         std::lock_guard lock(table_.mutex);
-        for (const Member& x : table_.members.all())
-          if (x.state != MemberState::left) list.push_back(to_json(x.info));
+        // The living only, as in heartbeats: a joiner takes every member it is told of for
+        // alive (for a whole timeout), and one that is dead could become its coordinator, which
+        // it would wait for while the real one waits for it.
+        // Each with how long this peer has not heard from it, so that one about to be found dead
+        // expires at the joiner when it does here, not a whole timeout later.
+        for (const Member& x : table_.members.all()) {
+          if (x.state != MemberState::alive) continue;
+          json j = to_json(x.info);
+          if (x.info.id != self_)
+            j["silent_ms"] =
+                std::chrono::duration_cast<std::chrono::milliseconds>(now - x.last_heard).count();
+          list.push_back(std::move(j));
+        }
       }
       send(h.sender, MsgType::welcome, json_message({{"members", list}, {"returning", restarted}}));
       table_.changed.notify_all();
@@ -211,11 +234,19 @@ void Gossip::handle(Incoming& in, const json& body) {
       std::vector<std::pair<MemberInfo, bool>> added;  // with whether it restarted
       {
         std::lock_guard lock(table_.mutex);
-        for (const auto& m : list) {
+        for (size_t i = 0; i < list.size(); ++i) {
+          const MemberInfo& m = list[i];
           if (!options_.insecure && peer_id_from_public_key(m.public_key) != m.id) continue;
           const Member* before = table_.members.find(m.id);
           const bool restarted = before != nullptr && before->info.incarnation != m.incarnation;
-          if (table_.members.merge(m, now)) added.emplace_back(m, restarted);
+          // A member new to us was last heard by the sender `silent_ms` ago (at most a timeout).
+          const json& entry = body["members"][i];
+          int64_t silent = 0;
+          if (entry.contains("silent_ms") && entry["silent_ms"].is_number_integer())
+            silent = std::clamp<int64_t>(entry["silent_ms"].get<int64_t>(), 0,
+                                         options_.peer_timeout.count());
+          if (table_.members.merge(m, now - std::chrono::milliseconds(silent)))
+            added.emplace_back(m, restarted);
         }
         if (h.type == MsgType::heartbeat && body.contains("links"))
           table_.members.merge_links_json(body["links"], h.sender);

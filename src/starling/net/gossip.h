@@ -46,6 +46,10 @@ class Gossip {
   void handle_probe(const Incoming& in);
   // Expires silent members and sends heartbeats; call every heartbeat interval.
   void tick(Clock::time_point now);
+  // This peer's own event loop did not run for `paused` (the process was stopped, suspended or
+  // starved of CPU): the members it did not hear from meanwhile get a fresh timeout instead of
+  // all being declared dead at once. Those really gone expire one timeout later.
+  void resumed_after(Clock::duration paused, Clock::time_point now);
   // Tells every live member this peer leaves.
   void announce_leave();
 

@@ -190,6 +190,11 @@ std::vector<PeerId> Membership::expire(Clock::time_point now, std::chrono::milli
   return dead;
 }
 
+void Membership::excuse_silence(Clock::time_point now) {
+  for (auto& [id, m] : others_)
+    if (m.state == MemberState::alive) m.last_heard = std::max(m.last_heard, now);
+}
+
 const Member* Membership::find(PeerId id) const {
   if (id == self_.info.id) return &self_;
   auto it = others_.find(id);

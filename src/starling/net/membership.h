@@ -81,6 +81,9 @@ class Membership {
   void mark_left(PeerId id);
   // Marks members silent for longer than `timeout` dead and returns them.
   std::vector<PeerId> expire(Clock::time_point now, std::chrono::milliseconds timeout);
+  // Counts every live member as heard at `now`: this peer could not hear anyone for a while (it
+  // was paused), so their silence says nothing about them.
+  void excuse_silence(Clock::time_point now);
 
   const Member* find(PeerId id) const;
   bool is_alive(PeerId id) const;

@@ -22,6 +22,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
 #include "starling/net/c10d_group.h"
+#include "starling/net/quiet_thread.h"
 
 namespace starling::net {
 namespace {
@@ -109,7 +110,7 @@ NcclBackend::NcclBackend(NcclOptions options)
                    std::to_string(options_.world_size) + " could not form the group (store " +
                    options_.store + "): " + message_of(e));
   }
-  completer_ = std::thread([this] { complete_in_order(); });
+  completer_ = quiet_thread([this] { complete_in_order(); });
 }
 
 NcclBackend::~NcclBackend() {

@@ -65,6 +65,11 @@ NodeOptions node_options(const NetConfig& net) {
   o.listen = net.listen;
   o.advertise = net.advertise;
   o.join = net.join;
+  // A peer joining a swarm without waiting for it to form (min_peers 1: a late joiner, a restart)
+  // takes part from its first collective: until then, starting up, it must not hold up the rounds
+  // of the members already training. A forming swarm (min_peers > 1) counts every member from the
+  // start, so that its first round waits for all of them.
+  o.active = net.join.empty() || net.min_peers > 1;
   o.insecure = net.insecure;
   o.direct_data = net.direct_data;
   if (!net.insecure) {

@@ -8,6 +8,7 @@
 #include "starling/net/endpoint.h"
 #include "starling/net/heap_reuse.h"
 #include "starling/net/node_impl.h"
+#include "starling/net/quiet_thread.h"
 
 namespace starling::net {
 namespace {
@@ -121,7 +122,7 @@ Node::Impl::Impl(NodeOptions options) : options_(std::move(options)), table_(Mem
   hooks.run = [this](Launched op, Start start) { start_run(std::move(op), std::move(start)); };
   agreement_ = std::make_unique<Agreement>(a, table_, hooks);
 
-  thread_ = std::thread([this] { run(); });
+  thread_ = quiet_thread([this] { run(); });
   if (joining_) {
     std::unique_lock lock(table_.mutex);
     if (!table_.changed.wait_for(lock, options_.join_timeout, [&] { return table_.welcomed; })) {
@@ -158,6 +159,11 @@ void Node::Impl::run() {
     flush_outbox();
     collect_runs();
     auto now = Clock::now();
+    // The loop never waits longer than a heartbeat: a gap beyond the peer timeout means the
+    // whole process was paused, and everyone's silence meanwhile is this peer's own.
+    if (last_loop_ != Clock::time_point{} && now - last_loop_ > options_.peer_timeout)
+      gossip_->resumed_after(now - last_loop_, now);
+    last_loop_ = now;
     if (now >= next_tick_) {
       next_tick_ = now + options_.heartbeat_interval;
       gossip_->tick(now);

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "starling/common/error.h"
+#include "starling/net/quiet_thread.h"
 
 namespace starling::net {
 namespace {
@@ -28,7 +29,7 @@ RingRun::RingRun(Launched op, Start start, Env env, std::deque<Incoming> early)
     if (!wake_) fail_ = "eventfd failed";
     direct_.configure(max_frame_bytes(start_.chunk_elements), env_.who(left_), env_.who(right_));
   }
-  thread_ = std::thread([this] { run(); });
+  thread_ = quiet_thread([this] { run(); });
 }
 
 RingRun::~RingRun() {

@@ -1,5 +1,6 @@
 #include "starling/net/transport.h"
 
+#include <cerrno>
 #include <vector>
 
 #include "starling/common/error.h"
@@ -126,7 +127,12 @@ std::optional<Incoming> Transport::receive(std::chrono::milliseconds timeout) {
                                {wake_pull_.handle(), 0, ZMQ_POLLIN, 0}};
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    zmq::poll(items, 2, std::max(left, std::chrono::milliseconds(0)));
+    try {
+      zmq::poll(items, 2, std::max(left, std::chrono::milliseconds(0)));
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;
+      continue;  // a signal (or a stop and continue): poll again for the time left
+    }
     if (items[1].revents & ZMQ_POLLIN) {
       zmq::message_t drop;
       while (wake_pull_.recv(drop, zmq::recv_flags::dontwait)) {

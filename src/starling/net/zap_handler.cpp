@@ -3,6 +3,8 @@
 #include <array>
 #include <vector>
 
+#include "starling/net/quiet_thread.h"
+
 namespace starling::net {
 
 ZapHandler::ZapHandler(zmq::context_t& context, std::set<std::string> allowed_keys, LogFn log)
@@ -11,7 +13,7 @@ ZapHandler::ZapHandler(zmq::context_t& context, std::set<std::string> allowed_ke
       log_(std::move(log)) {
   socket_.set(zmq::sockopt::linger, 0);
   socket_.bind("inproc://zeromq.zap.01");
-  thread_ = std::thread([this] { run(); });
+  thread_ = quiet_thread([this] { run(); });
 }
 
 ZapHandler::~ZapHandler() {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <iostream>
 #include <limits>
+#include <tuple>
 
 #include "starling/common/error.h"
 #include "starling/net/crc32c.h"
@@ -181,6 +182,47 @@ void SwarmStrategy::note_round(const at::Tensor& shared) {
   fingerprint_round_ = version_;
 }
 
+std::optional<net::PeerId> SwarmStrategy::choose_root(const train::Replica& r, const Agreement& a) {
+  // One row per participant, at its place in the ring (ordered by id): whether it needs the
+  // state, its round and its step.
+  constexpr int64_t kRow = 5;
+  const int64_t peers = static_cast<int64_t>(a.ring.size());
+  const auto self = std::find(a.ring.begin(), a.ring.end(), net_.self());
+  if (self == a.ring.end()) throw std::logic_error("choose_root: this peer is not in the round");
+  at::Tensor rows = at::zeros({peers * kRow}, at::kFloat);
+  float* mine = rows.data_ptr<float>() + (self - a.ring.begin()) * kRow;
+  mine[0] = need_state_ ? 1.f : 0.f;
+  put_int(mine + 1, version_);
+  put_int(mine + 3, r.step);
+  at::Tensor sent = rows.to(net_device());
+  const auto result =
+      wait_result(net_.all_gather(as_span(sent), options(net::WirePrecision::fp32)), "root choice");
+  if (!result) return std::nullopt;
+  if (result->ring != a.ring) {
+    log("root choice: the participants changed since the round's agreement; agreeing again");
+    return std::nullopt;
+  }
+  if (!sent.is_same(rows)) rows.copy_(sent);
+  // The newest state: the highest round, then step; among equals one that its holder knows to
+  // be the swarm's (a peer whose last exchange failed holds its round's state plus a local step
+  // taken without the average), then the longest-standing. A straggler back from a pause, or a
+  // peer from a partition, holds an older round and never takes the others back to it, even
+  // when their own last exchange failed because of it.
+  std::vector<net::PeerId> best;
+  std::tuple<int64_t, int64_t, int> newest{-1, -1, -1};
+  for (int64_t i = 0; i < peers; ++i) {
+    const float* row = rows.data_ptr<float>() + i * kRow;
+    const std::tuple<int64_t, int64_t, int> key{get_int(row + 1), get_int(row + 3),
+                                                row[0] == 0.f ? 1 : 0};
+    if (key > newest) {
+      newest = key;
+      best.clear();
+    }
+    if (key == newest) best.push_back(a.ring[static_cast<size_t>(i)]);
+  }
+  return net_.longest_standing(best);
+}
+
 Agreement SwarmStrategy::agree(train::Replica& r) {
   for (int attempt = 0;; ++attempt) {
     at::Tensor control = at::zeros({5}, at::kFloat);
@@ -224,15 +266,19 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
       if (admit) r.runner->admit_waiting();
       return a;
     }
-    // Someone lacks the shared state: the longest-standing participant sends its own.
-    const net::PeerId root = net_.longest_standing(a.ring);
+    // Someone lacks the shared state, or the states differ: the newest one is sent.
+    const std::optional<net::PeerId> root = choose_root(r, a);
+    if (!root) {
+      need_state_ = true;
+      continue;
+    }
     // A swapping runner keeps weights and moments in its tier: all of them come in for the
     // transfer (as for a checkpoint), and go back out with the adopted values.
     if (r.runner != nullptr) r.runner->gather();
     at::Tensor state = at::zeros({kHeader + state_numel()},
                                  at::TensorOptions().dtype(at::kFloat).device(net_device()));
     at::Tensor header = at::zeros({kHeader}, at::kFloat);
-    if (root == net_.self()) {
+    if (*root == net_.self()) {
       put_int(header.data_ptr<float>(), r.step);
       put_int(header.data_ptr<float>() + 2, version_);
       state.narrow(0, 0, kHeader).copy_(header);
@@ -240,7 +286,7 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
       pack_state(r, body);
     }
     net::CollectiveOptions o = options(net::WirePrecision::fp32);
-    o.root = root;
+    o.root = *root;
     if (!wait(net_.broadcast(as_span(state), o), "state transfer")) {
       need_state_ = true;
       continue;
@@ -251,7 +297,7 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     // Progress counts only if it was made from the same shared state the root holds.
     a.contribute = !need_state_ && version_ == root_version && r.step == root_step;
     if (need_state_ || r.step != root_step)
-      log("adopting the swarm's state from peer " + net::short_peer_id(root) + " (step " +
+      log("adopting the swarm's state from peer " + net_.describe(*root) + " (step " +
           std::to_string(root_step) + ", round " + std::to_string(root_version) + ")");
     const bool moved = r.step != root_step;
     r.step = root_step;

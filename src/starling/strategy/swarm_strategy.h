@@ -8,8 +8,10 @@
 // so every peer learns, from bit-identical sums, how many take part and whether all of them hold
 // the same shared state (and whether all of them would admit waiting peers now: see
 // StepRunner::admission_ready). If any peer lacks it (a joiner, a restarted swarm), or the versions
-// disagree (a peer missed an average when another died), the root, the longest-standing
-// participant, broadcasts its state and everyone adopts it; only peers whose own state matched
+// disagree (a peer missed an average when another died), the root broadcasts its state and
+// everyone adopts it. The root holds the newest state: the highest round, then step (a straggler
+// back from a pause must not take the others back to its old state), then a state its holder
+// knows to be the swarm's, then the longest-standing; only peers whose own state matched
 // the root's contribute local progress to the round. A failed collective never stops the run: the
 // peer notes it, and the next agreement repairs whatever diverged. On a fixed group (not elastic)
 // there is nothing to repair: a failed collective ends the run with a NetError.
@@ -125,6 +127,9 @@ class SwarmStrategy : public train::StepHooks {
   void note_round(const at::Tensor& shared);
 
  private:
+  // The peer whose shared state a transfer sends (an all-gather of every participant's round,
+  // step and need of state); nullopt (logged) if that exchange failed.
+  std::optional<net::PeerId> choose_root(const train::Replica& r, const Agreement& a);
   bool trimmed_mean_all_reduce(at::Tensor& host, const Agreement& a, net::WirePrecision precision,
                                const char* what);
 

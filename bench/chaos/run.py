@@ -1,0 +1,437 @@
+#!/usr/bin/env python3
+"""Chaos harness: a local swarm trains while a seeded monkey kills, stops and restarts its peers,
+then the harness checks what must hold and prints one summary line per strategy.
+
+    /usr/bin/python3 bench/chaos/run.py --starling build/starling              # 5 strategies x 120 s
+    /usr/bin/python3 bench/chaos/run.py --strategies ddp --seconds 30          # quick look
+    /usr/bin/python3 bench/chaos/run.py --seconds 300 --seed 7 --out /tmp/chaos
+
+For each strategy of --strategies it starts --peers `starling peer` processes on loopback (a
+one-layer gpt2-tiny, so a step takes milliseconds and the run is about the swarm, not the math)
+and lets them train for --seconds. Meanwhile the monkey, drawing from --seed, acts every
+--act-every seconds on average (uniform in half to one and a half times that):
+
+  kill      SIGKILL a random running peer (probability --kill-share); after 0.5-2 s it starts again
+            as a new process that joins through a live member (`--join`) with a fresh run
+            directory, as a machine that died and came back would;
+  straggle  SIGSTOP a random running peer for 0.5 to 3 times net.peer_timeout_ms, then SIGCONT.
+
+It acts only while a majority of --peers stays running (neither killed nor stopped) afterwards.
+At the end every process gets SIGTERM (stopped ones SIGCONT first): each writes a checkpoint and
+exits. Then it checks:
+
+  stall     the swarm's progress (any peer's step event) never pauses longer than
+            2 x net.peer_timeout_ms (a majority is always running);
+  state     at every round, the peers that report one hold the same shared state: the CRC-32C of
+            strategy.fingerprint, compared for every round that at least two peers reported;
+  crashes   no process exits other than the monkey's kills (exit 0 after SIGTERM; a restart still
+            starting when the run ends may die of the SIGTERM, having nothing to save);
+  steps     within one process, steps go up one at a time except across an adoption of the
+            swarm's state (logged), and no adopted state is older than the step the swarm had
+            reached (less a round's local steps, or one failed step): progress is never lost, and
+            a step is never counted twice;
+  resume    the furthest survivor's final checkpoint loads: it trains 3 more steps alone with
+            --resume.
+
+The summary line ends in PASS or FAIL; the exit status is 1 if any strategy failed. --out keeps
+every process's log and metrics (default: a temporary directory, removed on success).
+"""
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+STRATEGIES = ["ddp", "localsgd", "diloco", "co2", "atom"]
+# A peer's log line (stamped by the harness) saying it took the swarm's state.
+ADOPTED = re.compile(r"\s*(-?[0-9.]+) \[\w+\] adopting the swarm's state from peer .* \(step (\d+),")
+WORDS = ["the", "jury", "said", "city", "election", "was", "of", "and", "report", "county",
+         "that", "it", "new", "court", "judge"]
+
+
+def write_corpus(directory, seed):
+    os.makedirs(directory, exist_ok=True)
+    rng = random.Random(seed)
+    for d in range(16):
+        with open(os.path.join(directory, f"doc{d}.txt"), "w") as f:
+            for _ in range(80):
+                f.write(" ".join(rng.choice(WORDS) for _ in range(12)) + ".\n")
+
+
+def write_config(path, data, strategy, timeout_ms):
+    local = "local_steps = 4\n" if strategy in ("localsgd", "diloco", "co2") else ""
+    with open(path, "w") as f:
+        f.write(f"""[model]
+preset = "gpt2-tiny"
+n_layer = 1
+d_model = 32
+n_head = 2
+seq_len = 32
+
+[data]
+dir = "{data}"
+
+[train]
+steps = 1000000           # the harness stops the swarm with SIGTERM
+batch_size = 4
+threads = 1
+log_every = 1
+eval_every = 0
+checkpoint_every = 200
+keep_checkpoints = 1
+sample_at_end = false
+
+[optim]
+lr = 1e-2
+warmup_steps = 2
+
+[strategy]
+kind = "{strategy}"
+{local}fingerprint = true
+
+[net]
+heartbeat_ms = {max(50, timeout_ms // 10)}
+peer_timeout_ms = {timeout_ms}
+""")
+
+
+class Life:
+    """One process of one peer slot: from its start to its exit."""
+
+    def __init__(self, harness, slot, number, join):
+        self.slot, self.number = slot, number
+        self.dir = os.path.join(harness.work, f"peer-{slot}-life-{number}")
+        self.log_path = self.dir + ".log"
+        argv = [harness.args.starling, "peer", "--json", "-q", "--insecure",
+                "--config", harness.config, "--data-rank", str(slot),
+                "--data-world", str(harness.args.peers), "--name", f"peer-{slot}",
+                "--set", f'train.out_dir="{self.dir}"',
+                "--set", f"net.min_peers={harness.args.peers if join is None else 1}"]
+        if join is not None:
+            argv += ["--join", join]
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+        self.endpoint = None
+        self.steps = []          # (time, step) of every step event
+        self.fingerprints = {}   # round -> CRC
+        self.killed = False
+        self.stopped_until = None
+        self.harness = harness
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        self.log_reader = threading.Thread(target=self._read_log, daemon=True)
+        self.log_reader.start()
+
+    def _read_log(self):
+        """The peer's log, each line stamped with the harness's clock (seconds into the run)."""
+        for line in self.proc.stderr:
+            self.log.write(f"{time.monotonic() - self.harness.t0:8.3f} {line}")
+            self.log.flush()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            kind = event.get("event")
+            now = time.monotonic()
+            if kind == "listening":
+                self.endpoint = event["endpoint"]
+            elif kind == "step":
+                self.steps.append((now, event["step"]))
+                self.harness.progress(now, event["step"], self)
+                net = event.get("net") or {}
+                if "fingerprint_round" in net:
+                    self.fingerprints[int(net["fingerprint_round"])] = int(net["fingerprint"])
+
+    def running(self):
+        return self.proc.poll() is None and not self.killed and self.stopped_until is None
+
+
+class Harness:
+    def __init__(self, args, strategy, work):
+        self.args, self.strategy, self.work = args, strategy, work
+        self.rng = random.Random(f"{args.seed}-{strategy}")
+        self.timeout_s = args.peer_timeout_ms / 1000.0
+        self.config = os.path.join(work, "run.toml")
+        self.lock = threading.Lock()
+        self.progress_times = []   # times of step events (any peer), for stalls
+        self.swarm_step = 0        # the highest step any peer reported
+        self.lives = []
+        self.slots = {}
+        self.kills = self.straggles = 0
+        self.counting = False
+        self.t0 = time.monotonic()
+        self.actions = open(os.path.join(work, "monkey.log"), "w")  # what the monkey did, when
+
+    def note(self, what):
+        self.actions.write(f"{time.monotonic() - self.t0:8.2f} {what}\n")
+        self.actions.flush()
+
+    def progress(self, now, step, life):
+        with self.lock:
+            if self.counting:
+                self.progress_times.append(now)
+            self.swarm_step = max(self.swarm_step, step)
+
+    def start(self, slot, join):
+        number = sum(1 for life in self.lives if life.slot == slot)
+        life = Life(self, slot, number, join)
+        self.lives.append(life)
+        self.slots[slot] = life
+        return life
+
+    def live_endpoint(self):
+        candidates = [life for life in self.slots.values() if life.running() and life.endpoint]
+        return self.rng.choice(candidates).endpoint if candidates else None
+
+    def running_count(self):
+        return sum(1 for life in self.slots.values() if life.running())
+
+    def run(self):
+        args = self.args
+        write_config(self.config, os.path.join(self.work, "..", "data"), self.strategy,
+                     args.peer_timeout_ms)
+        first = self.start(0, None)
+        deadline = time.monotonic() + 60
+        while first.endpoint is None and time.monotonic() < deadline and first.proc.poll() is None:
+            time.sleep(0.05)
+        if first.endpoint is None:
+            raise SystemExit(f"peer 0 did not start listening: see {first.log_path}")
+        for slot in range(1, args.peers):
+            self.start(slot, first.endpoint)
+        # The clock starts at the swarm's first step.
+        deadline = time.monotonic() + 120
+        while not any(life.steps for life in self.lives) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not any(life.steps for life in self.lives):
+            raise SystemExit(f"the swarm never took a step: see the logs in {self.work}")
+        with self.lock:
+            self.counting = True
+            self.progress_times.append(time.monotonic())
+        start = time.monotonic()
+        end = start + args.seconds
+        restarts = []  # (time, slot)
+        next_act = start + self.rng.uniform(0.5, 1.5) * args.act_every
+        majority = args.peers // 2 + 1
+        while time.monotonic() < end:
+            now = time.monotonic()
+            for life in list(self.slots.values()):
+                if life.stopped_until is not None and now >= life.stopped_until:
+                    life.proc.send_signal(signal.SIGCONT)
+                    life.stopped_until = None
+                    self.note(f"SIGCONT peer-{life.slot}")
+            for when, slot in list(restarts):
+                if now >= when:
+                    join = self.live_endpoint()
+                    if join is not None:
+                        self.start(slot, join)
+                        self.note(f"restart peer-{slot} joining {join}")
+                        restarts.remove((when, slot))
+            if now >= next_act:
+                next_act = now + self.rng.uniform(0.5, 1.5) * args.act_every
+                running = [life for life in self.slots.values() if life.running()]
+                if len(running) - 1 >= majority:
+                    victim = self.rng.choice(running)
+                    if self.rng.random() < args.kill_share:
+                        victim.killed = True
+                        victim.proc.send_signal(signal.SIGKILL)
+                        self.kills += 1
+                        self.note(f"SIGKILL peer-{victim.slot} (pid {victim.proc.pid})")
+                        restarts.append((now + self.rng.uniform(0.5, 2.0), victim.slot))
+                    else:
+                        victim.proc.send_signal(signal.SIGSTOP)
+                        victim.stopped_until = now + self.rng.uniform(0.5, 3.0) * self.timeout_s
+                        self.straggles += 1
+                        self.note(f"SIGSTOP peer-{victim.slot} for "
+                                  f"{victim.stopped_until - now:.1f} s")
+            time.sleep(0.02)
+        with self.lock:
+            self.counting = False
+            self.progress_times.append(time.monotonic())
+        for life in self.slots.values():
+            if life.stopped_until is not None:
+                life.proc.send_signal(signal.SIGCONT)
+                life.stopped_until = None
+        # Restarts still pending were cut short by the end of the run: nothing to wait for.
+        for life in self.slots.values():
+            if life.proc.poll() is None and not life.killed:
+                life.proc.send_signal(signal.SIGTERM)
+        for life in self.lives:
+            try:
+                life.proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                life.proc.kill()
+                life.proc.wait()
+            life.reader.join(timeout=10)
+            life.log_reader.join(timeout=10)
+            life.log.close()
+            with open(life.dir + ".steps", "w") as f:  # when each step was seen, for stalls
+                f.writelines(f"{t - self.t0:.3f} {step}\n" for t, step in life.steps)
+        return self.check()
+
+    def check(self):
+        limit = 2 * self.timeout_s
+        times = sorted(self.progress_times)
+        gaps = [(b - a, a) for a, b in zip(times, times[1:])]
+        longest = max(gaps, default=(0.0, 0.0))
+        problems = []
+        if longest[0] > limit:
+            problems.append(f"the swarm stalled {longest[0]:.1f} s (limit {limit:.1f} s) "
+                            f"{longest[1] - times[0]:.1f} s into the run (see monkey.log)")
+        # Shared state, round by round.
+        rounds = {}
+        for life in self.lives:
+            for r, crc in life.fingerprints.items():
+                rounds.setdefault(r, {}).setdefault(crc, []).append(f"peer-{life.slot}/{life.number}")
+        compared = sum(1 for v in rounds.values() if sum(len(x) for x in v.values()) >= 2)
+        mismatched = {r: v for r, v in rounds.items() if len(v) > 1}
+        for r in sorted(mismatched)[:3]:
+            problems.append(f"round {r}: peers hold different states: {mismatched[r]}")
+        # Crashes.
+        crashes = []
+        for life in self.lives:
+            code = life.proc.returncode
+            if life.killed:
+                continue
+            if code == -signal.SIGTERM and not life.steps:
+                continue  # still starting when the run ended: no handler yet, nothing to save
+            if code != 0:
+                crashes.append(life)
+                problems.append(f"peer {life.slot} (life {life.number}) exited with {code}: "
+                                f"see {life.log_path}")
+        # Steps within each process go up one at a time, except across an adoption of the
+        # swarm's state; and an adopted state is never older than what the swarm had reached.
+        adoptions = self.adoptions()
+        for life in self.lives:
+            times = [t for t, _, l in adoptions if l is life]
+            for (ta, a), (tb, b) in zip(life.steps, life.steps[1:]):
+                if b != a + 1 and not any(ta <= t <= tb for t in times):
+                    problems.append(f"peer {life.slot} (life {life.number}) went from step {a} "
+                                    f"to {b} without adopting the swarm's state")
+                    break
+        events = sorted((t, s) for life in self.lives for t, s in life.steps)
+        slack = 4 if self.strategy in ("localsgd", "diloco", "co2") else 1  # local steps, a failed one
+        lost = 0
+        for t, step, life in adoptions:
+            reached = max((s for te, s in events if te < t), default=0)
+            if step < reached - slack:
+                lost += 1
+                if lost <= 3:
+                    problems.append(f"peer {life.slot} (life {life.number}) adopted a state of "
+                                    f"step {step} {t - self.t0:.1f} s into the run, when the swarm "
+                                    f"had reached step {reached}: progress lost")
+        resumed = self.resume()
+        if resumed is not True:
+            problems.append(resumed)
+        kills_restarted = sum(1 for life in self.lives if life.number > 0)
+        line = (f"chaos {self.strategy}: {self.args.seconds:.0f} s, {self.args.peers} peers, "
+                f"{self.kills} kills ({kills_restarted} restarts), {self.straggles} stragglers; "
+                f"longest stall {longest[0]:.1f} s (limit {limit:.1f}); step {self.swarm_step}; "
+                f"{compared} rounds compared, {len(mismatched)} differ; "
+                f"{len(crashes)} crashes; resume {'ok' if resumed is True else 'FAILED'} -> "
+                f"{'PASS' if not problems else 'FAIL'}")
+        return line, problems, {"kills": self.kills, "stragglers": self.straggles,
+                                "stall_s": longest[0], "rounds": compared,
+                                "mismatched": len(mismatched), "crashes": len(crashes),
+                                "steps": self.swarm_step}
+
+    def adoptions(self):
+        """(time, step, life) of every adoption of the swarm's state, from the stamped logs."""
+        out = []
+        for life in self.lives:
+            try:
+                with open(life.log_path) as f:
+                    for line in f:
+                        m = ADOPTED.match(line)
+                        if m:
+                            out.append((self.t0 + float(m.group(1)), int(m.group(2)), life))
+            except OSError:
+                pass
+        return out
+
+    def resume(self):
+        """The furthest survivor's checkpoint trains 3 more steps alone."""
+        survivors = [life for life in self.slots.values()
+                     if not life.killed and life.proc.returncode == 0 and life.steps]
+        if not survivors:
+            return "no survivor to resume"
+        life = max(survivors, key=lambda x: x.steps[-1][1])
+        ckpts = os.path.join(life.dir, "checkpoints")
+        if not os.path.isdir(ckpts) or not os.listdir(ckpts):
+            return f"peer {life.slot} (life {life.number}) left no checkpoint in {life.dir}"
+        step = life.steps[-1][1]
+        log_path = life.dir + ".resume.log"
+        with open(log_path, "w") as log:
+            r = subprocess.run([self.args.starling, "peer", "--json", "-q", "--insecure",
+                                "--config", self.config, "--resume",
+                                "--set", f'train.out_dir="{life.dir}"',
+                                "--set", f"train.steps={step + 3}", "--set", "net.min_peers=1"],
+                               stdout=subprocess.PIPE, stderr=log, text=True, timeout=180)
+        text = open(log_path).read()
+        if r.returncode != 0 or "resumed from" not in text:
+            return f"--resume of peer {life.slot}'s checkpoint failed (exit {r.returncode}): see {log_path}"
+        return True
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--starling", default=os.path.join(ROOT, "build", "starling"))
+    ap.add_argument("--strategies", nargs="+", default=STRATEGIES, choices=STRATEGIES)
+    ap.add_argument("--peers", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=120)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--act-every", type=float, default=4.0,
+                    help="mean seconds between the monkey's acts")
+    ap.add_argument("--kill-share", type=float, default=0.7,
+                    help="share of acts that are kills (the rest are stragglers)")
+    ap.add_argument("--peer-timeout-ms", type=int, default=1500)
+    ap.add_argument("--out", default="", help="keep every log here (default: a temporary directory)")
+    args = ap.parse_args()
+    if args.peers < 3:
+        ap.error("--peers: at least 3, so that a majority survives a kill")
+    if not os.access(args.starling, os.X_OK):
+        ap.error(f"--starling {args.starling}: not an executable (build it with `make build`)")
+    root = args.out or tempfile.mkdtemp(prefix="starling-chaos-")
+    os.makedirs(root, exist_ok=True)
+    text, data = os.path.join(root, "text"), os.path.join(root, "data")
+    if not os.path.isdir(data):
+        write_corpus(text, args.seed)
+        subprocess.run([args.starling, "data", "prepare", text, "--out", data,
+                        "--val-fraction", "0.2"], check=True, stdout=subprocess.DEVNULL)
+    failed = False
+    totals = {"kills": 0, "stragglers": 0, "rounds": 0}
+    for strategy in args.strategies:
+        work = os.path.join(root, strategy)
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(work)
+        line, problems, figures = Harness(args, strategy, work).run()
+        print(line, flush=True)
+        for p in problems:
+            print("  " + p, flush=True)
+        failed = failed or bool(problems)
+        for k in totals:
+            totals[k] += figures[k]
+    print(f"chaos total: {len(args.strategies)} strategies, {totals['kills']} kills, "
+          f"{totals['stragglers']} stragglers, {totals['rounds']} rounds compared -> "
+          f"{'FAIL' if failed else 'PASS'}")
+    if failed:
+        print(f"logs kept in {root}")
+    elif not args.out:
+        shutil.rmtree(root, ignore_errors=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
