@@ -149,6 +149,7 @@ def main():
                         linestyle="-" if aggregation == "trimmed_mean" else "--")
         ax.set_xlabel("step")
         ax.set_ylabel("validation loss (honest peer)")
+        ax.set_yscale("log")  # the ruined run climbs far above the others
         ax.set_title(f"{args.peers} ddp peers, one misbehaving")
         ax.legend(fontsize=8)
         fig.tight_layout()

@@ -12,16 +12,19 @@ and lets them train for --seconds. Meanwhile the monkey, drawing from --seed, ac
 --act-every seconds on average (uniform in half to one and a half times that):
 
   kill      SIGKILL a random running peer (probability --kill-share); after 0.5-2 s it starts again
-            as a new process that joins through a live member (`--join`) with a fresh run
-            directory, as a machine that died and came back would;
+            as a new process that joins through the live members (`--join`, every running
+            member's endpoint) with a fresh run directory, as a machine that died and came back
+            would;
   straggle  SIGSTOP a random running peer for 0.5 to 3 times net.peer_timeout_ms, then SIGCONT.
 
 It acts only while a majority of --peers stays running (neither killed nor stopped) afterwards.
 At the end every process gets SIGTERM (stopped ones SIGCONT first): each writes a checkpoint and
 exits. Then it checks:
 
-  stall     the swarm's progress (any peer's step event) never pauses longer than
-            2 x net.peer_timeout_ms (a majority is always running);
+  stall     the swarm's progress (any peer's step event) never pauses for longer than
+            2 x net.peer_timeout_ms after the last of the monkey's acts that fell in the pause (a
+            majority is always running; faults one after the other each take up to a timeout to
+            notice, so a pause is held against its last one);
   state     at every round, the peers that report one hold the same shared state: the CRC-32C of
             strategy.fingerprint, compared for every round that at least two peers reported;
   crashes   no process exits other than the monkey's kills (exit 0 after SIGTERM; a restart still
@@ -104,6 +107,22 @@ peer_timeout_ms = {timeout_ms}
 """)
 
 
+def stalls(times, faults, limit):
+    """The longest pause in `times` (the swarm's progress) as (seconds, seconds after the last
+    fault within it), and the pauses that outlast their last fault by more than `limit`, as
+    (seconds, start, seconds after the last fault). Faults that strike one after the other add
+    up (each costs up to a timeout to notice), so a pause is held against its last fault."""
+    longest, late = (0.0, 0.0), []
+    for a, b in zip(times, times[1:]):
+        hits = [t for t in faults if a - 0.05 <= t <= b]  # a fault just before the last step too
+        recovery = b - max(hits) if hits else b - a
+        if b - a > longest[0]:
+            longest = (b - a, recovery)
+        if recovery > limit:
+            late.append((b - a, a, recovery))
+    return longest, late
+
+
 class Life:
     """One process of one peer slot: from its start to its exit."""
 
@@ -117,7 +136,7 @@ class Life:
                 "--set", f'train.out_dir="{self.dir}"',
                 "--set", f"net.min_peers={harness.args.peers if join is None else 1}"]
         if join is not None:
-            argv += ["--join", join]
+            argv += ["--join", *join]
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
@@ -174,9 +193,12 @@ class Harness:
         self.counting = False
         self.t0 = time.monotonic()
         self.actions = open(os.path.join(work, "monkey.log"), "w")  # what the monkey did, when
+        self.action_times = []
 
     def note(self, what):
-        self.actions.write(f"{time.monotonic() - self.t0:8.2f} {what}\n")
+        now = time.monotonic()
+        self.action_times.append(now)
+        self.actions.write(f"{now - self.t0:8.2f} {what}\n")
         self.actions.flush()
 
     def progress(self, now, step, life):
@@ -192,9 +214,12 @@ class Harness:
         self.slots[slot] = life
         return life
 
-    def live_endpoint(self):
-        candidates = [life for life in self.slots.values() if life.running() and life.endpoint]
-        return self.rng.choice(candidates).endpoint if candidates else None
+    def live_endpoints(self):
+        """Every running member's endpoint, shuffled: a restart is given them all, as a real
+        deployment lists several entry points, since any one may die while it starts."""
+        out = [life.endpoint for life in self.slots.values() if life.running() and life.endpoint]
+        self.rng.shuffle(out)
+        return out
 
     def running_count(self):
         return sum(1 for life in self.slots.values() if life.running())
@@ -210,7 +235,7 @@ class Harness:
         if first.endpoint is None:
             raise SystemExit(f"peer 0 did not start listening: see {first.log_path}")
         for slot in range(1, args.peers):
-            self.start(slot, first.endpoint)
+            self.start(slot, [first.endpoint])
         # The clock starts at the swarm's first step.
         deadline = time.monotonic() + 120
         while not any(life.steps for life in self.lives) and time.monotonic() < deadline:
@@ -234,10 +259,10 @@ class Harness:
                     self.note(f"SIGCONT peer-{life.slot}")
             for when, slot in list(restarts):
                 if now >= when:
-                    join = self.live_endpoint()
-                    if join is not None:
+                    join = self.live_endpoints()
+                    if join:
                         self.start(slot, join)
-                        self.note(f"restart peer-{slot} joining {join}")
+                        self.note(f"restart peer-{slot} joining {' '.join(join)}")
                         restarts.remove((when, slot))
             if now >= next_act:
                 next_act = now + self.rng.uniform(0.5, 1.5) * args.act_every
@@ -284,12 +309,12 @@ class Harness:
     def check(self):
         limit = 2 * self.timeout_s
         times = sorted(self.progress_times)
-        gaps = [(b - a, a) for a, b in zip(times, times[1:])]
-        longest = max(gaps, default=(0.0, 0.0))
+        longest, late = stalls(times, self.action_times, limit)
         problems = []
-        if longest[0] > limit:
-            problems.append(f"the swarm stalled {longest[0]:.1f} s (limit {limit:.1f} s) "
-                            f"{longest[1] - times[0]:.1f} s into the run (see monkey.log)")
+        for gap, start, recovery in late[:3]:
+            problems.append(f"the swarm stalled {gap:.1f} s from {start - self.t0:.1f} s (see "
+                            f"monkey.log), {recovery:.1f} s after the last fault in that time "
+                            f"(limit {limit:.1f} s)")
         # Shared state, round by round.
         rounds = {}
         for life in self.lives:
@@ -338,12 +363,14 @@ class Harness:
         kills_restarted = sum(1 for life in self.lives if life.number > 0)
         line = (f"chaos {self.strategy}: {self.args.seconds:.0f} s, {self.args.peers} peers, "
                 f"{self.kills} kills ({kills_restarted} restarts), {self.straggles} stragglers; "
-                f"longest stall {longest[0]:.1f} s (limit {limit:.1f}); step {self.swarm_step}; "
+                f"longest stall {longest[0]:.1f} s, {longest[1]:.1f} s after its last fault "
+                f"(limit {limit:.1f}); step {self.swarm_step}; "
                 f"{compared} rounds compared, {len(mismatched)} differ; "
                 f"{len(crashes)} crashes; resume {'ok' if resumed is True else 'FAILED'} -> "
                 f"{'PASS' if not problems else 'FAIL'}")
         return line, problems, {"kills": self.kills, "stragglers": self.straggles,
-                                "stall_s": longest[0], "rounds": compared,
+                                "stall_s": longest[0], "recovery_s": longest[1],
+                                "rounds": compared,
                                 "mismatched": len(mismatched), "crashes": len(crashes),
                                 "steps": self.swarm_step}
 
