@@ -210,11 +210,10 @@ void Gossip::handle(Incoming& in, const json& body) {
       if (added) introduce(m, restarted);
       {
         std::lock_guard lock(table_.mutex);
-        // The living only, as in heartbeats: a joiner takes every member it is told of for
-        // alive (for a whole timeout), and one that is dead could become its coordinator, which
-        // it would wait for while the real one waits for it.
-        // Each with how long this peer has not heard from it, so that one about to be found dead
-        // expires at the joiner when it does here, not a whole timeout later.
+        // The living only, as in heartbeats, each with how long this peer has not heard from it:
+        // a joiner takes a member it is told of for alive until that silence reaches a timeout,
+        // and a dead one it kept longer could become its coordinator, which it would wait for
+        // while the real one waits for it.
         for (const Member& x : table_.members.all()) {
           if (x.state != MemberState::alive) continue;
           json j = to_json(x.info);

@@ -118,7 +118,7 @@ class SwarmStrategy : public train::StepHooks {
   int64_t rounds_ = 0;
   double net_wait_s_ = 0;
 
-  // Rejected non-finite updates (trimmed_mean), by sender, over the run.
+  // Non-finite updates the trimmed mean rejected over the run (each logged with its sender).
   int64_t rejected_updates_ = 0;
 
   // The shared state has just become round version_'s (an average applied): with
