@@ -378,20 +378,30 @@ at::Tensor PipelineStepRunner::run(int64_t micro_batches, double loss_scale) {
 
 std::string PipelineStepRunner::gone_stages() const {
   // A ring collective reports the neighbour it stopped hearing from, which need not be the peer
-  // that died; the membership says which one did, once its timeout has passed.
+  // that died; the membership says which one did, once its timeout has passed. A stage that left
+  // cleanly most often left because another died (a killed process is only declared dead after
+  // the timeout), so its leave alone is not the answer: wait for a dead stage, and name the
+  // stages that left too.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (true) {
-    std::string gone;
+    std::string dead, left;
     const auto members = node_.members();
     for (int s = 0; s < layout_.stages(); ++s) {
       const net::PeerId id = options_.peers[static_cast<size_t>(s)];
       const auto it = std::find_if(members.begin(), members.end(),
                                    [&](const net::MemberView& m) { return m.info.id == id; });
-      if (it == members.end() || it->state != net::MemberState::alive)
-        gone += (gone.empty() ? "" : ", ") + peer_name(s);
+      if (it == members.end() || it->state == net::MemberState::dead)
+        dead += (dead.empty() ? "" : ", ") + peer_name(s);
+      else if (it->state == net::MemberState::left)
+        left += (left.empty() ? "" : ", ") + peer_name(s);
     }
-    if (!gone.empty()) return " (" + gone + " is gone)";
-    if (std::chrono::steady_clock::now() > deadline) return "";
+    const bool late = std::chrono::steady_clock::now() > deadline;
+    if (!dead.empty() || (late && !left.empty())) {
+      std::string says = dead.empty() ? "" : dead + " is gone";
+      if (!left.empty()) says += (says.empty() ? "" : "; ") + left + " left";
+      return " (" + says + ")";
+    }
+    if (late) return "";
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }

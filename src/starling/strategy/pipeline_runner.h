@@ -121,8 +121,9 @@ class PipelineStepRunner : public train::StepRunner {
   at::Tensor share_loss(const at::Tensor& loss);
   std::vector<int64_t> shape_of(int node) const;
   std::string peer_name(int stage) const;
-  // " (stage 1 (peer ab12cd34) is gone)" for the stages whose peers the membership no longer
-  // counts as alive (waiting up to 10 s for it to notice); "" when all are.
+  // " (stage 1 (peer ab12cd34) is gone; stage 2 (peer 5df613e6) left)": the stages whose peers
+  // the membership counts as dead, then those that left. Waits up to 10 s for a dead one to show
+  // (a stage that left usually did so because another died); "" when all stay alive.
   std::string gone_stages() const;
   // Sums a tensor over the peers of `stages` (a collective on the stages' group); NetError when
   // one of them is gone or did not take part.
