@@ -49,6 +49,11 @@
 #                                 of peers has a link of its own (a lab built `up ... unlimited`
 #                                 then shaped peer by peer is a full rate matrix). Traffic to
 #                                 other addresses is not shaped.
+#   netlab.sh cut NAME I J        cut the link between peers I and J: each drops what it sends to
+#                                 the other (a blackhole route to the other's address), as when a
+#                                 route between two sites fails; open TCP connections stay open
+#                                 and their segments are lost until `mend`. Idempotent.
+#   netlab.sh mend NAME I J       undo `cut` (idempotent): retransmissions get through again
 #   netlab.sh down NAME           remove the lab (idempotent; quiet if absent)
 #   netlab.sh exec NAME I CMD...  run CMD in peer namespace I (I may also be `hub`)
 #   netlab.sh ip NAME I           print peer I's address
@@ -284,6 +289,25 @@ peer_index() {
   fi
 }
 
+# cut/mend: a blackhole route in each of the two namespaces to the other's address. Routes
+# rather than firewall rules, because iproute2 is all a lab needs.
+cmd_link() {
+  local action=$1 name=$2 i=$3 j=$4 ip_i ip_j
+  check_name "$name"
+  peer_index "$name" "$i"
+  peer_index "$name" "$j"
+  [[ "$i" != hub && "$j" != hub && "$i" != "$j" ]] || die "$action: two different peers, not the hub"
+  ip_i=$(cmd_ip "$name" "$i")
+  ip_j=$(cmd_ip "$name" "$j")
+  if [[ "$action" == cut ]]; then
+    ip -n "$name-$i" route replace blackhole "$ip_j/32"
+    ip -n "$name-$j" route replace blackhole "$ip_i/32"
+  else
+    ip -n "$name-$i" route del blackhole "$ip_j/32" 2>/dev/null || true
+    ip -n "$name-$j" route del blackhole "$ip_i/32" 2>/dev/null || true
+  fi
+}
+
 cmd_ip() {
   local name=$1 i=$2 x y
   check_name "$name"
@@ -375,6 +399,7 @@ shift
 case "$cmd" in
   up) [[ $# -eq 3 ]] || usage && cmd_up "$@" ;;
   down) [[ $# -eq 1 ]] || usage && cmd_down "$1" ;;
+  cut | mend) [[ $# -eq 3 ]] || usage && cmd_link "$cmd" "$@" ;;
   shape) [[ $# -ge 3 ]] || usage && cmd_shape "$@" ;;
   exec)
     [[ $# -ge 3 ]] || usage

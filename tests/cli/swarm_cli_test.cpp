@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -640,6 +641,164 @@ TEST_F(SwarmCliTest, SwarmOnShapedLinks) {
   ASSERT_EQ(r.code, 0) << r.output << read_file(run_dir("shaped") / "peer-0.log");
   EXPECT_NE(r.output.find("namespaces on 20mbit"), std::string::npos) << r.output;
   EXPECT_EQ(val_losses(run_dir("shaped") / "peer-0"), val_losses(run_dir("shaped") / "peer-1"));
+}
+
+// A swarm of four in a network lab is split (the lab cuts the links between the sides), each
+// side trains on alone, and the links come back. The swarm must become one again with one state:
+// every peer reports the same (round, lineage) -> fingerprint, the side whose state holds less
+// training (work) adopts the other's and says so, and the run stops cleanly. `minority` peers
+// (the highest-numbered) form one side; the split lasts `split` (over ten peer timeouts: the
+// sides stop writing to each other, and must find each other again all the same).
+void split_and_heal(const fs::path& root, const fs::path& config, int minority,
+                    std::chrono::seconds split) {
+  constexpr int kPeers = 4;
+  const fs::path out = root / (config.stem().string() + ".log");
+  const fs::path run = root / ("run_" + config.stem().string());
+  FILE* p = ::popen(("sh -c '" + std::string(STARLING_CLI_PATH) +
+                     " train -q --peers 4 --link-rate unlimited --config " + config.string() +
+                     " --set train.eval_every=0 --set train.checkpoint_every=0"
+                     " --set net.peer_timeout_ms=1000 >" +
+                     out.string() + " 2>&1 & echo $!'")
+                        .c_str(),
+                    "r");
+  ASSERT_NE(p, nullptr);
+  char buf[64] = {};
+  const bool got_pid = std::fgets(buf, sizeof buf, p) != nullptr;
+  ::pclose(p);
+  ASSERT_TRUE(got_pid);
+  const pid_t launcher = std::stoi(buf);
+  struct Stop {  // the swarm never outlives the test, whatever fails
+    pid_t pid;
+    ~Stop() {
+      if (::kill(pid, SIGTERM) != 0) return;
+      for (int i = 0; i < 300 && ::kill(pid, 0) == 0; ++i) std::this_thread::sleep_for(100ms);
+    }
+  } stop{launcher};
+  // round -> lineage, as peer i reported them so far.
+  const auto rounds = [&](int i) {
+    std::map<int64_t, int64_t> out;
+    std::ifstream in(run / ("peer-" + std::to_string(i)) / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const json m = json::parse(line, nullptr, false);
+      if (m.is_object() && m.contains("net") && m["net"].contains("fingerprint_round"))
+        out[m["net"]["fingerprint_round"].get<int64_t>()] =
+            static_cast<int64_t>(m["net"]["fingerprint_lineage"].get<double>());
+    }
+    return out;
+  };
+  // The latest (round, lineage) peer i reported; (-1, -1) before its first.
+  const auto latest = [&](int i) {
+    const auto r = rounds(i);
+    return r.empty() ? std::pair<int64_t, int64_t>{-1, -1}
+                     : std::pair<int64_t, int64_t>{r.rbegin()->first, r.rbegin()->second};
+  };
+  const auto wait_for = [&](const std::function<bool()>& done, std::chrono::seconds limit) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (!done() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(200ms);
+    return done();
+  };
+  // Training together: every peer has averaged rounds.
+  ASSERT_TRUE(wait_for(
+      [&] {
+        for (int i = 0; i < kPeers; ++i)
+          if (latest(i).first < 3) return false;
+        return true;
+      },
+      60s))
+      << read_file(out);
+  std::smatch lab;
+  const std::string said = read_file(out);
+  ASSERT_TRUE(std::regex_search(said, lab, std::regex(R"(\(lab (\S+)\))"))) << said;
+  const std::string netlab = std::string(STARLING_SOURCE_DIR) + "/scripts/netlab.sh ";
+  const auto links = [&](const std::string& action) {
+    for (int a = 0; a < kPeers - minority; ++a)
+      for (int b = kPeers - minority; b < kPeers; ++b)
+        ASSERT_EQ(std::system((netlab + action + " " + lab[1].str() + " " + std::to_string(a) +
+                               " " + std::to_string(b))
+                                  .c_str()),
+                  0);
+  };
+  links("cut");
+  const std::pair<int64_t, int64_t> at_cut = latest(0);
+  // Apart, each side goes on: its rounds have a lineage of their own.
+  ASSERT_TRUE(wait_for(
+      [&] {
+        const auto a = latest(0), b = latest(kPeers - 1);
+        return a.first > at_cut.first + 5 && b.first > at_cut.first + 5 && a.second != b.second;
+      },
+      30s))
+      << "both sides train on while split\n"
+      << read_file(run / "peer-0.log");
+  std::this_thread::sleep_for(split);
+  const std::pair<int64_t, int64_t> before_heal = latest(0);
+  links("mend");
+  // Together again: one lineage, rounds going on.
+  ASSERT_TRUE(wait_for(
+      [&] {
+        // A round after the heal that every peer reports with the same lineage.
+        std::vector<std::map<int64_t, int64_t>> seen;
+        for (int i = 0; i < kPeers; ++i) seen.push_back(rounds(i));
+        for (const auto& [round, lineage] : seen[0]) {
+          if (round <= before_heal.first + 2) continue;
+          bool everyone = true;
+          for (int i = 1; i < kPeers; ++i) {
+            const auto it = seen[i].find(round);
+            everyone = everyone && it != seen[i].end() && it->second == lineage;
+          }
+          if (everyone) return true;
+        }
+        return false;
+      },
+      40s))
+      << "one swarm again after the links came back\n"
+      << read_file(run / "peer-0.log")
+      << read_file(run / ("peer-" + std::to_string(kPeers - 1) + ".log"));
+  ASSERT_EQ(::kill(launcher, SIGTERM), 0);
+  for (int i = 0; i < 300 && ::kill(launcher, 0) == 0; ++i) std::this_thread::sleep_for(100ms);
+  EXPECT_NE(::kill(launcher, 0), 0) << "the swarm stops on SIGTERM";
+  EXPECT_NE(read_file(out).find("swarm of 4 trained"), std::string::npos) << read_file(out);
+  // One state per (round, lineage), on every peer, over the whole run.
+  std::map<std::pair<int64_t, int64_t>, std::set<double>> prints;
+  for (int i = 0; i < kPeers; ++i)
+    for (const json& m : metrics(run / ("peer-" + std::to_string(i))))
+      if (m.contains("net") && m["net"].contains("fingerprint_round"))
+        prints[{m["net"]["fingerprint_round"].get<int64_t>(),
+                static_cast<int64_t>(m["net"]["fingerprint_lineage"].get<double>())}]
+            .insert(m["net"]["fingerprint"].get<double>());
+  for (const auto& [key, crcs] : prints)
+    EXPECT_EQ(crcs.size(), 1u) << "round " << key.first << " of lineage " << key.second;
+  // Exactly one side dropped its progress; with unequal sides, the smaller one.
+  std::vector<bool> dropped;
+  for (int i = 0; i < kPeers; ++i)
+    dropped.push_back(
+        read_file(run / ("peer-" + std::to_string(i) + ".log")).find("held another history") !=
+        std::string::npos);
+  for (int i = 1; i < kPeers - minority; ++i) EXPECT_EQ(dropped[i], dropped[0]) << "peer " << i;
+  for (int i = kPeers - minority; i < kPeers; ++i)
+    EXPECT_NE(dropped[i], dropped[0]) << "peer " << i << " is on the other side";
+  if (minority * 2 < kPeers)
+    EXPECT_TRUE(dropped[kPeers - 1])
+        << read_file(run / ("peer-" + std::to_string(kPeers - 1) + ".log"));
+}
+
+// 3 + 1, for longer than ten timeouts: the three hold more training and their state wins.
+TEST_F(SwarmCliTest, ASplitSwarmHealsToTheLargerSidesState) {
+  if (auto why = starling::net::NetLab::unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
+  split_and_heal(
+      root_,
+      write_config("split31", "kind = \"localsgd\"\nlocal_steps = 4\nfingerprint = true", 1000000),
+      1, 12s);
+}
+
+// 2 + 2, for a few timeouts, with diloco (an anchor and outer momentum on each side): one side's
+// state wins whole.
+TEST_F(SwarmCliTest, TwoHalvesOfASplitSwarmHealToOneState) {
+  if (auto why = starling::net::NetLab::unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
+  split_and_heal(
+      root_,
+      write_config("split22", "kind = \"diloco\"\nlocal_steps = 4\nfingerprint = true", 1000000), 2,
+      4s);
 }
 
 TEST_F(SwarmCliTest, BadSwarmArgumentsAreClearErrors) {

@@ -200,7 +200,8 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     for (int a = 0; a < o.peers; ++a)
       for (int b = 0; b < o.peers; ++b) rates[a].push_back(o.lab->tc_rate(a, b));
     lab = std::make_unique<net::NetLab>(rates);
-    std::cerr << "swarm: " << o.peers << " namespaces, " << o.lab->describe() << "\n";
+    std::cerr << "swarm: " << o.peers << " namespaces, " << o.lab->describe() << " (lab "
+              << lab->name() << ")\n";
   } else if (!o.link_rate.empty()) {
     if (group)
       throw ConfigError("--link-rate runs the Starling swarm (net.backend = \"starling\"), not \"" +
@@ -208,7 +209,8 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     if (auto why = net::NetLab::unavailable_reason(); !why.empty())
       throw ConfigError("--link-rate needs network namespaces: " + why);
     lab = std::make_unique<net::NetLab>(o.peers, o.link_rate);
-    std::cerr << "swarm: " << o.peers << " namespaces on " << o.link_rate << " links\n";
+    std::cerr << "swarm: " << o.peers << " namespaces on " << o.link_rate << " links (lab "
+              << lab->name() << ")\n";
   }
 
   // Unequal peers on one machine: each peer's process tree gets its share of the CPUs.

@@ -102,9 +102,26 @@ bool Gossip::heard(const Header& h, Clock::time_point now) {
   }
   if (back) {
     log("peer " + table_.who(h.sender) + " is alive again");
+    // After a long silence this side stopped writing to it (tick): connect again, so the
+    // heartbeats that tell it this peer lives get through too.
+    reconnect(h.sender);
     events_.back(h.sender);
   }
   return known;
+}
+
+void Gossip::reconnect(PeerId id) {
+  MemberInfo info;
+  {
+    std::lock_guard lock(table_.mutex);
+    const Member* m = table_.members.find(id);
+    if (m == nullptr) return;
+    info = m->info;
+  }
+  if (!transport_.connected_to(slot_of(id), info.endpoint, info.public_key)) {
+    transport_.disconnect(slot_of(id));
+    transport_.connect(slot_of(id), info.endpoint, info.public_key);
+  }
 }
 
 void Gossip::resumed_after(Clock::duration paused, Clock::time_point now) {
@@ -145,10 +162,16 @@ void Gossip::tick(Clock::time_point now) {
         {"members", members}, {"links", table_.members.links_json(self_)}, {"ping", steady_ns()}};
   }
   for (const auto& [id, last] : targets) {
-    // A peer silent for ten timeouts is gone for good: drop its queue and stop writing to it.
+    // A peer silent for ten timeouts is most likely gone for good: drop its queue and stop
+    // writing to it. But it may be alive across a network split that lasts: once every ten
+    // timeouts a fresh connection carries one heartbeat, so the two sides find each other within
+    // that long of the network's return, however long the split was.
     if (now - last > 10 * options_.peer_timeout) {
+      auto& retry = retries_[id];
+      if (now - retry < 10 * options_.peer_timeout) continue;
+      retry = now;
       transport_.disconnect(slot_of(id));
-      continue;
+      reconnect(id);
     }
     send(id, MsgType::heartbeat, json_message(body));
   }

@@ -70,6 +70,10 @@ class Gossip {
   std::mt19937_64 random_;
   std::vector<std::string> join_slots_;
   std::map<std::pair<PeerId, uint64_t>, Clock::time_point> probe_marks_;
+  // When a heartbeat last went to each member silent for over ten timeouts (tick).
+  std::map<PeerId, Clock::time_point> retries_;
+  // Connects to the member's current endpoint and key unless already connected there.
+  void reconnect(PeerId id);
 };
 
 }  // namespace starling::net

@@ -79,7 +79,7 @@ void Atom::gradients_ready(train::Replica& r) {
 }
 
 nlohmann::json Atom::checkpoint_state(std::vector<std::pair<std::string, at::Tensor>>&) {
-  return {{"kind", "atom"}, {"version", version_}};
+  return round_state("atom");
 }
 
 train::StrategyReport Atom::report() const {

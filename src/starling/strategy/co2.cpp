@@ -257,13 +257,13 @@ nlohmann::json Co2::checkpoint_state(std::vector<std::pair<std::string, at::Tens
   tensors.emplace_back("strategy.average", average_.clone());
   nlohmann::json ring = nlohmann::json::array();
   for (net::PeerId id : ring_) ring.push_back(std::to_string(id));
-  return {{"kind", "co2"},
-          {"version", version_},
-          {"zero", zero()},
-          {"has_previous", has_previous_},
-          {"has_average", has_average_},
-          {"shard", {shard_begin_, shard_end_}},
-          {"ring", ring}};
+  nlohmann::json state = round_state("co2");
+  state["zero"] = zero();
+  state["has_previous"] = has_previous_;
+  state["has_average"] = has_average_;
+  state["shard"] = {shard_begin_, shard_end_};
+  state["ring"] = ring;
+  return state;
 }
 
 void Co2::restore(train::Replica&, const nlohmann::json& state, const SafetensorsFile& tensors) {

@@ -108,7 +108,7 @@ void Ddp::unpack_state(train::Replica& r, const at::Tensor& in) {
 }
 
 nlohmann::json Ddp::checkpoint_state(std::vector<std::pair<std::string, at::Tensor>>&) {
-  return {{"kind", "ddp"}, {"version", version_}};
+  return round_state("ddp");
 }
 
 }  // namespace starling::strategy

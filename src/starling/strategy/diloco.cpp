@@ -58,7 +58,7 @@ void DiLoCo::restore(train::Replica&, const nlohmann::json&, const SafetensorsFi
 nlohmann::json DiLoCo::checkpoint_state(std::vector<std::pair<std::string, at::Tensor>>& tensors) {
   tensors.emplace_back("strategy.anchor", anchor_);
   tensors.emplace_back("strategy.momentum", momentum_);
-  return {{"kind", "diloco"}, {"version", version_}};
+  return round_state("diloco");
 }
 
 }  // namespace starling::strategy

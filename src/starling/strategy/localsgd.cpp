@@ -34,7 +34,7 @@ void LocalSgd::pack_state(train::Replica&, at::Tensor& out) { flat_->gather(out)
 void LocalSgd::unpack_state(train::Replica&, const at::Tensor& in) { flat_->scatter(in); }
 
 nlohmann::json LocalSgd::checkpoint_state(std::vector<std::pair<std::string, at::Tensor>>&) {
-  return {{"kind", "localsgd"}, {"version", version_}};
+  return round_state("localsgd");
 }
 
 }  // namespace starling::strategy

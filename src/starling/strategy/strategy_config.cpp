@@ -65,8 +65,9 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
                       "(peers - 1) / 2 are)"));
   k.push_back(bool_key("strategy", "fingerprint", &st.fingerprint,
                        "step events and metrics carry net.fingerprint, a CRC-32C of the shared "
-                       "state after the latest round this peer averaged (net.fingerprint_round), "
-                       "so peers can be compared round by round (bench/chaos); costs a pass over "
+                       "state after the latest round this peer averaged (net.fingerprint_round, "
+                       "of the history net.fingerprint_lineage), so peers can be compared round by "
+                       "round (bench/chaos); costs a pass over "
                        "the model per round; not with swap.budget or co2's zero"));
 }
 

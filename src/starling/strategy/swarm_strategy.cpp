@@ -26,6 +26,18 @@ void put_int(float* at, int64_t v) {
 int64_t get_int(const float* at) {
   return (static_cast<int64_t>(at[0]) << 20) + static_cast<int64_t>(at[1]);
 }
+// A lineage travels in a transfer's header as two exact 16-bit halves.
+void put_lineage(float* at, uint32_t v) {
+  at[0] = static_cast<float>(v >> 16);
+  at[1] = static_cast<float>(v & 0xFFFFu);
+}
+uint32_t get_lineage(const float* at) {
+  return (static_cast<uint32_t>(at[0]) << 16) | static_cast<uint32_t>(at[1]);
+}
+
+// The agreement's fields before the lineage's bytes, and the lineage's share of it.
+constexpr int64_t kControl = 5;
+constexpr int64_t kLineage = 8;  // 4 bytes, each as b and b*b
 
 }  // namespace
 
@@ -180,12 +192,25 @@ void SwarmStrategy::note_round(const at::Tensor& shared) {
   const at::Tensor host = shared.to(at::kCPU).contiguous();
   fingerprint_ = net::crc32c(host.data_ptr(), host.numel() * host.element_size());
   fingerprint_round_ = version_;
+  fingerprint_lineage_ = lineage_;
+}
+
+void SwarmStrategy::agreed(const Agreement& a) {
+  work_ += a.contributors;
+  // CRC-32C over the old lineage and the ring's ids (sorted, the same on every participant).
+  std::vector<uint64_t> words{lineage_};
+  words.insert(words.end(), a.ring.begin(), a.ring.end());
+  lineage_ = net::crc32c(words.data(), words.size() * sizeof(uint64_t));
+}
+
+nlohmann::json SwarmStrategy::round_state(const char* kind) const {
+  return {{"kind", kind}, {"version", version_}, {"work", work_}, {"lineage", lineage_}};
 }
 
 std::optional<net::PeerId> SwarmStrategy::choose_root(const train::Replica& r, const Agreement& a) {
   // One row per participant, at its place in the ring (ordered by id): whether it needs the
-  // state, its round and its step.
-  constexpr int64_t kRow = 5;
+  // state, its round, its step and its work.
+  constexpr int64_t kRow = 7;
   const int64_t peers = static_cast<int64_t>(a.ring.size());
   const auto self = std::find(a.ring.begin(), a.ring.end(), net_.self());
   if (self == a.ring.end()) throw std::logic_error("choose_root: this peer is not in the round");
@@ -194,6 +219,7 @@ std::optional<net::PeerId> SwarmStrategy::choose_root(const train::Replica& r, c
   mine[0] = need_state_ ? 1.f : 0.f;
   put_int(mine + 1, version_);
   put_int(mine + 3, r.step);
+  put_int(mine + 5, work_);
   at::Tensor sent = rows.to(net_device());
   const auto result =
       wait_result(net_.all_gather(as_span(sent), options(net::WirePrecision::fp32)), "root choice");
@@ -203,17 +229,19 @@ std::optional<net::PeerId> SwarmStrategy::choose_root(const train::Replica& r, c
     return std::nullopt;
   }
   if (!sent.is_same(rows)) rows.copy_(sent);
-  // The newest state: the highest round, then step; among equals one that its holder knows to
-  // be the swarm's (a peer whose last exchange failed holds its round's state plus a local step
-  // taken without the average), then the longest-standing. A straggler back from a pause, or a
-  // peer from a partition, holds an older round and never takes the others back to it, even
-  // when their own last exchange failed because of it.
+  // The state with the most training in it: the most work (the contributors summed over its
+  // rounds: of two sides of a healed partition, the larger one's, which trained on more data),
+  // then the highest round, then step; among equals one that its holder knows to be the swarm's
+  // (a peer whose last exchange failed holds its round's state plus a local step taken without
+  // the average), then the longest-standing. A straggler back from a pause holds less work and
+  // an older round, and never takes the others back to it, even when their own last exchange
+  // failed because of it.
   std::vector<net::PeerId> best;
-  std::tuple<int64_t, int64_t, int> newest{-1, -1, -1};
+  std::tuple<int64_t, int64_t, int64_t, int> newest{-1, -1, -1, -1};
   for (int64_t i = 0; i < peers; ++i) {
     const float* row = rows.data_ptr<float>() + i * kRow;
-    const std::tuple<int64_t, int64_t, int> key{get_int(row + 1), get_int(row + 3),
-                                                row[0] == 0.f ? 1 : 0};
+    const std::tuple<int64_t, int64_t, int64_t, int> key{get_int(row + 5), get_int(row + 1),
+                                                         get_int(row + 3), row[0] == 0.f ? 1 : 0};
     if (key > newest) {
       newest = key;
       best.clear();
@@ -225,13 +253,18 @@ std::optional<net::PeerId> SwarmStrategy::choose_root(const train::Replica& r, c
 
 Agreement SwarmStrategy::agree(train::Replica& r) {
   for (int attempt = 0;; ++attempt) {
-    at::Tensor control = at::zeros({5}, at::kFloat);
+    at::Tensor control = at::zeros({kControl + kLineage}, at::kFloat);
     float* c = control.data_ptr<float>();
     c[0] = need_state_ ? 1.f : 0.f;
     c[1] = 1.f;
     c[2] = static_cast<float>(version_ % (1 << 20));  // compared as a sum: exact below 2^24/peers
     c[3] = has_previous() ? 1.f : 0.f;
     c[4] = r.runner != nullptr && r.runner->admission_ready() ? 1.f : 0.f;
+    for (int b = 0; b < 4; ++b) {
+      const float byte = static_cast<float>((lineage_ >> (8 * b)) & 0xFFu);
+      c[kControl + 2 * b] = byte;
+      c[kControl + 2 * b + 1] = byte * byte;
+    }
     const double t0 = now_s();
     net::CollectiveResult result;
     try {
@@ -254,15 +287,24 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     std::sort(a.ring.begin(), a.ring.end());
     const int needing = static_cast<int>(c[0]);
     const bool versions_agree = c[2] == static_cast<float>(a.peers) * (version_ % (1 << 20));
+    // Every byte's values are equal exactly when n * sum(b*b) == sum(b)^2 (their variance is 0);
+    // the sums are exact below 2^24 / 255^2 = 258 peers, and the same on every peer, so every
+    // peer decides alike.
+    bool lineages_agree = true;
+    for (int b = 0; b < 4; ++b)
+      lineages_agree =
+          lineages_agree && static_cast<double>(a.peers) * c[kControl + 2 * b + 1] ==
+                                static_cast<double>(c[kControl + 2 * b]) * c[kControl + 2 * b];
     const int with_previous = static_cast<int>(c[3]);
     a.previous_on_all = with_previous == a.peers;
     peers_ = a.peers;
     // Every participant sees waiting peers it can admit: all admit them before the next
     // collective (after this agreement's own), so every group counts them from the same step.
     const bool admit = static_cast<int>(c[4]) == a.peers && r.runner != nullptr;
-    if (needing == 0 && versions_agree) {
+    if (needing == 0 && versions_agree && lineages_agree) {
       a.contributors = a.peers;
       a.contribute = true;
+      agreed(a);
       if (admit) r.runner->admit_waiting();
       return a;
     }
@@ -281,6 +323,8 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     if (*root == net_.self()) {
       put_int(header.data_ptr<float>(), r.step);
       put_int(header.data_ptr<float>() + 2, version_);
+      put_int(header.data_ptr<float>() + 4, work_);
+      put_lineage(header.data_ptr<float>() + 6, lineage_);
       state.narrow(0, 0, kHeader).copy_(header);
       at::Tensor body = state.narrow(0, kHeader, state_numel());  // a view: packed in place
       pack_state(r, body);
@@ -294,15 +338,29 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     header.copy_(state.narrow(0, 0, kHeader));
     const int64_t root_step = get_int(header.data_ptr<float>());
     const int64_t root_version = get_int(header.data_ptr<float>() + 2);
+    const int64_t root_work = get_int(header.data_ptr<float>() + 4);
+    const uint32_t root_lineage = get_lineage(header.data_ptr<float>() + 6);
     // Progress counts only if it was made from the same shared state the root holds.
-    a.contribute = !need_state_ && version_ == root_version && r.step == root_step;
-    if (need_state_ || r.step != root_step)
+    const bool same_history = lineage_ == root_lineage;
+    a.contribute = !need_state_ && same_history && version_ == root_version && r.step == root_step;
+    // A peer that trained rounds of another history than the root's (a side of a split swarm, a
+    // peer restarted from an old checkpoint) loses that progress: say so, with what it held.
+    const bool other_history = !same_history && version_ > 0;
+    if (need_state_ || r.step != root_step || !same_history)
       log("adopting the swarm's state from peer " + net_.describe(*root) + " (step " +
-          std::to_string(root_step) + ", round " + std::to_string(root_version) + ")");
+          std::to_string(root_step) + ", round " + std::to_string(root_version) + ", work " +
+          std::to_string(root_work) + ")" +
+          (other_history ? "; this peer held another history (round " + std::to_string(version_) +
+                               ", work " + std::to_string(work_) +
+                               ": a split swarm or an old state), and the state with more "
+                               "training in it wins, so its own progress is dropped"
+                         : ""));
     const bool moved = r.step != root_step;
     r.step = root_step;
     r.optimizer.set_steps(root_step);
     version_ = root_version;
+    work_ = root_work;
+    lineage_ = root_lineage;
     unpack_state(r, state.narrow(0, kHeader, state_numel()));
     if (r.runner != nullptr) {
       r.runner->state_replaced();
@@ -319,6 +377,7 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     }
     a.contributors = static_cast<int>(count.item<float>());
     a.previous_on_all = has_previous();  // the root's, now everyone's
+    agreed(a);
     if (admit) r.runner->admit_waiting();
     return a;
   }
@@ -343,6 +402,8 @@ void SwarmStrategy::start(train::Replica& r, const nlohmann::json& state,
   need_state_ = true;
   if (tensors != nullptr && state.is_object()) {
     version_ = state.value("version", int64_t{0});
+    work_ = state.value("work", int64_t{0});
+    lineage_ = state.value("lineage", uint32_t{0});
     restore(r, state, *tensors);
     need_state_ = false;
   }
@@ -362,6 +423,7 @@ train::StrategyReport SwarmStrategy::report() const {
   if (fingerprint_round_ >= 0) {
     rep.figures["fingerprint"] = static_cast<double>(fingerprint_);
     rep.figures["fingerprint_round"] = static_cast<double>(fingerprint_round_);
+    rep.figures["fingerprint_lineage"] = static_cast<double>(fingerprint_lineage_);
   }
   if (rejected_updates_ > 0)
     rep.figures["rejected_updates"] = static_cast<double>(rejected_updates_);

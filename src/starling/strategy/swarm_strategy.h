@@ -4,14 +4,20 @@
 // the counters the progress display shows.
 //
 // Each round boundary opens with a tiny all-reduce (the agreement) of
-//   [needs state, 1, anchor version, has the previous round's average, votes to admit]
+//   [needs state, 1, anchor version, has the previous round's average, votes to admit,
+//    then each byte b of the state's lineage as b and b*b]
 // so every peer learns, from bit-identical sums, how many take part and whether all of them hold
 // the same shared state (and whether all of them would admit waiting peers now: see
-// StepRunner::admission_ready). If any peer lacks it (a joiner, a restarted swarm), or the versions
-// disagree (a peer missed an average when another died), the root broadcasts its state and
-// everyone adopts it. The root holds the newest state: the highest round, then step (a straggler
-// back from a pause must not take the others back to its old state), then a state its holder
-// knows to be the swarm's, then the longest-standing; only peers whose own state matched
+// StepRunner::admission_ready). The lineage names the history of the shared state: every agreed
+// round mixes in its participants, so the two sides of a partition, which count the same rounds
+// among different peers, hold different lineages, and the sums of b and b*b show any difference
+// exactly (n * sum(b*b) == sum(b)^2 only when all are equal). If any peer lacks the state (a
+// joiner, a restarted swarm), or the versions or lineages disagree (a peer missed an average when
+// another died, a healed partition), the root broadcasts its state and everyone adopts it. The
+// root holds the state with the most training in it: the most work (the contributors summed over
+// its rounds, so the larger side of a partition wins), then the highest round, then step (a
+// straggler back from a pause must not take the others back to its old state), then a state its
+// holder knows to be the swarm's, then the longest-standing; only peers whose own state matched
 // the root's contribute local progress to the round. A failed collective never stops the run: the
 // peer notes it, and the next agreement repairs whatever diverged. On a fixed group (not elastic)
 // there is nothing to repair: a failed collective ends the run with a NetError.
@@ -113,6 +119,8 @@ class SwarmStrategy : public train::StepHooks {
   std::optional<Flat> flat_;
   net::WirePrecision precision_;
   int64_t version_ = 0;     // averages applied to the shared state so far
+  int64_t work_ = 0;        // contributors summed over the rounds agreed on the shared state
+  uint32_t lineage_ = 0;    // the shared state's history: each agreed round mixes in its ring
   bool need_state_ = true;  // this peer's shared state is not known to match the swarm's
   int peers_ = 1;
   int64_t rounds_ = 0;
@@ -120,6 +128,9 @@ class SwarmStrategy : public train::StepHooks {
 
   // Non-finite updates the trimmed mean rejected over the run (each logged with its sender).
   int64_t rejected_updates_ = 0;
+
+  // The checkpoint fields every strategy shares: {"kind": kind, "version", "work", "lineage"}.
+  nlohmann::json round_state(const char* kind) const;
 
   // The shared state has just become round version_'s (an average applied): with
   // strategy.fingerprint, notes its CRC-32C for the reports, unless this peer knows its state
@@ -138,11 +149,17 @@ class SwarmStrategy : public train::StepHooks {
   at::Tensor gathered_;                 // trimmed_mean: every peer's update and flag
   int64_t fingerprint_round_ = -1;      // note_round(): the round and its state's CRC-32C
   uint32_t fingerprint_ = 0;
+  uint32_t fingerprint_lineage_ = 0;  // the lineage of fingerprint_round_'s state
   train::StepRunner* runner_ = nullptr;
   bool model_part_ = false;    // the replica trains part of the model (a pipeline stage)
   int64_t counted_numel_ = 0;  // the leading elements of flat_ that count in model-wide sums
-  // Header fields packed before the strategy's state in a transfer.
-  static constexpr int64_t kHeader = 4;
+  // The agreement is done: its participants join the state's lineage and its contributors its
+  // work, the same on every participant.
+  void agreed(const Agreement& a);
+
+  // Header fields packed before the strategy's state in a transfer: step, version, work (two
+  // floats each) and the lineage (two 16-bit halves).
+  static constexpr int64_t kHeader = 8;
 };
 
 // Reads strategy.precision.
