@@ -5,6 +5,7 @@ then the harness checks what must hold and prints one summary line per strategy.
     /usr/bin/python3 bench/chaos/run.py --starling build/starling              # 5 strategies x 120 s
     /usr/bin/python3 bench/chaos/run.py --strategies ddp --seconds 30          # quick look
     /usr/bin/python3 bench/chaos/run.py --seconds 300 --seed 7 --out /tmp/chaos
+    sudo /usr/bin/python3 bench/chaos/run.py --lab                             # with link cuts
 
 For each strategy of --strategies it starts --peers `starling peer` processes on loopback (a
 one-layer gpt2-tiny, so a step takes milliseconds and the run is about the swarm, not the math)
@@ -15,9 +16,16 @@ and lets them train for --seconds. Meanwhile the monkey, drawing from --seed, ac
             as a new process that joins through the live members (`--join`, every running
             member's endpoint) with a fresh run directory, as a machine that died and came back
             would;
-  straggle  SIGSTOP a random running peer for 0.5 to 3 times net.peer_timeout_ms, then SIGCONT.
+  straggle  SIGSTOP a random running peer for 0.5 to 3 times net.peer_timeout_ms, then SIGCONT;
+  cut       (with --lab, probability --cut-share) split the swarm: the links between a random
+            minority of the running peers and the others are cut for 0.5 to 15 times
+            net.peer_timeout_ms (past ten timeouts the sides stop writing to each other and must
+            find each other again), then mended. Both sides train on; once mended, the swarm
+            must become one again, the state with more training in it winning.
 
-It acts only while a majority of --peers stays running (neither killed nor stopped) afterwards.
+With --lab every peer slot runs in a network namespace of its own (scripts/netlab.sh, unshaped
+links; needs root), which is what lets the monkey cut links. It acts only while a majority of
+--peers stays running (neither killed, stopped nor cut off) afterwards.
 At the end every process gets SIGTERM (stopped ones SIGCONT first): each writes a checkpoint and
 exits. Then it checks:
 
@@ -25,14 +33,17 @@ exits. Then it checks:
             2 x net.peer_timeout_ms after the last of the monkey's acts that fell in the pause (a
             majority is always running; faults one after the other each take up to a timeout to
             notice, so a pause is held against its last one);
-  state     at every round, the peers that report one hold the same shared state: the CRC-32C of
-            strategy.fingerprint, compared for every round that at least two peers reported;
+  state     at every round of a history, the peers that report one hold the same shared state:
+            the CRC-32C of strategy.fingerprint, compared for every (round, lineage) that at least
+            two peers reported (the two sides of a cut count the same rounds in two lineages);
+  heal      after the last mend, every running peer reports one lineage again;
   crashes   no process exits other than the monkey's kills (exit 0 after SIGTERM; a restart still
             starting when the run ends may die of the SIGTERM, having nothing to save);
   steps     within one process, steps go up one at a time except across an adoption of the
             swarm's state (logged), and no adopted state is older than the step the swarm had
             reached (less a round's local steps, or one failed step): progress is never lost, and
-            a step is never counted twice;
+            a step is never counted twice (the progress a cut-off side made apart is dropped when
+            it adopts the other's state, as the partition rule says: those steps do not count);
   resume    the furthest survivor's final checkpoint loads: it trains 3 more steps alone with
             --resume.
 
@@ -56,7 +67,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 STRATEGIES = ["ddp", "localsgd", "diloco", "co2", "atom"]
 # A peer's log line (stamped by the harness) saying it took the swarm's state.
-ADOPTED = re.compile(r"\s*(-?[0-9.]+) \[\w+\] adopting the swarm's state from peer .* \(step (\d+),")
+ADOPTED = re.compile(r"\s*(-?[0-9.]+) \[\w+\] adopting the swarm's state from peer .* \(step (\d+),"
+                     r"(.*held another history)?")
+NETLAB = os.path.join(ROOT, "scripts", "netlab.sh")
 WORDS = ["the", "jury", "said", "city", "election", "was", "of", "and", "report", "county",
          "that", "it", "new", "court", "judge"]
 
@@ -130,11 +143,14 @@ class Life:
         self.slot, self.number = slot, number
         self.dir = os.path.join(harness.work, f"peer-{slot}-life-{number}")
         self.log_path = self.dir + ".log"
-        argv = [harness.args.starling, "peer", "--json", "-q", "--insecure",
+        argv = harness.lab_prefix(slot) + [
+                harness.args.starling, "peer", "--json", "-q", "--insecure",
                 "--config", harness.config, "--data-rank", str(slot),
                 "--data-world", str(harness.args.peers), "--name", f"peer-{slot}",
                 "--set", f'train.out_dir="{self.dir}"',
                 "--set", f"net.min_peers={harness.args.peers if join is None else 1}"]
+        if harness.lab:
+            argv += ["--set", f'net.listen="tcp://{harness.lab_ip(slot)}:0"']
         if join is not None:
             argv += ["--join", *join]
         self.log = open(self.log_path, "w")
@@ -142,9 +158,10 @@ class Life:
                                      text=True)
         self.endpoint = None
         self.steps = []          # (time, step) of every step event
-        self.fingerprints = {}   # round -> CRC
+        self.fingerprints = {}   # (round, lineage) -> CRC
         self.killed = False
         self.stopped_until = None
+        self.seen = {}           # (round, lineage) -> when first reported
         self.harness = harness
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -172,10 +189,13 @@ class Life:
                 self.harness.progress(now, event["step"], self)
                 net = event.get("net") or {}
                 if "fingerprint_round" in net:
-                    self.fingerprints[int(net["fingerprint_round"])] = int(net["fingerprint"])
+                    key = (int(net["fingerprint_round"]), int(net.get("fingerprint_lineage", 0)))
+                    self.fingerprints[key] = int(net["fingerprint"])
+                    self.seen.setdefault(key, now)
 
     def running(self):
-        return self.proc.poll() is None and not self.killed and self.stopped_until is None
+        return (self.proc.poll() is None and not self.killed and self.stopped_until is None
+                and self.slot not in self.harness.cut_off)
 
 
 class Harness:
@@ -189,7 +209,12 @@ class Harness:
         self.swarm_step = 0        # the highest step any peer reported
         self.lives = []
         self.slots = {}
-        self.kills = self.straggles = 0
+        self.kills = self.straggles = self.cuts = 0
+        self.lab = None          # the netlab's name (--lab)
+        self.cut_off = set()     # slots cut off from the others now
+        self.cut_times = {}      # slot -> times it was cut off
+        self.cut_spans = []      # (start, end, side) of every cut
+        self.last_mend = None
         self.counting = False
         self.t0 = time.monotonic()
         self.actions = open(os.path.join(work, "monkey.log"), "w")  # what the monkey did, when
@@ -214,6 +239,19 @@ class Harness:
         self.slots[slot] = life
         return life
 
+    def lab_prefix(self, slot):
+        return ["ip", "netns", "exec", f"{self.lab}-{slot}"] if self.lab else []
+
+    def lab_ip(self, slot):
+        return subprocess.run([NETLAB, "ip", self.lab, str(slot)], check=True, text=True,
+                              stdout=subprocess.PIPE).stdout.strip()
+
+    def links(self, action, side):
+        for a in sorted(side):
+            for b in range(self.args.peers):
+                if b not in side:
+                    subprocess.run([NETLAB, action, self.lab, str(a), str(b)], check=True)
+
     def live_endpoints(self):
         """Every running member's endpoint, shuffled: a restart is given them all, as a real
         deployment lists several entry points, since any one may die while it starts."""
@@ -228,6 +266,19 @@ class Harness:
         args = self.args
         write_config(self.config, os.path.join(self.work, "..", "data"), self.strategy,
                      args.peer_timeout_ms)
+        if args.lab:
+            self.lab = f"chaos{os.getpid()}{self.strategy[:2]}"
+            subprocess.run([NETLAB, "up", self.lab, str(args.peers), "unlimited"], check=True,
+                           stdout=subprocess.DEVNULL, env=dict(os.environ,
+                                                              NETLAB_OWNER_PID=str(os.getpid())))
+        try:
+            return self._run()
+        finally:
+            if self.lab:
+                subprocess.run([NETLAB, "down", self.lab])
+
+    def _run(self):
+        args = self.args
         first = self.start(0, None)
         deadline = time.monotonic() + 60
         while first.endpoint is None and time.monotonic() < deadline and first.proc.poll() is None:
@@ -248,6 +299,7 @@ class Harness:
         start = time.monotonic()
         end = start + args.seconds
         restarts = []  # (time, slot)
+        mend_at = None
         next_act = start + self.rng.uniform(0.5, 1.5) * args.act_every
         majority = args.peers // 2 + 1
         while time.monotonic() < end:
@@ -257,6 +309,11 @@ class Harness:
                     life.proc.send_signal(signal.SIGCONT)
                     life.stopped_until = None
                     self.note(f"SIGCONT peer-{life.slot}")
+            if mend_at is not None and now >= mend_at:
+                self.links("mend", self.cut_off)
+                self.note(f"mend the links of peer(s) {sorted(self.cut_off)}")
+                self.cut_spans.append((cut_at, now, self.cut_off))
+                self.cut_off, mend_at, self.last_mend = set(), None, now
             for when, slot in list(restarts):
                 if now >= when:
                     join = self.live_endpoints()
@@ -267,7 +324,22 @@ class Harness:
             if now >= next_act:
                 next_act = now + self.rng.uniform(0.5, 1.5) * args.act_every
                 running = [life for life in self.slots.values() if life.running()]
-                if len(running) - 1 >= majority:
+                draw = self.rng.random()
+                if self.lab and mend_at is None and draw < args.cut_share:
+                    # A minority side, cut off while the rest keeps a majority.
+                    size = self.rng.randint(1, max(1, (args.peers - 1) // 2))
+                    if len(running) - size >= majority:
+                        side = {life.slot for life in self.rng.sample(running, size)}
+                        self.links("cut", side)
+                        self.cut_off = side
+                        for slot in side:
+                            self.cut_times.setdefault(slot, []).append(now)
+                        cut_at = now
+                        mend_at = now + self.rng.uniform(0.5, 15.0) * self.timeout_s
+                        self.cuts += 1
+                        self.note(f"cut the links of peer(s) {sorted(side)} for "
+                                  f"{mend_at - now:.1f} s")
+                elif len(running) - 1 >= majority:
                     victim = self.rng.choice(running)
                     if self.rng.random() < args.kill_share:
                         victim.killed = True
@@ -282,6 +354,27 @@ class Harness:
                         self.note(f"SIGSTOP peer-{victim.slot} for "
                                   f"{victim.stopped_until - now:.1f} s")
             time.sleep(0.02)
+        if mend_at is not None:
+            self.links("mend", self.cut_off)
+            self.note(f"mend the links of peer(s) {sorted(self.cut_off)} (the run ends)")
+            self.cut_spans.append((cut_at, time.monotonic(), self.cut_off))
+            self.cut_off, self.last_mend = set(), time.monotonic()
+        # One swarm again: a round after the last mend that every running peer reports in the
+        # same lineage (the losing side of a split never heals without it, and the stall check
+        # alone would not see that: the winning side trains on).
+        healed = True
+        if self.last_mend is not None:
+            healed = False
+            deadline = time.monotonic() + 12 * self.timeout_s + 10
+            while time.monotonic() < deadline and not healed:
+                common = None
+                for life in self.slots.values():
+                    if life.running():
+                        keys = {k for k, t in list(life.seen.items()) if t > self.last_mend}
+                        common = keys if common is None else common & keys
+                healed = bool(common)
+                time.sleep(0.2)
+        self.healed = healed
         with self.lock:
             self.counting = False
             self.progress_times.append(time.monotonic())
@@ -318,12 +411,16 @@ class Harness:
         # Shared state, round by round.
         rounds = {}
         for life in self.lives:
-            for r, crc in life.fingerprints.items():
+            for r, crc in life.fingerprints.items():  # r: (round, lineage)
                 rounds.setdefault(r, {}).setdefault(crc, []).append(f"peer-{life.slot}/{life.number}")
         compared = sum(1 for v in rounds.values() if sum(len(x) for x in v.values()) >= 2)
         mismatched = {r: v for r, v in rounds.items() if len(v) > 1}
         for r in sorted(mismatched)[:3]:
-            problems.append(f"round {r}: peers hold different states: {mismatched[r]}")
+            problems.append(f"round {r[0]} of lineage {r[1]}: peers hold different states: "
+                            f"{mismatched[r]}")
+        if not self.healed:
+            problems.append("the swarm did not become one again after the last mend: its "
+                            "running peers report different lineages")
         # Crashes.
         crashes = []
         for life in self.lives:
@@ -340,17 +437,38 @@ class Harness:
         # swarm's state; and an adopted state is never older than what the swarm had reached.
         adoptions = self.adoptions()
         for life in self.lives:
-            times = [t for t, _, l in adoptions if l is life]
+            times = [t for t, _, l, _ in adoptions if l is life]
             for (ta, a), (tb, b) in zip(life.steps, life.steps[1:]):
                 if b != a + 1 and not any(ta <= t <= tb for t in times):
                     problems.append(f"peer {life.slot} (life {life.number}) went from step {a} "
                                     f"to {b} without adopting the swarm's state")
                     break
-        events = sorted((t, s) for life in self.lives for t, s in life.steps)
+        # Steps a cut-off side took apart, then dropped by adopting the other side's state, are
+        # not steps the swarm reached.
+        dropped = []
+        for t, _, life, other in adoptions:
+            cuts = [c for c in self.cut_times.get(life.slot, []) if c <= t]
+            if other and cuts:
+                dropped.append((life, max(cuts), t))
+        events = sorted((t, s, life) for life in self.lives for t, s in life.steps
+                        if not any(l is life and a <= t <= b for l, a, b in dropped))
+        # While split, and until the sides have found each other again (up to ten timeouts
+        # after the mend, and a round), each side trains apart: an adoption is measured against
+        # the steps of its own side only.
+        heal_s = 12 * self.timeout_s
+
+        def same_side(t, x, y):
+            for start, end, side in self.cut_spans:
+                if start <= t <= end + heal_s and ((x.slot in side) != (y.slot in side)):
+                    return False
+            return True
         slack = 4 if self.strategy in ("localsgd", "diloco", "co2") else 1  # local steps, a failed one
         lost = 0
-        for t, step, life in adoptions:
-            reached = max((s for te, s in events if te < t), default=0)
+        for t, step, life, other in adoptions:
+            if other and any(l is life and a <= t <= b for l, a, b in dropped):
+                continue  # the losing side of a cut: its own steps since are dropped, by rule
+            reached = max((s for te, s, other_life in events
+                           if te < t and same_side(te, life, other_life)), default=0)
             if step < reached - slack:
                 lost += 1
                 if lost <= 3:
@@ -362,13 +480,15 @@ class Harness:
             problems.append(resumed)
         kills_restarted = sum(1 for life in self.lives if life.number > 0)
         line = (f"chaos {self.strategy}: {self.args.seconds:.0f} s, {self.args.peers} peers, "
-                f"{self.kills} kills ({kills_restarted} restarts), {self.straggles} stragglers; "
+                f"{self.kills} kills ({kills_restarted} restarts), {self.straggles} stragglers"
+                f"{f', {self.cuts} cuts' if self.lab else ''}; "
                 f"longest stall {longest[0]:.1f} s, {longest[1]:.1f} s after its last fault "
                 f"(limit {limit:.1f}); step {self.swarm_step}; "
                 f"{compared} rounds compared, {len(mismatched)} differ; "
                 f"{len(crashes)} crashes; resume {'ok' if resumed is True else 'FAILED'} -> "
                 f"{'PASS' if not problems else 'FAIL'}")
         return line, problems, {"kills": self.kills, "stragglers": self.straggles,
+                                "cuts": self.cuts,
                                 "stall_s": longest[0], "recovery_s": longest[1],
                                 "rounds": compared,
                                 "mismatched": len(mismatched), "crashes": len(crashes),
@@ -383,7 +503,8 @@ class Harness:
                     for line in f:
                         m = ADOPTED.match(line)
                         if m:
-                            out.append((self.t0 + float(m.group(1)), int(m.group(2)), life))
+                            out.append((self.t0 + float(m.group(1)), int(m.group(2)), life,
+                                        m.group(3) is not None))
             except OSError:
                 pass
         return out
@@ -424,10 +545,20 @@ def main():
     ap.add_argument("--kill-share", type=float, default=0.7,
                     help="share of acts that are kills (the rest are stragglers)")
     ap.add_argument("--peer-timeout-ms", type=int, default=1500)
+    ap.add_argument("--lab", action="store_true",
+                    help="run every peer in a network namespace of its own, so the monkey can "
+                         "cut links (needs root: scripts/netlab.sh)")
+    ap.add_argument("--cut-share", type=float, default=0.25,
+                    help="with --lab: share of acts that are link cuts")
     ap.add_argument("--out", default="", help="keep every log here (default: a temporary directory)")
     args = ap.parse_args()
     if args.peers < 3:
         ap.error("--peers: at least 3, so that a majority survives a kill")
+    if args.lab:
+        why = subprocess.run([NETLAB, "check"], text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT)
+        if why.returncode != 0:
+            ap.error(f"--lab: network labs cannot be built here: {why.stdout.strip()}")
     if not os.access(args.starling, os.X_OK):
         ap.error(f"--starling {args.starling}: not an executable (build it with `make build`)")
     root = args.out or tempfile.mkdtemp(prefix="starling-chaos-")
@@ -438,7 +569,7 @@ def main():
         subprocess.run([args.starling, "data", "prepare", text, "--out", data,
                         "--val-fraction", "0.2"], check=True, stdout=subprocess.DEVNULL)
     failed = False
-    totals = {"kills": 0, "stragglers": 0, "rounds": 0}
+    totals = {"kills": 0, "stragglers": 0, "cuts": 0, "rounds": 0}
     for strategy in args.strategies:
         work = os.path.join(root, strategy)
         shutil.rmtree(work, ignore_errors=True)
@@ -451,7 +582,8 @@ def main():
         for k in totals:
             totals[k] += figures[k]
     print(f"chaos total: {len(args.strategies)} strategies, {totals['kills']} kills, "
-          f"{totals['stragglers']} stragglers, {totals['rounds']} rounds compared -> "
+          f"{totals['stragglers']} stragglers, {totals['cuts']} cuts, "
+          f"{totals['rounds']} rounds compared -> "
           f"{'FAIL' if failed else 'PASS'}")
     if failed:
         print(f"logs kept in {root}")

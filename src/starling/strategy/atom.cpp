@@ -71,7 +71,7 @@ void Atom::gradients_ready(train::Replica& r) {
     counting = net_.all_reduce(as_span(count), options(net::WirePrecision::fp32));
   swarm_samples_ = 0;
   const bool ok = average_gradients(r, a, [&] {
-    if (!counting || !wait(*counting, "sample count all-reduce")) return 0.0;
+    if (!counting || !wait(*counting, "sample count all-reduce", &a.ring)) return 0.0;
     swarm_samples_ = static_cast<int64_t>(count.item<float>());
     return static_cast<double>(swarm_samples_);
   });

@@ -88,7 +88,8 @@ bool Co2::collect() {
   if (!has_in_flight_) return false;
   has_in_flight_ = false;
   const bool ok =
-      wait(in_flight_, zero() ? "reduce-scatter of the update" : "all-reduce of the update");
+      wait(in_flight_, zero() ? "reduce-scatter of the update" : "all-reduce of the update",
+           &in_flight_ring_);
   if (ok && !uploading_) exchange_->upload(shard_begin_, shard_end_ - shard_begin_);
   uploading_ = false;
   // Even after a failure an upload may have started (advance() saw the exchange end): the compute
@@ -171,6 +172,7 @@ void Co2::launch(const Agreement& a, bool apply) {
   if (!a.contribute) buffer.zero_();
   if (a.contributors == 0) return;
   in_flight_contributors_ = a.contributors;
+  in_flight_ring_ = a.ring;
   in_flight_shifted_ = apply;
   exchange_->download();
   pending_launch_ = true;

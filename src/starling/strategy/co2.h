@@ -85,6 +85,7 @@ class Co2 final : public SwarmStrategy {
   bool has_average_ = false;   // average_ holds Delta_{t-1}, ready to apply
   bool has_previous_ = false;  // previous_ holds Delta_{t-2}
   int in_flight_contributors_ = 0;
+  std::vector<net::PeerId> in_flight_ring_;  // the participants of the round that launched it
   bool in_flight_shifted_ = false;  // zero: the anchor moved by alpha*m when it was launched
   int64_t shard_begin_ = 0, shard_end_ = 0;
   std::vector<net::PeerId> ring_;

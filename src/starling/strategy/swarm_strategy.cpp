@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <tuple>
 
 #include "starling/common/error.h"
@@ -87,16 +88,27 @@ void SwarmStrategy::log(const std::string& line) const {
   std::cerr << "[" << config_.strategy.kind << "] " << line << std::endl;
 }
 
-bool SwarmStrategy::wait(const net::Work& work, const char* what) {
-  return wait_result(work, what).has_value();
+bool SwarmStrategy::wait(const net::Work& work, const char* what,
+                         const std::vector<net::PeerId>* ring) {
+  return wait_result(work, what, ring).has_value();
 }
 
-std::optional<net::CollectiveResult> SwarmStrategy::wait_result(const net::Work& work,
-                                                                const char* what) {
+std::optional<net::CollectiveResult> SwarmStrategy::wait_result(
+    const net::Work& work, const char* what, const std::vector<net::PeerId>* ring) {
   const double t0 = now_s();
   try {
     net::CollectiveResult result = work.wait();
     net_wait_s_ += now_s() - t0;
+    if (ring != nullptr) {
+      std::vector<net::PeerId> ran = result.ring;
+      std::sort(ran.begin(), ran.end());
+      if (ran != *ring) {
+        log(std::string(what) + ": ran among " + std::to_string(ran.size()) + " of the round's " +
+            std::to_string(ring->size()) +
+            " participants (the membership changed since the round's agreement); not used");
+        return std::nullopt;
+      }
+    }
     return result;
   } catch (const std::exception& e) {
     net_wait_s_ += now_s() - t0;
@@ -108,8 +120,9 @@ std::optional<net::CollectiveResult> SwarmStrategy::wait_result(const net::Work&
   }
 }
 
-bool SwarmStrategy::all_reduce(at::Tensor& flat, net::WirePrecision precision, const char* what) {
-  return wait(net_.all_reduce(as_span(flat), options(precision)), what);
+bool SwarmStrategy::all_reduce(at::Tensor& flat, net::WirePrecision precision, const char* what,
+                               const std::vector<net::PeerId>* ring) {
+  return wait(net_.all_reduce(as_span(flat), options(precision)), what, ring);
 }
 
 bool SwarmStrategy::all_reduce(Staging& staged, net::WirePrecision precision, const char* what) {
@@ -143,7 +156,7 @@ bool SwarmStrategy::aggregate(Staging& staged, int64_t n, const Agreement& a,
     // the step everywhere; elsewhere a non-finite update is a fault, rejected where it enters.
     net::CollectiveOptions o = options(precision);
     o.reject_non_finite = config_.train.dtype != "fp16";
-    ok = wait(net_.all_reduce(as_span(host), o), what);
+    ok = wait(net_.all_reduce(as_span(host), o), what, &a.ring);
   }
   if (!ok) return false;
   staged.upload(0, n);
@@ -209,8 +222,8 @@ nlohmann::json SwarmStrategy::round_state(const char* kind) const {
 
 std::optional<net::PeerId> SwarmStrategy::choose_root(const train::Replica& r, const Agreement& a) {
   // One row per participant, at its place in the ring (ordered by id): whether it needs the
-  // state, its round, its step and its work.
-  constexpr int64_t kRow = 7;
+  // state, its round, its step, its work, its lineage and whether it holds a state at all.
+  constexpr int64_t kRow = 10;
   const int64_t peers = static_cast<int64_t>(a.ring.size());
   const auto self = std::find(a.ring.begin(), a.ring.end(), net_.self());
   if (self == a.ring.end()) throw std::logic_error("choose_root: this peer is not in the round");
@@ -220,6 +233,8 @@ std::optional<net::PeerId> SwarmStrategy::choose_root(const train::Replica& r, c
   put_int(mine + 1, version_);
   put_int(mine + 3, r.step);
   put_int(mine + 5, work_);
+  put_lineage(mine + 7, lineage_);
+  mine[9] = holds_state_ ? 1.f : 0.f;
   at::Tensor sent = rows.to(net_device());
   const auto result =
       wait_result(net_.all_gather(as_span(sent), options(net::WirePrecision::fp32)), "root choice");
@@ -229,19 +244,28 @@ std::optional<net::PeerId> SwarmStrategy::choose_root(const train::Replica& r, c
     return std::nullopt;
   }
   if (!sent.is_same(rows)) rows.copy_(sent);
-  // The state with the most training in it: the most work (the contributors summed over its
-  // rounds: of two sides of a healed partition, the larger one's, which trained on more data),
-  // then the highest round, then step; among equals one that its holder knows to be the swarm's
-  // (a peer whose last exchange failed holds its round's state plus a local step taken without
-  // the average), then the longest-standing. A straggler back from a pause holds less work and
-  // an older round, and never takes the others back to it, even when their own last exchange
-  // failed because of it.
-  std::vector<net::PeerId> best;
-  std::tuple<int64_t, int64_t, int64_t, int> newest{-1, -1, -1, -1};
+  // The history most participants hold wins: each participant that holds a state (not a
+  // joiner) votes for its lineage. After a partition heals, the larger side's state wins
+  // however many rounds the smaller one counted alone (a lone peer, waiting for no one, may
+  // count many more), and a straggler back from a pause, or a peer restarted from an old
+  // checkpoint, is outvoted by the peers that went on. Among the holders of that history: the
+  // most work (contributors summed over its rounds), then the highest round, then step; among
+  // equals one that its holder knows to be the swarm's (a peer whose last exchange failed holds
+  // its round's state plus a local step taken without the average), then the longest-standing.
+  // Equal votes (a 2 + 2 split) fall to the same order: the side that trained more wins.
+  std::map<uint32_t, int64_t> votes;
   for (int64_t i = 0; i < peers; ++i) {
     const float* row = rows.data_ptr<float>() + i * kRow;
-    const std::tuple<int64_t, int64_t, int64_t, int> key{get_int(row + 5), get_int(row + 1),
-                                                         get_int(row + 3), row[0] == 0.f ? 1 : 0};
+    if (row[9] != 0.f) ++votes[get_lineage(row + 7)];
+  }
+  std::vector<net::PeerId> best;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int>;
+  Key newest{-1, -1, -1, -1, -1};
+  for (int64_t i = 0; i < peers; ++i) {
+    const float* row = rows.data_ptr<float>() + i * kRow;
+    const auto held = votes.find(get_lineage(row + 7));
+    const Key key{row[9] != 0.f && held != votes.end() ? held->second : 0, get_int(row + 5),
+                  get_int(row + 1), get_int(row + 3), row[0] == 0.f ? 1 : 0};
     if (key > newest) {
       newest = key;
       best.clear();
@@ -331,7 +355,7 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     }
     net::CollectiveOptions o = options(net::WirePrecision::fp32);
     o.root = *root;
-    if (!wait(net_.broadcast(as_span(state), o), "state transfer")) {
+    if (!wait(net_.broadcast(as_span(state), o), "state transfer", &a.ring)) {
       need_state_ = true;
       continue;
     }
@@ -352,8 +376,9 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
           std::to_string(root_work) + ")" +
           (other_history ? "; this peer held another history (round " + std::to_string(version_) +
                                ", work " + std::to_string(work_) +
-                               ": a split swarm or an old state), and the state with more "
-                               "training in it wins, so its own progress is dropped"
+                               ": a split swarm or an old state); the history held by more "
+                               "participants, then with more training, wins, so this peer's own "
+                               "progress apart from it is dropped"
                          : ""));
     const bool moved = r.step != root_step;
     r.step = root_step;
@@ -361,6 +386,7 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     version_ = root_version;
     work_ = root_work;
     lineage_ = root_lineage;
+    holds_state_ = true;
     unpack_state(r, state.narrow(0, kHeader, state_numel()));
     if (r.runner != nullptr) {
       r.runner->state_replaced();
@@ -371,7 +397,7 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     // Agree on who contributes: one more tiny sum.
     at::Tensor count = at::full({1}, a.contribute ? 1.f : 0.f,
                                 at::TensorOptions().dtype(at::kFloat).device(net_device()));
-    if (!all_reduce(count, net::WirePrecision::fp32, "contributor count")) {
+    if (!all_reduce(count, net::WirePrecision::fp32, "contributor count", &a.ring)) {
       need_state_ = true;
       continue;
     }
@@ -404,6 +430,7 @@ void SwarmStrategy::start(train::Replica& r, const nlohmann::json& state,
     version_ = state.value("version", int64_t{0});
     work_ = state.value("work", int64_t{0});
     lineage_ = state.value("lineage", uint32_t{0});
+    holds_state_ = true;
     restore(r, state, *tensors);
     need_state_ = false;
   }

@@ -14,13 +14,14 @@
 // exactly (n * sum(b*b) == sum(b)^2 only when all are equal). If any peer lacks the state (a
 // joiner, a restarted swarm), or the versions or lineages disagree (a peer missed an average when
 // another died, a healed partition), the root broadcasts its state and everyone adopts it. The
-// root holds the state with the most training in it: the most work (the contributors summed over
-// its rounds, so the larger side of a partition wins), then the highest round, then step (a
-// straggler back from a pause must not take the others back to its old state), then a state its
-// holder knows to be the swarm's, then the longest-standing; only peers whose own state matched
-// the root's contribute local progress to the round. A failed collective never stops the run: the
-// peer notes it, and the next agreement repairs whatever diverged. On a fixed group (not elastic)
-// there is nothing to repair: a failed collective ends the run with a NetError.
+// root holds the history most participants hold (each participant with a state votes for its
+// lineage: the larger side of a partition wins, and a straggler back from a pause is outvoted),
+// then the most work (the contributors summed over its rounds), then the highest round, then
+// step, then a state its holder knows to be the swarm's, then the longest-standing; only peers
+// whose own state matched the root's contribute local progress to the round. A failed collective
+// never stops the run: the peer notes it, and the next agreement repairs whatever diverged. On a
+// fixed group (not elastic) there is nothing to repair: a failed collective ends the run with a
+// NetError.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -79,10 +80,15 @@ class SwarmStrategy : public train::StepHooks {
 
   // The round's agreement, with a state transfer when needed; retried until it succeeds.
   Agreement agree(train::Replica& r);
-  // Waits for `work`, counting the time as network wait; false (logged) if it failed.
-  bool wait(const net::Work& work, const char* what);
-  // Launches and waits; false (logged) if it failed.
-  bool all_reduce(at::Tensor& flat, net::WirePrecision precision, const char* what);
+  // Waits for `work`, counting the time as network wait; false (logged) if it failed, or if
+  // `ring` is given and the collective ran among other peers than those (a round's collectives
+  // must run among the round's participants: when a peer is found dead or comes back between the
+  // agreement and an exchange, the exchange may run among fewer, and its sum is not the round's).
+  bool wait(const net::Work& work, const char* what,
+            const std::vector<net::PeerId>* ring = nullptr);
+  // Launches and waits; false (logged) if it failed (or ran among other peers than `ring`).
+  bool all_reduce(at::Tensor& flat, net::WirePrecision precision, const char* what,
+                  const std::vector<net::PeerId>* ring = nullptr);
   // The same for a staged vector: its device copy's first `n` elements (-1: all) are summed
   // (through the host copy on a GPU).
   bool all_reduce(Staging& staged, net::WirePrecision precision, const char* what);
@@ -95,7 +101,8 @@ class SwarmStrategy : public train::StepHooks {
   bool aggregate(Staging& staged, int64_t n, const Agreement& a, net::WirePrecision precision,
                  const char* what);
   // Waits like wait() and returns the result; nullopt (logged) if it failed.
-  std::optional<net::CollectiveResult> wait_result(const net::Work& work, const char* what);
+  std::optional<net::CollectiveResult> wait_result(const net::Work& work, const char* what,
+                                                   const std::vector<net::PeerId>* ring = nullptr);
 
   // The elements of a slice of the flat vector (`part`, starting at element `begin`) that count
   // in model-wide sums: all of them, unless the replica trains a pipeline stage whose tied weight
@@ -118,10 +125,11 @@ class SwarmStrategy : public train::StepHooks {
   // start()).
   std::optional<Flat> flat_;
   net::WirePrecision precision_;
-  int64_t version_ = 0;     // averages applied to the shared state so far
-  int64_t work_ = 0;        // contributors summed over the rounds agreed on the shared state
-  uint32_t lineage_ = 0;    // the shared state's history: each agreed round mixes in its ring
-  bool need_state_ = true;  // this peer's shared state is not known to match the swarm's
+  int64_t version_ = 0;       // averages applied to the shared state so far
+  int64_t work_ = 0;          // contributors summed over the rounds agreed on the shared state
+  uint32_t lineage_ = 0;      // the shared state's history: each agreed round mixes in its ring
+  bool holds_state_ = false;  // restored from a checkpoint or adopted from the swarm: it votes
+  bool need_state_ = true;    // this peer's shared state is not known to match the swarm's
   int peers_ = 1;
   int64_t rounds_ = 0;
   double net_wait_s_ = 0;
