@@ -43,7 +43,8 @@ exits. Then it checks:
             swarm's state (logged), and no adopted state is older than the step the swarm had
             reached (less a round's local steps, or one failed step): progress is never lost, and
             a step is never counted twice (the progress a cut-off side made apart is dropped when
-            it adopts the other's state, as the partition rule says: those steps do not count);
+            it adopts the other's state, as the partition rule says: those steps do not count;
+            and once the run ends, a peer the others left alone keeps and saves what it holds);
   resume    the furthest survivor's final checkpoint loads: it trains 3 more steps alone with
             --resume.
 
@@ -383,6 +384,7 @@ class Harness:
                 life.proc.send_signal(signal.SIGCONT)
                 life.stopped_until = None
         # Restarts still pending were cut short by the end of the run: nothing to wait for.
+        self.stopping_at = time.monotonic()
         for life in self.slots.values():
             if life.proc.poll() is None and not life.killed:
                 life.proc.send_signal(signal.SIGTERM)
@@ -465,6 +467,8 @@ class Harness:
         slack = 4 if self.strategy in ("localsgd", "diloco", "co2") else 1  # local steps, a failed one
         lost = 0
         for t, step, life, other in adoptions:
+            if t > self.stopping_at:
+                continue  # the swarm is leaving: a peer left alone keeps what it holds, to save it
             if other and any(l is life and a <= t <= b for l, a, b in dropped):
                 continue  # the losing side of a cut: its own steps since are dropped, by rule
             reached = max((s for te, s, other_life in events
