@@ -549,6 +549,28 @@ TEST_F(SwarmCliTest, TrimmedMeanSurvivesAPoisonedPeer) {
   EXPECT_TRUE(std::isfinite(final_val(nan_mean)));
 }
 
+// A peer whose own computation goes wrong (NaN in its gradients: a failing GPU, a bad batch)
+// withholds its update itself: with the plain mean, the rounds go on with the others' updates
+// instead of failing on every peer, the replicas stay identical, and the run trains about as
+// well as a clean one.
+TEST_F(SwarmCliTest, AFaultyPeerWithholdsItsOwnNonFiniteUpdate) {
+  const std::string ddp = "kind = \"ddp\"";
+  std::vector<std::string> logs;
+  const auto clean = run_swarm_with_poisoner("clean3", ddp, 3, 24, "", logs);
+  const auto faulty = run_swarm_with_poisoner("faulty3", ddp, 3, 24, "nan:own", logs);
+  ASSERT_EQ(faulty.size(), 3u);
+  ASSERT_FALSE(faulty[0].empty());
+  for (int i = 1; i < 3; ++i) EXPECT_EQ(faulty[i], faulty[0]) << "peer " << i;
+  EXPECT_NE(logs[2].find("own gradient all-reduce holds non-finite values (a fault here"),
+            std::string::npos)
+      << logs[2];
+  for (const std::string& log : logs)
+    EXPECT_EQ(log.find("gradient all-reduce failed"), std::string::npos) << log;
+  const double c = clean.at(0).rbegin()->second, f = faulty[0].rbegin()->second;
+  std::cout << "final validation loss: clean " << c << ", one peer withholding " << f << std::endl;
+  EXPECT_LT(f, c * 1.1) << "withheld updates should cost little: " << f << " vs " << c;
+}
+
 // Two peers, so every sum is a + b and bit-identical whichever peer adds: a stopped and resumed
 // swarm must end exactly where a straight run ends.
 TEST_F(SwarmCliTest, StoppedSwarmResumesExactly) {

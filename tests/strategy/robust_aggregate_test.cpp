@@ -74,9 +74,12 @@ TEST(TrimmedMean, IsTheSameBitsAsAPlainMeanWithoutTrimming) {
 
 TEST(UpdatePoison, ParsesItsForms) {
   EXPECT_TRUE(UpdatePoison::parse("nan").nan);
+  EXPECT_FALSE(UpdatePoison::parse("nan").own);
+  EXPECT_TRUE(UpdatePoison::parse("nan:own").nan && UpdatePoison::parse("nan:own").own);
+  EXPECT_EQ(UpdatePoison::parse("nan:own").describe(), "NaN from its own computation");
   EXPECT_DOUBLE_EQ(UpdatePoison::parse("scale:-10").scale, -10.0);
   EXPECT_EQ(UpdatePoison::parse("scale:-10").describe(), "scaled by -10");
-  for (const char* bad : {"scale:", "scale:x", "scale:inf", "2", "NaN "}) {
+  for (const char* bad : {"scale:", "scale:x", "scale:inf", "2", "NaN ", "nan:"}) {
     try {
       UpdatePoison::parse(bad);
       FAIL() << bad;

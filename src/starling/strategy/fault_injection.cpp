@@ -18,8 +18,9 @@ std::optional<UpdatePoison> UpdatePoison::from_env() {
 
 UpdatePoison UpdatePoison::parse(const std::string& value) {
   UpdatePoison p;
-  if (value == "nan") {
+  if (value == "nan" || value == "nan:own") {
     p.nan = true;
+    p.own = value == "nan:own";
     return p;
   }
   const std::string prefix = "scale:";
@@ -30,11 +31,11 @@ UpdatePoison UpdatePoison::parse(const std::string& value) {
     if (!k.empty() && end == k.c_str() + k.size() && std::isfinite(p.scale)) return p;
   }
   throw ConfigError("STARLING_FAULT_POISON = \"" + value +
-                    "\": expected \"nan\" or \"scale:K\" with a finite number K");
+                    "\": expected \"nan\", \"nan:own\" or \"scale:K\" with a finite number K");
 }
 
 std::string UpdatePoison::describe() const {
-  if (nan) return "NaN";
+  if (nan) return own ? "NaN from its own computation" : "NaN";
   char buf[64];
   std::snprintf(buf, sizeof buf, "scaled by %g", scale);
   return buf;

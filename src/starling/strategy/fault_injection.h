@@ -3,7 +3,10 @@
 //
 //   STARLING_FAULT_POISON=scale:K   multiply every round update this peer sends by K (K = -10:
 //                                   sign-flipped and ten times too large)
-//   STARLING_FAULT_POISON=nan       send NaN in every round update
+//   STARLING_FAULT_POISON=nan       send NaN in every round update, past this peer's own check
+//                                   (a sender that skips it: the others reject it and name it)
+//   STARLING_FAULT_POISON=nan:own   NaN in every round update before this peer's own check (a
+//                                   fault in its computation: it withholds the update itself)
 //
 // Unset (the normal case), nothing changes. A malformed value is a ConfigError naming it, raised
 // before the peer joins anyone (strategy::check_peer). Torch-free but for apply().
@@ -20,12 +23,13 @@ namespace starling::strategy {
 
 struct UpdatePoison {
   bool nan = false;
+  bool own = false;  // nan:own: the fault is in this peer's computation, before its own check
   double scale = 1;
 
   // From STARLING_FAULT_POISON; nullopt when it is unset or empty.
   static std::optional<UpdatePoison> from_env();
   static UpdatePoison parse(const std::string& value);
-  std::string describe() const;  // "scaled by -10", "NaN"
+  std::string describe() const;  // "scaled by -10", "NaN", "NaN from its own computation"
   void apply(at::Tensor& update) const;
 };
 

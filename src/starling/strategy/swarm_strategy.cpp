@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -18,6 +19,14 @@ namespace starling::strategy {
 namespace {
 
 using train::now_s;
+
+// Whether every value of a contiguous CPU float tensor is finite (one pass, no allocation).
+bool finite(const at::Tensor& t) {
+  const float* p = t.data_ptr<float>();
+  for (int64_t i = 0, n = t.numel(); i < n; ++i)
+    if (!std::isfinite(p[i])) return false;
+  return true;
+}
 
 // Steps and versions travel as floats: split into two exact 20-bit halves.
 void put_int(float* at, int64_t v) {
@@ -147,10 +156,27 @@ bool SwarmStrategy::aggregate(Staging& staged, int64_t n, const Agreement& a,
   staged.download(0, n);
   staged.wait_download();
   at::Tensor host = staged.host().narrow(0, 0, n);
-  if (poison_ && a.contribute) poison_->apply(host);
+  // A fault in this peer's own computation (STARLING_FAULT_POISON=nan:own) comes before its check.
+  if (poison_ && poison_->own && a.contribute) poison_->apply(host);
+  // This peer checks its own update before it leaves: a non-finite one (a failing GPU, a bad
+  // batch) is withheld, zeros in its place, so the round goes on with the others' updates instead
+  // of failing everywhere (the mean's ring would reject it). Not with fp16, whose loss scaling
+  // needs every peer to see an overflow to skip the step together.
+  bool sending = a.contribute;
+  if (sending && config_.train.dtype != "fp16" && !finite(host)) {
+    host.zero_();
+    sending = false;
+    ++withheld_updates_;
+    if ((withheld_updates_ & (withheld_updates_ - 1)) == 0)  // the 1st, 2nd, 4th, 8th, ...
+      log("this peer's own " + std::string(what) +
+          " holds non-finite values (a fault here: its hardware, its data, its learning rate); "
+          "withheld, the round goes on with the others' (" +
+          std::to_string(withheld_updates_) + " withheld so far)");
+  }
+  if (poison_ && !poison_->own && sending) poison_->apply(host);
   bool ok = false;
   if (config_.strategy.aggregation == "trimmed_mean") {
-    ok = trimmed_mean_all_reduce(host, a, precision, what);
+    ok = trimmed_mean_all_reduce(host, a, sending, precision, what);
   } else {
     // fp16's loss scaling finds an overflow by the non-finite sum every peer sees, and skips
     // the step everywhere; elsewhere a non-finite update is a fault, rejected where it enters.
@@ -164,7 +190,7 @@ bool SwarmStrategy::aggregate(Staging& staged, int64_t n, const Agreement& a,
   return true;
 }
 
-bool SwarmStrategy::trimmed_mean_all_reduce(at::Tensor& host, const Agreement& a,
+bool SwarmStrategy::trimmed_mean_all_reduce(at::Tensor& host, const Agreement& a, bool sending,
                                             net::WirePrecision precision, const char* what) {
   // Row i of the gathered matrix is the update of the i-th participant by id, which is the
   // all-gather's shard of ring position i (the ring is ordered by id), then its flag.
@@ -176,7 +202,7 @@ bool SwarmStrategy::trimmed_mean_all_reduce(at::Tensor& host, const Agreement& a
     gathered_ = at::empty({peers * m}, at::kFloat);
   at::Tensor mine = gathered_.narrow(0, position * m, m);
   mine.narrow(0, 0, n).copy_(host);
-  mine[n] = a.contribute ? 1.f : 0.f;
+  mine[n] = sending ? 1.f : 0.f;
   const auto result = wait_result(net_.all_gather(as_span(gathered_), options(precision)), what);
   if (!result) return false;
   if (result->ring != a.ring) {
@@ -454,6 +480,8 @@ train::StrategyReport SwarmStrategy::report() const {
   }
   if (rejected_updates_ > 0)
     rep.figures["rejected_updates"] = static_cast<double>(rejected_updates_);
+  if (withheld_updates_ > 0)
+    rep.figures["withheld_updates"] = static_cast<double>(withheld_updates_);
   return rep;
 }
 

@@ -97,7 +97,10 @@ class SwarmStrategy : public train::StepHooks {
   // contribute): summed over the swarm (strategy.aggregation = "mean"), or, with
   // "trimmed_mean", the robust average of the contributors' updates times a.contributors, so the
   // caller's division by the contributors gives that average either way. A non-finite update is
-  // rejected and its sender named in the log. False (logged) if the exchange failed.
+  // rejected and its sender named in the log. This peer's own non-finite update is withheld
+  // before it leaves (zeros in the mean, so that round's average is over all contributors but
+  // lacks this one's share; not counted in the trimmed mean), and the round goes on (not with
+  // fp16). False (logged) if the exchange failed.
   bool aggregate(Staging& staged, int64_t n, const Agreement& a, net::WirePrecision precision,
                  const char* what);
   // Waits like wait() and returns the result; nullopt (logged) if it failed.
@@ -136,6 +139,8 @@ class SwarmStrategy : public train::StepHooks {
 
   // Non-finite updates the trimmed mean rejected over the run (each logged with its sender).
   int64_t rejected_updates_ = 0;
+  // Round updates of this peer's own that were non-finite and withheld (aggregate()).
+  int64_t withheld_updates_ = 0;
 
   // The checkpoint fields every strategy shares: {"kind": kind, "version", "work", "lineage"}.
   nlohmann::json round_state(const char* kind) const;
@@ -149,8 +154,9 @@ class SwarmStrategy : public train::StepHooks {
   // The peer whose shared state a transfer sends (an all-gather of every participant's round,
   // step and need of state); nullopt (logged) if that exchange failed.
   std::optional<net::PeerId> choose_root(const train::Replica& r, const Agreement& a);
-  bool trimmed_mean_all_reduce(at::Tensor& host, const Agreement& a, net::WirePrecision precision,
-                               const char* what);
+  // `sending`: this peer's row counts (it contributes, and its update is finite).
+  bool trimmed_mean_all_reduce(at::Tensor& host, const Agreement& a, bool sending,
+                               net::WirePrecision precision, const char* what);
 
   std::vector<net::PeerId> group_;      // empty: the whole swarm
   std::optional<UpdatePoison> poison_;  // STARLING_FAULT_POISON (fault_injection.h)
