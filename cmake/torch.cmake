@@ -185,6 +185,14 @@ add_test(NAME ChaosTest.QuickRun
   COMMAND ${STARLING_PYTHON} ${CMAKE_SOURCE_DIR}/bench/chaos/run.py
           --starling $<TARGET_FILE:starling_cli> --strategies ddp diloco --seconds 30 --seed 3)
 set_tests_properties(ChaosTest.QuickRun PROPERTIES RUN_SERIAL TRUE TIMEOUT 400)
+# The same with link cuts in a network lab (half the acts cut a minority off, then mend): the
+# swarm must heal to one state. Needs root; skipped (exit 77) where labs cannot be built.
+add_test(NAME ChaosTest.QuickRunWithCuts
+  COMMAND ${STARLING_PYTHON} ${CMAKE_SOURCE_DIR}/bench/chaos/run.py
+          --starling $<TARGET_FILE:starling_cli> --strategies ddp --seconds 30 --seed 3 --lab
+          --cut-share 0.5)
+set_tests_properties(ChaosTest.QuickRunWithCuts PROPERTIES RUN_SERIAL TRUE TIMEOUT 400
+  SKIP_RETURN_CODE 77)
 
 # Bus bandwidth of Starling's all-reduce against Gloo's (bench/allreduce/run.py drives it). Built
 # by default so `make bench-allreduce` needs nothing more than `make build`.
