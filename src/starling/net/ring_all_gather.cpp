@@ -1,22 +1,9 @@
-#include <cstring>
 
 #include "starling/net/ring_channel.h"
 
 namespace starling::net {
 
 namespace detail {
-
-bool all_finite(const float* data, size_t n) {
-  // Infinities and NaNs have every exponent bit set: an integer test per element, OR-ed without
-  // branches, which the compiler vectorizes (a float sum would be kept in order, unvectorized).
-  uint32_t bad = 0;
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, data + i, sizeof bits);
-    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-  }
-  return bad == 0;
-}
 
 void all_gather_receive(std::span<float> data, const RingSpec& spec, RingChannel& channel,
                         uint32_t base_step) {

@@ -9,6 +9,7 @@
 #include <zmq.hpp>
 
 #include "starling/common/error.h"
+#include "starling/common/finite.h"
 #include "starling/net/collective.h"
 
 namespace starling::net {
@@ -66,9 +67,6 @@ zmq::message_t encode_message(WirePrecision p, const float* src, size_t count);
 template <typename OnReduced>
 void reduce_scatter_phase(std::span<float> data, const RingSpec& spec, RingChannel& channel,
                           OnReduced&& on_reduced);
-
-// Whether all of data[begin, begin + n) are finite.
-bool all_finite(const float* data, size_t n);
 
 // Receives the all-gather phase (steps base..base+size-2), forwarding every received chunk
 // unchanged (the same encoded bytes) except on the last step.

@@ -3,13 +3,13 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <cmath>
 #include <iostream>
 #include <limits>
 #include <map>
 #include <tuple>
 
 #include "starling/common/error.h"
+#include "starling/common/finite.h"
 #include "starling/net/crc32c.h"
 #include "starling/strategy/robust_aggregate.h"
 #include "starling/train/metrics.h"
@@ -19,14 +19,6 @@ namespace starling::strategy {
 namespace {
 
 using train::now_s;
-
-// Whether every value of a contiguous CPU float tensor is finite (one pass, no allocation).
-bool finite(const at::Tensor& t) {
-  const float* p = t.data_ptr<float>();
-  for (int64_t i = 0, n = t.numel(); i < n; ++i)
-    if (!std::isfinite(p[i])) return false;
-  return true;
-}
 
 // Steps and versions travel as floats: split into two exact 20-bit halves.
 void put_int(float* at, int64_t v) {
@@ -163,7 +155,8 @@ bool SwarmStrategy::aggregate(Staging& staged, int64_t n, const Agreement& a,
   // of failing everywhere (the mean's ring would reject it). Not with fp16, whose loss scaling
   // needs every peer to see an overflow to skip the step together.
   bool sending = a.contribute;
-  if (sending && config_.train.dtype != "fp16" && !finite(host)) {
+  if (sending && config_.train.dtype != "fp16" &&
+      !all_finite(host.data_ptr<float>(), static_cast<size_t>(host.numel()))) {
     host.zero_();
     sending = false;
     ++withheld_updates_;
@@ -203,14 +196,8 @@ bool SwarmStrategy::trimmed_mean_all_reduce(at::Tensor& host, const Agreement& a
   at::Tensor mine = gathered_.narrow(0, position * m, m);
   mine.narrow(0, 0, n).copy_(host);
   mine[n] = sending ? 1.f : 0.f;
-  const auto result = wait_result(net_.all_gather(as_span(gathered_), options(precision)), what);
-  if (!result) return false;
-  if (result->ring != a.ring) {
-    log(std::string(what) +
-        ": the participants changed since the round's agreement; no "
-        "average this round");
-    return false;
-  }
+  if (!wait(net_.all_gather(as_span(gathered_), options(precision)), what, &a.ring))
+    return false;  // no average this round
   const TrimmedMeanOutcome out =
       trimmed_mean(gathered_.view({peers, m}), config_.strategy.trim, host);
   for (int i : out.non_finite) {
@@ -262,13 +249,9 @@ std::optional<net::PeerId> SwarmStrategy::choose_root(const train::Replica& r, c
   put_lineage(mine + 7, lineage_);
   mine[9] = holds_state_ ? 1.f : 0.f;
   at::Tensor sent = rows.to(net_device());
-  const auto result =
-      wait_result(net_.all_gather(as_span(sent), options(net::WirePrecision::fp32)), "root choice");
-  if (!result) return std::nullopt;
-  if (result->ring != a.ring) {
-    log("root choice: the participants changed since the round's agreement; agreeing again");
-    return std::nullopt;
-  }
+  const auto result = wait_result(net_.all_gather(as_span(sent), options(net::WirePrecision::fp32)),
+                                  "root choice", &a.ring);
+  if (!result) return std::nullopt;  // the next agreement tries again
   if (!sent.is_same(rows)) rows.copy_(sent);
   // The history most participants hold wins: each participant that holds a state (not a
   // joiner) votes for its lineage. After a partition heals, the larger side's state wins
