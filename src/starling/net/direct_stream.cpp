@@ -96,7 +96,7 @@ void DirectStream::read_some(const std::function<void(Frame)>& on_frame) {
       throw NetError("the direct link from " + left_name_ + " broke: " + std::strerror(errno));
     }
     if (n == 0)
-      throw NetError(left_name_ + " closed its direct link in the middle of the operation");
+      throw LinkClosed(left_name_ + " closed its direct link in the middle of the operation");
     rx_have_ += static_cast<size_t>(n);
     if (rx_have_ < part_bytes) continue;
     rx_have_ = 0;

@@ -20,11 +20,18 @@
 #include <string>
 #include <zmq.hpp>
 
+#include "starling/common/error.h"
 #include "starling/net/direct_links.h"
 
 namespace starling::net {
 
 inline constexpr size_t kFrameHeaderBytes = 16;
+
+// The left neighbour closed its direct link in the middle of an operation: most often because
+// the operation failed there first, for a reason its abort carries on the control channel.
+struct LinkClosed : starling::NetError {
+  using starling::NetError::NetError;
+};
 inline constexpr uint32_t kEndMarker = 0xFFFFFFFF;
 
 class DirectStream {
@@ -58,8 +65,9 @@ class DirectStream {
   // Writes what the right socket takes and reads what the left one has (up to its end marker),
   // waiting (unless something was written) until `until`
   // for either to be ready or for `wake_fd` (-1: none) to become readable. Each complete frame
-  // from the left goes to `on_frame`. Throws NetError for a closed or reset connection or a
-  // frame over the limit or a record that fails authentication, naming the neighbour.
+  // from the left goes to `on_frame`. Throws NetError for a reset connection or a frame over
+  // the limit or a record that fails authentication, LinkClosed for a closed connection, naming
+  // the neighbour.
   void pump(std::chrono::steady_clock::time_point until, int wake_fd,
             const std::function<void(Frame)>& on_frame);
 

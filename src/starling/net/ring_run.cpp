@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <thread>
 
 #include "starling/common/error.h"
 #include "starling/net/quiet_thread.h"
@@ -55,6 +56,18 @@ void RingRun::fail(std::string reason) {
     if (!fail_) fail_ = std::move(reason);
   }
   signal();
+}
+
+std::optional<std::string> RingRun::abort_reason_within(std::chrono::milliseconds wait) {
+  const auto deadline = Clock::now() + wait;
+  while (true) {
+    {
+      std::lock_guard lock(mutex_);
+      if (fail_) return fail_;
+    }
+    if (Clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 void RingRun::signal() {
@@ -164,6 +177,12 @@ void RingRun::run() {
                           "'s own contribution holds non-finite values; it is rejected"
                     : "non-finite values arrived from peer " + env_.who(left_) +
                           " (its own contribution, or one it passed on unchecked); rejected";
+    error_ = to_string(req.kind) + " failed: " + reason_;
+  } catch (const LinkClosed& e) {
+    // The neighbour most often closed its link because the operation failed there first; its
+    // abort, with the reason (a peer named for non-finite values, a dead member), travels the
+    // control channel and can land a moment after the closed link. Wait that moment for it.
+    reason_ = abort_reason_within(std::chrono::milliseconds(200)).value_or(e.what());
     error_ = to_string(req.kind) + " failed: " + reason_;
   } catch (const NetError& e) {
     reason_ = e.what();

@@ -79,6 +79,8 @@ class RingRun final : public RingChannel {
   void pump_direct(Clock::time_point until);
   void take_frame(DirectStream::Frame frame);  // a chunk read from the left's direct link
   void signal();                               // wakes the run's thread
+  // The reason fail() was given, waiting up to `wait` for one; nullopt if none came.
+  std::optional<std::string> abort_reason_within(std::chrono::milliseconds wait);
 
   Launched op_;
   Start start_;
