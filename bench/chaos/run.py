@@ -68,6 +68,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 STRATEGIES = ["ddp", "localsgd", "diloco", "co2", "atom"]
+# Asked for by name only: co2 applying each average inside the next round (overlap_steps).
+EXTRA_STRATEGIES = ["co2-early"]
+# What a harness strategy writes into [strategy], past its kind; rounds of 4 steps.
+STRATEGY_LINES = {"localsgd": "local_steps = 4\n", "diloco": "local_steps = 4\n",
+                  "co2": "local_steps = 4\n", "co2-early": "local_steps = 4\noverlap_steps = 2\n"}
 # A peer's log line (stamped by the harness) saying it took the swarm's state.
 ADOPTED = re.compile(r"\s*(-?[0-9.]+) \[\w+\] adopting the swarm's state from peer .* \(step (\d+),"
                      r"(.*held another history)?")
@@ -86,7 +91,7 @@ def write_corpus(directory, seed):
 
 
 def write_config(path, data, strategy, timeout_ms):
-    local = "local_steps = 4\n" if strategy in ("localsgd", "diloco", "co2") else ""
+    local = STRATEGY_LINES.get(strategy, "")
     with open(path, "w") as f:
         f.write(f"""[model]
 preset = "gpt2-tiny"
@@ -113,7 +118,7 @@ lr = 1e-2
 warmup_steps = 2
 
 [strategy]
-kind = "{strategy}"
+kind = "{strategy.removesuffix('-early')}"
 {local}fingerprint = true
 
 [net]
@@ -465,7 +470,7 @@ class Harness:
                 if start <= t <= end + heal_s and ((x.slot in side) != (y.slot in side)):
                     return False
             return True
-        slack = 4 if self.strategy in ("localsgd", "diloco", "co2") else 1  # local steps, a failed one
+        slack = 4 if self.strategy in STRATEGY_LINES else 1  # local steps, a failed one
         lost = 0
         for t, step, life, other in adoptions:
             if t > self.stopping_at:
@@ -541,7 +546,9 @@ class Harness:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--starling", default=os.path.join(ROOT, "build", "starling"))
-    ap.add_argument("--strategies", nargs="+", default=STRATEGIES, choices=STRATEGIES)
+    ap.add_argument("--strategies", nargs="+", default=STRATEGIES,
+                    choices=STRATEGIES + EXTRA_STRATEGIES,
+                    help="co2-early: co2 with overlap_steps = 2 of 4 (not in the default list)")
     ap.add_argument("--peers", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--seed", type=int, default=1)

@@ -18,6 +18,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "run_cli.h"
 #include "run_files.h"
@@ -275,17 +276,20 @@ fs::path SwarmCliTest::root_;
 // checkpoint are bit-identical across peers, for every strategy.
 TEST_F(SwarmCliTest, EveryStrategyKeepsReplicasIdentical) {
   std::map<std::string, double> final_val;
-  for (const std::string kind : {"ddp", "localsgd", "diloco", "co2", "co2-zero", "atom"}) {
+  for (const std::string kind :
+       {"ddp", "localsgd", "diloco", "co2", "co2-zero", "co2-early", "atom"}) {
     SCOPED_TRACE(kind);
     // strategy.fingerprint: every peer reports a CRC of the shared state round by round.
     const std::string strategy =
-        kind == "co2-zero" ? "kind = \"co2\"\nlocal_steps = 4\nzero = true"
-                           : "kind = \"" + kind + "\"\nlocal_steps = 4\nfingerprint = true";
+        kind == "co2-zero"    ? "kind = \"co2\"\nlocal_steps = 4\nzero = true"
+        : kind == "co2-early" ? "kind = \"co2\"\nlocal_steps = 4\noverlap_steps = 2\n"
+                                "fingerprint = true"
+                              : "kind = \"" + kind + "\"\nlocal_steps = 4\nfingerprint = true";
     const fs::path config = write_config("same_" + kind, strategy);
     const auto r = run_cli("train -q --peers 3 --config " + config.string());
     ASSERT_EQ(r.code, 0) << r.output << read_file(run_dir("same_" + kind) / "peer-0.log");
     const auto reference = val_losses(run_dir("same_" + kind) / "peer-0");
-    ASSERT_EQ(reference.size(), 2u) << "evaluations at steps 8 and 16";
+    ASSERT_EQ(reference.size(), 2u) << "evaluations at steps 8 (co2-early: 10) and 16";
     const std::string model = final_model(run_dir("same_" + kind) / "peer-0", 16);
     ASSERT_FALSE(model.empty());
     for (int i = 1; i < 3; ++i) {
@@ -319,12 +323,35 @@ TEST_F(SwarmCliTest, EveryStrategyKeepsReplicasIdentical) {
   // Every strategy learns: below the loss of a uniform guess over the 256 byte values.
   for (const auto& [kind, v] : final_val) EXPECT_LT(v, std::log(256.0)) << kind;
   // zero keeps 1/3 of anchor, momentum and previous average (plus the full send buffer):
-  // 3/3 + 1 = 2 copies of the model against 4.
+  // 3/3 + 1 = 2 copies of the model against 5 (those four and its own part of the exchange).
   const auto state_bytes = [&](const std::string& kind) {
     const json s = json::parse(read_file(run_dir("same_" + kind) / "swarm.json"));
     return s["done"][0]["net"]["state_bytes"].get<double>();
   };
-  EXPECT_NEAR(state_bytes("co2-zero") / state_bytes("co2"), 2.0 / 4.0, 0.01);
+  EXPECT_NEAR(state_bytes("co2-zero") / state_bytes("co2"), 2.0 / 5.0, 0.01);
+}
+
+// co2's default on rounds of 8 steps: each average is applied as soon as the exchanges have been
+// taking (the first round, unmeasured, waits 7 steps; on loopback the exchange of this tiny model
+// lands within a step or two), the same step on every peer, so replicas stay identical.
+TEST_F(SwarmCliTest, Co2AppliesAveragesAsSoonAsTheExchangesLand) {
+  const fs::path config = write_config("co2_adapt", "kind = \"co2\"\nlocal_steps = 8", 64, 8);
+  const auto r = run_cli("train -q --peers 3 --config " + config.string());
+  ASSERT_EQ(r.code, 0) << r.output << read_file(run_dir("co2_adapt") / "peer-0.log");
+  const std::string log = read_file(run_dir("co2_adapt") / "peer-0.log");
+  const std::regex applied("now applied ([0-9]+) steps into the next round");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m, applied)) << log;
+  EXPECT_LT(std::stoi(m[1]), 7) << log;
+  const std::string model = final_model(run_dir("co2_adapt") / "peer-0", 64);
+  ASSERT_FALSE(model.empty());
+  const auto reference = val_losses(run_dir("co2_adapt") / "peer-0");
+  EXPECT_GE(reference.size(), 4u);
+  for (int i = 1; i < 3; ++i) {
+    const fs::path peer = run_dir("co2_adapt") / ("peer-" + std::to_string(i));
+    EXPECT_TRUE(final_model(peer, 64) == model) << "peer " << i << "'s final model differs";
+    EXPECT_EQ(val_losses(peer), reference) << "peer " << i;
+  }
 }
 
 TEST_F(SwarmCliTest, KilledPeerCostsTheOthersOneTimeout) {
@@ -367,52 +394,71 @@ TEST_F(SwarmCliTest, AtomFastPeerContributesMore) {
               final_model(run_dir("atom_quota") / "peer-1", 24));
 }
 
+// A peer that joins a running co2 swarm adopts its state and step; in the published form its
+// first round is refused (it lacked the average) and the others' parts go out again; applied
+// inside the round (overlap_steps), the joiner takes part in the exchange launched as it joins.
 TEST_F(SwarmCliTest, JoinerAdoptsTheRunningSwarmsState) {
-  write_config("join", "kind = \"co2\"\nlocal_steps = 4", 300, 20);
-  fs::create_directories(run_dir("join"));
-  std::vector<Process> peers;
-  peers.emplace_back(peer_argv("join", 0, 3, "", 2), (run_dir("join") / "p0.log").string());
-  auto listening = wait_event(
-      peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
-  ASSERT_TRUE(listening);
-  const std::string entry = (*listening)["endpoint"];
-  peers.emplace_back(peer_argv("join", 1, 3, entry, 2), (run_dir("join") / "p1.log").string());
-  ASSERT_TRUE(wait_event(
-      peers[1], [](const json& j) { return j["event"] == "step" && j["step"] >= 40; }, 60s));
-  // Each peer tells the swarm how it trains: `starling status` shows every member's step and
-  // loss from one member's view.
-  const auto status = run_cli("status --insecure --join " + entry);
-  ASSERT_EQ(status.code, 0) << status.output;
-  EXPECT_NE(status.output.find("tokens/s"), std::string::npos) << status.output;
-  int training = 0;
-  std::istringstream rows(status.output);
-  for (std::string row; std::getline(rows, row);) {
-    std::istringstream cells(row);
-    std::vector<std::string> c;
-    for (std::string cell; cells >> cell;) c.push_back(cell);
-    // ... state, active, heard, step, loss, tokens/s, endpoint (the name may be empty)
-    const size_t n = c.size();
-    if (n >= 8 && row.find("alive") != std::string::npos && c[n - 4] != "-" &&
-        std::stoi(c[n - 4]) >= 20 && c[n - 3] != "-")
-      ++training;
+  for (const bool early : {false, true}) {
+    SCOPED_TRACE(early ? "overlap_steps = 2" : "published form");
+    const std::string name = early ? "join_early" : "join";
+    const std::string strategy = early ? "kind = \"co2\"\nlocal_steps = 8\noverlap_steps = 2"
+                                       : "kind = \"co2\"\nlocal_steps = 4";
+    write_config(name, strategy, 300, 20);
+    fs::create_directories(run_dir(name));
+    std::vector<Process> peers;
+    peers.emplace_back(peer_argv(name, 0, 3, "", 2), (run_dir(name) / "p0.log").string());
+    auto listening = wait_event(
+        peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
+    ASSERT_TRUE(listening);
+    const std::string entry = (*listening)["endpoint"];
+    peers.emplace_back(peer_argv(name, 1, 3, entry, 2), (run_dir(name) / "p1.log").string());
+    ASSERT_TRUE(wait_event(
+        peers[1], [](const json& j) { return j["event"] == "step" && j["step"] >= 40; }, 60s));
+    // Each peer tells the swarm how it trains: `starling status` shows every member's step and
+    // loss from one member's view.
+    const auto status = run_cli("status --insecure --join " + entry);
+    ASSERT_EQ(status.code, 0) << status.output;
+    EXPECT_NE(status.output.find("tokens/s"), std::string::npos) << status.output;
+    int training = 0;
+    std::istringstream rows(status.output);
+    for (std::string row; std::getline(rows, row);) {
+      std::istringstream cells(row);
+      std::vector<std::string> c;
+      for (std::string cell; cells >> cell;) c.push_back(cell);
+      // ... state, active, heard, step, loss, tokens/s, endpoint (the name may be empty)
+      const size_t n = c.size();
+      if (n >= 8 && row.find("alive") != std::string::npos && c[n - 4] != "-" &&
+          std::stoi(c[n - 4]) >= 20 && c[n - 3] != "-")
+        ++training;
+    }
+    EXPECT_EQ(training, 2) << status.output;
+    peers.emplace_back(peer_argv(name, 2, 3, entry, 1), (run_dir(name) / "p2.log").string());
+    auto first = wait_event(
+        peers[2], [](const json& j) { return j["event"] == "step"; }, 60s);
+    ASSERT_TRUE(first) << read_file(run_dir(name) / "p2.log");
+    EXPECT_GT((*first)["step"].get<int64_t>(), 40) << "the joiner starts at the swarm's step";
+    for (int i = 0; i < 3; ++i) {
+      auto done = wait_event(
+          peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
+      ASSERT_TRUE(done) << "peer " << i;
+      EXPECT_EQ((*done)["net"]["peers"], 3);
+    }
+    const std::string log = read_file(run_dir(name) / "p2.log");
+    EXPECT_NE(log.find("adopting the swarm's state"), std::string::npos) << log;
+    const std::string old = read_file(run_dir(name) / "p0.log");
+    if (!early) {
+      // The joiner lacked the round's average, so no one applied it: the others sent their parts
+      // of that round again instead of dropping them.
+      EXPECT_NE(old.find("this peer's part of it goes out again"), std::string::npos) << old;
+    } else {
+      // Applied inside the round, the exchange launched at the join has the joiner's part too:
+      // no one waits for it, and nothing fails.
+      EXPECT_EQ(old.find("all-reduce of the update failed"), std::string::npos) << old;
+    }
+    const std::string model = final_model(run_dir(name) / "peer-0", 300);
+    EXPECT_TRUE(final_model(run_dir(name) / "peer-1", 300) == model);
+    EXPECT_TRUE(final_model(run_dir(name) / "peer-2", 300) == model);
   }
-  EXPECT_EQ(training, 2) << status.output;
-  peers.emplace_back(peer_argv("join", 2, 3, entry, 1), (run_dir("join") / "p2.log").string());
-  auto first = wait_event(
-      peers[2], [](const json& j) { return j["event"] == "step"; }, 60s);
-  ASSERT_TRUE(first) << read_file(run_dir("join") / "p2.log");
-  EXPECT_GT((*first)["step"].get<int64_t>(), 40) << "the joiner starts at the swarm's step";
-  for (int i = 0; i < 3; ++i) {
-    auto done = wait_event(
-        peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
-    ASSERT_TRUE(done) << "peer " << i;
-    EXPECT_EQ((*done)["net"]["peers"], 3);
-  }
-  const std::string log = read_file(run_dir("join") / "p2.log");
-  EXPECT_NE(log.find("adopting the swarm's state"), std::string::npos) << log;
-  const std::string model = final_model(run_dir("join") / "peer-0", 300);
-  EXPECT_TRUE(final_model(run_dir("join") / "peer-1", 300) == model);
-  EXPECT_TRUE(final_model(run_dir("join") / "peer-2", 300) == model);
 }
 
 // Swapped peers: two ddp peers, so every sum is a + b whichever peer adds, train bit-identically
@@ -572,25 +618,36 @@ TEST_F(SwarmCliTest, AFaultyPeerWithholdsItsOwnNonFiniteUpdate) {
 }
 
 // Two peers, so every sum is a + b and bit-identical whichever peer adds: a stopped and resumed
-// swarm must end exactly where a straight run ends.
+// swarm must end exactly where a straight run ends. With overlap_steps the stop falls where an
+// average was just applied, inside a round: the progress since its launch must resume too.
 TEST_F(SwarmCliTest, StoppedSwarmResumesExactly) {
-  const auto straight =
-      run_cli("train -q --peers 2 --config " +
-              write_config("straight", "kind = \"co2\"\nlocal_steps = 4").string());
-  ASSERT_EQ(straight.code, 0) << straight.output;
-  const fs::path split = write_config("split", "kind = \"co2\"\nlocal_steps = 4");
-  const auto first = run_cli("train -q --peers 2 --stop-at 8 --config " + split.string());
-  ASSERT_EQ(first.code, 0) << first.output;
-  const auto again = run_cli("train -q --peers 2 --config " + split.string());
-  EXPECT_NE(again.code, 0) << "a swarm refuses to overwrite its run without --resume";
-  const auto second = run_cli("train -q --peers 2 --resume --config " + split.string());
-  ASSERT_EQ(second.code, 0) << second.output;
-  EXPECT_NE(read_file(run_dir("split") / "peer-1.log").find("resumed from"), std::string::npos);
-  for (int i = 0; i < 2; ++i) {
-    const std::string peer = "peer-" + std::to_string(i);
-    EXPECT_TRUE(final_model(run_dir("straight") / peer, 16) ==
-                final_model(run_dir("split") / peer, 16))
-        << peer << ": 8 steps + resume + 8 differs from 16 straight";
+  for (const auto& [name, strategy, stop] :
+       {std::tuple{"", "kind = \"co2\"\nlocal_steps = 4", 8},
+        std::tuple{"_early", "kind = \"co2\"\nlocal_steps = 4\noverlap_steps = 2", 6}}) {
+    SCOPED_TRACE(strategy);
+    const std::string straight_name = std::string("straight") + name,
+                      split_name = std::string("split") + name;
+    const auto straight =
+        run_cli("train -q --peers 2 --config " + write_config(straight_name, strategy).string());
+    ASSERT_EQ(straight.code, 0) << straight.output;
+    const fs::path split = write_config(split_name, strategy);
+    const auto first = run_cli("train -q --peers 2 --stop-at " + std::to_string(stop) +
+                               " --config " + split.string());
+    ASSERT_EQ(first.code, 0) << first.output;
+    const auto again = run_cli("train -q --peers 2 --config " + split.string());
+    EXPECT_NE(again.code, 0) << "a swarm refuses to overwrite its run without --resume";
+    const auto second = run_cli("train -q --peers 2 --resume --config " + split.string());
+    ASSERT_EQ(second.code, 0) << second.output;
+    EXPECT_NE(read_file(run_dir(split_name) / "peer-1.log")
+                  .find("at step " + std::to_string(stop) + "\n"),
+              std::string::npos)
+        << "resumed from the stop";
+    for (int i = 0; i < 2; ++i) {
+      const std::string peer = "peer-" + std::to_string(i);
+      EXPECT_TRUE(final_model(run_dir(straight_name) / peer, 16) ==
+                  final_model(run_dir(split_name) / peer, 16))
+          << peer << ": " << stop << " steps + resume differs from 16 straight";
+    }
   }
 }
 

@@ -28,9 +28,11 @@ struct Harness {
 
   // backend "starling": a one-peer swarm; "nccl": a one-rank NCCL group (buffers on the GPU).
   Harness(const std::string& clip, double threshold, bool zero, const std::string& device = "cpu",
-          const std::string& backend = "starling") {
+          const std::string& backend = "starling", int64_t local_steps = 2,
+          int64_t overlap_steps = 0) {
     config.strategy.kind = "co2";
-    config.strategy.local_steps = 2;
+    config.strategy.local_steps = local_steps;
+    config.strategy.overlap_steps = overlap_steps;
     config.strategy.outer_lr = 0.5;
     config.strategy.outer_momentum = 0.8;
     config.strategy.staleness_penalty = 2.0;
@@ -59,14 +61,23 @@ struct Harness {
     return at::cat({params.get("w").value.detach().flatten(), params.get("b").value.detach()})
         .cpu();
   }
-  // Plays tau inner steps that move the parameters by -delta, then the boundary.
-  void round(const at::Tensor& delta, bool last = false) {
+  // Plays `steps` inner steps that move the parameters by -delta; returns what the last step's
+  // step_done says (whether the parameters are the shared anchor).
+  bool steps(const at::Tensor& delta, int64_t steps, bool last = false) {
     at::NoGradGuard g;
     const at::Tensor d = delta.to(params.get("w").value.device());
     params.get("w").value.sub_(d.narrow(0, 0, 4));
     params.get("b").value.sub_(d.narrow(0, 4, 2));
-    replica->step += config.strategy.local_steps;
-    EXPECT_TRUE(co2->step_done(*replica, last));
+    for (int64_t i = 1; i < steps; ++i) {
+      ++replica->step;
+      EXPECT_FALSE(co2->step_done(*replica, false)) << "step " << replica->step;
+    }
+    ++replica->step;
+    return co2->step_done(*replica, last);
+  }
+  // Plays tau inner steps that move the parameters by -delta, then the boundary.
+  void round(const at::Tensor& delta, bool last = false) {
+    EXPECT_TRUE(steps(delta, config.strategy.local_steps, last));
   }
 };
 
@@ -139,11 +150,48 @@ TEST(Co2Test, OuterStateOverNcclFollowsTheFormulas) {
   check_against_formulas("norm", 0.25, true, "cuda", "nccl");
 }
 
+// overlap_steps = 2 of tau = 4: each round's delta is applied two steps into the next round, with
+// no round of staleness (so no penalty), and the peer keeps the progress it made meanwhile. One
+// peer: the average is its own delta. The progress of a round is u (its first two steps) + v (its
+// last two), the first two steps' progress made on top of the previous anchor before it moved.
+TEST(Co2Test, EarlyApplicationFollowsTheFormulas) {
+  Harness h("norm", 0.25, false, "cpu", "starling", 4, 2);
+  const auto& s = h.config.strategy;
+  const std::vector<at::Tensor> u = {at::tensor({0.1f, 0.2f, -0.1f, 0.3f, 0.05f, -0.02f}),
+                                     at::tensor({0.3f, -0.1f, 0.2f, 0.1f, -0.04f, 0.06f}),
+                                     at::tensor({-0.2f, 0.4f, 0.1f, 0.0f, 0.03f, 0.01f})};
+  const std::vector<at::Tensor> v = {at::tensor({0.05f, 0.05f, -0.3f, 0.2f, 0.0f, -0.05f}),
+                                     at::tensor({-0.1f, 0.1f, 0.0f, 0.2f, 0.02f, 0.0f}),
+                                     at::tensor({0.2f, -0.3f, 0.1f, -0.1f, 0.01f, 0.04f})};
+  at::Tensor x = h.flat(), m = at::zeros_like(x), previous;
+  // No staleness penalty: an average applied inside the next round is not stale.
+  auto apply = [&](const at::Tensor& d) {
+    m = clip(m * s.outer_momentum + d, "norm", 0.25);
+    x = x - m * s.outer_lr;
+  };
+  at::Tensor delta = u[0];  // this round's progress from its anchor
+  EXPECT_FALSE(h.steps(u[0], 2)) << "nothing is in flight in the first round";
+  for (size_t t = 0; t < u.size(); ++t) {
+    const bool last = t + 1 == u.size();
+    delta = delta + v[t];
+    EXPECT_EQ(h.steps(v[t], 2, last), last) << "a boundary launches; only the last applies";
+    if (last) break;
+    EXPECT_TRUE(h.steps(u[t + 1], 2)) << "round " << t << "'s average is applied here";
+    apply(delta);
+    EXPECT_TRUE(at::allclose(h.flat(), x, 1e-5, 1e-6))
+        << "round " << t << ": got " << h.flat() << " expected the anchor " << x;
+    delta = u[t + 1];  // made before the anchor moved, counted in the next round
+  }
+  apply(delta);  // the drain: the last round's average at once
+  EXPECT_TRUE(at::allclose(h.flat(), x, 1e-5, 1e-6)) << "got " << h.flat() << " expected " << x;
+}
+
 TEST(Co2Test, ZeroKeepsOnlyShardsOfTheOuterState) {
   Harness plain("none", 0, false), zero("none", 0, true);
   // One peer owns every shard, so the saving shows only with more peers (see swarm_cli_test);
-  // here both hold anchor, momentum, previous average and the send buffer: 4 x 6 floats.
-  EXPECT_EQ(plain.co2->state_bytes(), 4 * 4 * 6);
+  // here both hold anchor, momentum, previous average and the send buffer: 4 x 6 floats, and
+  // without zero its own part of the last exchange (to send again if it is not applied).
+  EXPECT_EQ(plain.co2->state_bytes(), 5 * 4 * 6);
   EXPECT_EQ(zero.co2->state_bytes(), 4 * 4 * 6);
 }
 

@@ -225,6 +225,10 @@ TEST(RunConfig, StrategyAndNetTables) {
                {"run.toml:4", "net.backend", "\"gloo\"", "\"nccl\""});
   expect_error("[data]\ndir = \"d\"\n[strategy]\nouter_momentum = 1.0\n",
                {"strategy.outer_momentum must be < 1"});
+  expect_error("[data]\ndir = \"d\"\n[strategy]\nlocal_steps = 8\noverlap_steps = 9\n",
+               {"strategy.overlap_steps (9) must be at most strategy.local_steps (8)"});
+  expect_error("[data]\ndir = \"d\"\n[strategy]\nkind = \"co2\"\nzero = true\noverlap_steps = 4\n",
+               {"strategy.overlap_steps < strategy.local_steps", "strategy.zero"});
   expect_error("[data]\ndir = \"d\"\n[net]\nheartbeat_ms = 900\npeer_timeout_ms = 800\n",
                {"net.peer_timeout_ms (800) must exceed net.heartbeat_ms (900)"});
 }
@@ -359,8 +363,8 @@ std::vector<std::string> all_keys() {
        {"prompt", "max_tokens", "temperature", "top_k", "top_p", "stop", "seed", "cache"}},
       {"strategy",
        {"kind", "local_steps", "outer_lr", "outer_momentum", "staleness_penalty", "clip",
-        "clip_threshold", "zero", "target_batch", "precision", "aggregation", "trim",
-        "fingerprint"}},
+        "clip_threshold", "zero", "overlap_steps", "target_batch", "precision", "aggregation",
+        "trim", "fingerprint"}},
       {"net",
        {"backend", "rank", "world_size", "store", "interface", "name", "listen", "advertise",
         "join", "key", "allow", "insecure", "direct_data", "heartbeat_ms", "peer_timeout_ms",

@@ -7,11 +7,15 @@
 
 #include "starling/common/error.h"
 #include "starling/strategy/state_tensors.h"
+#include "starling/strategy/strategy_config.h"
+#include "starling/train/metrics.h"
 
 namespace starling::strategy {
 namespace {
 constexpr double kGapEps = 1e-8;
-}
+// Adaptive overlap: the apply point is this many times the exchange's measured length in steps.
+constexpr double kApplyMargin = 1.25;
+}  // namespace
 
 Co2::Co2(const train::RunConfig& config, net::Collectives& net) : SwarmStrategy(config, net) {}
 
@@ -23,6 +27,46 @@ void Co2::allocate(train::Replica&) {
   momentum_ = flat_->zeros();
   previous_ = flat_->zeros();
   average_ = exchange_->device();
+  if (!zero()) own_ = flat_->zeros();
+  const auto& s = config_.strategy;
+  if (model_part() && s.overlap_steps > 0 && s.overlap_steps < s.local_steps)
+    throw ConfigError(
+        "strategy.overlap_steps < strategy.local_steps is not supported on a "
+        "pipeline's stages yet; set overlap_steps = 0");
+  if (early() && overlap_steps() > 0)
+    log("each round's average is applied " + std::to_string(overlap_steps()) +
+        " steps into the next round (strategy.overlap_steps)");
+}
+
+int64_t Co2::overlap_steps() const { return co2_overlap_steps(config_.strategy, model_part()); }
+
+bool Co2::early() const {
+  const int64_t k = overlap_steps();
+  return k < 0 || (k > 0 && k < config_.strategy.local_steps);
+}
+
+std::array<float, 3> Co2::round_notes() const {
+  const float launches = at_boundary_ ? 1.f : 0.f;
+  if (exchange_s_ <= 0 || step_s_ <= 0) return {0.f, 0.f, launches};
+  return {static_cast<float>(exchange_s_ / step_s_), 1.f, launches};
+}
+
+int64_t Co2::choose_apply_point(const Agreement& a) {
+  const int64_t tau = config_.strategy.local_steps;
+  const int64_t fixed = overlap_steps();
+  if (fixed >= 0) return fixed;
+  // Adaptive: the participants' mean of how many steps their last exchange took, with a margin
+  // for a link whose speed varies; a round without measurements (the first) waits the longest.
+  int64_t k = tau - 1;
+  if (a.notes[1] > 0) {
+    const double steps = a.notes[0] / a.notes[1];
+    k = std::clamp(static_cast<int64_t>(std::ceil(steps * kApplyMargin)), int64_t{1}, tau - 1);
+    if (k != round_k_)
+      log("each round's average is now applied " + std::to_string(k) +
+          " steps into the next round (the last exchanges took " + train::fmt("%.1f", steps) +
+          " steps; strategy.overlap_steps = -1)");
+  }
+  return k;
 }
 
 void Co2::set_shard(const std::vector<net::PeerId>& ring) {
@@ -48,6 +92,10 @@ void Co2::set_shard(const std::vector<net::PeerId>& ring) {
 void Co2::started(const Agreement& a) {
   if (zero() && (a.synced || a.ring != ring_)) set_shard(a.ring);
   ring_ = a.ring;
+  // Joining a running swarm at its round boundary: the others launch an exchange now and apply
+  // it a few steps into the round, so this peer takes part (sending zeros) instead of leaving
+  // them waiting for it until its own next boundary.
+  if (early() && a.notes[2] > 0) launch_early(a);
 }
 
 at::Tensor Co2::sum_over_shards(const at::Tensor& local) {
@@ -64,6 +112,8 @@ at::Tensor Co2::squares(const at::Tensor& part) {
 }
 
 void Co2::advance() {
+  if (launched_early_ && has_in_flight_ && landed_s_ == 0 && in_flight_.test())
+    landed_s_ = train::now_s();
   if (pending_launch_ && exchange_->download_done()) {
     pending_launch_ = false;
     net::CollectiveOptions o = options(precision_);
@@ -107,14 +157,16 @@ void Co2::update_momentum() {
   // Scalars stay 0-dim device tensors: nothing here waits for the device (without zero).
   const auto& s = config_.strategy;
   at::Tensor gap = at::zeros({}, momentum_.options());
+  // The penalty damps a stale average; applied inside the next round, an average is not stale
+  // (and damping it cost 6% of validation loss in the sweep of docs/results.md).
+  const double penalty = early() ? 0.0 : s.staleness_penalty;
   if (has_previous_) {
     const at::Tensor diff = squares(average_ - previous_);
     const at::Tensor prev = squares(previous_);
     gap = diff.sqrt() / (prev.sqrt() + kGapEps);
     gap = at::where(at::isfinite(gap), gap, at::zeros_like(gap));  // a failed norm exchange
   }
-  momentum_.mul_(s.outer_momentum)
-      .addcmul_(average_, (gap * s.staleness_penalty + 1.0).reciprocal());
+  momentum_.mul_(s.outer_momentum).addcmul_(average_, (gap * penalty + 1.0).reciprocal());
   if (s.clip == "value") {
     momentum_.clamp_(-s.clip_threshold, s.clip_threshold);
   } else if (s.clip == "norm") {
@@ -153,8 +205,17 @@ void Co2::launch(const Agreement& a, bool apply) {
     if (apply) update_momentum();          // reads Delta_{t-1} from buffer before it is reused
     flat_->gather(buffer);                 // y_t
     at::sub_out(buffer, anchor_, buffer);  // delta_t = x_t - y_t
-    if (apply) move_anchor();              // x_{t+1}
-    flat_->scatter(anchor_);               // the next tau steps start from x_{t+1}
+    // The previous round's average was not applied (its exchange failed, or a participant lacks
+    // it): this peer's part of it goes out again with this round's, so no progress is lost.
+    if (!apply && carry_ && a.contribute) {
+      buffer.add_(own_);
+      log("the last round's average was not applied on every participant (a failed exchange, "
+          "or a peer without it); this peer's part of it goes out again with this round's");
+    }
+    carry_ = a.contribute;
+    if (carry_) own_.copy_(buffer);
+    if (apply) move_anchor();  // x_{t+1}
+    flat_->scatter(anchor_);   // the next tau steps start from x_{t+1}
   } else {
     if (apply) {
       update_momentum();
@@ -179,8 +240,87 @@ void Co2::launch(const Agreement& a, bool apply) {
   advance();  // on a CPU the exchange starts here
 }
 
+train::StepHooks::StepWork Co2::run_step(train::StepRunner& runner, train::Replica& r,
+                                         double loss_scale) {
+  restore_offset();
+  const double t0 = train::now_s();
+  StepWork work = SwarmStrategy::run_step(runner, r, loss_scale);
+  pass_s_ += train::now_s() - t0;
+  ++passes_;
+  return work;
+}
+
+void Co2::restore_offset() {
+  if (!offset_pending_) return;
+  offset_pending_ = false;
+  // The exchange buffer is free: nothing is in flight between an apply and the next launch.
+  at::Tensor& buffer = exchange_->device();
+  flat_->gather(buffer);
+  buffer.add_(own_);
+  flat_->scatter(buffer);
+}
+
+void Co2::launch_early(const Agreement& a) {
+  at::Tensor& buffer = exchange_->device();
+  if (!a.contribute) flat_->scatter(anchor_);  // its own progress does not count: drop it
+  flat_->gather(own_);                         // y_t
+  at::sub_out(buffer, anchor_, own_);          // delta_t = x_t - y_t
+  if (!a.contribute) buffer.zero_();
+  if (a.contributors == 0) return;
+  in_flight_contributors_ = a.contributors;
+  in_flight_ring_ = a.ring;
+  in_flight_shifted_ = false;
+  round_k_ = choose_apply_point(a);
+  exchange_->download();
+  pending_launch_ = true;
+  launched_early_ = true;
+  launched_s_ = train::now_s();
+  landed_s_ = 0;
+  advance();
+}
+
+bool Co2::apply_early() {
+  launched_early_ = false;
+  // A failed exchange: the anchor stays x_t and the parameters go on from this peer's own, so
+  // the next launch measures both rounds' progress from x_t and nothing computed is lost.
+  const bool ok = collect();
+  exchange_s_ = ok ? (landed_s_ > 0 ? landed_s_ : train::now_s()) - launched_s_ : 0;
+  if (!ok) return false;
+  update_momentum();  // reads Delta_t from the buffer before it is reused
+  at::Tensor& buffer = exchange_->device();
+  flat_->gather(buffer);            // z
+  at::sub_out(own_, buffer, own_);  // z - y_t
+  move_anchor();                    // x_{t+1}
+  flat_->scatter(anchor_);
+  offset_pending_ = true;
+  return true;
+}
+
+bool Co2::step_done_early(train::Replica& r, bool last) {
+  const int64_t tau = config_.strategy.local_steps;
+  const int64_t pos = r.step % tau;
+  bool shared = false;
+  if (launched_early_ && (pos == round_k_ || pos == 0 || last)) shared = apply_early();
+  if (!last && pos != 0) return shared;
+  // A round boundary: the launch measures this peer's progress from its own parameters.
+  restore_offset();
+  if (passes_ > 0) step_s_ = pass_s_ / static_cast<double>(passes_);
+  pass_s_ = 0;
+  passes_ = 0;
+  at_boundary_ = true;
+  const Agreement a = agree(r);
+  at_boundary_ = false;
+  ring_ = a.ring;
+  launch_early(a);
+  ++rounds_;
+  // Drain: the final round's average is applied at once, so the run ends on x_{T+1}.
+  if (last && launched_early_) apply_early();
+  return last || shared;
+}
+
 bool Co2::step_done(train::Replica& r, bool last) {
   advance();
+  if (early()) return step_done_early(r, last);
   if (!last && r.step % config_.strategy.local_steps != 0) return false;
   collect();
   Agreement a = agree(r);
@@ -249,6 +389,9 @@ void Co2::unpack_state(train::Replica&, const at::Tensor& in) {
   has_previous_ = in[4 * n].item<float>() != 0;
   has_average_ = in[4 * n + 1].item<float>() != 0;
   flat_->scatter(anchor_);
+  // The root's anchor, without this peer's progress since the launch. A carried part stays: a
+  // peer whose state matched the root's contributes, and sends it (launch()).
+  offset_pending_ = false;
 }
 
 nlohmann::json Co2::checkpoint_state(std::vector<std::pair<std::string, at::Tensor>>& tensors) {
@@ -265,6 +408,11 @@ nlohmann::json Co2::checkpoint_state(std::vector<std::pair<std::string, at::Tens
   state["has_average"] = has_average_;
   state["shard"] = {shard_begin_, shard_end_};
   state["ring"] = ring;
+  // Early: the checkpoint's parameters are the anchor; the progress since the launch goes on.
+  // Otherwise: this peer's part of the last exchange, sent again if its average is not applied.
+  if (offset_pending_ || carry_) tensors.emplace_back("strategy.own", own_);
+  state["has_offset"] = offset_pending_;
+  state["carry"] = carry_;
   return state;
 }
 
@@ -293,10 +441,19 @@ void Co2::restore(train::Replica&, const nlohmann::json& state, const Safetensor
   load_state_tensor(tensors, "strategy.average", average_);
   has_previous_ = state.value("has_previous", false);
   has_average_ = state.value("has_average", false);
+  offset_pending_ = state.value("has_offset", false);
+  carry_ = state.value("carry", false) && !zero();
+  if (offset_pending_ && !early())
+    throw CheckpointError(tensors.file.string() +
+                          ": the checkpoint was taken inside a round of co2 with "
+                          "strategy.overlap_steps < local_steps; resume it with the same "
+                          "overlap_steps");
+  if (offset_pending_ || carry_) load_state_tensor(tensors, "strategy.own", own_);
 }
 
 int64_t Co2::state_bytes() const {
-  return 4 * (anchor_.numel() + momentum_.numel() + previous_.numel() + exchange_->numel());
+  return 4 * (anchor_.numel() + momentum_.numel() + previous_.numel() + exchange_->numel() +
+              (own_.defined() ? own_.numel() : 0));
 }
 
 train::StrategyReport Co2::report() const {

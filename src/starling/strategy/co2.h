@@ -9,6 +9,18 @@
 //       m <- beta*m + Delta_{t-1} / (1 + gamma*s);  m <- clip(m, phi);  x_{t+1} = x_t - alpha*m
 //   - the next tau steps start from x_{t+1} while delta_t is in flight.
 // The final boundary also waits for the last average and applies it, so no round is dropped.
+// When a round's average is not applied (its exchange failed when a peer died, or a joiner lacks
+// it), each peer sends its part of that round again with the next round's delta, so the progress
+// of the survivors is not lost (without zero).
+//
+// With strategy.overlap_steps = K < tau the average is applied K inner steps into the next round
+// instead of at its end (overlapped like Streaming DiLoCo's exchange): at the boundary the peer
+// launches delta_t = x_t - y_t and goes on training from its own y_t; after K steps, at z, it
+// collects Delta_t, moves the anchor to x_{t+1} and continues from x_{t+1} + (z - y_t), so its K
+// steps of progress count in the next round's delta and no round's progress reaches the anchor
+// late. Evaluation and checkpoints happen there, on x_{t+1} (the K steps' progress is put back
+// before the next step). A failed exchange loses nothing: the anchor stays x_t and the peer goes
+// on from its own parameters, so the next round's delta carries both rounds' progress.
 //
 // With zero = true each peer keeps only its shard (1/N, by peer id) of x, m and Delta_{t-2}: it
 // sends e_t = x_{t+1} - y_t by reduce-scatter, recovers its shard of the average as
@@ -34,13 +46,15 @@ class Co2 final : public SwarmStrategy {
  public:
   Co2(const train::RunConfig& config, net::Collectives& net);
   void gradients_ready(train::Replica&) override { advance(); }
+  StepWork run_step(train::StepRunner& runner, train::Replica& r, double loss_scale) override;
   bool step_done(train::Replica& r, bool last) override;
   nlohmann::json checkpoint_state(
       std::vector<std::pair<std::string, at::Tensor>>& tensors) override;
   void finish(train::Replica& r) override;
   train::StrategyReport report() const override;
 
-  // Bytes of outer state this peer holds (anchor, momentum, previous average, send buffer).
+  // Bytes of outer state this peer holds (anchor, momentum, previous average, send buffer, and
+  // without zero its own part of the last exchange).
   int64_t state_bytes() const;
 
  protected:
@@ -55,6 +69,25 @@ class Co2 final : public SwarmStrategy {
 
  private:
   bool zero() const { return config_.strategy.zero; }
+  // strategy.overlap_steps in effect (co2_overlap_steps); early: the average is applied inside
+  // the next round.
+  int64_t overlap_steps() const;
+  bool early() const;
+  bool step_done_early(train::Replica& r, bool last);
+  // Early: launches delta_t = x_t - y_t; the parameters stay y_t.
+  void launch_early(const Agreement& a);
+  // Early: collects the average and applies it; the parameters become x_{t+1} and the progress
+  // since the launch waits in offset_ (false, parameters untouched, if the exchange failed).
+  bool apply_early();
+  // Puts the pending progress back into the parameters.
+  void restore_offset();
+  // Early: the step of the round (counted from its launch) where this exchange's average is
+  // applied: overlap_steps, or with -1 chosen from the participants' notes (below).
+  int64_t choose_apply_point(const Agreement& a);
+  // How many steps this peer's last exchange took (its duration over the mean forward and
+  // backward time of the round's steps), for the adaptive apply point, and whether it launches an
+  // exchange after this agreement (a joiner takes part in that exchange).
+  std::array<float, 3> round_notes() const override;
   // Collects the in-flight average into average_ (this peer's part of it); false if none.
   bool collect();
   // Moves the exchange on without waiting: launches the all-reduce once the download has landed,
@@ -90,6 +123,20 @@ class Co2 final : public SwarmStrategy {
   int64_t shard_begin_ = 0, shard_end_ = 0;
   std::vector<net::PeerId> ring_;
   mutable LazyScalar gap_;
+  // Without zero, this peer's own part of the last launch. Early: the parameters at the launch
+  // (y_t), then, once applied, the progress made since. Otherwise: the delta it sent, kept until
+  // its average is applied (carry_), and sent again with the next round's if it is not.
+  at::Tensor own_;
+  bool carry_ = false;
+  bool launched_early_ = false;  // an exchange awaits its apply point
+  int64_t round_k_ = 0;          // where it is applied, in steps after its launch
+  // Timing for the adaptive apply point: the launch and landing of the exchange in flight (0:
+  // not yet seen), the last exchange's duration, the passes' time and count since the launch,
+  // and the mean step of the last round.
+  double launched_s_ = 0, landed_s_ = 0, exchange_s_ = 0, pass_s_ = 0, step_s_ = 0;
+  int64_t passes_ = 0;
+  bool at_boundary_ = false;  // agreeing at a round boundary: an exchange follows
+  bool offset_pending_ = false;  // own_ holds progress to put back before the next step
 };
 
 }  // namespace starling::strategy

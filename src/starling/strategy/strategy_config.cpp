@@ -35,8 +35,10 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
                         "alpha: outer learning rate applied to the averaged update (diloco, co2)"));
   k.push_back(float_key("strategy", "outer_momentum", &st.outer_momentum, 0,
                         "beta: outer momentum (diloco: Nesterov, co2: heavy ball); < 1"));
-  k.push_back(float_key("strategy", "staleness_penalty", &st.staleness_penalty, 0,
-                        "gamma (co2): the stale update is divided by 1 + gamma * staleness gap"));
+  k.push_back(
+      float_key("strategy", "staleness_penalty", &st.staleness_penalty, 0,
+                "gamma (co2): the one-round-stale update is divided by 1 + gamma * staleness gap "
+                "(not with overlap_steps < local_steps, whose updates are not stale)"));
   k.push_back(string_key("strategy", "clip", &st.clip,
                          "co2 outer-momentum clipping: \"norm\" (global L2 norm), \"value\" "
                          "(each element) or \"none\"",
@@ -47,6 +49,13 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
   k.push_back(bool_key("strategy", "zero", &st.zero,
                        "co2: each peer keeps 1/N of the anchor and outer momentum "
                        "(reduce-scatter + all-gather instead of all-reduce)"));
+  k.push_back(int_key("strategy", "overlap_steps", &st.overlap_steps, -1,
+                      "co2: inner steps a round's exchange overlaps before its average is "
+                      "applied (the peer keeps its progress since the launch); 0 or local_steps: "
+                      "the published form, applied at the next round boundary, one round late; "
+                      "-1: adaptive, as many steps as the last exchanges took (1 to "
+                      "local_steps - 1), for rounds of 8 steps or more without zero, else 0 "
+                      "(docs/strategies.md#co2)"));
   k.push_back(int_key("strategy", "target_batch", &st.target_batch, 0,
                       "atom: samples (sequences) the swarm gathers per optimizer step; 0 = "
                       "train.batch_size x train.grad_accum per peer"));
@@ -71,8 +80,23 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
                        "the model per round; not with swap.budget or co2's zero"));
 }
 
+int64_t co2_overlap_steps(const StrategyConfig& c, bool pipeline_stage) {
+  if (c.overlap_steps >= 0) return c.overlap_steps;
+  if (c.zero || pipeline_stage || c.local_steps < 8) return 0;
+  return -1;
+}
+
 void check(const StrategyConfig& c, const std::string& source) {
   if (c.outer_momentum >= 1) throw ConfigError(source + ": strategy.outer_momentum must be < 1");
+  if (c.overlap_steps > c.local_steps)
+    throw ConfigError(source + ": strategy.overlap_steps (" + std::to_string(c.overlap_steps) +
+                      ") must be at most strategy.local_steps (" + std::to_string(c.local_steps) +
+                      "): a round's average is applied within the next round");
+  if (c.zero && c.overlap_steps > 0 && c.overlap_steps < c.local_steps)
+    throw ConfigError(source +
+                      ": strategy.overlap_steps < strategy.local_steps does not work "
+                      "with strategy.zero yet (a sharded anchor is rebuilt at the round "
+                      "boundary); set overlap_steps = 0 or zero = false");
 }
 
 void check_peer(const StrategyConfig& c, bool swapped, const std::string& net_backend) {

@@ -27,6 +27,10 @@ struct StrategyConfig {
   std::string clip = "norm";       // co2 outer-momentum clipping: "norm", "value" or "none"
   double clip_threshold = 1.0;     // phi: max norm (clip = "norm") or max |m_i| ("value")
   bool zero = false;               // co2: shard anchor and outer momentum across peers
+  // co2: inner steps a round's exchange overlaps before its average is applied; 0 (or
+  // local_steps) applies it at the next round boundary, one round late (the published form);
+  // -1: adapted to how long the exchanges take, where that can work (co2_overlap_steps()).
+  int64_t overlap_steps = -1;
   int64_t target_batch = 0;        // atom: samples per step; 0 = batch x accum per peer
   std::string precision = "fp32";  // on the wire: "fp32", "fp16", "bf16" or "int8"
   // How a round's updates combine (ddp, localsgd, diloco): "mean" (a ring all-reduce) or
@@ -37,6 +41,12 @@ struct StrategyConfig {
   // compares the peers' round by round).
   bool fingerprint = false;
 };
+
+// co2's overlap_steps in effect: the configured value, or for -1 on rounds of at least 8 steps of
+// a whole model without zero, -1 again: adaptive, chosen each round from how long the exchanges
+// take; otherwise 0 (sharded and pipeline-stage co2 keep the published form, and shorter rounds
+// leave too few steps to adapt in).
+int64_t co2_overlap_steps(const StrategyConfig& c, bool pipeline_stage);
 
 // Appends the [strategy] keys, bound to `c`'s fields.
 void add_config_keys(StrategyConfig& c, config::Keys& keys);

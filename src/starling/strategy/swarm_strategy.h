@@ -5,7 +5,7 @@
 //
 // Each round boundary opens with a tiny all-reduce (the agreement) of
 //   [needs state, 1, anchor version, has the previous round's average, votes to admit,
-//    then each byte b of the state's lineage as b and b*b]
+//    then each byte b of the state's lineage as b and b*b, then the strategy's three notes]
 // so every peer learns, from bit-identical sums, how many take part and whether all of them hold
 // the same shared state (and whether all of them would admit waiting peers now: see
 // StepRunner::admission_ready). The lineage names the history of the shared state: every agreed
@@ -26,6 +26,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -47,6 +48,8 @@ struct Agreement {
   bool synced = false;            // the root's state was broadcast and adopted
   bool previous_on_all = false;   // every participant holds the previous round's average
   std::vector<net::PeerId> ring;  // participants by id (shard order)
+  // The sums over the participants of their round_notes() (the same on every participant).
+  std::array<double, 3> notes{};
 };
 
 class SwarmStrategy : public train::StepHooks {
@@ -77,6 +80,10 @@ class SwarmStrategy : public train::StepHooks {
                        const SafetensorsFile& tensors) = 0;
   // The opening agreement is done (co2 with zero notes its shard here).
   virtual void started(const Agreement&) {}
+  // Three numbers this peer adds to the agreement, summed over the participants into
+  // Agreement::notes, so that every participant decides alike from them (co2: how long its last
+  // exchange took, in steps, and whether it launches an exchange after this agreement).
+  virtual std::array<float, 3> round_notes() const { return {0.f, 0.f, 0.f}; }
 
   // The round's agreement, with a state transfer when needed; retried until it succeeds.
   Agreement agree(train::Replica& r);
@@ -115,6 +122,8 @@ class SwarmStrategy : public train::StepHooks {
   // StepRunner::sum_over_model); a no-op when the replica holds the whole model.
   at::Tensor sum_over_model(const at::Tensor& t) const;
 
+  // Whether the replica trains part of the model (a pipeline stage); known from start() on.
+  bool model_part() const { return model_part_; }
   net::CollectiveOptions options(net::WirePrecision precision) const;
   // Where the vectors handed to the collectives live: the CPU, or the model's device for a
   // backend that works on device memory (then Staging keeps no host copy).
