@@ -39,6 +39,9 @@ VARIANTS = {
                                   "strategy.outer_lr=0.5"]),
     "published-tau32": ("co2", [PUBLISHED, "strategy.local_steps=32"]),
     "published-lr1.5e-3": ("co2", [PUBLISHED, "optim.lr=1.5e-3", "optim.min_lr=1.5e-4"]),
+    # co2's default: applied as many steps into the next round as the exchanges take (adaptive;
+    # the steps depend on the machine's speed and load, so this one is not an exact repeat).
+    "adaptive": ("co2", ["strategy.overlap_steps=-1"]),
     # Applied K steps into the next round (no staleness, so no penalty).
     "k2": ("co2", ["strategy.overlap_steps=2"]),
     "k4": ("co2", ["strategy.overlap_steps=4"]),

@@ -61,10 +61,11 @@ int64_t Co2::choose_apply_point(const Agreement& a) {
   if (a.notes[1] > 0) {
     const double steps = a.notes[0] / a.notes[1];
     k = std::clamp(static_cast<int64_t>(std::ceil(steps * kApplyMargin)), int64_t{1}, tau - 1);
-    if (k != round_k_)
+    if (k != logged_k_)
       log("each round's average is now applied " + std::to_string(k) +
-          " steps into the next round (the last exchanges took " + train::fmt("%.1f", steps) +
-          " steps; strategy.overlap_steps = -1)");
+          (k == 1 ? " step" : " steps") + " into the next round (the last exchanges took " +
+          train::fmt("%.1f", steps) + " steps; strategy.overlap_steps = -1)");
+    logged_k_ = k;
   }
   return k;
 }
@@ -261,6 +262,7 @@ void Co2::restore_offset() {
 }
 
 void Co2::launch_early(const Agreement& a) {
+  restore_offset();  // a peer restored at an apply point launches from its whole progress
   at::Tensor& buffer = exchange_->device();
   if (!a.contribute) flat_->scatter(anchor_);  // its own progress does not count: drop it
   flat_->gather(own_);                         // y_t

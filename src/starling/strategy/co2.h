@@ -130,12 +130,13 @@ class Co2 final : public SwarmStrategy {
   bool carry_ = false;
   bool launched_early_ = false;  // an exchange awaits its apply point
   int64_t round_k_ = 0;          // where it is applied, in steps after its launch
+  int64_t logged_k_ = -1;        // the last adaptive choice the log reported
   // Timing for the adaptive apply point: the launch and landing of the exchange in flight (0:
   // not yet seen), the last exchange's duration, the passes' time and count since the launch,
   // and the mean step of the last round.
   double launched_s_ = 0, landed_s_ = 0, exchange_s_ = 0, pass_s_ = 0, step_s_ = 0;
   int64_t passes_ = 0;
-  bool at_boundary_ = false;  // agreeing at a round boundary: an exchange follows
+  bool at_boundary_ = false;     // agreeing at a round boundary: an exchange follows
   bool offset_pending_ = false;  // own_ holds progress to put back before the next step
 };
 
