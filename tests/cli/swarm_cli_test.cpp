@@ -399,14 +399,17 @@ TEST_F(SwarmCliTest, AtomFastPeerContributesMore) {
 
 // A peer that joins a running co2 swarm adopts its state and step; in the published form its
 // first round is refused (it lacked the average) and the others' parts go out again; applied
-// inside the round (overlap_steps), the joiner takes part in the exchange launched as it joins.
+// inside the round (overlap_steps), the replicas end identical as well.
 TEST_F(SwarmCliTest, JoinerAdoptsTheRunningSwarmsState) {
   for (const bool early : {false, true}) {
     SCOPED_TRACE(early ? "overlap_steps = 2" : "published form");
     const std::string name = early ? "join_early" : "join";
     const std::string strategy = early ? "kind = \"co2\"\nlocal_steps = 8\noverlap_steps = 2"
                                        : "kind = \"co2\"\nlocal_steps = 4";
-    write_config(name, strategy, 300, 20);
+    // Long enough that the two keep training while the third starts (a few seconds at most here,
+    // more on a loaded machine): a swarm that has finished cannot be joined.
+    const int64_t steps = early ? 1000 : 300;
+    write_config(name, strategy, steps, 20);
     fs::create_directories(run_dir(name));
     std::vector<Process> peers;
     peers.emplace_back(peer_argv(name, 0, 3, "", 2), (run_dir(name) / "p0.log").string());
@@ -417,24 +420,26 @@ TEST_F(SwarmCliTest, JoinerAdoptsTheRunningSwarmsState) {
     peers.emplace_back(peer_argv(name, 1, 3, entry, 2), (run_dir(name) / "p1.log").string());
     ASSERT_TRUE(wait_event(
         peers[1], [](const json& j) { return j["event"] == "step" && j["step"] >= 40; }, 60s));
-    // Each peer tells the swarm how it trains: `starling status` shows every member's step and
-    // loss from one member's view.
-    const auto status = run_cli("status --insecure --join " + entry);
-    ASSERT_EQ(status.code, 0) << status.output;
-    EXPECT_NE(status.output.find("tokens/s"), std::string::npos) << status.output;
-    int training = 0;
-    std::istringstream rows(status.output);
-    for (std::string row; std::getline(rows, row);) {
-      std::istringstream cells(row);
-      std::vector<std::string> c;
-      for (std::string cell; cells >> cell;) c.push_back(cell);
-      // ... state, active, heard, step, loss, tokens/s, endpoint (the name may be empty)
-      const size_t n = c.size();
-      if (n >= 8 && row.find("alive") != std::string::npos && c[n - 4] != "-" &&
-          std::stoi(c[n - 4]) >= 20 && c[n - 3] != "-")
-        ++training;
+    if (!early) {
+      // Each peer tells the swarm how it trains: `starling status` shows every member's step and
+      // loss from one member's view.
+      const auto status = run_cli("status --insecure --join " + entry);
+      ASSERT_EQ(status.code, 0) << status.output;
+      EXPECT_NE(status.output.find("tokens/s"), std::string::npos) << status.output;
+      int training = 0;
+      std::istringstream rows(status.output);
+      for (std::string row; std::getline(rows, row);) {
+        std::istringstream cells(row);
+        std::vector<std::string> c;
+        for (std::string cell; cells >> cell;) c.push_back(cell);
+        // ... state, active, heard, step, loss, tokens/s, endpoint (the name may be empty)
+        const size_t n = c.size();
+        if (n >= 8 && row.find("alive") != std::string::npos && c[n - 4] != "-" &&
+            std::stoi(c[n - 4]) >= 20 && c[n - 3] != "-")
+          ++training;
+      }
+      EXPECT_EQ(training, 2) << status.output;
     }
-    EXPECT_EQ(training, 2) << status.output;
     peers.emplace_back(peer_argv(name, 2, 3, entry, 1), (run_dir(name) / "p2.log").string());
     auto first = wait_event(
         peers[2], [](const json& j) { return j["event"] == "step"; }, 60s);
@@ -453,14 +458,13 @@ TEST_F(SwarmCliTest, JoinerAdoptsTheRunningSwarmsState) {
       // The joiner lacked the round's average, so no one applied it: the others sent their parts
       // of that round again instead of dropping them.
       EXPECT_NE(old.find("this peer's part of it goes out again"), std::string::npos) << old;
-    } else {
-      // Applied inside the round, the exchange launched at the join has the joiner's part too:
-      // no one waits for it, and nothing fails.
-      EXPECT_EQ(old.find("all-reduce of the update failed"), std::string::npos) << old;
     }
-    const std::string model = final_model(run_dir(name) / "peer-0", 300);
-    EXPECT_TRUE(final_model(run_dir(name) / "peer-1", 300) == model);
-    EXPECT_TRUE(final_model(run_dir(name) / "peer-2", 300) == model);
+    // Applied inside the round, an exchange that fails at the join (the joiner, admitted at the
+    // end of an agreement, opens with an agreement of its own) leaves the anchor where it was,
+    // and the final models below show the replicas met again.
+    const std::string model = final_model(run_dir(name) / "peer-0", steps);
+    EXPECT_TRUE(final_model(run_dir(name) / "peer-1", steps) == model);
+    EXPECT_TRUE(final_model(run_dir(name) / "peer-2", steps) == model);
   }
 }
 

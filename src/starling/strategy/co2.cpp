@@ -94,8 +94,9 @@ void Co2::started(const Agreement& a) {
   if (zero() && (a.synced || a.ring != ring_)) set_shard(a.ring);
   ring_ = a.ring;
   // Joining a running swarm at its round boundary: the others launch an exchange now and apply
-  // it a few steps into the round, so this peer takes part (sending zeros) instead of leaving
-  // them waiting for it until its own next boundary.
+  // it a few steps into the round, so this peer takes part (sending zeros). (A peer admitted at
+  // the end of the others' agreement meets their exchange with its own opening agreement
+  // instead: that exchange is refused, and the anchor stays until the next round.)
   if (early() && a.notes[2] > 0) launch_early(a);
 }
 
