@@ -45,7 +45,7 @@ bool Co2::early() const {
   return k < 0 || (k > 0 && k < config_.strategy.local_steps);
 }
 
-std::array<float, 3> Co2::round_notes() const {
+std::array<float, kAgreementNotes> Co2::round_notes() const {
   const float launches = at_boundary_ ? 1.f : 0.f;
   if (exchange_s_ <= 0 || step_s_ <= 0) return {0.f, 0.f, launches};
   return {static_cast<float>(exchange_s_ / step_s_), 1.f, launches};

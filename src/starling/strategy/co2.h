@@ -77,7 +77,7 @@ class Co2 final : public SwarmStrategy {
   // Early: launches delta_t = x_t - y_t; the parameters stay y_t.
   void launch_early(const Agreement& a);
   // Early: collects the average and applies it; the parameters become x_{t+1} and the progress
-  // since the launch waits in offset_ (false, parameters untouched, if the exchange failed).
+  // since the launch waits in own_ (false, parameters untouched, if the exchange failed).
   bool apply_early();
   // Puts the pending progress back into the parameters.
   void restore_offset();
@@ -87,7 +87,7 @@ class Co2 final : public SwarmStrategy {
   // How many steps this peer's last exchange took (its duration over the mean forward and
   // backward time of the round's steps), for the adaptive apply point, and whether it launches an
   // exchange after this agreement (a joiner takes part in that exchange).
-  std::array<float, 3> round_notes() const override;
+  std::array<float, kAgreementNotes> round_notes() const override;
   // Collects the in-flight average into average_ (this peer's part of it); false if none.
   bool collect();
   // Moves the exchange on without waiting: launches the all-reduce once the download has landed,

@@ -40,7 +40,6 @@ uint32_t get_lineage(const float* at) {
 // The agreement's fields before the lineage's bytes, and the lineage's share of it.
 constexpr int64_t kControl = 5;
 constexpr int64_t kLineage = 8;  // 4 bytes, each as b and b*b
-constexpr int kNotes = 3;        // the strategy's round_notes()
 
 }  // namespace
 
@@ -287,7 +286,7 @@ std::optional<net::PeerId> SwarmStrategy::choose_root(const train::Replica& r, c
 
 Agreement SwarmStrategy::agree(train::Replica& r) {
   for (int attempt = 0;; ++attempt) {
-    at::Tensor control = at::zeros({kControl + kLineage + kNotes}, at::kFloat);
+    at::Tensor control = at::zeros({kControl + kLineage + kAgreementNotes}, at::kFloat);
     float* c = control.data_ptr<float>();
     c[0] = need_state_ ? 1.f : 0.f;
     c[1] = 1.f;
@@ -299,7 +298,7 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
       c[kControl + 2 * b] = byte;
       c[kControl + 2 * b + 1] = byte * byte;
     }
-    const std::array<float, kNotes> notes = round_notes();
+    const std::array<float, kAgreementNotes> notes = round_notes();
     std::copy(notes.begin(), notes.end(), c + kControl + kLineage);
     const double t0 = now_s();
     net::CollectiveResult result;
@@ -319,7 +318,7 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     net_wait_s_ += now_s() - t0;
     Agreement a;
     a.peers = static_cast<int>(c[1]);
-    for (int i = 0; i < kNotes; ++i) a.notes[i] = c[kControl + kLineage + i];
+    for (int i = 0; i < kAgreementNotes; ++i) a.notes[i] = c[kControl + kLineage + i];
     a.ring = result.ring;
     std::sort(a.ring.begin(), a.ring.end());
     const int needing = static_cast<int>(c[0]);

@@ -41,6 +41,9 @@
 
 namespace starling::strategy {
 
+// How many numbers a strategy adds to each agreement (SwarmStrategy::round_notes).
+inline constexpr int kAgreementNotes = 3;
+
 struct Agreement {
   int peers = 0;                  // participants of the round
   int contributors = 0;           // peers whose local progress counts this round
@@ -49,7 +52,7 @@ struct Agreement {
   bool previous_on_all = false;   // every participant holds the previous round's average
   std::vector<net::PeerId> ring;  // participants by id (shard order)
   // The sums over the participants of their round_notes() (the same on every participant).
-  std::array<double, 3> notes{};
+  std::array<double, kAgreementNotes> notes{};
 };
 
 class SwarmStrategy : public train::StepHooks {
@@ -83,7 +86,7 @@ class SwarmStrategy : public train::StepHooks {
   // Three numbers this peer adds to the agreement, summed over the participants into
   // Agreement::notes, so that every participant decides alike from them (co2: how long its last
   // exchange took, in steps, and whether it launches an exchange after this agreement).
-  virtual std::array<float, 3> round_notes() const { return {0.f, 0.f, 0.f}; }
+  virtual std::array<float, kAgreementNotes> round_notes() const { return {}; }
 
   // The round's agreement, with a state transfer when needed; retried until it succeeds.
   Agreement agree(train::Replica& r);
