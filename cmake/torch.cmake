@@ -48,6 +48,7 @@ add_library(starling STATIC
   src/starling/strategy/flat.cpp
   src/starling/strategy/staging.cpp
   src/starling/strategy/state_tensors.cpp
+  src/starling/strategy/data_redeal.cpp
   src/starling/strategy/swarm_strategy.cpp
   src/starling/strategy/robust_aggregate.cpp
   src/starling/strategy/fault_injection.cpp
@@ -152,6 +153,7 @@ add_executable(starling_tests
   tests/net/gloo_backend_test.cpp
   tests/net/nccl_backend_test.cpp
   tests/strategy/co2_test.cpp
+  tests/strategy/data_redeal_test.cpp
   tests/strategy/progress_board_test.cpp
   tests/strategy/robust_aggregate_test.cpp
   tests/strategy/pipeline_test.cpp

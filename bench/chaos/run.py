@@ -488,6 +488,8 @@ class Harness:
         resumed = self.resume()
         if resumed is not True:
             problems.append(resumed)
+        # Re-deals of the data among a round's peers (strategy.redeal_data), each peer's counted.
+        redeals = self.count_log_lines("is dealt again among")
         kills_restarted = sum(1 for life in self.lives if life.number > 0)
         line = (f"chaos {self.strategy}: {self.args.seconds:.0f} s, {self.args.peers} peers, "
                 f"{self.kills} kills ({kills_restarted} restarts), {self.straggles} stragglers"
@@ -495,6 +497,7 @@ class Harness:
                 f"longest stall {longest[0]:.1f} s, {longest[1]:.1f} s after its last fault "
                 f"(limit {limit:.1f}); step {self.swarm_step}; "
                 f"{compared} rounds compared, {len(mismatched)} differ; "
+                f"{redeals} data re-deals; "
                 f"{len(crashes)} crashes; resume {'ok' if resumed is True else 'FAILED'} -> "
                 f"{'PASS' if not problems else 'FAIL'}")
         return line, problems, {"kills": self.kills, "stragglers": self.straggles,
@@ -502,7 +505,19 @@ class Harness:
                                 "stall_s": longest[0], "recovery_s": longest[1],
                                 "rounds": compared,
                                 "mismatched": len(mismatched), "crashes": len(crashes),
+                                "redeals": redeals,
                                 "steps": self.swarm_step}
+
+    def count_log_lines(self, text):
+        """How many lines of all the processes' logs hold `text`."""
+        n = 0
+        for life in self.lives:
+            try:
+                with open(life.log_path) as f:
+                    n += sum(1 for line in f if text in line)
+            except OSError:
+                pass
+        return n
 
     def adoptions(self):
         """(time, step, life) of every adoption of the swarm's state, from the stamped logs."""

@@ -157,7 +157,9 @@ def tail(path, lines=8):
 # alpha 1.0/beta 0 gave val loss 2.47, alpha 0.7/beta 0.5 gave 2.55, alpha 0.7/beta 0.9 with norm
 # clipping at 1.0 was slower still; at 400 steps with overlap_steps = 4, alpha 0.7/beta 0.9 gave
 # 2.337 against 2.258: docs/results.md), so co2 runs plain averaging (its default overlap_steps,
-# 4 of 16) with a norm clip that only catches outliers. diloco keeps its published
+# 4 of 16) with a norm clip that only catches outliers (Nesterov's outer step, outer_nesterov,
+# does better: sweep.py's k2-int8-nesterov; the comparisons here keep plain averaging so their
+# figures stay comparable). diloco keeps its published
 # alpha 0.7 / Nesterov beta 0.9 (the config's defaults).
 STRATEGY_SETS = {
     "co2": ["strategy.outer_lr=1.0", "strategy.outer_momentum=0.0", "strategy.clip_threshold=5.0"],

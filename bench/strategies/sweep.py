@@ -53,6 +53,13 @@ VARIANTS = {
     "k2-int8": ("co2", ["strategy.overlap_steps=2", "strategy.precision=int8"]),
     "k2-bf16": ("co2", ["strategy.overlap_steps=2", "strategy.precision=bf16"]),
     "k4-int8": ("co2", ["strategy.overlap_steps=4", "strategy.precision=int8"]),
+    # diloco's outer step (Nesterov, alpha 0.7, beta 0.9) on co2's average applied 2 steps in.
+    "k2-int8-nesterov": ("co2", ["strategy.overlap_steps=2", "strategy.precision=int8",
+                                 "strategy.outer_nesterov=true", "strategy.outer_lr=0.7",
+                                 "strategy.outer_momentum=0.9"]),
+    "k2-int8-nesterov-noclip": ("co2", ["strategy.overlap_steps=2", "strategy.precision=int8",
+                                        "strategy.outer_nesterov=true", "strategy.outer_lr=0.7",
+                                        "strategy.outer_momentum=0.9", "strategy.clip=none"]),
 }
 
 

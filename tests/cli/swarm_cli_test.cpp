@@ -51,10 +51,19 @@ std::map<int64_t, double> val_losses(const fs::path& run) {
   return out;
 }
 
-std::string final_model(const fs::path& run, int64_t step) {
+fs::path checkpoint_dir(const fs::path& run, int64_t step) {
   char name[32];
   std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
-  return read_file(run / "checkpoints" / name / "model.safetensors");
+  return run / "checkpoints" / name;
+}
+
+std::string final_model(const fs::path& run, int64_t step) {
+  return read_file(checkpoint_dir(run, step) / "model.safetensors");
+}
+
+// The loader's state a checkpoint saved: epoch, cursor and, after a re-deal, its share.
+json loader_state(const fs::path& run, int64_t step) {
+  return json::parse(read_file(checkpoint_dir(run, step) / "meta.json"))["loader"];
 }
 
 // Reads a peer's stdout events until one satisfies `pred` or `timeout` passes.
@@ -226,6 +235,22 @@ class SwarmCliTest : public ::testing::Test {
     }
     EXPECT_TRUE(final_model(run_dir(name) / "peer-0", steps) ==
                 final_model(run_dir(name) / "peer-1", steps));
+    // The round-based strategies deal the rest of the data again between the two survivors,
+    // from where the three had read together; atom's peers keep their shares.
+    const json a = loader_state(run_dir(name) / "peer-0", steps);
+    const json b = loader_state(run_dir(name) / "peer-1", steps);
+    if (strategy.find("atom") != std::string::npos) {
+      EXPECT_FALSE(a.contains("share")) << a;
+      EXPECT_FALSE(b.contains("share")) << b;
+    } else {
+      ASSERT_TRUE(a.contains("share") && b.contains("share")) << a << " " << b;
+      EXPECT_EQ(a["share"]["world"], 2);
+      EXPECT_EQ(b["share"]["world"], 2);
+      EXPECT_NE(a["share"]["rank"], b["share"]["rank"]);
+      for (int i = 0; i < 2; ++i)
+        EXPECT_NE(read_file(log(i)).find("is dealt again among the 2 peer(s)"), std::string::npos)
+            << read_file(log(i));
+    }
   }
 
   // `n` peers of config `name` (written with `strategy`), the last one started with
@@ -465,6 +490,18 @@ TEST_F(SwarmCliTest, JoinerAdoptsTheRunningSwarmsState) {
     const std::string model = final_model(run_dir(name) / "peer-0", steps);
     EXPECT_TRUE(final_model(run_dir(name) / "peer-1", steps) == model);
     EXPECT_TRUE(final_model(run_dir(name) / "peer-2", steps) == model);
+    // The first two were started as shares 0 and 1 of 3: the data was dealt between the two
+    // until the third came, then among the three, each reading a share of its own.
+    EXPECT_NE(old.find("is dealt again among the 2 peer(s)"), std::string::npos) << old;
+    EXPECT_NE(old.find("is dealt again among the 3 peer(s)"), std::string::npos) << old;
+    std::set<int> ranks;
+    for (int i = 0; i < 3; ++i) {
+      const json l = loader_state(run_dir(name) / ("peer-" + std::to_string(i)), steps);
+      ASSERT_TRUE(l.contains("share")) << l;
+      EXPECT_EQ(l["share"]["world"], 3) << l;
+      ranks.insert(l["share"]["rank"].get<int>());
+    }
+    EXPECT_EQ(ranks.size(), 3u);
   }
 }
 

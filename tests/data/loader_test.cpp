@@ -222,6 +222,88 @@ TEST_F(LoaderTest, SeekLandsWhereAFreshLoaderIsAfterThatManyBatches) {
   }
 }
 
+// Four peers read 5 rows each; one leaves; the three left deal the rest of the epoch among them.
+// Together they read every window of the epoch once: the departed peer's unread windows too.
+TEST_F(LoaderTest, ARedealCoversTheRestOfTheEpochOnce) {
+  constexpr int kBefore = 4, kAfter = 3, kRows = 5;
+  std::multiset<int64_t> seen;
+  std::vector<TokenLoader> loaders;
+  for (int rank = 0; rank < kBefore; ++rank) {
+    loaders.emplace_back(shards_, options(1, rank, kBefore));
+    for (const int64_t first : firsts(loaders.back(), kRows)) seen.insert(first);
+  }
+  const uint64_t position = loaders[0].swarm_position();
+  EXPECT_EQ(position, uint64_t{kBefore * kRows});
+  for (const TokenLoader& l : loaders) EXPECT_EQ(l.swarm_position(), position);
+  loaders.pop_back();  // the last peer leaves; its 5 rows were read
+  uint64_t rest = 0;
+  for (int rank = 0; rank < kAfter; ++rank) {
+    TokenLoader& l = loaders[static_cast<size_t>(rank)];
+    l.redeal(position, rank, kAfter);
+    EXPECT_EQ(l.share().rank, rank);
+    EXPECT_EQ(l.share().world, kAfter);
+    rest += l.windows_per_epoch();
+    for (const int64_t first : firsts(l, static_cast<int>(l.windows_per_epoch()))) {
+      seen.insert(first);
+    }
+    EXPECT_EQ(l.state().epoch, 0u);
+    // The epoch's last windows fall to the lower ranks: a position is exact to within a round.
+    EXPECT_LE(kWindows - l.swarm_position(), uint64_t{kAfter});
+  }
+  EXPECT_EQ(rest, kWindows - position);
+  EXPECT_EQ(seen.size(), kWindows);
+  EXPECT_EQ(std::set<int64_t>(seen.begin(), seen.end()), all_window_starts());
+
+  // The next epoch keeps the new share, from its start: 94 = 32 + 31 + 31 again.
+  std::multiset<int64_t> next;
+  for (TokenLoader& l : loaders) {
+    for (const int64_t first : firsts(l, l.share().rank == 0 ? 32 : 31)) next.insert(first);
+    EXPECT_EQ(l.state().epoch, 1u);
+    EXPECT_LE(2 * kWindows - l.swarm_position(), uint64_t{kAfter});
+  }
+  EXPECT_EQ(std::set<int64_t>(next.begin(), next.end()), all_window_starts());
+  EXPECT_EQ(next.size(), kWindows);
+}
+
+// A re-deal at the last window leaves a peer nothing of that epoch: it starts the next one.
+TEST_F(LoaderTest, ARedealAtTheEndOfAnEpochStartsTheNext) {
+  TokenLoader l(shards_, options(1, 0, 1));
+  l.redeal(2 * kWindows - 1, 1, 2);
+  EXPECT_EQ(l.windows_per_epoch(), 0u);
+  TokenLoader plain(shards_, options(1, 1, 2));
+  plain.seek(kWindows);  // rank 1 of 2 reads 47 windows an epoch: epoch 2 from its start
+  EXPECT_EQ(l.next().inputs, plain.next().inputs);
+  EXPECT_EQ(l.state().epoch, 2u);
+  EXPECT_THROW(l.redeal(0, 2, 2), ConfigError);
+}
+
+// A re-dealt share travels in the checkpoint's JSON; one without a share reads as before.
+TEST_F(LoaderTest, ARedealtShareIsRestored) {
+  TokenLoader a(shards_, options(3, 2, 4));
+  a.next();
+  a.redeal(a.swarm_position() + kWindows, 1, 3);
+  a.next();
+  const nlohmann::json saved = a.state();
+  ASSERT_TRUE(saved.contains("share"));
+  TokenLoader b(shards_, options(3, 2, 4));
+  b.restore(saved.get<LoaderState>());
+  EXPECT_EQ(b.share().rank, 1);
+  EXPECT_EQ(b.share().world, 3);
+  for (int i = 0; i < 40; ++i) ASSERT_EQ(a.next().inputs, b.next().inputs) << i;
+  EXPECT_FALSE(nlohmann::json(TokenLoader(shards_, options(1)).state()).contains("share"));
+  EXPECT_THROW((nlohmann::json{
+                   {"epoch", 1}, {"cursor", 0}, {"share", {{"base", 0}, {"rank", 3}, {"world", 3}}}}
+                    .get<LoaderState>()),
+               CheckpointError);
+  EXPECT_THROW(
+      (nlohmann::json{{"epoch", 1}, {"cursor", 0}, {"share", {{"base", 0}}}}.get<LoaderState>()),
+      CheckpointError);
+  LoaderState far;
+  far.base = kWindows;
+  far.world = 2;
+  EXPECT_THROW(b.restore(far), CheckpointError);
+}
+
 TEST_F(LoaderTest, RejectsBadState) {
   TokenLoader loader(shards_, options(1));
   EXPECT_THROW(loader.restore(LoaderState{0, kWindows + 1}), CheckpointError);

@@ -92,9 +92,11 @@ at::Tensor clip(const at::Tensor& m, const std::string& mode, double phi) {
 
 void check_against_formulas(const std::string& mode, double phi, bool zero,
                             const std::string& device = "cpu",
-                            const std::string& backend = "starling") {
-  SCOPED_TRACE(mode + (zero ? " zero" : "") + " on " + device + " over " + backend);
+                            const std::string& backend = "starling", bool nesterov = false) {
+  SCOPED_TRACE(mode + (zero ? " zero" : "") + (nesterov ? " Nesterov" : "") + " on " + device +
+               " over " + backend);
   Harness h(mode, phi, zero, device, backend);
+  h.config.strategy.outer_nesterov = nesterov;  // the strategy reads its config as it goes
   const auto& s = h.config.strategy;
   at::Tensor x = h.flat();
   at::Tensor m = at::zeros_like(x);
@@ -113,8 +115,9 @@ void check_against_formulas(const std::string& mode, double phi, bool zero,
       double gap = 0;
       if (previous.defined())
         gap = (d - previous).norm().item<double>() / (previous.norm().item<double>() + 1e-8);
-      m = clip(m * s.outer_momentum + d / (1 + s.staleness_penalty * gap), mode, phi);
-      x = x - m * s.outer_lr;
+      const at::Tensor damped = d / (1 + s.staleness_penalty * gap);
+      m = clip(m * s.outer_momentum + damped, mode, phi);
+      x = nesterov ? x - (m * s.outer_momentum + damped) * s.outer_lr : x - m * s.outer_lr;
       previous = d;
     }
     EXPECT_TRUE(at::allclose(h.flat(), x, 1e-5, 1e-6))
@@ -126,6 +129,7 @@ TEST(Co2Test, OuterUpdateFollowsTheFormulas) {
   check_against_formulas("none", 0, false);
   check_against_formulas("norm", 0.25, false);
   check_against_formulas("value", 0.1, false);
+  check_against_formulas("norm", 0.25, false, "cpu", "starling", true);
 }
 
 TEST(Co2Test, ZeroShardingGivesTheSameAnchors) {
@@ -155,35 +159,39 @@ TEST(Co2Test, OuterStateOverNcclFollowsTheFormulas) {
 // peer: the average is its own delta. The progress of a round is u (its first two steps) + v (its
 // last two), the first two steps' progress made on top of the previous anchor before it moved.
 TEST(Co2Test, EarlyApplicationFollowsTheFormulas) {
-  Harness h("norm", 0.25, false, "cpu", "starling", 4, 2);
-  const auto& s = h.config.strategy;
-  const std::vector<at::Tensor> u = {at::tensor({0.1f, 0.2f, -0.1f, 0.3f, 0.05f, -0.02f}),
-                                     at::tensor({0.3f, -0.1f, 0.2f, 0.1f, -0.04f, 0.06f}),
-                                     at::tensor({-0.2f, 0.4f, 0.1f, 0.0f, 0.03f, 0.01f})};
-  const std::vector<at::Tensor> v = {at::tensor({0.05f, 0.05f, -0.3f, 0.2f, 0.0f, -0.05f}),
-                                     at::tensor({-0.1f, 0.1f, 0.0f, 0.2f, 0.02f, 0.0f}),
-                                     at::tensor({0.2f, -0.3f, 0.1f, -0.1f, 0.01f, 0.04f})};
-  at::Tensor x = h.flat(), m = at::zeros_like(x), previous;
-  // No staleness penalty: an average applied inside the next round is not stale.
-  auto apply = [&](const at::Tensor& d) {
-    m = clip(m * s.outer_momentum + d, "norm", 0.25);
-    x = x - m * s.outer_lr;
-  };
-  at::Tensor delta = u[0];  // this round's progress from its anchor
-  EXPECT_FALSE(h.steps(u[0], 2)) << "nothing is in flight in the first round";
-  for (size_t t = 0; t < u.size(); ++t) {
-    const bool last = t + 1 == u.size();
-    delta = delta + v[t];
-    EXPECT_EQ(h.steps(v[t], 2, last), last) << "a boundary launches; only the last applies";
-    if (last) break;
-    EXPECT_TRUE(h.steps(u[t + 1], 2)) << "round " << t << "'s average is applied here";
-    apply(delta);
-    EXPECT_TRUE(at::allclose(h.flat(), x, 1e-5, 1e-6))
-        << "round " << t << ": got " << h.flat() << " expected the anchor " << x;
-    delta = u[t + 1];  // made before the anchor moved, counted in the next round
+  for (const bool nesterov : {false, true}) {
+    SCOPED_TRACE(nesterov ? "Nesterov's outer step" : "heavy ball");
+    Harness h("norm", 0.25, false, "cpu", "starling", 4, 2);
+    h.config.strategy.outer_nesterov = nesterov;  // the strategy reads its config as it goes
+    const auto& s = h.config.strategy;
+    const std::vector<at::Tensor> u = {at::tensor({0.1f, 0.2f, -0.1f, 0.3f, 0.05f, -0.02f}),
+                                       at::tensor({0.3f, -0.1f, 0.2f, 0.1f, -0.04f, 0.06f}),
+                                       at::tensor({-0.2f, 0.4f, 0.1f, 0.0f, 0.03f, 0.01f})};
+    const std::vector<at::Tensor> v = {at::tensor({0.05f, 0.05f, -0.3f, 0.2f, 0.0f, -0.05f}),
+                                       at::tensor({-0.1f, 0.1f, 0.0f, 0.2f, 0.02f, 0.0f}),
+                                       at::tensor({0.2f, -0.3f, 0.1f, -0.1f, 0.01f, 0.04f})};
+    at::Tensor x = h.flat(), m = at::zeros_like(x), previous;
+    // No staleness penalty: an average applied inside the next round is not stale.
+    auto apply = [&](const at::Tensor& d) {
+      m = clip(m * s.outer_momentum + d, "norm", 0.25);
+      x = nesterov ? x - (m * s.outer_momentum + d) * s.outer_lr : x - m * s.outer_lr;
+    };
+    at::Tensor delta = u[0];  // this round's progress from its anchor
+    EXPECT_FALSE(h.steps(u[0], 2)) << "nothing is in flight in the first round";
+    for (size_t t = 0; t < u.size(); ++t) {
+      const bool last = t + 1 == u.size();
+      delta = delta + v[t];
+      EXPECT_EQ(h.steps(v[t], 2, last), last) << "a boundary launches; only the last applies";
+      if (last) break;
+      EXPECT_TRUE(h.steps(u[t + 1], 2)) << "round " << t << "'s average is applied here";
+      apply(delta);
+      EXPECT_TRUE(at::allclose(h.flat(), x, 1e-5, 1e-6))
+          << "round " << t << ": got " << h.flat() << " expected the anchor " << x;
+      delta = u[t + 1];  // made before the anchor moved, counted in the next round
+    }
+    apply(delta);  // the drain: the last round's average at once
+    EXPECT_TRUE(at::allclose(h.flat(), x, 1e-5, 1e-6)) << "got " << h.flat() << " expected " << x;
   }
-  apply(delta);  // the drain: the last round's average at once
-  EXPECT_TRUE(at::allclose(h.flat(), x, 1e-5, 1e-6)) << "got " << h.flat() << " expected " << x;
 }
 
 TEST(Co2Test, ZeroKeepsOnlyShardsOfTheOuterState) {

@@ -229,6 +229,9 @@ TEST(RunConfig, StrategyAndNetTables) {
                {"strategy.overlap_steps (9) must be at most strategy.local_steps (8)"});
   expect_error("[data]\ndir = \"d\"\n[strategy]\nkind = \"co2\"\nzero = true\noverlap_steps = 4\n",
                {"strategy.overlap_steps < strategy.local_steps", "strategy.zero"});
+  expect_error("[data]\ndir = \"d\"\n[strategy]\nkind = \"co2\"\nzero = true\n"
+               "outer_nesterov = true\n",
+               {"strategy.outer_nesterov", "strategy.zero"});
   expect_error("[data]\ndir = \"d\"\n[net]\nheartbeat_ms = 900\npeer_timeout_ms = 800\n",
                {"net.peer_timeout_ms (800) must exceed net.heartbeat_ms (900)"});
 }
@@ -362,9 +365,9 @@ std::vector<std::string> all_keys() {
       {"sample",
        {"prompt", "max_tokens", "temperature", "top_k", "top_p", "stop", "seed", "cache"}},
       {"strategy",
-       {"kind", "local_steps", "outer_lr", "outer_momentum", "staleness_penalty", "clip",
-        "clip_threshold", "zero", "overlap_steps", "target_batch", "precision", "aggregation",
-        "trim", "fingerprint"}},
+       {"kind", "local_steps", "outer_lr", "outer_momentum", "outer_nesterov",
+        "staleness_penalty", "clip", "clip_threshold", "zero", "overlap_steps", "target_batch",
+        "precision", "aggregation", "trim", "fingerprint", "redeal_data"}},
       {"net",
        {"backend", "rank", "world_size", "store", "interface", "name", "listen", "advertise",
         "join", "key", "allow", "insecure", "direct_data", "heartbeat_ms", "peer_timeout_ms",

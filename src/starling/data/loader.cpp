@@ -33,21 +33,42 @@ uint64_t bounded(std::mt19937_64& rng, uint64_t n) {
 
 void to_json(nlohmann::json& j, const LoaderState& s) {
   j = nlohmann::json{{"epoch", s.epoch}, {"cursor", s.cursor}};
+  // Written only after a re-deal, so a checkpoint of a run without one reads as before.
+  if (s.world > 0) j["share"] = {{"base", s.base}, {"rank", s.rank}, {"world", s.world}};
 }
 
-void from_json(const nlohmann::json& j, LoaderState& s) {
-  for (const char* key : {"epoch", "cursor"}) {
-    // JSON written by hand or by other tools may store small counts as signed integers.
-    const bool ok = j.is_object() && j.contains(key) &&
-                    (j.at(key).is_number_unsigned() ||
-                     (j.at(key).is_number_integer() && j.at(key).get<int64_t>() >= 0));
-    if (!ok) {
-      throw CheckpointError(std::string("loader state: \"") + key +
-                            "\" must be a non-negative integer, got " + j.dump());
-    }
+namespace {
+
+uint64_t count_field(const nlohmann::json& j, const char* key, const char* where) {
+  // JSON written by hand or by other tools may store small counts as signed integers.
+  const bool ok = j.is_object() && j.contains(key) &&
+                  (j.at(key).is_number_unsigned() ||
+                   (j.at(key).is_number_integer() && j.at(key).get<int64_t>() >= 0));
+  if (!ok) {
+    throw CheckpointError(std::string(where) + ": \"" + key +
+                          "\" must be a non-negative integer, got " + j.dump());
   }
-  s.epoch = j.at("epoch").get<uint64_t>();
-  s.cursor = j.at("cursor").get<uint64_t>();
+  return j.at(key).get<uint64_t>();
+}
+
+}  // namespace
+
+void from_json(const nlohmann::json& j, LoaderState& s) {
+  s.epoch = count_field(j, "epoch", "loader state");
+  s.cursor = count_field(j, "cursor", "loader state");
+  s.base = 0;
+  s.rank = s.world = 0;
+  if (j.contains("share")) {
+    const nlohmann::json& share = j.at("share");
+    s.base = count_field(share, "base", "loader state's share");
+    const uint64_t rank = count_field(share, "rank", "loader state's share");
+    const uint64_t world = count_field(share, "world", "loader state's share");
+    if (world < 1 || world > (1u << 20) || rank >= world)
+      throw CheckpointError("loader state's share: rank " + std::to_string(rank) + " of world " +
+                            std::to_string(world) + " is not a share (0 <= rank < world)");
+    s.rank = static_cast<int>(rank);
+    s.world = static_cast<int>(world);
+  }
 }
 
 TokenLoader::TokenLoader(const std::vector<std::filesystem::path>& shards, LoaderOptions options)
@@ -88,28 +109,56 @@ TokenLoader::TokenLoader(const std::vector<std::filesystem::path>& shards, Loade
   }
 }
 
-uint64_t TokenLoader::windows_per_epoch() const {
-  const auto world = static_cast<uint64_t>(options_.world);
-  const auto rank = static_cast<uint64_t>(options_.rank);
-  return total_windows_ / world + (rank < total_windows_ % world ? 1 : 0);
+TokenLoader::Share TokenLoader::share() const {
+  if (state_.world > 0) return {state_.rank, state_.world};
+  return {options_.rank, options_.world};
 }
 
-void TokenLoader::build_order(uint64_t epoch) {
-  if (order_valid_ && order_epoch_ == epoch) return;
-  const auto world = static_cast<uint64_t>(options_.world);
-  const auto rank = static_cast<uint64_t>(options_.rank);
+uint64_t TokenLoader::windows_per_epoch() const {
+  const Share s = share();
+  const uint64_t first = state_.base + static_cast<uint64_t>(s.rank);
+  if (first >= total_windows_) return 0;
+  return (total_windows_ - first + static_cast<uint64_t>(s.world) - 1) /
+         static_cast<uint64_t>(s.world);
+}
+
+uint64_t TokenLoader::swarm_position() const {
+  const uint64_t read = state_.base + state_.cursor * static_cast<uint64_t>(share().world);
+  return state_.epoch * total_windows_ + std::min(read, total_windows_);
+}
+
+void TokenLoader::redeal(uint64_t position, int rank, int world) {
+  if (world < 1 || rank < 0 || rank >= world)
+    throw ConfigError("loader: a share must be a rank in [0, world), got " + std::to_string(rank) +
+                      " of " + std::to_string(world));
+  state_.epoch = position / total_windows_;
+  state_.base = position % total_windows_;
+  state_.cursor = 0;
+  state_.rank = rank;
+  state_.world = world;
+}
+
+void TokenLoader::build_order() {
+  const Share s = share();
+  if (order_valid_ && order_epoch_ == state_.epoch && order_base_ == state_.base &&
+      order_share_.rank == s.rank && order_share_.world == s.world)
+    return;
+  const auto world = static_cast<uint64_t>(s.world);
+  const uint64_t first = state_.base + static_cast<uint64_t>(s.rank);
   order_.clear();
   order_.reserve(windows_per_epoch());
   if (!options_.shuffle) {
-    for (uint64_t w = rank; w < total_windows_; w += world) order_.push_back(w);
+    for (uint64_t w = first; w < total_windows_; w += world) order_.push_back(w);
   } else {
     std::vector<uint64_t> all(total_windows_);
     for (uint64_t w = 0; w < total_windows_; ++w) all[w] = w;
-    std::mt19937_64 rng(splitmix64(splitmix64(options_.seed) + epoch));
+    std::mt19937_64 rng(splitmix64(splitmix64(options_.seed) + state_.epoch));
     for (uint64_t i = total_windows_ - 1; i > 0; --i) std::swap(all[i], all[bounded(rng, i + 1)]);
-    for (uint64_t p = rank; p < total_windows_; p += world) order_.push_back(all[p]);
+    for (uint64_t p = first; p < total_windows_; p += world) order_.push_back(all[p]);
   }
-  order_epoch_ = epoch;
+  order_epoch_ = state_.epoch;
+  order_base_ = state_.base;
+  order_share_ = s;
   order_valid_ = true;
 }
 
@@ -144,28 +193,40 @@ Batch TokenLoader::next() {
   batch.seq_len = options_.seq_len;
   batch.inputs.resize(static_cast<std::size_t>(options_.batch * options_.seq_len));
   batch.targets.resize(batch.inputs.size());
-  const uint64_t per_epoch = windows_per_epoch();
   for (int64_t row = 0; row < options_.batch; ++row) {
-    if (state_.cursor >= per_epoch) {
+    // A re-deal at the very end of an epoch can leave this peer nothing of it.
+    while (state_.cursor >= windows_per_epoch()) {
       ++state_.epoch;
       state_.cursor = 0;
+      state_.base = 0;  // a re-deal's start applies to its own epoch only
     }
-    build_order(state_.epoch);
+    build_order();
     fill_row(order_[state_.cursor++], row, batch);
   }
   return batch;
 }
 
 void TokenLoader::restore(const LoaderState& state) {
+  const LoaderState before = state_;
+  state_ = state;
+  if (state.base >= total_windows_ && state.base > 0) {
+    state_ = before;
+    throw CheckpointError("loader state: its share starts at window " + std::to_string(state.base) +
+                          " of an epoch of " + std::to_string(total_windows_) +
+                          " (was it saved with other data or seq_len?)");
+  }
   if (state.cursor > windows_per_epoch()) {
+    const uint64_t per_epoch = windows_per_epoch();
+    state_ = before;
     throw CheckpointError("loader state: cursor " + std::to_string(state.cursor) +
-                          " is past this peer's " + std::to_string(windows_per_epoch()) +
+                          " is past this peer's " + std::to_string(per_epoch) +
                           " windows per epoch (was it saved with other data, seq_len or world?)");
   }
-  state_ = state;
 }
 
 void TokenLoader::seek(uint64_t batches) {
+  state_.base = 0;
+  state_.rank = state_.world = 0;
   const uint64_t rows = batches * static_cast<uint64_t>(options_.batch);
   state_.epoch = rows / windows_per_epoch();
   state_.cursor = rows % windows_per_epoch();

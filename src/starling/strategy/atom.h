@@ -28,6 +28,10 @@ class Atom final : public Ddp {
       std::vector<std::pair<std::string, at::Tensor>>& tensors) override;
   train::StrategyReport report() const override;
 
+ protected:
+  // Peers read at their own pace: each keeps the share of the data it started with.
+  bool lockstep_data() const override { return false; }
+
  private:
   // The samples a step gathers: strategy.target_batch, or batch_size x grad_accum per peer.
   int64_t target() const;

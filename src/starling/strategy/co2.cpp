@@ -168,7 +168,8 @@ void Co2::update_momentum() {
     gap = diff.sqrt() / (prev.sqrt() + kGapEps);
     gap = at::where(at::isfinite(gap), gap, at::zeros_like(gap));  // a failed norm exchange
   }
-  momentum_.mul_(s.outer_momentum).addcmul_(average_, (gap * penalty + 1.0).reciprocal());
+  penalty_factor_ = (gap * penalty + 1.0).reciprocal();
+  momentum_.mul_(s.outer_momentum).addcmul_(average_, penalty_factor_);
   if (s.clip == "value") {
     momentum_.clamp_(-s.clip_threshold, s.clip_threshold);
   } else if (s.clip == "norm") {
@@ -183,7 +184,15 @@ void Co2::update_momentum() {
 }
 
 void Co2::move_anchor() {
-  anchor_.sub_(momentum_, config_.strategy.outer_lr);
+  const auto& s = config_.strategy;
+  if (s.outer_nesterov) {
+    // x -= alpha (beta m + Delta'): previous_ holds Delta' (the average update_momentum() just
+    // added to m, as it was added: divided by the staleness penalty).
+    anchor_.sub_(momentum_, s.outer_lr * s.outer_momentum)
+        .sub_(previous_ * penalty_factor_, s.outer_lr);
+  } else {
+    anchor_.sub_(momentum_, s.outer_lr);
+  }
   ++version_;
   if (!zero()) note_round(anchor_);  // with zero each peer holds its own shard
 }

@@ -109,8 +109,9 @@ class Co2 final : public SwarmStrategy {
   at::Tensor squares(const at::Tensor& part);
 
   at::Tensor anchor_, momentum_, previous_;  // full, or this peer's shard with zero (device)
-  std::optional<Staging> exchange_;          // the exchange in flight (always full size)
-  at::Tensor average_;                       // view: the part of exchange_->device() we own
+  at::Tensor penalty_factor_;        // 1 / (1 + gamma * gap) of the average update_momentum() added
+  std::optional<Staging> exchange_;  // the exchange in flight (always full size)
+  at::Tensor average_;               // view: the part of exchange_->device() we own
   net::Work in_flight_;
   bool pending_launch_ = false;  // downloading; the collective starts once it has landed
   bool has_in_flight_ = false;

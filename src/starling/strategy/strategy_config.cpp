@@ -35,6 +35,9 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
                         "alpha: outer learning rate applied to the averaged update (diloco, co2)"));
   k.push_back(float_key("strategy", "outer_momentum", &st.outer_momentum, 0,
                         "beta: outer momentum (diloco: Nesterov, co2: heavy ball); < 1"));
+  k.push_back(bool_key("strategy", "outer_nesterov", &st.outer_nesterov,
+                       "co2: take Nesterov's outer step, anchor -= alpha * (beta * m + Delta), as "
+                       "diloco does, instead of the heavy ball's anchor -= alpha * m"));
   k.push_back(
       float_key("strategy", "staleness_penalty", &st.staleness_penalty, 0,
                 "gamma (co2): the one-round-stale update is divided by 1 + gamma * staleness gap "
@@ -78,6 +81,12 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
                        "of the history net.fingerprint_lineage), so peers can be compared round by "
                        "round (bench/chaos); costs a pass over "
                        "the model per round; not with swap.budget or co2's zero"));
+  k.push_back(bool_key("strategy", "redeal_data", &st.redeal_data,
+                       "when the peers of a round change (one died or left, one joined), deal "
+                       "the rest of the epoch's training windows again among the peers present, "
+                       "so a departed peer's share is still read and none is read twice (ddp, "
+                       "localsgd, diloco, co2; atom's peers read at their own pace and keep "
+                       "their shares); false: each peer keeps the share it started with"));
 }
 
 int64_t co2_overlap_steps(const StrategyConfig& c, bool pipeline_stage) {
@@ -97,6 +106,11 @@ void check(const StrategyConfig& c, const std::string& source) {
                       ": strategy.overlap_steps < strategy.local_steps does not work "
                       "with strategy.zero yet (a sharded anchor is rebuilt at the round "
                       "boundary); set overlap_steps = 0 or zero = false");
+  if (c.zero && c.outer_nesterov)
+    throw ConfigError(source +
+                      ": strategy.outer_nesterov does not work with strategy.zero yet (a sharded "
+                      "peer sends its progress from the moved anchor and recovers the average "
+                      "with the heavy ball's step); set one of them to false");
 }
 
 void check_peer(const StrategyConfig& c, bool swapped, const std::string& net_backend) {

@@ -23,6 +23,7 @@ struct StrategyConfig {
   int64_t local_steps = 16;        // tau: inner steps per round (localsgd, diloco, co2)
   double outer_lr = 0.7;           // alpha: outer learning rate (diloco, co2)
   double outer_momentum = 0.9;     // beta: outer momentum (diloco: Nesterov; co2: heavy ball)
+  bool outer_nesterov = false;     // co2: Nesterov's outer step, x -= alpha (beta m + Delta)
   double staleness_penalty = 1.0;  // gamma (co2): divide the stale update by 1 + gamma*gap
   std::string clip = "norm";       // co2 outer-momentum clipping: "norm", "value" or "none"
   double clip_threshold = 1.0;     // phi: max norm (clip = "norm") or max |m_i| ("value")
@@ -40,6 +41,10 @@ struct StrategyConfig {
   // Step events carry a CRC-32C of the shared state at the latest round (the chaos harness
   // compares the peers' round by round).
   bool fingerprint = false;
+  // When the peers of a round change (one died, one joined), the rest of the epoch's training
+  // windows are dealt again among the peers present, so a departed peer's share is still read
+  // (ddp, localsgd, diloco, co2; data/loader.h). false: each peer keeps the share it started with.
+  bool redeal_data = true;
 };
 
 // co2's overlap_steps in effect: the configured value, or for -1 on rounds of at least 8 steps of

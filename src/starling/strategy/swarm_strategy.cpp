@@ -10,7 +10,9 @@
 
 #include "starling/common/error.h"
 #include "starling/common/finite.h"
+#include "starling/data/loader.h"
 #include "starling/net/crc32c.h"
+#include "starling/strategy/data_redeal.h"
 #include "starling/strategy/robust_aggregate.h"
 #include "starling/train/metrics.h"
 #include "starling/train/step_runner.h"
@@ -284,9 +286,37 @@ std::optional<net::PeerId> SwarmStrategy::choose_root(const train::Replica& r, c
   return net_.longest_standing(best);
 }
 
+data::TokenLoader* SwarmStrategy::dealt_loader(train::Replica& r) const {
+  if (!config_.strategy.redeal_data || !lockstep_data() || r.runner == nullptr) return nullptr;
+  return r.runner->dealt_loader();
+}
+
+void SwarmStrategy::redeal(data::TokenLoader& loader, const Agreement& a,
+                           const std::array<double, kRedealNotes>& shares) {
+  // Every participant must have added its share, or the ranks below would not be a deal.
+  if (shares[0] != static_cast<double>(a.peers)) return;
+  const std::optional<uint64_t> from = plan_redeal(shares);
+  if (!from) return;
+  const auto self = std::find(a.ring.begin(), a.ring.end(), net_.self());
+  if (self == a.ring.end()) return;
+  const int rank = static_cast<int>(self - a.ring.begin());
+  const data::TokenLoader::Share before = loader.share();
+  loader.redeal(*from, rank, a.peers);
+  ++redeals_;
+  const uint64_t total = loader.total_windows();
+  log("the rest of epoch " + std::to_string(*from / total) + "'s data (from window " +
+      std::to_string(*from % total) + " of " + std::to_string(total) +
+      " in its order) is dealt again among the " + std::to_string(a.peers) +
+      " peer(s) of this round: this peer reads share " + std::to_string(rank) + " of " +
+      std::to_string(a.peers) + " (it read " + std::to_string(before.rank) + " of " +
+      std::to_string(before.world) + ")");
+}
+
 Agreement SwarmStrategy::agree(train::Replica& r) {
   for (int attempt = 0;; ++attempt) {
-    at::Tensor control = at::zeros({kControl + kLineage + kAgreementNotes}, at::kFloat);
+    constexpr int64_t kNotes = kControl + kLineage;  // where the strategy's notes start
+    constexpr int64_t kShares = kNotes + kAgreementNotes;
+    at::Tensor control = at::zeros({kShares + kRedealNotes}, at::kFloat);
     float* c = control.data_ptr<float>();
     c[0] = need_state_ ? 1.f : 0.f;
     c[1] = 1.f;
@@ -299,7 +329,17 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
       c[kControl + 2 * b + 1] = byte * byte;
     }
     const std::array<float, kAgreementNotes> notes = round_notes();
-    std::copy(notes.begin(), notes.end(), c + kControl + kLineage);
+    std::copy(notes.begin(), notes.end(), c + kNotes);
+    data::TokenLoader* loader = dealt_loader(r);
+    if (loader != nullptr) {
+      const data::TokenLoader::Share share = loader->share();
+      const std::array<float, kRedealNotes> mine =
+          redeal_notes({.follows = !need_state_,
+                        .rank = share.rank,
+                        .world = share.world,
+                        .position = loader->swarm_position()});
+      std::copy(mine.begin(), mine.end(), c + kShares);
+    }
     const double t0 = now_s();
     net::CollectiveResult result;
     try {
@@ -318,7 +358,9 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     net_wait_s_ += now_s() - t0;
     Agreement a;
     a.peers = static_cast<int>(c[1]);
-    for (int i = 0; i < kAgreementNotes; ++i) a.notes[i] = c[kControl + kLineage + i];
+    for (int i = 0; i < kAgreementNotes; ++i) a.notes[i] = c[kNotes + i];
+    std::array<double, kRedealNotes> shares{};
+    for (int i = 0; i < kRedealNotes; ++i) shares[i] = c[kShares + i];
     a.ring = result.ring;
     std::sort(a.ring.begin(), a.ring.end());
     const int needing = static_cast<int>(c[0]);
@@ -342,6 +384,7 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
       a.contribute = true;
       agreed(a);
       if (admit) r.runner->admit_waiting();
+      if (loader != nullptr) redeal(*loader, a, shares);
       return a;
     }
     // Someone lacks the shared state, or the states differ: the newest one is sent.
@@ -417,6 +460,7 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     a.previous_on_all = has_previous();  // the root's, now everyone's
     agreed(a);
     if (admit) r.runner->admit_waiting();
+    if (loader != nullptr) redeal(*loader, a, shares);
     return a;
   }
 }
@@ -468,6 +512,7 @@ train::StrategyReport SwarmStrategy::report() const {
     rep.figures["rejected_updates"] = static_cast<double>(rejected_updates_);
   if (withheld_updates_ > 0)
     rep.figures["withheld_updates"] = static_cast<double>(withheld_updates_);
+  if (redeals_ > 0) rep.figures["data_redeals"] = static_cast<double>(redeals_);
   return rep;
 }
 

@@ -6,6 +6,7 @@
 // Each round boundary opens with a tiny all-reduce (the agreement) of
 //   [needs state, 1, anchor version, has the previous round's average, votes to admit,
 //    then each byte b of the state's lineage as b and b*b, then the strategy's three notes]
+// and the peer's share of the data (strategy/data_redeal.h),
 // so every peer learns, from bit-identical sums, how many take part and whether all of them hold
 // the same shared state (and whether all of them would admit waiting peers now: see
 // StepRunner::admission_ready). The lineage names the history of the shared state: every agreed
@@ -34,10 +35,15 @@
 #include <vector>
 
 #include "starling/net/collective.h"
+#include "starling/strategy/data_redeal.h"
 #include "starling/strategy/fault_injection.h"
 #include "starling/strategy/flat.h"
 #include "starling/strategy/staging.h"
 #include "starling/train/step_hooks.h"
+
+namespace starling::data {
+class TokenLoader;
+}
 
 namespace starling::strategy {
 
@@ -87,6 +93,10 @@ class SwarmStrategy : public train::StepHooks {
   // Agreement::notes, so that every participant decides alike from them (co2: how long its last
   // exchange took, in steps, and whether it launches an exchange after this agreement).
   virtual std::array<float, kAgreementNotes> round_notes() const { return {}; }
+  // Whether every participant draws as many batches per round as the others, so that the swarm's
+  // reading position is known and the data can be dealt again when the peers change
+  // (strategy.redeal_data); atom's peers read at their own pace.
+  virtual bool lockstep_data() const { return true; }
 
   // The round's agreement, with a state transfer when needed; retried until it succeeds.
   Agreement agree(train::Replica& r);
@@ -153,6 +163,8 @@ class SwarmStrategy : public train::StepHooks {
   int64_t rejected_updates_ = 0;
   // Round updates of this peer's own that were non-finite and withheld (aggregate()).
   int64_t withheld_updates_ = 0;
+  // Times the data was dealt again among a round's peers (redeal()).
+  int64_t redeals_ = 0;
 
   // The checkpoint fields every strategy shares: {"kind": kind, "version", "work", "lineage"}.
   nlohmann::json round_state(const char* kind) const;
@@ -182,6 +194,12 @@ class SwarmStrategy : public train::StepHooks {
   // The agreement is done: its participants join the state's lineage and its contributors its
   // work, the same on every participant.
   void agreed(const Agreement& a);
+  // The loader whose share the agreements may deal again; nullptr when they do not.
+  data::TokenLoader* dealt_loader(train::Replica& r) const;
+  // Deals the rest of the data again among the round's participants when the sums of their
+  // shares say the peers changed (data_redeal.h).
+  void redeal(data::TokenLoader& loader, const Agreement& a,
+              const std::array<double, kRedealNotes>& shares);
 
   // Header fields packed before the strategy's state in a transfer: step, version, work (two
   // floats each) and the lineage (two 16-bit halves).

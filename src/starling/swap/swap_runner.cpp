@@ -116,6 +116,7 @@ class SwapStepRunner final : public train::StepRunner {
            format_bytes(static_cast<double>(caching_cpu_allocator_stats().cached_bytes));
   }
   void state_replaced() override { swapper_->state_replaced(); }
+  data::TokenLoader* dealt_loader() override { return s_.loader.get(); }
 
   std::string report() const override {
     const SwapStats& st = swapper_->stats();

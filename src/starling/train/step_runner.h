@@ -97,6 +97,10 @@ class StepRunner {
   // whose peers must draw the same batches as it does (a pipeline's stages) moves its loader to
   // where a run that started at step 0 is before drawing step `step`'s micro-batches.
   virtual void align(int64_t /*step*/) {}
+  // The loader whose share of the data a swarm may deal again when its peers change
+  // (data::TokenLoader::redeal); nullptr when this runner's batches must not move (a pipeline
+  // stage, whose batches its other stages draw alike).
+  virtual data::TokenLoader* dealt_loader() { return nullptr; }
 
   // Admitting waiting peers (a replacement pipeline, strategy/pipeline_admission.h) at one step
   // across the swarm: whether this runner, and every part of the model with it, sees peers waiting
@@ -133,6 +137,7 @@ class LocalStepRunner : public StepRunner {
   at::Tensor accumulate(double loss_scale) override;
   at::Tensor update(double lr, double max_norm, bool skip) override;
   void visit_gradients(const GradientVisitor& visit) override;
+  data::TokenLoader* dealt_loader() override { return &loader_; }
 
  private:
   graph::Executor& executor_;
