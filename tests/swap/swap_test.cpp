@@ -273,6 +273,29 @@ TEST(SwapTier, PinnedRoundTripOnTheGpu) {
   EXPECT_THROW(make_tier("disk", fs::temp_directory_path(), gpu), starling::ConfigError);
 }
 
+// Ordered on the device, not by the host: a load queued after order_copies_after(write) reads
+// what the write stored, and kernels queued after order_after(load) see the loaded bytes, though
+// the host never waited for either copy (a matrix product keeps the write queued behind it).
+TEST(SwapTier, PinnedCopiesAreOrderedOnTheGpu) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no GPU: this libtorch has no CUDA support or sees no GPU";
+  const c10::Device gpu("cuda");
+  auto tier = make_tier("host", "", gpu);
+  ASSERT_TRUE(tier->orders_on_device());
+  const auto u8 = at::TensorOptions().dtype(at::kByte).device(gpu);
+  constexpr int64_t n = int64_t{16} << 20;
+  const uint64_t key = tier->reserve(n);
+  for (int round = 1; round <= 4; ++round) {
+    at::Tensor busy = at::rand({4096, 4096}, at::TensorOptions().device(gpu));
+    at::Tensor x = (at::mm(busy, busy).sum() * 0 + round).to(at::kByte).expand({n}).contiguous();
+    tier->order_copies_after(tier->write(key, 0, x.data_ptr(), n));
+    at::Tensor back = at::zeros({n}, u8);
+    tier->order_after(tier->read(key, 0, back.data_ptr(), n));
+    EXPECT_EQ(back.eq(round).all().item<bool>(), true) << "round " << round;
+  }
+  // On the CPU's tiers both orderings are waits.
+  EXPECT_FALSE(make_tier("host", "")->orders_on_device());
+}
+
 TEST(SwapTier, DiskRoundTrip) {
   const fs::path dir = fs::temp_directory_path() / "starling_tier_test";
   auto tier = make_tier("disk", dir);

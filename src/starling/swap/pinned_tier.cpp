@@ -105,6 +105,29 @@ bool PinnedTier::done(Ticket ticket) {
   return lane_of(ticket) == nullptr;
 }
 
+// A copy of a lane never lands before the ones queued ahead of it: waiting for its event orders
+// the waiter after them too.
+const c10::Event* PinnedTier::pending_event(Ticket ticket) {
+  Lane* lane = lane_of(ticket);
+  if (lane == nullptr) return nullptr;
+  retire(*lane, ticket, false);
+  for (const auto& [t, event] : lane->in_flight)
+    if (t == ticket) return &event;
+  return nullptr;
+}
+
+void PinnedTier::order_after(Ticket ticket) {
+  if (const c10::Event* event = pending_event(ticket))
+    event->block(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
+}
+
+void PinnedTier::order_copies_after(Ticket ticket) {
+  if (const c10::Event* event = pending_event(ticket)) {
+    event->block(loads_.stream);
+    event->block(stores_.stream);
+  }
+}
+
 std::string PinnedTier::describe() const { return "pinned host RAM below " + device_.str(); }
 
 void check_tier_below(const std::string& kind, c10::Device compute) {

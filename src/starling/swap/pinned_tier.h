@@ -33,6 +33,11 @@ class PinnedTier final : public Tier {
   Ticket read(uint64_t key, size_t offset, void* dst, size_t bytes) override;
   void wait(Ticket ticket) override;
   bool done(Ticket ticket) override;
+  // The compute stream waits for the copy's event; the host does not (tier.h).
+  void order_after(Ticket ticket) override;
+  bool orders_on_device() const override { return true; }
+  // Both side streams wait for the copy's event.
+  void order_copies_after(Ticket ticket) override;
   std::string describe() const override;
   bool duplex() const override { return true; }  // one side stream loads, another stores
   int64_t reserved_bytes() const override { return reserved_; }
@@ -44,6 +49,7 @@ class PinnedTier final : public Tier {
   };
   Ticket copy(Lane& lane, const at::Tensor& dst, const at::Tensor& src);
   Lane* lane_of(Ticket ticket);
+  const c10::Event* pending_event(Ticket ticket);  // null once the copy has landed
   void retire(Lane& lane, Ticket upto, bool block);
   at::Tensor on_device(const void* data, size_t bytes) const;
 

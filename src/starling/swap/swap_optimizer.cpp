@@ -92,10 +92,15 @@ bool Swapper::advance_update(bool wait) {
 
   retire_update_writes();
   bool moved = false;
+  // A tier that orders its copies on the device (a GPU's) needs no host waits in the stream: a
+  // set's reads are queued behind its previous writes, the chunk's kernels behind its reads.
+  const bool on_device = tier_->orders_on_device();
   // Reads for every free set: a set is free once its previous chunk is computed and written.
   while (issued_ < jobs_.size() && issued_ < computed_ + kSets &&
-         update_writes_[issued_ % kSets].empty()) {
+         (on_device || update_writes_[issued_ % kSets].empty())) {
     const size_t j = issued_++;
+    if (const auto& earlier = update_writes_[j % kSets]; !earlier.empty())
+      tier_->order_copies_after(earlier.back().ticket);  // the latest of the set's writes
     const UpdateJob& job = jobs_[j];
     auto slots = operands(job.p);
     if (pending_[job.p] == Pending::kQueued) {
@@ -119,11 +124,17 @@ bool Swapper::advance_update(bool wait) {
 
   if (computed_ < issued_) {
     auto& reads = update_reads_[computed_ % kSets];
-    const bool ready =
-        std::all_of(reads.begin(), reads.end(), [&](Ticket t) { return tier_->done(t); });
+    // A tier that orders the compute after its copies on the device lets the chunk be queued at
+    // once; the others compute it when its reads are in.
+    const bool ready = on_device || std::all_of(reads.begin(), reads.end(),
+                                                [&](Ticket t) { return tier_->done(t); });
     if (ready || wait) {
       const size_t j = computed_++;
-      for (Ticket t : reads) waited(t);
+      for (Ticket t : reads) {
+        const double t0 = train::now_s();
+        tier_->order_after(t);
+        stats_.wait_s += train::now_s() - t0;
+      }
       reads.clear();
       const UpdateJob& job = jobs_[j];
       auto slots = operands(job.p);
@@ -161,7 +172,14 @@ bool Swapper::advance_update(bool wait) {
         g.state = SwapSlot::State::kOut;
         norms_[job.p].reset();
         chunks_done_[job.p] = true;
-        if (writes_left_[job.p] == 0) pending_[job.p] = Pending::kNone;
+        if (writes_left_[job.p] == 0) {
+          pending_[job.p] = Pending::kNone;
+        } else if (on_device) {
+          // Its operands' loads may be queued now: on the device they wait for these writes (the
+          // last chunk's, which land after the earlier ones).
+          tier_->order_copies_after(update_writes_[j % kSets].back().ticket);
+          pending_[job.p] = Pending::kNone;
+        }
       }
       return true;
     }

@@ -217,7 +217,11 @@ void Swapper::load(SwapSlot& s) {
 void Swapper::settle(SwapSlot& s) {
   if (s.state != SwapSlot::State::kWriting && s.state != SwapSlot::State::kLoading) return;
   const double t0 = now_s();
-  tier_->wait(s.io);
+  // On a GPU the compute stream waits for the copy, not the host: kernels queued after this read
+  // the bytes once they have landed, and every later copy into or out of the buffer is queued
+  // behind those kernels (pinned_tier.h), so the host runs ahead instead of draining the GPU's
+  // queue at every load.
+  tier_->order_after(s.io);
   stats_.wait_s += now_s() - t0;
   // A write that was waited for keeps its buffer: whoever waited wants the bytes.
   s.state = SwapSlot::State::kResident;

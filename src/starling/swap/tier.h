@@ -36,6 +36,15 @@ class Tier {
   virtual void wait(Ticket ticket) = 0;
   // Whether the request is complete (never blocks).
   virtual bool done(Ticket ticket) = 0;
+  // Makes the computation issued after this call see the request complete. A tier whose copies
+  // run on the compute device's own queues (orders_on_device()) orders them there and returns at
+  // once, so the host keeps issuing work while the copy lands; the others wait, as wait() does.
+  virtual void order_after(Ticket ticket) { wait(ticket); }
+  virtual bool orders_on_device() const { return false; }
+  // Makes the copies queued after this call start once the request is complete (a load of bytes
+  // a write is still storing, a buffer a write still reads): on the device where the tier can,
+  // otherwise by waiting.
+  virtual void order_copies_after(Ticket ticket) { wait(ticket); }
 
   virtual std::string describe() const = 0;  // "disk /path (O_DIRECT, io_uring)"
   // Whether reads and writes proceed at once, each at its own bandwidth (DMA engines each way),
