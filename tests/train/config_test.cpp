@@ -229,9 +229,6 @@ TEST(RunConfig, StrategyAndNetTables) {
                {"strategy.overlap_steps (9) must be at most strategy.local_steps (8)"});
   expect_error("[data]\ndir = \"d\"\n[strategy]\nkind = \"co2\"\nzero = true\noverlap_steps = 4\n",
                {"strategy.overlap_steps < strategy.local_steps", "strategy.zero"});
-  expect_error("[data]\ndir = \"d\"\n[strategy]\nkind = \"co2\"\nzero = true\n"
-               "outer_nesterov = true\n",
-               {"strategy.outer_nesterov", "strategy.zero"});
   expect_error("[data]\ndir = \"d\"\n[net]\nheartbeat_ms = 900\npeer_timeout_ms = 800\n",
                {"net.peer_timeout_ms (800) must exceed net.heartbeat_ms (900)"});
 }

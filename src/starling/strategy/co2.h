@@ -73,6 +73,7 @@ class Co2 final : public SwarmStrategy {
   // the next round.
   int64_t overlap_steps() const;
   bool early() const;
+  bool nesterov() const;  // whether the outer step is Nesterov's (strategy.outer_nesterov)
   bool step_done_early(train::Replica& r, bool last);
   // Early: launches delta_t = x_t - y_t; the parameters stay y_t.
   void launch_early(const Agreement& a);

@@ -34,10 +34,11 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
   k.push_back(float_key("strategy", "outer_lr", &st.outer_lr, 0,
                         "alpha: outer learning rate applied to the averaged update (diloco, co2)"));
   k.push_back(float_key("strategy", "outer_momentum", &st.outer_momentum, 0,
-                        "beta: outer momentum (diloco: Nesterov, co2: heavy ball); < 1"));
+                        "beta: outer momentum; < 1"));
   k.push_back(bool_key("strategy", "outer_nesterov", &st.outer_nesterov,
                        "co2: take Nesterov's outer step, anchor -= alpha * (beta * m + Delta), as "
-                       "diloco does, instead of the heavy ball's anchor -= alpha * m"));
+                       "diloco does; false: the heavy ball's anchor -= alpha * m (the published "
+                       "form)"));
   k.push_back(
       float_key("strategy", "staleness_penalty", &st.staleness_penalty, 0,
                 "gamma (co2): the one-round-stale update is divided by 1 + gamma * staleness gap "
@@ -106,11 +107,6 @@ void check(const StrategyConfig& c, const std::string& source) {
                       ": strategy.overlap_steps < strategy.local_steps does not work "
                       "with strategy.zero yet (a sharded anchor is rebuilt at the round "
                       "boundary); set overlap_steps = 0 or zero = false");
-  if (c.zero && c.outer_nesterov)
-    throw ConfigError(source +
-                      ": strategy.outer_nesterov does not work with strategy.zero yet (a sharded "
-                      "peer sends its progress from the moved anchor and recovers the average "
-                      "with the heavy ball's step); set one of them to false");
 }
 
 void check_peer(const StrategyConfig& c, bool swapped, const std::string& net_backend) {

@@ -22,11 +22,12 @@ struct StrategyConfig {
   std::string kind = "none";       // "none", "ddp", "localsgd", "diloco", "co2" or "atom"
   int64_t local_steps = 16;        // tau: inner steps per round (localsgd, diloco, co2)
   double outer_lr = 0.7;           // alpha: outer learning rate (diloco, co2)
-  double outer_momentum = 0.9;     // beta: outer momentum (diloco: Nesterov; co2: heavy ball)
-  bool outer_nesterov = false;     // co2: Nesterov's outer step, x -= alpha (beta m + Delta)
+  double outer_momentum = 0.9;     // beta: outer momentum
+  bool outer_nesterov = true;      // co2: Nesterov's outer step, x -= alpha (beta m + Delta);
+                                   // false: the heavy ball's (the published form), x -= alpha m
   double staleness_penalty = 1.0;  // gamma (co2): divide the stale update by 1 + gamma*gap
   std::string clip = "norm";       // co2 outer-momentum clipping: "norm", "value" or "none"
-  double clip_threshold = 1.0;     // phi: max norm (clip = "norm") or max |m_i| ("value")
+  double clip_threshold = 5.0;     // phi: max norm (clip = "norm") or max |m_i| ("value")
   bool zero = false;               // co2: shard anchor and outer momentum across peers
   // co2: inner steps a round's exchange overlaps before its average is applied; 0 (or
   // local_steps) applies it at the next round boundary, one round late (the published form);

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Demo bar: does `make demo`'s swarm (4 co2 peers on this machine) end at a validation loss no
+worse than one process training alone for the same wall time?
+
+    /usr/bin/python3 bench/strategies/demo_bar.py                      # configs/demo.toml
+    /usr/bin/python3 bench/strategies/demo_bar.py --reps 3 --set train.batch_size=16 \
+        --set train.steps=400                                          # another swarm setting
+
+Per repetition: the swarm (`starling train --config C --peers 4`) runs and its wall time T is
+taken; one process (strategy.kind = "none", every core: train.threads = --threads) measures its
+step rate in a short run, then trains for as many steps as fit in T (its learning-rate schedule
+spans those steps, as a user would set it up for that time) on the same per-process batch as the
+swarm's global batch (4 x the peer batch, so both see the same tokens per step of the swarm).
+Printed: both validation losses and walls, the ratio swarm / single, and the medians over
+--reps. The data is the config's data.dir (`make demo` prepares data/brown/byte).
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def train(starling, config, out, sets, peers=0):
+    cmd = [starling, "train", "--config", config, "-q", "--set", f"train.out_dir={out}"]
+    if peers:
+        cmd += ["--peers", str(peers)]
+    for kv in sets:
+        cmd += ["--set", kv]
+    shutil.rmtree(out, ignore_errors=True)
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.monotonic() - start
+    if proc.returncode != 0:
+        sys.exit(f"demo_bar: `{' '.join(cmd)}` failed ({proc.returncode}):\n{proc.stdout[-2000:]}"
+                 f"{proc.stderr[-2000:]}")
+    return wall
+
+
+def final_val(metrics_dir):
+    val = None
+    with open(os.path.join(metrics_dir, "metrics.jsonl")) as f:
+        for line in f:
+            record = json.loads(line)
+            if "val_loss" in record:
+                val = record["val_loss"]
+    if val is None:
+        sys.exit(f"demo_bar: no validation loss in {metrics_dir}/metrics.jsonl")
+    return val
+
+
+def steady_rate(metrics_dir, steps, wall):
+    """Steps per second between the first and the last logged step of a run, and the rest of its
+    wall time (start-up, the final evaluation): what a longer run pays once."""
+    logged = []
+    with open(os.path.join(metrics_dir, "metrics.jsonl")) as f:
+        for line in f:
+            record = json.loads(line)
+            if "loss" in record and "step" in record and "elapsed_s" in record:
+                logged.append((record["step"], record["elapsed_s"]))
+    if len(logged) < 2 or logged[-1][1] <= logged[0][1]:
+        return steps / wall, 0.0
+    rate = (logged[-1][0] - logged[0][0]) / (logged[-1][1] - logged[0][1])
+    return rate, max(0.0, wall - steps / rate)
+
+
+def read_config(config, sets):
+    import tomllib
+    with open(config, "rb") as f:
+        c = tomllib.load(f)
+    for kv in sets:  # only the keys this script reads
+        key, _, value = kv.partition("=")
+        section, _, name = key.partition(".")
+        if section in ("train",) and name in ("batch_size", "steps"):
+            c.setdefault(section, {})[name] = int(value)
+    return c
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--starling", default=os.path.join(ROOT, "build", "starling"))
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs", "demo.toml"))
+    ap.add_argument("--peers", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                    help="the single process's train.threads (default: every core)")
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override for the swarm's runs")
+    ap.add_argument("--work", default=os.path.join(ROOT, "build", "bench", "demo-bar"))
+    a = ap.parse_args(argv)
+    c = read_config(a.config, a.sets)
+    batch = c["train"]["batch_size"] * a.peers
+    # The swarm's overrides that shape the model or the data apply to the single process too.
+    shared = [kv for kv in a.sets if kv.split(".")[0] in ("model", "data", "optim")]
+    single_sets = shared + ["strategy.kind=none", f"train.threads={a.threads}",
+                            f"train.batch_size={batch}", "train.checkpoint_every=0"]
+    rows = []
+    for r in range(a.reps):
+        swarm_out = os.path.join(a.work, f"swarm-{r}")
+        wall = train(a.starling, a.config, swarm_out, a.sets, a.peers)
+        swarm_val = final_val(os.path.join(swarm_out, "peer-0"))
+        # The single process's rate, startup and evaluations included, from a short run.
+        probe_steps = 100
+        probe_wall = train(a.starling, a.config, os.path.join(a.work, f"probe-{r}"),
+                           single_sets + [f"train.steps={probe_steps}",
+                                          f"train.eval_every={probe_steps}"])
+        rate, overhead = steady_rate(os.path.join(a.work, f"probe-{r}"), probe_steps, probe_wall)
+        steps = max(probe_steps, int((wall - overhead) * rate))
+        single_out = os.path.join(a.work, f"single-{r}")
+        single_wall = train(a.starling, a.config, single_out,
+                            single_sets + [f"train.steps={steps}",
+                                           f"optim.warmup_steps="
+                                           f"{c.get('optim', {}).get('warmup_steps', 0) // a.peers}",
+                                           f"train.eval_every={max(1, steps // 4)}"])
+        single_val = final_val(single_out)
+        rows.append((swarm_val, wall, single_val, single_wall, steps))
+        print(f"rep {r + 1}: swarm of {a.peers} {swarm_val:.4f} in {wall:.0f} s; one process "
+              f"({a.threads} threads, batch {batch}) {single_val:.4f} in {single_wall:.0f} s "
+              f"({steps} steps); swarm / single {swarm_val / single_val:.3f}", flush=True)
+    ratio = statistics.median(s / o for s, _, o, _, _ in rows)
+    print(f"demo bar: swarm val loss {statistics.median(x[0] for x in rows):.4f} against one "
+          f"process's {statistics.median(x[2] for x in rows):.4f} in the same wall time "
+          f"(median of {len(rows)}): ratio {ratio:.3f} ({'met' if ratio <= 1 else 'not met'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
