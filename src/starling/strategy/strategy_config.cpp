@@ -33,12 +33,13 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
                       "tau: local optimizer steps per round (localsgd, diloco, co2)"));
   k.push_back(float_key("strategy", "outer_lr", &st.outer_lr, 0,
                         "alpha: outer learning rate applied to the averaged update (diloco, co2)"));
-  k.push_back(float_key("strategy", "outer_momentum", &st.outer_momentum, 0,
-                        "beta: outer momentum; < 1"));
+  k.push_back(
+      float_key("strategy", "outer_momentum", &st.outer_momentum, 0, "beta: outer momentum; < 1"));
   k.push_back(bool_key("strategy", "outer_nesterov", &st.outer_nesterov,
-                       "co2: take Nesterov's outer step, anchor -= alpha * (beta * m + Delta), as "
-                       "diloco does; false: the heavy ball's anchor -= alpha * m (the published "
-                       "form)"));
+                       "co2: on averages applied inside the round, take Nesterov's outer step, "
+                       "anchor -= alpha * (beta * m + Delta), as diloco does; false: the heavy "
+                       "ball's anchor -= alpha * m. Round-late averages (overlap_steps = 0, zero) "
+                       "always take the heavy ball's"));
   k.push_back(
       float_key("strategy", "staleness_penalty", &st.staleness_penalty, 0,
                 "gamma (co2): the one-round-stale update is divided by 1 + gamma * staleness gap "
