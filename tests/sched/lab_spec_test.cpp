@@ -101,6 +101,7 @@ TEST(LabSpec, AppliedToACostTable) {
   star.egress_bits_per_s = {8e6, 8e6, 16e6};
   apply_lab(t, star);
   EXPECT_DOUBLE_EQ(t.devices[2].egress_bytes_per_s, 2e6);
+  EXPECT_DOUBLE_EQ(t.devices[2].ingress_bytes_per_s, 2e6);  // shaped both ways
 }
 
 }  // namespace

@@ -41,7 +41,7 @@ void set_link(CostTable& t, int a, int b, double rate) {
 }
 
 // Every cut of the nodes into chain.size() non-empty stages, priced; the best by (slowest part,
-// then step time).
+// then steady-state step time: the dynamic programme's objectives).
 PipelinePlan brute_force(const CostTable& t, const std::vector<int>& chain) {
   const int n = static_cast<int>(t.nodes.size()), k = static_cast<int>(chain.size());
   PipelinePlan best;
@@ -56,7 +56,8 @@ PipelinePlan brute_force(const CostTable& t, const std::vector<int>& chain) {
                             .device = chain[static_cast<size_t>(s)]});
       price(t, p);
       if (p.bottleneck_s < best.bottleneck_s * (1 - 1e-12) ||
-          (p.bottleneck_s <= best.bottleneck_s * (1 + 1e-12) && p.step_s < best.step_s))
+          (p.bottleneck_s <= best.bottleneck_s * (1 + 1e-12) &&
+           p.steady_step_s < best.steady_step_s))
         best = p;
       return;
     }
@@ -82,7 +83,9 @@ TEST(OpFence, EqualDevicesGetEqualShares) {
   EXPECT_EQ(cuts(p), (std::vector<std::pair<int, int>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
   EXPECT_DOUBLE_EQ(p.bottleneck_s, 2);
   // 8 s of compute, 3 links of 1 us both ways, then 7 more micro-batches at 2 s.
-  EXPECT_NEAR(p.step_s, 8 + 6e-6 + 7 * 2, 1e-9);
+  EXPECT_NEAR(p.steady_step_s, 8 + 6e-6 + 7 * 2, 1e-9);
+  // The schedule played through: 1F1B's (M + S - 1) stage times, and the links' microseconds.
+  EXPECT_NEAR(p.step_s, 22, 1e-4);
 }
 
 TEST(OpFence, AFasterDeviceGetsMoreNodes) {
@@ -134,7 +137,10 @@ TEST(OpFence, MatchesABruteForceOverEveryCut) {
     const auto dp = cut_pipeline(t, chain);
     const auto bf = brute_force(t, chain);
     EXPECT_NEAR(dp.bottleneck_s, bf.bottleneck_s, 1e-9 * bf.bottleneck_s) << "trial " << trial;
-    EXPECT_NEAR(dp.step_s, bf.step_s, 1e-9 * bf.step_s) << "trial " << trial;
+    EXPECT_NEAR(dp.steady_step_s, bf.steady_step_s, 1e-9 * bf.steady_step_s) << "trial " << trial;
+    // Played through, the slowest part still serves every micro-batch in turn (no latencies).
+    EXPECT_GE(dp.step_s, static_cast<double>(t.micro_batches) * dp.bottleneck_s * (1 - 1e-9))
+        << "trial " << trial;
   }
 }
 
@@ -172,7 +178,7 @@ TEST(OpFence, AHopelessLinkLeavesThePipelineOnOneSide) {
   auto t = table(6, {1, 1}, 1e4, 1, 1'000'000);
   const auto p = op_fence(t);
   ASSERT_EQ(p.stages.size(), 1u);
-  EXPECT_DOUBLE_EQ(p.step_s, 6.0 * 8);
+  EXPECT_NEAR(p.step_s, 6.0 * 8, 1e-9);
   // A faster link: both devices.
   t = table(6, {1, 1}, kFast, 1, 1000);
   EXPECT_EQ(op_fence(t).stages.size(), 2u);
@@ -222,10 +228,32 @@ TEST(CostTable, RoundTripsThroughJsonAndNamesWhatIsWrong) {
   EXPECT_DOUBLE_EQ(back.link(0, 1).latency_s, 0.01);  // the slower direction of the two
   EXPECT_DOUBLE_EQ(back.link(1, 0).bytes_per_s, 5e6);
   EXPECT_EQ(back.micro_batches, 8);
+  EXPECT_TRUE(back.one_f_one_b);
+  EXPECT_EQ(back.extra_warmup, 0);
+  EXPECT_LT(back.nodes[1].forward_s, 0);         // not measured, not written
+  EXPECT_DOUBLE_EQ(back.forward_s(1), 1.0 / 3);  // a third of compute_s then
+  t.nodes[1].forward_s = 0.25;
+  t.one_f_one_b = false;
+  t.extra_warmup = 2;
+  const CostTable measured = cost_table_from_json(to_json(t), "p.json");
+  EXPECT_DOUBLE_EQ(measured.forward_s(1), 0.25);
+  EXPECT_FALSE(measured.one_f_one_b);
+  EXPECT_EQ(measured.extra_warmup, 2);
+  t.nodes[1].forward_s = -1;
+  t.one_f_one_b = true;
+  t.extra_warmup = 0;
+  // A table written before the schedule was part of it reads as 1F1B without extra warm-up.
+  nlohmann::json old = to_json(t);
+  old.erase("schedule");
+  old.erase("extra_warmup");
+  EXPECT_TRUE(cost_table_from_json(old, "p.json").one_f_one_b);
   EXPECT_DOUBLE_EQ(back.devices[1].egress_bytes_per_s, 0);  // none given, none read
   t.devices[1].egress_bytes_per_s = 1.25e6;
+  t.devices[1].ingress_bytes_per_s = 2.5e6;
   EXPECT_DOUBLE_EQ(cost_table_from_json(to_json(t), "p.json").devices[1].egress_bytes_per_s,
                    1.25e6);
+  EXPECT_DOUBLE_EQ(cost_table_from_json(to_json(t), "p.json").devices[1].ingress_bytes_per_s,
+                   2.5e6);
 
   auto error_of = [](const nlohmann::json& j) {
     try {
@@ -248,6 +276,14 @@ TEST(CostTable, RoundTripsThroughJsonAndNamesWhatIsWrong) {
   j = to_json(t);
   j["links"].erase(1);
   EXPECT_NE(error_of(j).find("links must be a 2 x 2 matrix"), std::string::npos);
+  j = to_json(t);
+  j["schedule"] = "zigzag";
+  EXPECT_NE(error_of(j).find("p.json.schedule: expected \"1f1b\" or \"gpipe\""), std::string::npos);
+  j = to_json(t);
+  j["nodes"][1]["forward_s"] = 2.0;  // more than its compute_s of 1
+  EXPECT_NE(error_of(j).find("nodes[1] (n1): forward_s must be a finite time no longer than "
+                             "compute_s"),
+            std::string::npos);
   j = to_json(t);
   j["format"] = "other";
   EXPECT_NE(error_of(j).find("\"format\""), std::string::npos);

@@ -103,6 +103,8 @@ void add_plan_command(CLI::App& app) {
     std::string profile, speeds = "1,1", rate = "1gbit", lab, egress;
     std::vector<std::string> links;
     int64_t micro_batches = 0;
+    std::string schedule;
+    int64_t extra_warmup = -1;
     double sync_every = 1;
     bool overlapped = false;
     std::string compression = "none";
@@ -119,9 +121,9 @@ void add_plan_command(CLI::App& app) {
                        "one link's rate, A-B=RATE with device numbers, e.g. 1-2=10mbit "
                        "(repeatable)");
   pipeline->add_option("--egress", pp->egress,
-                       "every device sends through one upload of this rate, e.g. 10mbit (a star, "
-                       "as `train --link-rate` builds): a middle stage's activations and "
-                       "gradients share it");
+                       "every device sends through one upload of this rate, and receives "
+                       "through one download of it, e.g. 10mbit (a star, as `train --link-rate` "
+                       "builds): a middle stage's activations and gradients share them");
   pipeline->add_option("--lab", pp->lab,
                        "the devices and links of a lab file (as `train --peers N --lab` builds "
                        "it) in place of --speeds, --link-rate and --link");
@@ -143,9 +145,21 @@ void add_plan_command(CLI::App& app) {
       ->add_option("--micro-batches", pp->micro_batches,
                    "micro-batches per step (default: the profiled config's train.grad_accum)")
       ->check(CLI::PositiveNumber);
+  pipeline
+      ->add_option("--schedule", pp->schedule,
+                   "the micro-batches' order the step is simulated with (default: the profiled "
+                   "config's pipeline.schedule)")
+      ->check(CLI::IsMember({"1f1b", "gpipe"}));
+  pipeline
+      ->add_option("--extra-warmup", pp->extra_warmup,
+                   "1f1b: forwards each stage runs ahead beyond its warm-up (default: the "
+                   "profiled config's pipeline.extra_warmup)")
+      ->check(CLI::NonNegativeNumber);
   pipeline->callback([pp, pipeline] {
     sched::CostTable t = sched::read_cost_table(pp->profile);
     if (pp->micro_batches > 0) t.micro_batches = pp->micro_batches;
+    if (!pp->schedule.empty()) t.one_f_one_b = pp->schedule == "1f1b";
+    if (pp->extra_warmup >= 0) t.extra_warmup = pp->extra_warmup;
     t.scale_cuts(compress::planned_wire_fraction(pp->compression, "int8", 0.1));
     if (!pp->lab.empty()) {
       if (pipeline->count("--speeds") + pipeline->count("--link-rate") + pipeline->count("--link"))
@@ -160,7 +174,8 @@ void add_plan_command(CLI::App& app) {
     }
     if (!pp->egress.empty())
       for (auto& d : t.devices)
-        d.egress_bytes_per_s = sched::parse_link_rate(pp->egress, "--egress");
+        d.egress_bytes_per_s = d.ingress_bytes_per_s =
+            sched::parse_link_rate(pp->egress, "--egress");
     t.validate(pp->profile);
     const auto groups = sched::cluster_devices(t);
     const auto chain = sched::device_chain(t, groups);

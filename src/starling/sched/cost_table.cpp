@@ -47,14 +47,22 @@ LinkCost CostTable::link(size_t a, size_t b) const {
   return {std::min(x.bytes_per_s, y.bytes_per_s), std::max(x.latency_s, y.latency_s)};
 }
 
+double CostTable::forward_s(size_t node) const {
+  const NodeCost& n = nodes.at(node);
+  return n.forward_s >= 0 ? n.forward_s : n.compute_s / 3;
+}
+
 void CostTable::validate(const std::string& where) const {
   check(!nodes.empty(), where + ": no nodes");
   check(!devices.empty(), where + ": no devices");
   check(micro_batches >= 1, where + ": micro_batches must be at least 1");
+  check(extra_warmup >= 0, where + ": extra_warmup must be >= 0");
   for (size_t i = 0; i < nodes.size(); ++i) {
     const std::string at = where + ": nodes[" + std::to_string(i) + "] (" + nodes[i].name + ")";
     check(std::isfinite(nodes[i].compute_s) && nodes[i].compute_s >= 0,
           at + ": compute_s must be a finite time >= 0");
+    check(std::isfinite(nodes[i].forward_s) && nodes[i].forward_s <= nodes[i].compute_s,
+          at + ": forward_s must be a finite time no longer than compute_s");
     check(nodes[i].param_bytes >= 0 && nodes[i].cut_bytes >= 0, at + ": negative bytes");
   }
   for (size_t d = 0; d < devices.size(); ++d) {
@@ -62,6 +70,8 @@ void CostTable::validate(const std::string& where) const {
     check(std::isfinite(devices[d].speed) && devices[d].speed > 0, at + ": speed must be > 0");
     check(std::isfinite(devices[d].egress_bytes_per_s) && devices[d].egress_bytes_per_s >= 0,
           at + ": egress_bytes_per_s must be >= 0 (0 = none)");
+    check(std::isfinite(devices[d].ingress_bytes_per_s) && devices[d].ingress_bytes_per_s >= 0,
+          at + ": ingress_bytes_per_s must be >= 0 (0 = none)");
   }
   check(links.size() == devices.size(), where + ": links must be a " +
                                             std::to_string(devices.size()) + " x " +
@@ -103,14 +113,18 @@ double parse_link_rate(const std::string& text, const std::string& what) {
 
 json to_json(const CostTable& t) {
   json nodes = json::array(), devices = json::array(), links = json::array();
-  for (const auto& n : t.nodes)
-    nodes.push_back({{"name", n.name},
-                     {"compute_s", n.compute_s},
-                     {"param_bytes", n.param_bytes},
-                     {"cut_bytes", n.cut_bytes}});
+  for (const auto& n : t.nodes) {
+    json node = {{"name", n.name},
+                 {"compute_s", n.compute_s},
+                 {"param_bytes", n.param_bytes},
+                 {"cut_bytes", n.cut_bytes}};
+    if (n.forward_s >= 0) node["forward_s"] = n.forward_s;
+    nodes.push_back(node);
+  }
   for (const auto& d : t.devices) {
     json device = {{"name", d.name}, {"speed", d.speed}};
     if (d.egress_bytes_per_s > 0) device["egress_bytes_per_s"] = d.egress_bytes_per_s;
+    if (d.ingress_bytes_per_s > 0) device["ingress_bytes_per_s"] = d.ingress_bytes_per_s;
     devices.push_back(device);
   }
   for (const auto& row : t.links) {
@@ -122,6 +136,8 @@ json to_json(const CostTable& t) {
   return {{"format", "starling-cost-table"},
           {"version", 1},
           {"micro_batches", t.micro_batches},
+          {"schedule", t.one_f_one_b ? "1f1b" : "gpipe"},
+          {"extra_warmup", t.extra_warmup},
           {"reference_cpus", t.reference_cpus},
           {"nodes", nodes},
           {"devices", devices},
@@ -134,6 +150,13 @@ CostTable cost_table_from_json(const json& j, const std::string& where) {
         where + ": \"format\" must be \"starling-cost-table\"");
   CostTable t;
   t.micro_batches = integer(j, "micro_batches", where);
+  if (j.contains("schedule")) {
+    const std::string schedule = text(j, "schedule", where);
+    check(schedule == "1f1b" || schedule == "gpipe",
+          where + ".schedule: expected \"1f1b\" or \"gpipe\", not \"" + schedule + "\"");
+    t.one_f_one_b = schedule == "1f1b";
+  }
+  if (j.contains("extra_warmup")) t.extra_warmup = integer(j, "extra_warmup", where);
   if (j.contains("reference_cpus")) {
     t.reference_cpus = number(j, "reference_cpus", where);
     check(t.reference_cpus > 0, where + ".reference_cpus must be > 0");
@@ -142,10 +165,14 @@ CostTable cost_table_from_json(const json& j, const std::string& where) {
   check(nodes.is_array(), where + ".nodes: expected an array");
   for (size_t i = 0; i < nodes.size(); ++i) {
     const std::string at = where + ".nodes[" + std::to_string(i) + "]";
-    t.nodes.push_back({.name = text(nodes[i], "name", at),
-                       .compute_s = number(nodes[i], "compute_s", at),
-                       .param_bytes = integer(nodes[i], "param_bytes", at),
-                       .cut_bytes = integer(nodes[i], "cut_bytes", at)});
+    t.nodes.push_back(
+        {.name = text(nodes[i], "name", at),
+         .compute_s = number(nodes[i], "compute_s", at),
+         .param_bytes = integer(nodes[i], "param_bytes", at),
+         .cut_bytes = integer(nodes[i], "cut_bytes", at),
+         .forward_s = nodes[i].contains("forward_s") ? number(nodes[i], "forward_s", at) : -1.0});
+    check(t.nodes.back().forward_s >= 0 || !nodes[i].contains("forward_s"),
+          at + ".forward_s must be >= 0");
   }
   const json& devices = field(j, "devices", where);
   check(devices.is_array(), where + ".devices: expected an array");
@@ -155,7 +182,10 @@ CostTable cost_table_from_json(const json& j, const std::string& where) {
                          .speed = number(devices[i], "speed", at),
                          .egress_bytes_per_s = devices[i].contains("egress_bytes_per_s")
                                                    ? number(devices[i], "egress_bytes_per_s", at)
-                                                   : 0.0});
+                                                   : 0.0,
+                         .ingress_bytes_per_s = devices[i].contains("ingress_bytes_per_s")
+                                                    ? number(devices[i], "ingress_bytes_per_s", at)
+                                                    : 0.0});
   }
   const json& links = field(j, "links", where);
   check(links.is_array(), where + ".links: expected an array of arrays");

@@ -22,6 +22,9 @@ struct NodeCost {
   // earlier nodes that later nodes read); the same bytes of their gradients travel back. 0 for the
   // last node.
   int64_t cut_bytes = 0;
+  // The forward's part of compute_s; < 0 when not measured (a table from before it was), taken
+  // then as a third (a backward computes about twice a forward's work).
+  double forward_s = -1;
 };
 
 struct DeviceCost {
@@ -31,6 +34,10 @@ struct DeviceCost {
   // as `--link-rate`'s, where a peer reaches every other through one shaped link); 0 = none: each
   // link of `links` is a path of its own.
   double egress_bytes_per_s = 0;
+  // One download that everything the device receives shares, likewise (a star's link is shaped
+  // both ways); 0 = none. Only the simulated step weighs it (pipeline_sim.h): in a chain a stage
+  // receives the same bytes it sends, so its upload's part already bounds the cut.
+  double ingress_bytes_per_s = 0;
 };
 
 struct LinkCost {
@@ -48,6 +55,11 @@ struct CostTable {
   // links[a][b]: from device a to device b (a != b); the diagonal is unused.
   std::vector<std::vector<LinkCost>> links;
   int64_t micro_batches = 1;  // per optimizer step
+  // The order each stage runs its micro-batches in (pipeline.schedule, pipeline.extra_warmup):
+  // 1F1B (true) or GPipe, and with 1F1B the forwards run ahead beyond its warm-up. Optional in the
+  // JSON form ("schedule": "1f1b" or "gpipe", "extra_warmup"; defaults 1f1b and 0).
+  bool one_f_one_b = true;
+  int64_t extra_warmup = 0;
   // CPUs (intra-op threads) the reference device computed with when profiled: a lab's peer with
   // a quota of c CPUs runs at min(c, reference_cpus) / reference_cpus (lab_spec.h). Optional in
   // the JSON form (default 1).
@@ -55,9 +67,12 @@ struct CostTable {
 
   // The link between two devices, either direction: the slower of the two measurements.
   LinkCost link(size_t a, size_t b) const;
+  // The node's forward time on the reference device (forward_s, or a third of compute_s).
+  double forward_s(size_t node) const;
   // ConfigError naming `where` and the field when the table is inconsistent: no nodes or devices,
-  // a negative or non-finite time or size, a speed <= 0, a negative egress, a links matrix of the
-  // wrong size, a missing link between two devices, fewer than one micro-batch.
+  // a negative or non-finite time or size, a forward_s above compute_s, a speed <= 0, a negative
+  // egress or ingress, a links matrix of the wrong size, a missing link between two devices, fewer
+  // than one micro-batch.
   void validate(const std::string& where = "cost table") const;
   // Every cut's bytes times `fraction`: what a compression leaves of them on the wire.
   void scale_cuts(double fraction);

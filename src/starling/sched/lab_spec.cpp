@@ -195,12 +195,16 @@ std::string LabSpec::describe() const {
 
 void apply_lab(CostTable& t, const LabSpec& lab) {
   t.devices.clear();
-  for (int i = 0; i < lab.peers; ++i)
-    t.devices.push_back(
-        {.name = "peer " + std::to_string(i),
-         .speed =
-             lab.cpus.empty() ? 1.0 : std::min(lab.cpus[i], t.reference_cpus) / t.reference_cpus,
-         .egress_bytes_per_s = lab.egress_bits_per_s.empty() ? 0.0 : lab.egress_bits_per_s[i] / 8});
+  for (int i = 0; i < lab.peers; ++i) {
+    // A star's link is shaped both ways (netlab.h): one rate up and down.
+    const double access = lab.egress_bits_per_s.empty() ? 0.0 : lab.egress_bits_per_s[i] / 8;
+    t.devices.push_back({.name = "peer " + std::to_string(i),
+                         .speed = lab.cpus.empty()
+                                      ? 1.0
+                                      : std::min(lab.cpus[i], t.reference_cpus) / t.reference_cpus,
+                         .egress_bytes_per_s = access,
+                         .ingress_bytes_per_s = access});
+  }
   t.links.assign(lab.peers, std::vector<LinkCost>(lab.peers));
   for (int a = 0; a < lab.peers; ++a)
     for (int b = 0; b < lab.peers; ++b) {

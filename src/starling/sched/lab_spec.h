@@ -30,8 +30,9 @@ struct LabSpec {
   // bits_per_s[a][b]: the link from peer a to peer b; 0 = not shaped (and on the diagonal).
   std::vector<std::vector<double>> bits_per_s;
   std::vector<double> cpus;  // one per peer, or empty for no quotas
-  // Set for a star (`--link-rate`: each peer reaches every other through one shaped upload): that
-  // upload's rate per peer, in bits per second. Empty: every pair has a link of its own.
+  // Set for a star (`--link-rate`: each peer reaches every other through one link, shaped both
+  // ways): that link's rate per peer, up and down, in bits per second. Empty: every pair has a
+  // link of its own.
   std::vector<double> egress_bits_per_s;
   std::string source;  // the file, for messages
 

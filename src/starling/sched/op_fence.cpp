@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "starling/sched/pipeline_sim.h"
+
 namespace starling::sched {
 namespace {
 
@@ -189,7 +191,8 @@ void price(const CostTable& t, PipelinePlan& plan) {
     slowest = std::max({slowest, st.compute_s, st.link_s, st.egress_s});
   }
   plan.bottleneck_s = slowest;
-  plan.step_s = sum + static_cast<double>(t.micro_batches - 1) * slowest;
+  plan.steady_step_s = sum + static_cast<double>(t.micro_batches - 1) * slowest;
+  plan.step_s = simulate_step(t, plan);
 }
 
 PipelinePlan cut_pipeline(const CostTable& t, const std::vector<int>& chain) {
@@ -316,6 +319,8 @@ ReplicatedPlan plan_windows(const CostTable& t, const std::vector<int>& chain, i
   CostTable v;
   v.nodes = t.nodes;
   v.micro_batches = t.micro_batches;
+  v.one_f_one_b = t.one_f_one_b;
+  v.extra_warmup = t.extra_warmup;
   v.links.assign(static_cast<size_t>(stages),
                  std::vector<LinkCost>(static_cast<size_t>(stages), {kUnshapedBytesPerS, 0}));
   for (int s = 0; s < stages; ++s) {

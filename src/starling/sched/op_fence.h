@@ -7,13 +7,16 @@
 // The time model, per micro-batch: a stage on device d takes the sum of its nodes' compute_s over
 // d's speed (forward and backward); a link between consecutive stages takes the cut's bytes over
 // its bandwidth plus its latency, in each direction (activations forward, their gradients back,
-// on the two directions of the link at once). With M micro-batches a step takes
-//   sum of the stages + 2 x sum of the links + (M - 1) x the slowest stage or link
+// on the two directions of the link at once). A device with one upload for everything it sends
+// (DeviceCost::egress_bytes_per_s: a star network) adds a part of its own: the bytes its stage
+// sends both ways per micro-batch, activations to the next stage and gradients to the previous
+// one, over that upload. The cut minimises the slowest part; with M micro-batches the steady state
+// of a step is
+//   sum of the stages + 2 x sum of the links + (M - 1) x the slowest part
 // (the first micro-batch goes through everything forward and back; the others follow at the pace
-// of the slowest part: GPipe's and 1F1B's steady state). A device with one upload for everything
-// it sends (DeviceCost::egress_bytes_per_s: a star network) adds a part of its own: the bytes its
-// stage sends both ways per micro-batch, activations to the next stage and gradients to the
-// previous one, over that upload. Torch-free.
+// of the slowest part: GPipe's and 1F1B's steady state). The predicted step plays the schedule
+// through instead (pipeline_sim.h), which also counts the waits of a stage whose micro-batches in
+// flight do not cover their round trip over a slow link. Torch-free.
 #pragma once
 
 #include <vector>
@@ -34,8 +37,9 @@ struct StagePlan {
 
 struct PipelinePlan {
   std::vector<StagePlan> stages;
-  double bottleneck_s = 0;  // the slowest stage, link or upload
-  double step_s = 0;        // predicted time of an optimizer step (the model above)
+  double bottleneck_s = 0;   // the slowest stage, link or upload
+  double steady_step_s = 0;  // the steady-state formula above (what the cut's tie-break weighs)
+  double step_s = 0;         // predicted time of an optimizer step (simulate_step)
 };
 
 // Devices grouped so that the links inside a group are much faster than those between groups:
@@ -52,14 +56,15 @@ std::vector<int> device_chain(const CostTable& t, const std::vector<std::vector<
 
 // One stage per device of `chain`, in order, each with at least one node: the cut that minimises
 // the slowest stage or link, and among those the smallest sum of stage and link times (so the
-// predicted step time too). std::invalid_argument if the chain is empty, longer than the nodes,
+// steady-state step too). std::invalid_argument if the chain is empty, longer than the nodes,
 // or names a device twice.
 PipelinePlan cut_pipeline(const CostTable& t, const std::vector<int>& chain);
 
 // The same stages split evenly by node count (the first ones one node longer), as a baseline.
 PipelinePlan uniform_pipeline(const CostTable& t, const std::vector<int>& chain);
 
-// The step time of a plan's stages under the model above (fills in the times).
+// A plan's stages priced under the model above: the parts' times, the steady-state step and the
+// simulated one (simulate_step).
 void price(const CostTable& t, PipelinePlan& plan);
 
 // The whole scheduler: clusters, chain, then the contiguous window of the chain (of any length

@@ -39,7 +39,10 @@ std::string describe_plan(const CostTable& t, const PipelinePlan& p) {
           << " per micro-batch\n";
   }
   out << "  slowest part " << format_seconds(p.bottleneck_s) << " per micro-batch; predicted step "
-      << format_seconds(p.step_s) << " for " << t.micro_batches << " micro-batches\n";
+      << format_seconds(p.step_s) << " for " << t.micro_batches << " micro-batches ("
+      << (t.one_f_one_b ? "1F1B" : "GPipe");
+  if (t.one_f_one_b && t.extra_warmup > 0) out << ", " << t.extra_warmup << " extra warm-up";
+  out << " played through; steady state " << format_seconds(p.steady_step_s) << ")\n";
   return out.str();
 }
 

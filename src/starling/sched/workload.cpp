@@ -40,6 +40,8 @@ CostTable profile_workload(const train::RunConfig& c) {
 
   CostTable t;
   t.micro_batches = c.train.grad_accum;
+  t.one_f_one_b = c.pipeline.schedule == "1f1b";
+  t.extra_warmup = c.pipeline.extra_warmup;
   t.reference_cpus = threads;
   t.devices = {{.name = "this machine", .speed = 1}};
   t.links = {{LinkCost{}}};
@@ -47,7 +49,9 @@ CostTable profile_workload(const train::RunConfig& c) {
     NodeCost node{.name = nodes[static_cast<size_t>(i)].name};
     const auto& a = cold.nodes[static_cast<size_t>(i)];
     const auto& b = warm.nodes[static_cast<size_t>(i)];
-    node.compute_s = std::min(a.forward_s + a.backward_s, b.forward_s + b.backward_s);
+    const auto& quick = a.forward_s + a.backward_s <= b.forward_s + b.backward_s ? a : b;
+    node.compute_s = quick.forward_s + quick.backward_s;
+    node.forward_s = quick.forward_s;
     node.param_bytes = dag->node_param_bytes(i);
     // A cut after node i carries every output of a node <= i that a node > i reads.
     for (int j = 0; j <= i && i + 1 < n; ++j)

@@ -38,6 +38,8 @@ sched::CostTable model_costs(const train::RunConfig& config) {
   if (!config.pipeline.profile.empty()) {
     t = sched::read_cost_table(config.pipeline.profile);
     t.micro_batches = config.train.grad_accum;
+    t.one_f_one_b = config.pipeline.schedule == "1f1b";
+    t.extra_warmup = config.pipeline.extra_warmup;
     // A table of another model would cut this one at the wrong nodes, or past its end.
     const auto dag = model::build_model(config.model, config.train.seed, c10::kCPU);
     bool same = static_cast<int>(t.nodes.size()) == dag->size();
