@@ -102,8 +102,10 @@ def main():
     ap.add_argument("--set", action="append", default=[], help="KEY=VALUE for every run")
     ap.add_argument("--json", default=os.path.join(ROOT, "build/bench/pipeline-compression.json"))
     ap.add_argument("--plot", action="store_true", help="only plot --json")
+    ap.add_argument("--figure", default=os.path.join(ROOT, "docs/img/pipeline-compression-loss.png"),
+                    help="where the plot goes (after a run, or with --plot)")
     args = ap.parse_args()
-    figure = os.path.join(ROOT, "docs/img/pipeline-compression-loss.png")
+    figure = args.figure
     if args.plot:
         with open(args.json) as f:
             plot(json.load(f), figure)

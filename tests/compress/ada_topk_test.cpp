@@ -49,19 +49,41 @@ TEST(AdaTopK, QuantizesBeforeItDropsEntries) {
   EXPECT_TRUE(c.int8_activations);
   EXPECT_TRUE(c.int8_gradients);
   EXPECT_EQ(c.keep_ratio, 1.0);
-  // 100 Mbit (1.25 MB): int8 activations and the top ~2.9% of the gradients.
-  c = adaptive_compression(0.1, 100, n, n, true, 0.001);
+  // 150 Mbit (1.875 MB): int8 activations (~1 MB) and int4 gradients (~0.56 MB).
+  c = adaptive_compression(0.1, 150, n, n, true, 0.001);
   EXPECT_TRUE(c.int8_activations);
   EXPECT_FALSE(c.int8_gradients);
+  EXPECT_TRUE(c.int4_gradients);
+  EXPECT_EQ(c.keep_ratio, 1.0);
+  // 100 Mbit (1.25 MB): int4 both ways (~1.13 MB), still nothing dropped.
+  c = adaptive_compression(0.1, 100, n, n, true, 0.001);
+  EXPECT_FALSE(c.int8_activations);
+  EXPECT_TRUE(c.int4_activations);
+  EXPECT_TRUE(c.int4_gradients);
+  EXPECT_EQ(c.keep_ratio, 1.0);
+  // 60 Mbit (0.75 MB): int4 activations and the top ~2.4% of the gradients.
+  c = adaptive_compression(0.1, 60, n, n, true, 0.001);
+  EXPECT_TRUE(c.int4_activations);
+  EXPECT_FALSE(c.int4_gradients);
   EXPECT_GT(c.keep_ratio, 0.02);
-  EXPECT_LT(c.keep_ratio, 0.04);
+  EXPECT_LT(c.keep_ratio, 0.03);
   // Without int8 activations, whole activations (4 MB) leave no room: the floor.
   c = adaptive_compression(0.1, 200, n, n, false, 0.01);
   EXPECT_FALSE(c.int8_activations);
+  EXPECT_FALSE(c.int4_activations);
   EXPECT_EQ(c.keep_ratio, 0.01);
-  // A floor above int8's cost (8 x 0.2 bytes per entry > ~1.02): int8 gradients, not top-k.
-  c = adaptive_compression(0.1, 100, n, n, true, 0.2);
-  EXPECT_TRUE(c.int8_gradients);
+  // Allowed to be twice as slow as the stage, int4 both ways (1.13 MB) is kept at 60 Mbit; at
+  // 25 Mbit (0.31 MB, 0.63 MB allowed) top-k after all.
+  c = adaptive_compression(0.1, 60, n, n, true, 0.001, 2.0);
+  EXPECT_TRUE(c.int4_activations);
+  EXPECT_TRUE(c.int4_gradients);
+  EXPECT_EQ(c.keep_ratio, 1.0);
+  c = adaptive_compression(0.1, 25, n, n, true, 0.001, 2.0);
+  EXPECT_FALSE(c.int4_gradients);
+  EXPECT_LT(c.keep_ratio, 1.0);
+  // A floor above int4's cost (8 x 0.1 bytes per entry > ~0.56): int4 gradients, not top-k.
+  c = adaptive_compression(0.1, 60, n, n, true, 0.1);
+  EXPECT_TRUE(c.int4_gradients);
   EXPECT_EQ(c.keep_ratio, 1.0);
   // Nothing measured: whole.
   c = adaptive_compression(0, 10, n, n, true, 0.01);
@@ -74,7 +96,9 @@ TEST(AdaTopK, PlannedWireFractionFollowsTheSetting) {
   EXPECT_EQ(planned_wire_fraction("none", "int8", 0.1), 1.0);
   const double int8 = planned_wire_fraction("int8", "none", 0.1);
   EXPECT_NEAR(int8, 0.2539, 1e-3);
-  EXPECT_NEAR(planned_wire_fraction("adatopk", "int8", 0.1), int8, 1e-12);
+  const double int4 = planned_wire_fraction("int4", "none", 0.1);
+  EXPECT_NEAR(int4, 0.1406, 1e-3);
+  EXPECT_NEAR(planned_wire_fraction("adatopk", "int8", 0.1), int4, 1e-12);
   EXPECT_EQ(planned_wire_fraction("adatopk", "none", 0.1), 1.0);
   // topk 0.1: gradients 20% of the bytes, int8 activations about 25%: the heavier direction.
   EXPECT_NEAR(planned_wire_fraction("topk", "int8", 0.1), int8, 1e-12);

@@ -104,4 +104,25 @@ TEST(TensorMessage, AnInt8MessageCarriesEveryEntryCloselyInAQuarterOfTheBytes) {
   EXPECT_THROW(decode_tensor(cut, want, "P"), starling::NetError);
 }
 
+// An int4-coded gradient: every entry within half a step of its group's scale (absmax / 7 of 64
+// entries), in about a seventh of the bytes; a truncated one, or one claiming to be bf16, refused.
+TEST(TensorMessage, AnInt4MessageCarriesEveryEntryInASeventhOfTheBytes) {
+  const at::Tensor t = at::randn({4, 300});
+  const auto bytes = starling::strategy::encode_int4_tensor({TensorKind::gradient, 1, 0, 2}, t);
+  const TensorExpectation want{
+      .label = {TensorKind::gradient, 1, 0, 2}, .shape = {4, 300}, .dtypes = {at::kFloat}};
+  const at::Tensor back = decode_tensor(bytes, want, "P");
+  const double step = t.abs().max().item<double>() / 7;
+  EXPECT_LE((back - t).abs().max().item<double>(), step / 2 + 1e-6);
+  EXPECT_LT(bytes.size(), static_cast<size_t>(t.numel()) * 4 / 6);
+  auto cut = bytes;
+  cut.pop_back();
+  try {
+    decode_tensor(cut, want, "P");
+    ADD_FAILURE() << "a truncated int4 message was accepted";
+  } catch (const starling::NetError& e) {
+    EXPECT_NE(std::string(e.what()).find("bytes of int4 groups"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace

@@ -277,6 +277,8 @@ TEST(RunConfigErrors, InconsistentValues) {
   expect_error("[data]\ndir = \"d\"\n[optim]\nlr = 1e-4\nmin_lr = 1e-3\n",
                {"run.toml", "optim.min_lr"});
   expect_error("[data]\ndir = \"d\"\n[optim]\nbeta2 = 1.0\n", {"run.toml", "optim.beta2"});
+  expect_error("[data]\ndir = \"d\"\n[pipeline]\nadatopk_topk_beyond = 0.5\n",
+               {"run.toml", "pipeline.adatopk_topk_beyond", "must be >= 1"});
 }
 
 TEST(RunConfigErrors, InvalidTomlSyntax) {
@@ -362,9 +364,9 @@ std::vector<std::string> all_keys() {
       {"sample",
        {"prompt", "max_tokens", "temperature", "top_k", "top_p", "stop", "seed", "cache"}},
       {"strategy",
-       {"kind", "local_steps", "outer_lr", "outer_momentum", "outer_nesterov",
-        "staleness_penalty", "clip", "clip_threshold", "zero", "overlap_steps", "target_batch",
-        "precision", "aggregation", "trim", "fingerprint", "redeal_data"}},
+       {"kind", "local_steps", "outer_lr", "outer_momentum", "outer_nesterov", "staleness_penalty",
+        "clip", "clip_threshold", "zero", "overlap_steps", "target_batch", "precision",
+        "aggregation", "trim", "fingerprint", "redeal_data"}},
       {"net",
        {"backend", "rank", "world_size", "store", "interface", "name", "listen", "advertise",
         "join", "key", "allow", "insecure", "direct_data", "heartbeat_ms", "peer_timeout_ms",
@@ -373,7 +375,7 @@ std::vector<std::string> all_keys() {
       {"pipeline",
        {"stages", "profile", "planner", "num_stages", "schedule", "extra_warmup", "stage",
         "replicas", "replica", "replacement_wait_s", "compression", "topk_ratio",
-        "compress_activations", "adatopk_min_ratio", "error_feedback"}}};
+        "compress_activations", "adatopk_min_ratio", "adatopk_topk_beyond", "error_feedback"}}};
   std::vector<std::string> keys;
   for (const auto& [table, names] : tables)
     for (const auto& n : names) keys.push_back(table + "." + n);

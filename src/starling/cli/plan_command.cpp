@@ -138,7 +138,7 @@ void add_plan_command(CLI::App& app) {
                    "price each cut at what pipeline.compression sends of it (int8: about a "
                    "quarter; adatopk: as int8, the most it compresses before it drops entries)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"none", "int8", "topk", "adatopk"}));
+      ->check(CLI::IsMember({"none", "int8", "int4", "topk", "adatopk"}));
   pipeline->add_flag("--overlapped", pp->overlapped,
                      "for pipeline replicas: the averaging overlaps the next steps (co2)");
   pipeline

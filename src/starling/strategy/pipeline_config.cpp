@@ -97,15 +97,20 @@ void add_config_keys(PipelineConfig& c, config::Keys& k) {
   k.push_back(string_key("pipeline", "compression", &c.compression,
                          "what crosses the links between stages in training: \"none\" (whole "
                          "tensors), \"int8\" (every entry, quantized: a quarter of the bytes), "
-                         "\"topk\" (the pipeline.topk_ratio of entries of largest magnitude) or "
+                         "\"int4\" (every entry in 4 bits: a seventh of the bytes), \"topk\" "
+                         "(the pipeline.topk_ratio of entries of largest magnitude) or "
                          "\"adatopk\" (as little compression as lets each stage's tensors cross "
-                         "its slowest link within the slowest stage's compute time: int8 first, "
-                         "then top-k of the gradients)",
-                         {"none", "int8", "topk", "adatopk"}));
+                         "its slowest link within the slowest stage's compute time: int8, then "
+                         "int4, then top-k of the gradients)",
+                         {"none", "int8", "int4", "topk", "adatopk"}));
   k.push_back(float_key("pipeline", "topk_ratio", &c.topk_ratio, 0,
                         "the fraction of entries \"topk\" keeps, in (0, 1]"));
   k.push_back(float_key("pipeline", "adatopk_min_ratio", &c.adatopk_min_ratio, 0,
                         "the least fraction of entries \"adatopk\" keeps, in (0, 1]"));
+  k.push_back(float_key("pipeline", "adatopk_topk_beyond", &c.adatopk_topk_beyond, 0,
+                        "\"adatopk\" drops entries (top-k) only where even int4 would take more "
+                        "than this many times the slowest stage's compute time to cross the "
+                        "link; slower than that, int4 (1 = as soon as int4 does not fit), >= 1"));
   k.push_back(string_key("pipeline", "compress_activations", &c.compress_activations,
                          "with \"topk\" or \"adatopk\", how activations cross: \"int8\" "
                          "(every entry, quantized: a quarter of the bytes), \"topk\" (sparsified "
@@ -134,6 +139,10 @@ void check(const PipelineConfig& c, const std::string& source) {
     if (!(v > 0 && v <= 1))
       throw ConfigError(source + ": pipeline." + key + " = " + std::to_string(v) +
                         " must be in (0, 1] (the fraction of entries kept)");
+  if (!(c.adatopk_topk_beyond >= 1))
+    throw ConfigError(source +
+                      ": pipeline.adatopk_topk_beyond = " + std::to_string(c.adatopk_topk_beyond) +
+                      " must be >= 1 (how many times the slowest stage's time int4 may take)");
   if (c.replicas < 0)
     throw ConfigError(source + ": pipeline.replicas = " + std::to_string(c.replicas) +
                       " must be 0 (from the world size) or more");

@@ -46,18 +46,22 @@ struct PipelineConfig {
   int64_t replacement_wait_s = 0;
   // What crosses the links between stages in training (evaluation always sends whole tensors):
   // "none" (whole tensors), "int8" (every activation and activation gradient quantized in groups
-  // of 256 with one fp32 scale: a quarter of the bytes, no entry dropped), "topk" (the
-  // topk_ratio of entries of largest magnitude of every activation gradient, and of activations
-  // with compress_activations = "topk") or "adatopk" (per stage, as little as lets its tensors
-  // cross its slowest outgoing link within the slowest stage's compute time: whole tensors where
-  // they already do, then int8 activations, then int8 gradients, then the top entries of the
-  // gradients, never fewer than adatopk_min_ratio). See compress/.
+  // of 256 with one fp32 scale: a quarter of the bytes, no entry dropped), "int4" (the same in 4
+  // bits, groups of 64: a seventh of the bytes), "topk" (the topk_ratio of entries of largest
+  // magnitude of every activation gradient, and of activations with compress_activations =
+  // "topk") or "adatopk" (per stage, as little as lets its tensors cross its slowest outgoing
+  // link within the slowest stage's compute time: whole tensors where they already do, then int8
+  // activations, int8 gradients, int4 gradients, int4 activations, and only where even int4
+  // would take more than adatopk_topk_beyond times that time, the top entries of the gradients,
+  // never fewer than adatopk_min_ratio). See compress/.
   std::string compression = "none";
   double topk_ratio = 0.1;
   double adatopk_min_ratio = 0.01;
+  double adatopk_topk_beyond = 2.0;
   // With "topk" or "adatopk", how activations cross: "int8" (every entry, quantized in groups of
   // 256 with one fp32 scale each: a quarter of the bytes, no entry dropped), "topk" (sparsified
-  // like the gradients, as FusionLLM does) or "none" (whole). "int8" compression ignores it.
+  // like the gradients, as FusionLLM does) or "none" (whole); "adatopk" may take "int8" down to
+  // int4 where int8 does not fit. "int8" and "int4" compression ignore it.
   std::string compress_activations = "int8";
   // Error feedback on compressed activation gradients: what an edge did not send is added to its
   // next gradient.

@@ -178,6 +178,7 @@ train::TrainResult train_stage(const train::RunConfig& c, train::TrainOptions t,
                             .compression = c.pipeline.compression,
                             .topk_ratio = c.pipeline.topk_ratio,
                             .adatopk_min_ratio = c.pipeline.adatopk_min_ratio,
+                            .adatopk_topk_beyond = c.pipeline.adatopk_topk_beyond,
                             .compress_activations = c.pipeline.compress_activations,
                             .error_feedback = c.pipeline.error_feedback,
                             .admission = admission ? &*admission : nullptr};

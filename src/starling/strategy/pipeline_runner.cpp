@@ -106,7 +106,10 @@ net::Transfer PipelineStepRunner::send(int stage, const TensorLabel& label, cons
   const size_t whole = encoded_tensor_bytes(t);
   const compress::StageCompression& c = compression_to(stage);
   const bool quantized = activation ? c.int8_activations : c.int8_gradients;
-  if (compressible && quantized) {
+  const bool int4 = activation ? c.int4_activations : c.int4_gradients;
+  if (compressible && int4) {
+    bytes = encode_int4_tensor(label, t);
+  } else if (compressible && quantized) {
     bytes = encode_int8_tensor(label, t);
   } else if (compressible && c.keep_ratio < 1.0 && (!activation || acts == "topk")) {
     const int64_t k = compress::kept_entries(t.numel(), c.keep_ratio);
@@ -177,6 +180,8 @@ void PipelineStepRunner::fixed_compression() {
               .keep_ratio = options_.topk_ratio};
   } else if (options_.compression == "int8") {
     fixed_ = {.int8_activations = true, .int8_gradients = true};
+  } else if (options_.compression == "int4") {
+    fixed_ = {.int4_activations = true, .int4_gradients = true};
   }
   summarize({fixed_});
 }
@@ -191,10 +196,13 @@ const compress::StageCompression& PipelineStepRunner::compression_to(int stage) 
 void PipelineStepRunner::summarize(const std::vector<compress::StageCompression>& links) {
   keep_ratio_ = 1.0;
   quantize_activations_ = quantize_gradients_ = false;
+  int4_activations_ = int4_gradients_ = false;
   for (const auto& c : links) {
     keep_ratio_ = std::min(keep_ratio_, c.keep_ratio);
     quantize_activations_ = quantize_activations_ || c.int8_activations;
     quantize_gradients_ = quantize_gradients_ || c.int8_gradients;
+    int4_activations_ = int4_activations_ || c.int4_activations;
+    int4_gradients_ = int4_gradients_ || c.int4_gradients;
   }
 }
 
@@ -214,7 +222,8 @@ std::map<int, std::pair<double, double>> PipelineStepRunner::entries_sent_per_mi
 }
 
 void PipelineStepRunner::choose_keep_ratio(const std::vector<double>& compute_per_micro_batch) {
-  if (options_.compression == "topk" || options_.compression == "int8") {
+  if (options_.compression == "topk" || options_.compression == "int8" ||
+      options_.compression == "int4") {
     fixed_compression();
     return;
   }
@@ -242,7 +251,7 @@ void PipelineStepRunner::choose_keep_ratio(const std::vector<double>& compute_pe
     else
       c = compress::adaptive_compression(critical, rate, activations, gradients,
                                          options_.compress_activations == "int8",
-                                         options_.adatopk_min_ratio);
+                                         options_.adatopk_min_ratio, options_.adatopk_topk_beyond);
     per_link_[stage] = c;
     chosen.push_back(c);
   }
@@ -595,8 +604,13 @@ std::string PipelineStepRunner::report() const {
                                             : 1.0) +
                     "; at the end keeping " + train::fmt("%.1f", 100 * keep_ratio_) + "% of " +
                     (options_.compress_activations == "topk" ? "entries" : "gradient entries") +
-                    (quantize_activations_ ? ", activations int8" : "") +
-                    (quantize_gradients_ ? ", gradients int8" : "") + ")") +
+                    (int4_activations_       ? ", activations int4"
+                     : quantize_activations_ ? ", activations int8"
+                                             : "") +
+                    (int4_gradients_       ? ", gradients int4"
+                     : quantize_gradients_ ? ", gradients int8"
+                                           : "") +
+                    ")") +
          (aligned_ > 0 ? "; realigned its shared weights' copies " + std::to_string(aligned_) +
                              " times after a round"
                        : std::string());

@@ -50,9 +50,9 @@ struct PipelineRunnerOptions {
   c10::ScalarType autocast = c10::ScalarType::Float;
   int64_t micro_batches = 1;  // per step (train.grad_accum): where align() moves the loader
   // What crosses the links in training (pipeline.compression and its keys): "none", "int8",
-  // "topk" or "adatopk".
+  // "int4", "topk" or "adatopk".
   std::string compression = "none";
-  double topk_ratio = 0.1, adatopk_min_ratio = 0.01;
+  double topk_ratio = 0.1, adatopk_min_ratio = 0.01, adatopk_topk_beyond = 2.0;
   std::string compress_activations = "int8";  // "int8", "topk" or "none"
   bool error_feedback = true;
   // With replicas: this stage's part in admitting a waiting pipeline (pipeline_admission.h).
@@ -108,7 +108,7 @@ class PipelineStepRunner : public train::StepRunner {
   bool marked(TensorKind kind) const;
   // After a step's sums: the fraction of entries the next step keeps, and what it quantizes.
   void choose_keep_ratio(const std::vector<double>& compute_per_micro_batch);
-  // "topk" and "int8": the same compression every step.
+  // "topk", "int8" and "int4": the same compression every step.
   void fixed_compression();
   // What crosses the link to `stage` this step.
   const compress::StageCompression& compression_to(int stage) const;
@@ -149,13 +149,15 @@ class PipelineStepRunner : public train::StepRunner {
   int64_t aligned_ = 0;  // shared copies align_shared_copies() found apart and realigned
   // Compression.
   bool training_ = false;                               // inside run(): compression applies
-  compress::StageCompression fixed_;                    // "topk", "int8": every link alike
+  compress::StageCompression fixed_;                    // "topk", "int8", "int4": every link alike
   std::map<int, compress::StageCompression> per_link_;  // "adatopk": per destination stage
   // Over the links, for reports: the least fraction of entries sent, and whether any link
   // quantizes activations or gradients this step.
   double keep_ratio_ = 1.0;
   bool quantize_activations_ = false;
   bool quantize_gradients_ = false;
+  bool int4_activations_ = false;
+  bool int4_gradients_ = false;
   compress::ErrorFeedback feedback_;  // per (reader stage, node) activation gradient
   uint64_t whole_bytes_ = 0;          // what bytes_sent_ would be without compression
   double step_compute_s_ = 0;         // this step's forward and backward time

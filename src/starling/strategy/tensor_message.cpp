@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "starling/common/error.h"
+#include "starling/compress/int4_codec.h"
 #include "starling/compress/wire_codec.h"
 
 namespace starling::strategy {
@@ -15,6 +16,7 @@ constexpr size_t kFixed = 4 + 4 + 8 + 4 + 4;  // magic, kind/dtype/ndim/pad, ste
 constexpr int kMaxDims = 8;
 constexpr uint8_t kSparse = 1;  // flags: the elements are top-k entries
 constexpr uint8_t kInt8 = 2;    // flags: the elements are quantized to int8
+constexpr uint8_t kInt4 = 3;    // flags: the elements are quantized to int4
 
 uint8_t dtype_code(c10::ScalarType t) {
   switch (t) {
@@ -123,6 +125,16 @@ std::vector<uint8_t> encode_int8_tensor(const TensorLabel& label, const at::Tens
   return out;
 }
 
+std::vector<uint8_t> encode_int4_tensor(const TensorLabel& label, const at::Tensor& t) {
+  const at::Tensor host = t.detach().to(at::kCPU, at::kFloat).contiguous();
+  const auto count = static_cast<size_t>(host.numel());
+  const size_t payload = compress::int4_encoded_bytes(count);
+  std::vector<uint8_t> out = with_header(label, at::kFloat, host.sizes(), kInt4, payload);
+  compress::encode_int4(host.data_ptr<float>(), count,
+                        reinterpret_cast<std::byte*>(out.data() + out.size() - payload));
+  return out;
+}
+
 std::vector<uint8_t> encode_sparse_tensor(const TensorLabel& label, at::IntArrayRef shape,
                                           const compress::TopK& kept) {
   const at::Tensor indices = kept.indices.to(at::kCPU, at::kInt).contiguous();
@@ -204,17 +216,22 @@ at::Tensor decode_tensor(std::span<const uint8_t> in, const TensorExpectation& e
                   ", not ascending inside its " + std::to_string(numel) + " entries");
     return compress::densify(kept, shape, dtype);
   }
-  if (in[7] == kInt8) {
-    if (dtype != c10::ScalarType::Float) throw bad("is int8-coded but not fp32");
+  if (in[7] == kInt8 || in[7] == kInt4) {
+    const bool int8 = in[7] == kInt8;
+    const std::string name = int8 ? "int8" : "int4";
+    if (dtype != c10::ScalarType::Float) throw bad("is " + name + "-coded but not fp32");
     const auto count = static_cast<size_t>(numel);
-    const size_t payload = compress::encoded_bytes(compress::WirePrecision::int8, count);
+    const size_t payload = int8 ? compress::encoded_bytes(compress::WirePrecision::int8, count)
+                                : compress::int4_encoded_bytes(count);
     if (in.size() != header + payload)
-      throw bad("holds " + std::to_string(in.size() - header) + " bytes of int8 groups, expected " +
-                std::to_string(payload));
+      throw bad("holds " + std::to_string(in.size() - header) + " bytes of " + name +
+                " groups, expected " + std::to_string(payload));
     at::Tensor out = at::empty(shape, at::kFloat);
-    compress::decode(compress::WirePrecision::int8,
-                     reinterpret_cast<const std::byte*>(in.data() + header), count,
-                     out.data_ptr<float>());
+    const auto* payload_bytes = reinterpret_cast<const std::byte*>(in.data() + header);
+    if (int8)
+      compress::decode(compress::WirePrecision::int8, payload_bytes, count, out.data_ptr<float>());
+    else
+      compress::decode_int4(payload_bytes, count, out.data_ptr<float>());
     return out;
   }
   if (in[7] != 0) throw bad("has unknown flags " + std::to_string(in[7]));

@@ -7,9 +7,10 @@
 // whole tensor, numel elements. Flags 1: a sparse one (top-k, compress/topk.h): the kept count
 // u64, that many flat indices i32 in ascending order, then that many values. Flags 2: a whole
 // fp32 tensor quantized to int8 (compress/wire_codec.h's int8: groups of 256 entries, each an
-// fp32 scale and 256 int8 values). decode() checks
-// every field against what the receiver expects, so a malformed, truncated or mismatched message
-// is a NetError naming the sender and the field, never a crash.
+// fp32 scale and 256 int8 values). Flags 3: likewise quantized to int4 (compress/int4_codec.h:
+// groups of 64, each an fp32 scale and 32 bytes of 4-bit codes). decode() checks every field
+// against what the receiver expects, so a malformed, truncated or mismatched message is a NetError
+// naming the sender and the field, never a crash.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -43,6 +44,9 @@ size_t encoded_tensor_bytes(const at::Tensor& t);
 // The message for `t` (fp32 values) quantized to int8: about a quarter of encode_tensor's bytes,
 // every entry within half a step of its group's scale (absmax / 127).
 std::vector<uint8_t> encode_int8_tensor(const TensorLabel& label, const at::Tensor& t);
+// The same in int4: about a seventh of encode_tensor's bytes, every entry within half a step of
+// its group's scale (absmax / 7).
+std::vector<uint8_t> encode_int4_tensor(const TensorLabel& label, const at::Tensor& t);
 
 // The message for the kept entries of a tensor of `shape` (indices ascending, values fp32, bf16
 // or fp16): the receiver gets the whole tensor back with zeros everywhere else.
