@@ -69,11 +69,9 @@ double simulate_step(const CostTable& t, const PipelinePlan& plan) {
   std::vector<Channel> forward_link(static_cast<size_t>(stages)),
       backward_link(static_cast<size_t>(stages)), upload(static_cast<size_t>(stages)),
       download(static_cast<size_t>(stages));
-  // A link direction and an upload each carry one stage's tensors, in the order that stage
-  // computes them, so the order they are queued in is the order they become ready. A download
-  // takes a middle stage's activations and gradients from two neighbours; queued as they are
-  // sent, which runs ahead of time only slightly. A tensor starts when it is ready and every
-  // channel on its path is free, and holds them all for as long as the slowest takes.
+  // Tensors are queued in the order they become ready (see the loop below). A tensor starts when
+  // it is ready and every channel on its path is free, and holds them all for as long as the
+  // slowest takes.
   auto send = [&](int from, int to, int64_t bytes, double ready) {
     const auto& a = plan.stages[static_cast<size_t>(from)];
     const auto& b = plan.stages[static_cast<size_t>(to)];
@@ -111,32 +109,40 @@ double simulate_step(const CostTable& t, const PipelinePlan& plan) {
   std::vector<double> clock(static_cast<size_t>(stages), 0);
   size_t left = 0;
   for (const auto& ops : order) left += ops.size();
-  // Each sweep runs every stage as far as its inputs are known. Both schedules are deadlock-free,
-  // so every sweep runs at least one operation.
+  // Operations run in the order they end: each time, of the stages whose next operation has its
+  // input, the one that would finish first. An operation that becomes runnable later ends later
+  // (its input leaves after the operation that sends it), so every channel receives its tensors
+  // in the order they become ready, from one stage or two.
+  const auto duration = [&](size_t s, const Op& op) { return op.forward ? fwd[s] : bwd[s]; };
   while (left > 0) {
-    bool moved = false;
+    int best = -1;
+    double best_end = 0;
     for (int s = 0; s < stages; ++s) {
       const auto su = static_cast<size_t>(s);
-      while (next[su] < order[su].size()) {
-        const Op op = order[su][next[su]];
-        const auto mu = static_cast<size_t>(op.micro);
-        const double ready = op.forward ? activations[su][mu] : gradients[su][mu];
-        if (ready < 0) break;
-        const double end = std::max(clock[su], ready) + (op.forward ? fwd[su] : bwd[su]);
-        clock[su] = end;
-        const StagePlan& st = plan.stages[su];
-        if (op.forward && s + 1 < stages)
-          activations[su + 1][mu] =
-              send(s, s + 1, t.nodes[static_cast<size_t>(st.last)].cut_bytes, end);
-        if (!op.forward && s > 0)
-          gradients[su - 1][mu] =
-              send(s, s - 1, t.nodes[static_cast<size_t>(st.first) - 1].cut_bytes, end);
-        ++next[su];
-        --left;
-        moved = true;
+      if (next[su] == order[su].size()) continue;
+      const Op op = order[su][next[su]];
+      const auto mu = static_cast<size_t>(op.micro);
+      const double ready = op.forward ? activations[su][mu] : gradients[su][mu];
+      if (ready < 0) continue;
+      const double end = std::max(clock[su], ready) + duration(su, op);
+      if (best < 0 || end < best_end) {
+        best = s;
+        best_end = end;
       }
     }
-    if (!moved) throw std::logic_error("simulate_step: the schedule deadlocked");
+    if (best < 0) throw std::logic_error("simulate_step: the schedule deadlocked");
+    const auto su = static_cast<size_t>(best);
+    const Op op = order[su][next[su]++];
+    const auto mu = static_cast<size_t>(op.micro);
+    clock[su] = best_end;
+    --left;
+    const StagePlan& st = plan.stages[su];
+    if (op.forward && best + 1 < stages)
+      activations[su + 1][mu] =
+          send(best, best + 1, t.nodes[static_cast<size_t>(st.last)].cut_bytes, best_end);
+    if (!op.forward && best > 0)
+      gradients[su - 1][mu] =
+          send(best, best - 1, t.nodes[static_cast<size_t>(st.first) - 1].cut_bytes, best_end);
   }
   return *std::max_element(clock.begin(), clock.end());
 }
