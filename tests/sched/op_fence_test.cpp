@@ -372,6 +372,27 @@ TEST(PlanReplicas, WithoutAStrategyEveryDeviceIsOneStage) {
   EXPECT_THROW(plan_replicas(t, true, {.every_steps = 0}), std::invalid_argument);
 }
 
+TEST(PlanReplicas, RepricingKeepsThePlaceAndTakesTheNewCosts) {
+  // Two clusters joined by a slow link, one pipeline over all four: then every cut a quarter as
+  // heavy (say, compressed), the same stages and devices, a shorter step.
+  const CostTable t = two_clusters(8, kFast, 1e4, 10000, 100);
+  ReplicatedPlan p = plan_replicas(t, false, {});
+  const ReplicatedPlan before = p;
+  CostTable light = t;
+  light.scale_cuts(0.25);
+  reprice(light, p, {});
+  ASSERT_EQ(p.pipelines.size(), before.pipelines.size());
+  for (size_t s = 0; s < p.pipelines[0].stages.size(); ++s) {
+    EXPECT_EQ(p.pipelines[0].stages[s].first, before.pipelines[0].stages[s].first);
+    EXPECT_EQ(p.pipelines[0].stages[s].device, before.pipelines[0].stages[s].device);
+  }
+  PipelinePlan alone = before.pipelines[0];
+  price(light, alone);
+  EXPECT_DOUBLE_EQ(p.step_s, alone.step_s);
+  EXPECT_LT(p.step_s, before.step_s);
+  EXPECT_DOUBLE_EQ(p.micro_batches_per_s, 8 / p.step_s);
+}
+
 TEST(PlanReplicas, TheSharedCutIsTheBestForTheSlowestReplica) {
   // Random tables of 4 or 6 devices as 2 or 3 replicas: the common cut's slowest part over all
   // replicas equals a brute force over every cut, priced on every replica.

@@ -306,6 +306,16 @@ PipelinePlan op_fence(const CostTable& t, double gap) {
 
 namespace {
 
+// The replicated plan's step from its slowest pipeline's and the averaging's time.
+void set_step(const CostTable& t, ReplicatedPlan& p, double slowest_step, const ReplicaSync& sync) {
+  const double per_step = p.averaging_s / sync.every_steps;
+  // Overlapped, a round of `every_steps` steps takes the longer of its computation and its
+  // averaging; otherwise the averaging comes on top.
+  p.step_s = sync.overlapped ? std::max(slowest_step, per_step) : slowest_step + per_step;
+  p.sync_s = p.step_s - slowest_step;
+  p.micro_batches_per_s = p.replicas * static_cast<double>(t.micro_batches) / p.step_s;
+}
+
 // One stage count and one orientation of each replica's window of the chain, planned and priced.
 ReplicatedPlan plan_windows(const CostTable& t, const std::vector<int>& chain, int stages,
                             unsigned flipped, const ReplicaSync& sync) {
@@ -376,16 +386,20 @@ ReplicatedPlan plan_windows(const CostTable& t, const std::vector<int>& chain, i
           p.averaging_s, 2.0 * (replicas - 1) / replicas * static_cast<double>(bytes) / bandwidth);
     }
   }
-  const double per_step = p.averaging_s / sync.every_steps;
-  // Overlapped, a round of `every_steps` steps takes the longer of its computation and its
-  // averaging; otherwise the averaging comes on top.
-  p.step_s = sync.overlapped ? std::max(slowest_step, per_step) : slowest_step + per_step;
-  p.sync_s = p.step_s - slowest_step;
-  p.micro_batches_per_s = replicas * static_cast<double>(t.micro_batches) / p.step_s;
+  set_step(t, p, slowest_step, sync);
   return p;
 }
 
 }  // namespace
+
+void reprice(const CostTable& t, ReplicatedPlan& p, const ReplicaSync& sync) {
+  double slowest_step = 0;
+  for (PipelinePlan& pipe : p.pipelines) {
+    price(t, pipe);
+    slowest_step = std::max(slowest_step, pipe.step_s);
+  }
+  set_step(t, p, slowest_step, sync);
+}
 
 ReplicatedPlan plan_replicas(const CostTable& t, bool replicas_allowed, const ReplicaSync& sync,
                              double gap) {

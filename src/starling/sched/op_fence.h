@@ -108,4 +108,8 @@ struct ReplicaSync {
 ReplicatedPlan plan_replicas(const CostTable& t, bool replicas_allowed, const ReplicaSync& sync,
                              double gap = 4.0);
 
+// Prices `p`'s pipelines again on `t` (the same stages, cut and devices; say, other cut bytes),
+// and its step and rate as plan_replicas does; the averaging's time is kept.
+void reprice(const CostTable& t, ReplicatedPlan& p, const ReplicaSync& sync);
+
 }  // namespace starling::sched

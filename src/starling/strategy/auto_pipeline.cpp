@@ -1,5 +1,6 @@
 #include "starling/strategy/auto_pipeline.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iostream>
@@ -64,8 +65,58 @@ AutoPipeline plan_auto_pipeline(const train::RunConfig& config, const sched::Lab
                        config.pipeline.profile.empty() ? "the profile" : config.pipeline.profile);
 }
 
+namespace {
+
+// The fraction of a cut's whole bytes AdaTopK sends one way over a link, as it chooses it.
+double sent_fraction(const compress::StageCompression& c, bool activations, double int8,
+                     double int4) {
+  if (activations ? c.int4_activations : c.int4_gradients) return int4;
+  if (activations ? c.int8_activations : c.int8_gradients) return int8;
+  return std::min(1.0, 2 * c.keep_ratio);  // 8 bytes per kept entry against 4
+}
+
+// "adatopk" cuts the model at its most compressed (int4) sizes, but sends over each link only
+// what that link needs (compress::adaptive_compression, per direction, within the slowest
+// stage's time of the plan): the plan priced at that, every cut at the heavier direction's bytes
+// over its replicas' links.
+void price_as_adatopk_sends(const sched::CostTable& whole, const PipelineConfig& p,
+                            const sched::ReplicaSync& sync, sched::ReplicatedPlan& plan,
+                            sched::CostTable& sent) {
+  const double int8 = compress::planned_wire_fraction("int8", "none", 1);
+  const double int4 = compress::planned_wire_fraction("int4", "none", 1);
+  const bool quantize = p.compress_activations == "int8";
+  sent = whole;
+  const auto& front = plan.pipelines.front().stages;
+  for (size_t s = 0; s + 1 < front.size(); ++s) {
+    const auto node = static_cast<size_t>(front[s].last);
+    const double entries = static_cast<double>(whole.nodes[node].cut_bytes) / 4;
+    double fraction = 0;
+    for (const auto& pipe : plan.pipelines) {
+      double critical = 0;
+      for (const auto& st : pipe.stages) critical = std::max(critical, st.compute_s);
+      const double mbit = whole
+                              .link(static_cast<size_t>(pipe.stages[s].device),
+                                    static_cast<size_t>(pipe.stages[s + 1].device))
+                              .bytes_per_s *
+                          8 / 1e6;
+      const auto forward = compress::adaptive_compression(
+          critical, mbit, entries, 0, quantize, p.adatopk_min_ratio, p.adatopk_topk_beyond);
+      const auto backward = compress::adaptive_compression(
+          critical, mbit, 0, entries, quantize, p.adatopk_min_ratio, p.adatopk_topk_beyond);
+      fraction = std::max({fraction, sent_fraction(forward, true, int8, int4),
+                           sent_fraction(backward, false, int8, int4)});
+    }
+    sent.nodes[node].cut_bytes = static_cast<int64_t>(
+        std::llround(static_cast<double>(whole.nodes[node].cut_bytes) * fraction));
+  }
+  sched::reprice(sent, plan, sync);
+}
+
+}  // namespace
+
 AutoPipeline plan_on_costs(const train::RunConfig& config, sched::CostTable t,
                            const std::string& where) {
+  const sched::CostTable whole = t;
   // What crosses a cut is what compression leaves of it: price the links at that.
   const double wire = compress::planned_wire_fraction(config.pipeline.compression,
                                                       config.pipeline.compress_activations,
@@ -87,6 +138,8 @@ AutoPipeline plan_on_costs(const train::RunConfig& config, sched::CostTable t,
   } catch (const std::invalid_argument& e) {
     throw ConfigError(std::string("pipeline.stages = \"auto\": ") + e.what());
   }
+  const bool adaptive = config.pipeline.compression == "adatopk" && wire < 1;
+  if (adaptive) price_as_adatopk_sends(whole, config.pipeline, sync, plan, t);
 
   AutoPipeline a;
   a.replicas = plan.replicas;
@@ -101,7 +154,11 @@ AutoPipeline plan_on_costs(const train::RunConfig& config, sched::CostTable t,
       a.replica_of[static_cast<size_t>(peer)] = r;
     }
   a.report = sched::describe_plan(t, plan);
-  if (wire < 1)
+  if (adaptive)
+    a.report +=
+        "  (cut at int4's sizes; links priced at what pipeline.compression = \"adatopk\" "
+        "sends over each)\n";
+  else if (wire < 1)
     a.report += "  (links priced at " + std::to_string(static_cast<int>(std::lround(100 * wire))) +
                 "% of whole tensors: pipeline.compression = \"" + config.pipeline.compression +
                 "\")\n";
