@@ -72,6 +72,7 @@ double sent_fraction(const compress::StageCompression& c, bool activations, doub
                      double int4) {
   if (activations ? c.int4_activations : c.int4_gradients) return int4;
   if (activations ? c.int8_activations : c.int8_gradients) return int8;
+  if (activations) return 1;               // top-k applies to the gradients only
   return std::min(1.0, 2 * c.keep_ratio);  // 8 bytes per kept entry against 4
 }
 
