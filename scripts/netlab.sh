@@ -54,6 +54,10 @@
 #                                 route between two sites fails; open TCP connections stay open
 #                                 and their segments are lost until `mend`. Idempotent.
 #   netlab.sh mend NAME I J       undo `cut` (idempotent): retransmissions get through again
+#   netlab.sh unbridge NAME       take every p<i> out of br0, so that frames between peers no
+#                                 longer cross the hub by themselves: a relay that reads and
+#                                 writes p<i> (net/lab_delay_relay.h: the delays between peers)
+#                                 carries them instead. Shaping stays as it is. Idempotent.
 #   netlab.sh down NAME           remove the lab (idempotent; quiet if absent)
 #   netlab.sh exec NAME I CMD...  run CMD in peer namespace I (I may also be `hub`)
 #   netlab.sh ip NAME I           print peer I's address
@@ -242,6 +246,16 @@ cmd_up() {
   BUILDING=""
 }
 
+cmd_unbridge() {
+  local name=$1 n i
+  check_name "$name"
+  [[ -d "$STATE_ROOT/$name" ]] || die "no lab '$name'"
+  n=$(<"$STATE_ROOT/$name/peers")
+  for ((i = 0; i < n; i++)); do
+    ip -n "$name-hub" link set "p$i" nomaster
+  done
+}
+
 # Per-destination shaping of peer $2's upload: htb on eth0, one class per shaped destination
 # (classid 1:<16+j in hex>) with the burst and a bfifo queue of shaping_params for its rate, picked
 # by a u32 match on the destination address; unclassified traffic (default 0) leaves unshaped.
@@ -401,6 +415,7 @@ case "$cmd" in
   down) [[ $# -eq 1 ]] || usage && cmd_down "$1" ;;
   cut | mend) [[ $# -eq 3 ]] || usage && cmd_link "$cmd" "$@" ;;
   shape) [[ $# -ge 3 ]] || usage && cmd_shape "$@" ;;
+  unbridge) [[ $# -eq 1 ]] || usage && cmd_unbridge "$1" ;;
   exec)
     [[ $# -ge 3 ]] || usage
     check_name "$1"

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -183,6 +184,59 @@ double measure_tcp_bps(const std::string& from_ns, const std::string& to_ns,
   return server.get();
 }
 
+// The median round trip of a 1-byte TCP ping-pong from `from_ns` to `to_ip` in `to_ns`, in
+// seconds, over `rounds` exchanges on one connection (TCP_NODELAY, so no exchange waits for
+// Nagle). Every call has a timeout, so a broken lab fails instead of hanging.
+double measure_rtt_s(const std::string& from_ns, const std::string& to_ns, const std::string& to_ip,
+                     int rounds) {
+  std::promise<uint16_t> port_promise;
+  auto port_future = port_promise.get_future();
+  auto server = std::async(std::launch::async, [&] {
+    enter_netns(to_ns);
+    Fd l(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in a = address(to_ip, 0);
+    if (::bind(l.get(), (sockaddr*)&a, sizeof a) != 0 || ::listen(l.get(), 1) != 0)
+      throw std::runtime_error(std::string("bind/listen: ") + std::strerror(errno));
+    socklen_t len = sizeof a;
+    ::getsockname(l.get(), (sockaddr*)&a, &len);
+    port_promise.set_value(ntohs(a.sin_port));
+    pollfd p{l.get(), POLLIN, 0};
+    if (::poll(&p, 1, 5000) != 1) throw std::runtime_error("no connection within 5 s");
+    Fd c(::accept(l.get(), nullptr, nullptr));
+    set_timeouts(c.get(), 5);
+    const int one = 1;
+    ::setsockopt(c.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    char byte = 0;
+    for (int i = 0; i < rounds; ++i)
+      if (::recv(c.get(), &byte, 1, MSG_WAITALL) != 1 || ::send(c.get(), &byte, 1, 0) != 1)
+        throw std::runtime_error("echo failed");
+  });
+  std::vector<double> rtts;
+  auto client = std::async(std::launch::async, [&] {
+    enter_netns(from_ns);
+    if (port_future.wait_for(std::chrono::seconds(5)) != std::future_status::ready)
+      throw std::runtime_error("server did not start within 5 s");
+    sockaddr_in a = address(to_ip, port_future.get());
+    Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    set_timeouts(s.get(), 5);
+    const int one = 1;
+    ::setsockopt(s.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (::connect(s.get(), (sockaddr*)&a, sizeof a) != 0)
+      throw std::runtime_error(std::string("connect: ") + std::strerror(errno));
+    char byte = 'x';
+    for (int i = 0; i < rounds; ++i) {
+      const auto t0 = Clock::now();
+      if (::send(s.get(), &byte, 1, 0) != 1 || ::recv(s.get(), &byte, 1, MSG_WAITALL) != 1)
+        throw std::runtime_error("ping failed");
+      rtts.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+  });
+  client.get();
+  server.get();
+  std::sort(rtts.begin(), rtts.end());
+  return rtts[rtts.size() / 2];
+}
+
 #define SKIP_IF_UNAVAILABLE()                                           \
   do {                                                                  \
     if (std::string why = NetLab::unavailable_reason(); !why.empty()) { \
@@ -227,6 +281,31 @@ TEST(NetLabTest, EachPairOfPeersHasALinkOfItsOwn) {
   EXPECT_GT(fast, 5 * slow);
   EXPECT_GT(back, 5 * slow);
   EXPECT_THROW(NetLab({{"", "1mbit"}, {""}}), std::invalid_argument);
+}
+
+TEST(NetLabTest, LinksCarryTheirDelays) {
+  SKIP_IF_UNAVAILABLE();
+  // 0 <-> 1: 20 ms each way at 10mbit; 0 <-> 2: no delay, unshaped; 1 -> 2: 5 ms, 2 -> 1: 15 ms.
+  NetLab lab({{"", "10mbit", ""}, {"10mbit", "", ""}, {"", "", ""}},
+             {{0, 0.020, 0}, {0.020, 0, 0.005}, {0, 0.015, 0}});
+  double slow = 0, fast = 0, skew = 0, bps = 0;
+  ASSERT_NO_THROW(slow = measure_rtt_s(lab.ns(0), lab.ns(1), lab.ip(1), 20));
+  ASSERT_NO_THROW(fast = measure_rtt_s(lab.ns(0), lab.ns(2), lab.ip(2), 20));
+  ASSERT_NO_THROW(skew = measure_rtt_s(lab.ns(1), lab.ns(2), lab.ip(2), 20));
+  // The rate still holds on a delayed link (10 Mbit/s over a 40 ms round trip: a 50 KB window).
+  ASSERT_NO_THROW(bps =
+                      measure_tcp_bps(lab.ns(0), lab.ns(1), lab.ip(1),
+                                      static_cast<size_t>(10e6 / 8 * 3), std::chrono::seconds(10)));
+  std::printf("round trips: 0-1 %.1f ms, 0-2 %.2f ms, 1-2 %.1f ms; 0->1 %.2f Mbit/s\n", slow * 1e3,
+              fast * 1e3, skew * 1e3, bps / 1e6);
+  EXPECT_GE(slow, 0.040);
+  EXPECT_LE(slow, 0.050);
+  EXPECT_LE(fast, 0.005);
+  EXPECT_GE(skew, 0.020);
+  EXPECT_LE(skew, 0.030);
+  EXPECT_GE(bps, 0.85 * 10e6);
+  EXPECT_LE(bps, 1.10 * 10e6);
+  EXPECT_THROW(NetLab({{"", ""}, {"", ""}}, {{0, 0.01}}), std::invalid_argument);
 }
 
 TEST(NetLabTest, PeersAreAddressableAndTeardownRemovesEverything) {

@@ -46,6 +46,40 @@ rate = "8mbit"
   EXPECT_NE(lab.describe().find("8mbit: 1-2"), std::string::npos) << lab.describe();
 }
 
+TEST(LabSpec, DelaysByDefaultBetweenClustersAndPerLink) {
+  const LabSpec lab = parse_lab_spec(R"(
+peers = 5
+delay = "250us"
+clusters = [[0, 1], [2, 3]]
+between = "10mbit"
+between_delay = "20ms"
+[[link]]
+peers = [1, 2]
+delay = "0.05s"
+[[link]]
+peers = [3, 4]
+delay = 0
+)",
+                                     "lab.toml");
+  EXPECT_DOUBLE_EQ(lab.delay_s[0][1], 250e-6);
+  EXPECT_DOUBLE_EQ(lab.delay_s[0][2], 0.020);
+  EXPECT_DOUBLE_EQ(lab.delay_s[2][0], 0.020);
+  EXPECT_DOUBLE_EQ(lab.delay_s[1][2], 0.05);     // the link overrides the clusters' delay ...
+  EXPECT_DOUBLE_EQ(lab.bits_per_s[1][2], 10e6);  // ... and keeps their rate
+  EXPECT_DOUBLE_EQ(lab.delay_s[4][3], 0);
+  EXPECT_DOUBLE_EQ(lab.delay_s[2][2], 0);
+  EXPECT_TRUE(lab.has_delays());
+  EXPECT_FALSE(parse_lab_spec("peers = 2", "lab.toml").has_delays());
+  EXPECT_NE(lab.describe().find("delay 20ms: 0-2 0-3"), std::string::npos) << lab.describe();
+  EXPECT_NE(lab.describe().find("delay 50ms: 1-2"), std::string::npos) << lab.describe();
+  CostTable t;
+  t.nodes = {{"a", 1, 0, 10}, {"b", 1, 0, 0}};
+  apply_lab(t, lab);
+  EXPECT_DOUBLE_EQ(t.links[0][2].latency_s, 0.020);
+  EXPECT_DOUBLE_EQ(t.links[1][2].latency_s, 0.05);
+  EXPECT_DOUBLE_EQ(t.links[3][4].latency_s, 0);
+}
+
 TEST(LabSpec, DefaultsAreUnshapedWithoutQuotas) {
   const LabSpec lab = parse_lab_spec("peers = 3\ncpus = 0.5\n", "lab.toml");
   EXPECT_EQ(lab.tc_rate(0, 1), "unlimited");
@@ -74,6 +108,14 @@ TEST(LabSpec, MistakesAreNamed) {
       error_of("peers = 2\n[[link]]\npeers = [0, 0]\nrate = \"1mbit\"").find("two different peers"),
       std::string::npos);
   EXPECT_NE(error_of("peers = 2\n[[link]]\npeers = [0, 1]").find("link[0]: missing rate"),
+            std::string::npos);
+  EXPECT_NE(error_of("peers = 2\ndelay = \"20\"").find("delay = \"20\": expected a one-way delay"),
+            std::string::npos);
+  EXPECT_NE(error_of("peers = 2\ndelay = \"11s\"").find("at most 10s"), std::string::npos);
+  EXPECT_NE(error_of("peers = 2\ndelay = \"-1ms\"").find("delay = \"-1ms\""), std::string::npos);
+  EXPECT_NE(error_of("peers = 2\nbetween_delay = \"1ms\"").find("between_delay needs clusters"),
+            std::string::npos);
+  EXPECT_NE(error_of("peers = 2\n[[link]]\npeers = [0, 1]\ndelay = 5").find("link[0].delay = 5"),
             std::string::npos);
   EXPECT_NE(error_of("peers = [").find("lab.toml: "), std::string::npos);
   EXPECT_THROW(read_lab_spec("/nonexistent/lab.toml"), ConfigError);

@@ -217,8 +217,16 @@ TEST(PipelineAutoPeer, ReportsBecomeTheSwarmsCostTable) {
   ref.devices = {{.name = "this machine", .speed = 1}};
   ref.links = {{{}}};
   const std::vector<PeerReport> reports = {
-      {.id = 7, .name = "fast", .compute_s = 0.2, .inbound_bytes_per_s = {{9, 1e6}}},
-      {.id = 9, .name = "", .compute_s = 0.4, .inbound_bytes_per_s = {{7, 2e6}}},
+      {.id = 7,
+       .name = "fast",
+       .compute_s = 0.2,
+       .inbound_bytes_per_s = {{9, 1e6}},
+       .rtt_s = {{9, 0.050}}},
+      {.id = 9,
+       .name = "",
+       .compute_s = 0.4,
+       .inbound_bytes_per_s = {{7, 2e6}},
+       .rtt_s = {{7, 0.070}, {12, 0.010}}},
       {.id = 12, .name = "far", .compute_s = 0.8, .inbound_bytes_per_s = {{7, 5e5}}}};
   std::vector<std::string> unmeasured;
   const auto t = swarm_costs(ref, reports, &unmeasured);
@@ -233,18 +241,27 @@ TEST(PipelineAutoPeer, ReportsBecomeTheSwarmsCostTable) {
   EXPECT_DOUBLE_EQ(t.links[0][2].bytes_per_s, 5e5);
   EXPECT_DOUBLE_EQ(t.links[2][0].bytes_per_s, 5e5);  // only the other direction was measured
   EXPECT_DOUBLE_EQ(t.links[1][2].bytes_per_s, starling::sched::kUnshapedBytesPerS);
+  // Half the round trip, as the first of the pair pinged it; the other's where it did not.
+  EXPECT_DOUBLE_EQ(t.links[0][1].latency_s, 0.025);
+  EXPECT_DOUBLE_EQ(t.links[1][0].latency_s, 0.035);
+  EXPECT_DOUBLE_EQ(t.links[2][1].latency_s, 0.005);
+  EXPECT_DOUBLE_EQ(t.links[0][2].latency_s, 0);  // nobody pinged
   ASSERT_EQ(unmeasured.size(), 1u);
   EXPECT_EQ(unmeasured[0], "peer 00000000 - peer 00000000 (far)");
   EXPECT_NO_THROW(t.validate());
 }
 
 TEST(PipelineAutoPeer, AReportRoundTripsAndABadOneNamesItsSender) {
-  const PeerReport r{
-      .id = 0x1234, .name = "n", .compute_s = 0.25, .inbound_bytes_per_s = {{0xabcdef, 3e6}}};
+  const PeerReport r{.id = 0x1234,
+                     .name = "n",
+                     .compute_s = 0.25,
+                     .inbound_bytes_per_s = {{0xabcdef, 3e6}},
+                     .rtt_s = {{0xabcdef, 0.04}}};
   const auto back = decode_report(encode_report(r), 0x1234);
   EXPECT_EQ(back.name, "n");
   EXPECT_DOUBLE_EQ(back.compute_s, 0.25);
   EXPECT_EQ(back.inbound_bytes_per_s, r.inbound_bytes_per_s);
+  EXPECT_EQ(back.rtt_s, r.rtt_s);
   // Sent by another peer than it speaks of.
   EXPECT_NE(error_of([&] { decode_report(encode_report(r), 0x99); }).find("another peer"),
             std::string::npos);
@@ -263,6 +280,11 @@ TEST(PipelineAutoPeer, AReportRoundTripsAndABadOneNamesItsSender) {
       bad("{" + id + ", \"compute_s\": 1, \"inbound_bytes_per_s\": {\"0000000000000001\": 0}}")
           .find("rate of"),
       std::string::npos);
+  EXPECT_NE(bad("{" + id +
+                ", \"compute_s\": 1, \"inbound_bytes_per_s\": {}, \"rtt_s\": "
+                "{\"0000000000000001\": -1}}")
+                .find("round trip of"),
+            std::string::npos);
 }
 
 TEST(PipelineConfig, StagesAreReadCheckedAndSplit) {
@@ -799,7 +821,8 @@ TEST_F(PipelineRunTest, AutoStagesArePlannedOnceAndKeptForResume) {
 
 // On a lab with one slow pair, the plan keeps the pipeline off that link: the peer between the two
 // slow-linked ones runs the middle stage. The launcher plans from the lab's rates; with
-// pipeline.planner = "peers" the peers find the slow link by measuring it themselves.
+// pipeline.planner = "peers" the peers find the slow link by measuring it themselves, its delay
+// too.
 class AutoStagesInALab : public PipelineRunTest,
                          public ::testing::WithParamInterface<std::string> {};
 
@@ -809,13 +832,14 @@ TEST_P(AutoStagesInALab, StepAroundASlowLink) {
   const fs::path cfg = config("auto_lab_" + planner, "gpt2-tiny", 2, false);
   const fs::path lab = root_ / "slow-pair.toml";
   std::ofstream(lab) << "peers = 3\nrate = \"1gbit\"\n[[link]]\npeers = [0, 1]\n"
-                        "rate = \"1mbit\"\n";
+                        "rate = \"1mbit\"\ndelay = \"30ms\"\n";
   const auto r = run_cli("train -q --config " + cfg.string() + " --lab " + lab.string() +
                          " --set 'pipeline.stages=\"auto\"' --set train.steps=3 --set "
                          "'pipeline.planner=\"" +
                          planner + "\"'");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("1mbit: 0-1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("delay 30ms: 0-1"), std::string::npos) << r.output;
   const fs::path run = root_ / ("run_auto_lab_" + planner);
   if (planner == "launcher") {
     const std::string plan = starling::testing::read_file(run / "auto_pipeline.json");
@@ -839,6 +863,18 @@ TEST_P(AutoStagesInALab, StepAroundASlowLink) {
   EXPECT_EQ(stage_of_peer[2], 1) << "peer 2, between the two slow-linked peers, runs stage "
                                  << stage_of_peer[2] << ":\n"
                                  << starling::testing::read_file(run / "peer-0.log");
+  // The slow pair's pings crossed the 30 ms link both ways: 30 ms each way and more (a ping rides
+  // a heartbeat of a few KB, which takes its time at 1 Mbit/s), the others next to nothing.
+  const std::string log = starling::testing::read_file(run / "peer-0.log");
+  std::vector<double> latencies;
+  for (size_t at = log.find(" Mbit/s back, "); at != std::string::npos;
+       at = log.find(" Mbit/s back, ", at + 1))
+    latencies.push_back(std::stod(log.substr(at + 14)));
+  ASSERT_EQ(latencies.size(), 3u) << log;
+  std::sort(latencies.begin(), latencies.end());
+  EXPECT_GE(latencies[2], 29) << log;
+  EXPECT_LE(latencies[2], 300) << log;
+  EXPECT_LT(latencies[1], 10) << log;
 }
 
 INSTANTIATE_TEST_SUITE_P(Planners, AutoStagesInALab, ::testing::Values("launcher", "peers"),

@@ -190,6 +190,7 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
   if (o.lab)
     for (const auto& row : o.lab->bits_per_s)
       for (const double bits : row) shaped = shaped || bits > 0;
+  if (o.lab && o.lab->has_delays()) shaped = true;
   if (shaped) {
     if (group)
       throw ConfigError("--lab runs the Starling swarm (net.backend = \"starling\"), not \"" +
@@ -199,7 +200,8 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     std::vector<std::vector<std::string>> rates(o.peers);
     for (int a = 0; a < o.peers; ++a)
       for (int b = 0; b < o.peers; ++b) rates[a].push_back(o.lab->tc_rate(a, b));
-    lab = std::make_unique<net::NetLab>(rates);
+    lab = std::make_unique<net::NetLab>(
+        rates, o.lab->has_delays() ? o.lab->delay_s : std::vector<std::vector<double>>{});
     std::cerr << "swarm: " << o.peers << " namespaces, " << o.lab->describe() << " (lab "
               << lab->name() << ")\n";
   } else if (!o.link_rate.empty()) {

@@ -16,6 +16,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "starling/net/lab_delay_relay.h"
+
 #ifndef STARLING_SOURCE_DIR
 #error "define STARLING_SOURCE_DIR (the source tree root) when compiling netlab.cpp"
 #endif
@@ -139,13 +141,27 @@ std::string NetLab::unavailable_reason() {
 
 NetLab::NetLab(int peers, std::string rate) : peers_(peers), rate_(std::move(rate)) { build(); }
 
-NetLab::NetLab(const std::vector<std::vector<std::string>>& rates)
+NetLab::NetLab(const std::vector<std::vector<std::string>>& rates,
+               const std::vector<std::vector<double>>& delays_s)
     : peers_(static_cast<int>(rates.size())), rate_("unlimited") {
   for (const auto& row : rates)
     if (row.size() != rates.size())
       throw std::invalid_argument("NetLab: the rate matrix must be square (" +
                                   std::to_string(rates.size()) + " rows, a row of " +
                                   std::to_string(row.size()) + ")");
+  bool delayed = false;
+  if (!delays_s.empty()) {
+    if (delays_s.size() != rates.size())
+      throw std::invalid_argument("NetLab: the delay matrix has " +
+                                  std::to_string(delays_s.size()) + " rows for " +
+                                  std::to_string(rates.size()) + " peers");
+    for (size_t a = 0; a < delays_s.size(); ++a) {
+      if (delays_s[a].size() != rates.size())
+        throw std::invalid_argument("NetLab: the delay matrix must be square");
+      for (size_t b = 0; b < delays_s.size(); ++b) delayed |= a != b && delays_s[a][b] > 0;
+    }
+  }
+  if (delayed && peers_ < 2) throw std::invalid_argument("NetLab: delays need 2 peers or more");
   build();
   for (int i = 0; i < peers_; ++i) {
     std::vector<std::string> args = {"shape", name_, std::to_string(i)};
@@ -157,6 +173,20 @@ NetLab::NetLab(const std::vector<std::vector<std::string>>& rates)
     }
   }
   rate_ = "per link";
+  if (delayed) {
+    std::vector<std::string> args = {"unbridge", name_};
+    RunResult a = run_script(args);
+    if (a.exit_code != 0) {
+      run_script({"down", name_});
+      throw std::runtime_error("NetLab: " + describe(args, a));
+    }
+    try {
+      relay_ = std::make_unique<LabDelayRelay>(name_ + "-hub", delays_s);
+    } catch (...) {
+      run_script({"down", name_});
+      throw;
+    }
+  }
 }
 
 void NetLab::build() {
@@ -189,6 +219,7 @@ void NetLab::build() {
 }
 
 NetLab::~NetLab() {
+  relay_.reset();  // before its ports go
   RunResult r = run_script({"down", name_});
   if (r.exit_code != 0) {
     std::cerr << "NetLab: " << describe({"down", name_}, r)

@@ -16,10 +16,13 @@
 // Torch-free on purpose: it links into the plain networking test binary.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace starling::net {
+
+class LabDelayRelay;
 
 class NetLab {
  public:
@@ -45,7 +48,13 @@ class NetLab {
   // destination (netlab.sh shape: an htb class per destination address). Downloads are not
   // shaped, so a peer receiving from several others at once is bounded only by their links. The
   // same cleanup and errors as above; std::invalid_argument unless `rates` is square.
-  explicit NetLab(const std::vector<std::vector<std::string>>& rates);
+  //
+  // With `delays_s` (the same shape; delays_s[a][b] the one-way delay in seconds from a to b,
+  // any of them above zero) the hub stops bridging and a LabDelayRelay thread of this process
+  // carries every frame between the peers, holding each for its link's delay (net/
+  // lab_delay_relay.h: the kernels here have no netem). The relay lives as long as this object.
+  explicit NetLab(const std::vector<std::vector<std::string>>& rates,
+                  const std::vector<std::vector<double>>& delays_s = {});
 
   // Removes every namespace of the lab. Runs during stack unwinding too, so a failing or throwing
   // test still cleans up; never throws (a failure to remove is reported on stderr and left to the
@@ -71,6 +80,7 @@ class NetLab {
   int peers_;
   std::string rate_;
   std::vector<std::string> ips_;
+  std::unique_ptr<LabDelayRelay> relay_;  // only where links have delays
 
   void build();
 };

@@ -37,6 +37,29 @@ double rate_bits(const toml::node& n, const std::string& source, const std::stri
   return std::round(bits);
 }
 
+// A one-way delay in seconds: "20ms", "1.5ms", "250us", "0.1s", or 0.
+double delay_s(const toml::node& n, const std::string& source, const std::string& key) {
+  auto bad = [&] {
+    fail(source, key + " = " + text_of(n) +
+                     ": expected a one-way delay such as \"20ms\", \"250us\" or \"0.1s\" (at "
+                     "most 10s)");
+  };
+  if (n.is_integer() && n.as_integer()->get() == 0) return 0;
+  if (!n.is_string()) bad();
+  const std::string s = n.as_string()->get();
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    bad();
+  }
+  const std::string unit = s.substr(used);
+  const double scale = unit == "s" ? 1 : unit == "ms" ? 1e-3 : unit == "us" ? 1e-6 : -1;
+  if (scale < 0 || !std::isfinite(v) || v < 0 || v * scale > 10) bad();
+  return v * scale;
+}
+
 int peer_index(const toml::node& n, int peers, const std::string& source, const std::string& at) {
   if (!n.is_integer() || n.as_integer()->get() < 0 || n.as_integer()->get() >= peers)
     fail(source,
@@ -67,12 +90,13 @@ LabSpec parse_lab_spec(const std::string& toml_text, const std::string& source) 
     s << e.description() << " (line " << e.source().begin.line << ")";
     fail(source, s.str());
   }
-  static const std::set<std::string> known = {"peers",   "rate", "clusters",
-                                              "between", "cpus", "link"};
+  static const std::set<std::string> known = {"peers",   "rate",          "delay", "clusters",
+                                              "between", "between_delay", "cpus",  "link"};
   for (const auto& [k, v] : root) {
     if (!known.contains(std::string(k.str())))
       fail(source, "unknown key \"" + std::string(k.str()) +
-                       "\" (a lab has peers, rate, clusters, between, cpus and [[link]])");
+                       "\" (a lab has peers, rate, delay, clusters, between, between_delay, cpus "
+                       "and [[link]])");
   }
   LabSpec lab;
   lab.source = source;
@@ -85,6 +109,8 @@ LabSpec parse_lab_spec(const std::string& toml_text, const std::string& source) 
 
   const double base = root.get("rate") ? rate_bits(*root.get("rate"), source, "rate") : 0;
   lab.bits_per_s.assign(n, std::vector<double>(n, base));
+  const double base_delay = root.get("delay") ? delay_s(*root.get("delay"), source, "delay") : 0;
+  lab.delay_s.assign(n, std::vector<double>(n, base_delay));
 
   std::vector<int> cluster_of(n, -1);
   if (const auto* c = root.get("clusters")) {
@@ -114,6 +140,13 @@ LabSpec parse_lab_spec(const std::string& toml_text, const std::string& source) 
       for (int j = 0; j < n; ++j)
         if (cluster_of[i] != cluster_of[j]) lab.bits_per_s[i][j] = bits;
   }
+  if (const auto* d = root.get("between_delay")) {
+    if (!root.get("clusters")) fail(source, "between_delay needs clusters (the groups it joins)");
+    const double seconds = delay_s(*d, source, "between_delay");
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j)
+        if (cluster_of[i] != cluster_of[j]) lab.delay_s[i][j] = seconds;
+  }
 
   if (const auto* l = root.get("link")) {
     const auto* a = l->as_array();
@@ -121,21 +154,24 @@ LabSpec parse_lab_spec(const std::string& toml_text, const std::string& source) 
     for (size_t k = 0; k < a->size(); ++k) {
       const std::string at = "link[" + std::to_string(k) + "]";
       const auto* t = (*a)[k].as_table();
-      if (!t) fail(source, at + ": expected a table with peers = [A, B] and rate");
+      if (!t) fail(source, at + ": expected a table with peers = [A, B] and rate or delay");
       for (const auto& [key, v] : *t)
-        if (key.str() != "peers" && key.str() != "rate")
-          fail(source, at + ": unknown key \"" + std::string(key.str()) + "\" (peers, rate)");
+        if (key.str() != "peers" && key.str() != "rate" && key.str() != "delay")
+          fail(source,
+               at + ": unknown key \"" + std::string(key.str()) + "\" (peers, rate, delay)");
       const auto* pair = t->get_as<toml::array>("peers");
       if (!pair || pair->size() != 2) fail(source, at + ".peers: expected two peers, [A, B]");
       const int x = peer_index((*pair)[0], n, source, at + ".peers[0]");
       const int y = peer_index((*pair)[1], n, source, at + ".peers[1]");
       if (x == y) fail(source, at + ".peers: a link joins two different peers");
       const auto* r = t->get("rate");
-      if (!r) fail(source, at + ": missing rate");
-      lab.bits_per_s[x][y] = lab.bits_per_s[y][x] = rate_bits(*r, source, at + ".rate");
+      const auto* d = t->get("delay");
+      if (!r && !d) fail(source, at + ": missing rate (or delay)");
+      if (r) lab.bits_per_s[x][y] = lab.bits_per_s[y][x] = rate_bits(*r, source, at + ".rate");
+      if (d) lab.delay_s[x][y] = lab.delay_s[y][x] = delay_s(*d, source, at + ".delay");
     }
   }
-  for (int i = 0; i < n; ++i) lab.bits_per_s[i][i] = 0;
+  for (int i = 0; i < n; ++i) lab.bits_per_s[i][i] = lab.delay_s[i][i] = 0;
 
   if (const auto* c = root.get("cpus")) {
     auto cpu = [&](const toml::node& v, const std::string& at) {
@@ -165,6 +201,13 @@ LabSpec read_lab_spec(const std::filesystem::path& file) {
   return parse_lab_spec(text.str(), file.string());
 }
 
+bool LabSpec::has_delays() const {
+  for (const auto& row : delay_s)
+    for (double d : row)
+      if (d > 0) return true;
+  return false;
+}
+
 std::string LabSpec::tc_rate(int a, int b) const {
   const double bits = bits_per_s.at(a).at(b);
   if (a == b || bits == 0) return "unlimited";
@@ -184,6 +227,17 @@ std::string LabSpec::describe() const {
   s << peers << " peer" << (peers == 1 ? "" : "s");
   for (const auto& [r, pairs] : by_rate) {
     s << "; " << (r == 1e18 ? std::string("unlimited") : rate_name(r)) << ":";
+    for (const auto& p : pairs) s << " " << p;
+  }
+  // Delays, grouped the same way: "; delay 20ms: 0-2 0-3 1-2 1-3".
+  std::map<double, std::vector<std::string>> by_delay;
+  for (int a = 0; a < peers; ++a)
+    for (int b = a + 1; b < peers; ++b)
+      if (has_delays() && delay_s[a][b] > 0)
+        by_delay[delay_s[a][b]].push_back(std::to_string(a) + "-" + std::to_string(b) +
+                                          (delay_s[a][b] != delay_s[b][a] ? "(asym)" : ""));
+  for (const auto& [d, pairs] : by_delay) {
+    s << "; delay " << d * 1e3 << "ms:";
     for (const auto& p : pairs) s << " " << p;
   }
   if (!cpus.empty()) {
@@ -209,7 +263,8 @@ void apply_lab(CostTable& t, const LabSpec& lab) {
   for (int a = 0; a < lab.peers; ++a)
     for (int b = 0; b < lab.peers; ++b) {
       const double bits = lab.bits_per_s[a][b];
-      t.links[a][b] = {.bytes_per_s = bits == 0 ? kUnshapedBytesPerS : bits / 8, .latency_s = 0};
+      t.links[a][b] = {.bytes_per_s = bits == 0 ? kUnshapedBytesPerS : bits / 8,
+                       .latency_s = lab.has_delays() && a != b ? lab.delay_s[a][b] : 0};
     }
 }
 

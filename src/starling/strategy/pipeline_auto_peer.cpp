@@ -42,18 +42,28 @@ double total_compute_s(const sched::CostTable& t) {
   return s;
 }
 
-// The bandwidth this peer measured from each of `others` (gossip's probes), waiting a little for
-// probes still on their way: a newcomer's arrive right behind its hello.
-std::map<net::PeerId, double> inbound_rates(const net::Node& node,
-                                            const std::vector<net::PeerId>& others) {
-  const auto deadline = steady_clock::now() + std::chrono::seconds(5);
+// The bandwidth this peer measured from each of `others` (gossip's probes) and the shortest round
+// trip of its pings to each: heartbeats carry a ping every net.heartbeat_ms, and one queued behind
+// a probe on a slow link reads long, so the shortest of those seen over a few seconds is the
+// link's own delay. Waits for probes still on their way (a newcomer's arrive right behind its
+// hello) and for at least one ping to every other peer, up to 8 s.
+void measure_links(const net::Node& node, const std::vector<net::PeerId>& others, PeerReport& r) {
+  const auto start = steady_clock::now();
   for (;;) {
-    std::map<net::PeerId, double> rates;
-    for (const net::LinkView& l : node.links())
-      if (l.to == node.id() && l.stats.mbit_per_s > 0) rates[l.from] = l.stats.mbit_per_s * 1e6 / 8;
-    const bool all = std::all_of(others.begin(), others.end(),
-                                 [&](net::PeerId p) { return rates.count(p) != 0; });
-    if (all || steady_clock::now() > deadline) return rates;
+    for (const net::LinkView& l : node.links()) {
+      if (l.to == node.id() && l.stats.mbit_per_s > 0)
+        r.inbound_bytes_per_s[l.from] = l.stats.mbit_per_s * 1e6 / 8;
+      if (l.from == node.id() && l.stats.rtt_ms >= 0) {
+        const double rtt = l.stats.rtt_ms / 1e3;
+        const auto it = r.rtt_s.find(l.to);
+        if (it == r.rtt_s.end() || rtt < it->second) r.rtt_s[l.to] = rtt;
+      }
+    }
+    const bool all = std::all_of(others.begin(), others.end(), [&](net::PeerId p) {
+      return r.inbound_bytes_per_s.count(p) != 0 && r.rtt_s.count(p) != 0;
+    });
+    const auto waited = steady_clock::now() - start;
+    if ((all && waited > std::chrono::seconds(3)) || waited > std::chrono::seconds(8)) return;
     std::this_thread::sleep_for(milliseconds(100));
   }
 }
@@ -61,12 +71,14 @@ std::map<net::PeerId, double> inbound_rates(const net::Node& node,
 }  // namespace
 
 std::vector<uint8_t> encode_report(const PeerReport& r) {
-  nlohmann::json in = nlohmann::json::object();
+  nlohmann::json in = nlohmann::json::object(), rtt = nlohmann::json::object();
   for (const auto& [from, rate] : r.inbound_bytes_per_s) in[net::format_peer_id(from)] = rate;
+  for (const auto& [to, seconds] : r.rtt_s) rtt[net::format_peer_id(to)] = seconds;
   const nlohmann::json j = {{"id", net::format_peer_id(r.id)},
                             {"name", r.name},
                             {"compute_s", r.compute_s},
-                            {"inbound_bytes_per_s", in}};
+                            {"inbound_bytes_per_s", in},
+                            {"rtt_s", rtt}};
   const std::string text = j.dump();
   return {text.begin(), text.end()};
 }
@@ -81,15 +93,28 @@ PeerReport decode_report(std::span<const uint8_t> bytes, net::PeerId sender) {
     r.id = sender;
     r.name = j.at("name").get<std::string>().substr(0, 128);
     r.compute_s = j.at("compute_s").get<double>();
-    for (const auto& [key, rate] : j.at("inbound_bytes_per_s").items()) {
+    auto peer_key = [&](const std::string& key) {
       if (key.size() != 16 || key.find_first_not_of("0123456789abcdef") != std::string::npos)
-        throw NetError(where + " name a link from \"" + key.substr(0, 32) +
+        throw NetError(where + " name a link with \"" + key.substr(0, 32) +
                        "\", which is no peer id");
+      return static_cast<net::PeerId>(std::stoull(key, nullptr, 16));
+    };
+    for (const auto& [key, rate] : j.at("inbound_bytes_per_s").items()) {
+      const net::PeerId from = peer_key(key);
       const double v = rate.get<double>();
       if (!(v > 0) || !std::isfinite(v))
         throw NetError(where + " give the link from " + key + " a rate of " + std::to_string(v));
-      r.inbound_bytes_per_s[std::stoull(key, nullptr, 16)] = v;
+      r.inbound_bytes_per_s[from] = v;
     }
+    if (j.contains("rtt_s"))
+      for (const auto& [key, seconds] : j.at("rtt_s").items()) {
+        const net::PeerId to = peer_key(key);
+        const double v = seconds.get<double>();
+        if (!(v >= 0) || !std::isfinite(v) || v > 60)
+          throw NetError(where + " give the link to " + key + " a round trip of " +
+                         std::to_string(v) + " s");
+        r.rtt_s[to] = v;
+      }
   } catch (const nlohmann::json::exception& e) {
     throw NetError(where + " are malformed: " + e.what());
   }
@@ -113,6 +138,13 @@ sched::CostTable swarm_costs(const sched::CostTable& reference,
     const auto it = in.find(reports[from].id);
     return it == in.end() ? 0.0 : it->second;
   };
+  auto rtt = [&](size_t a, size_t b) {
+    for (auto [x, y] : {std::pair{a, b}, std::pair{b, a}}) {
+      const auto& pings = reports[x].rtt_s;
+      if (const auto it = pings.find(reports[y].id); it != pings.end()) return it->second;
+    }
+    return 0.0;
+  };
   for (size_t a = 0; a < n; ++a)
     for (size_t b = 0; b < n; ++b) {
       if (a == b) continue;
@@ -123,7 +155,7 @@ sched::CostTable swarm_costs(const sched::CostTable& reference,
         if (unmeasured != nullptr && a < b)
           unmeasured->push_back(t.devices[a].name + " - " + t.devices[b].name);
       }
-      t.links[a][b] = {.bytes_per_s = rate, .latency_s = 0};
+      t.links[a][b] = {.bytes_per_s = rate, .latency_s = rtt(a, b) / 2};
     }
   return t;
 }
@@ -189,7 +221,7 @@ AutoPipeline agree_on_pipeline(net::Node& node, const train::RunConfig& config,
   // Measure this peer, and report to the planner (itself included). The links first: a profile
   // keeps the cores busy, and a probe timed meanwhile would read slower than its link.
   PeerReport mine{.id = node.id(), .name = config.net.name};
-  mine.inbound_bytes_per_s = inbound_rates(node, others);
+  measure_links(node, others, mine);
   const double t0 = train::now_s();
   const sched::CostTable own = sched::profile_workload(config);
   mine.compute_s = total_compute_s(own);
@@ -217,7 +249,8 @@ AutoPipeline agree_on_pipeline(net::Node& node, const train::RunConfig& config,
         measured += "  link " + std::to_string(a) + "-" + std::to_string(b) + ": " +
                     train::fmt("%.3g", t.links[a][b].bytes_per_s * 8 / 1e6) + " Mbit/s to " +
                     std::to_string(b) + ", " +
-                    train::fmt("%.3g", t.links[b][a].bytes_per_s * 8 / 1e6) + " Mbit/s back\n";
+                    train::fmt("%.3g", t.links[b][a].bytes_per_s * 8 / 1e6) + " Mbit/s back, " +
+                    train::fmt("%.3g", t.links[a][b].latency_s * 1e3) + " ms each way\n";
     for (const std::string& pair : unmeasured)
       measured += "  no bandwidth measured between " + pair + ": taken as unshaped\n";
     plan.report = measured + plan.report;

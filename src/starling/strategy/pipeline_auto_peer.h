@@ -40,6 +40,9 @@ struct PeerReport {
   double compute_s = 0;
   // Bandwidth measured on the link from each other peer into this one.
   std::map<net::PeerId, double> inbound_bytes_per_s;
+  // Round trip of this peer's pings to each other peer, in seconds (gossip's; absent where none
+  // came back yet).
+  std::map<net::PeerId, double> rtt_s;
 };
 
 std::vector<uint8_t> encode_report(const PeerReport& r);
@@ -50,7 +53,9 @@ PeerReport decode_report(std::span<const uint8_t> bytes, net::PeerId sender);
 // report in the reports' order with speed = the reference's total time / the peer's own, and
 // links[a][b] = what b measured from a. A direction nobody measured takes the other direction's
 // figure; a pair measured in neither takes sched::kUnshapedBytesPerS, and `unmeasured` (when
-// given) names it. Deterministic, so the table is the same wherever it is built.
+// given) names it. A link's latency is half the round trip a measured between a and b (or, if a
+// has none, b's), 0 where neither pinged the other. Deterministic, so the table is the same
+// wherever it is built.
 sched::CostTable swarm_costs(const sched::CostTable& reference,
                              const std::vector<PeerReport>& reports,
                              std::vector<std::string>* unmeasured = nullptr);
