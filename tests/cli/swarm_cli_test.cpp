@@ -900,9 +900,10 @@ void split_and_heal(const fs::path& root, const fs::path& config, int minority,
   for (int i = 1; i < kPeers - minority; ++i) EXPECT_EQ(dropped[i], dropped[0]) << "peer " << i;
   for (int i = kPeers - minority; i < kPeers; ++i)
     EXPECT_NE(dropped[i], dropped[0]) << "peer " << i << " is on the other side";
-  if (minority * 2 < kPeers)
+  if (minority * 2 < kPeers) {
     EXPECT_TRUE(dropped[kPeers - 1])
         << read_file(run / ("peer-" + std::to_string(kPeers - 1) + ".log"));
+  }
 }
 
 // 3 + 1, for longer than ten timeouts, with ddp: the lone peer, waiting for no one, takes
