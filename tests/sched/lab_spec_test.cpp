@@ -113,6 +113,12 @@ TEST(LabSpec, MistakesAreNamed) {
             std::string::npos);
   EXPECT_NE(error_of("peers = 2\ndelay = \"11s\"").find("at most 10s"), std::string::npos);
   EXPECT_NE(error_of("peers = 2\ndelay = \"-1ms\"").find("delay = \"-1ms\""), std::string::npos);
+  for (const char* odd : {" 5ms", "+5ms", "0x14ms", "1e3ms", "nan", "5 ms", "5"})
+    EXPECT_NE(error_of(std::string("peers = 2\ndelay = \"") + odd + "\"")
+                  .find("expected a one-way delay"),
+              std::string::npos)
+        << odd;
+  EXPECT_FALSE(parse_lab_spec("peers = 2\ndelay = 0.0", "lab.toml").has_delays());
   EXPECT_NE(error_of("peers = 2\nbetween_delay = \"1ms\"").find("between_delay needs clusters"),
             std::string::npos);
   EXPECT_NE(error_of("peers = 2\n[[link]]\npeers = [0, 1]\ndelay = 5").find("link[0].delay = 5"),

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <deque>
 #include <future>
+#include <iostream>
 #include <map>
 #include <stdexcept>
 #include <thread>
@@ -57,6 +58,7 @@ struct LabDelayRelay::State {
   // Per ordered pair (from * n + to): the frames in flight and their bytes.
   std::vector<std::deque<Held>> queues;
   std::vector<int64_t> queued_bytes;
+  int64_t total_bytes = 0;
   std::map<Mac, int> port_of;
 
   int n() const { return static_cast<int>(delay_ns.size()); }
@@ -84,9 +86,13 @@ struct LabDelayRelay::State {
       // Our own writes to a port would otherwise come back as frames it sent (older kernels
       // lack the option: those frames are told apart by their packet type below).
       ::setsockopt(s, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof one);
+      // Room for a burst of 64 KB frames while this thread is off the CPU: past rmem_max with
+      // the FORCE options (the lab runs as root), the plain ones where they are refused.
       const int buffer = 8 << 20;
-      ::setsockopt(s, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof buffer);
-      ::setsockopt(s, SOL_SOCKET, SO_SNDBUF, &buffer, sizeof buffer);
+      if (::setsockopt(s, SOL_SOCKET, SO_RCVBUFFORCE, &buffer, sizeof buffer) != 0)
+        ::setsockopt(s, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof buffer);
+      if (::setsockopt(s, SOL_SOCKET, SO_SNDBUFFORCE, &buffer, sizeof buffer) != 0)
+        ::setsockopt(s, SOL_SOCKET, SO_SNDBUF, &buffer, sizeof buffer);
       sockaddr_ll at{};
       at.sll_family = AF_PACKET;
       at.sll_protocol = htons(ETH_P_ALL);
@@ -98,11 +104,13 @@ struct LabDelayRelay::State {
 
   void hold(int from, int to, const std::string& bytes, int64_t now) {
     const size_t q = static_cast<size_t>(from * n() + to);
-    if (queued_bytes[q] + static_cast<int64_t>(bytes.size()) > kMaxQueuedBytes) {
+    const auto size = static_cast<int64_t>(bytes.size());
+    if (queued_bytes[q] + size > kMaxQueuedBytes || total_bytes + size > kMaxTotalBytes) {
       dropped.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-    queued_bytes[q] += static_cast<int64_t>(bytes.size());
+    queued_bytes[q] += size;
+    total_bytes += size;
     queues[q].push_back({now + delay_ns[from][to], bytes});
   }
 
@@ -110,10 +118,15 @@ struct LabDelayRelay::State {
     for (int burst = 0; burst < 64; ++burst) {
       sockaddr_ll src{};
       socklen_t len = sizeof src;
-      const ssize_t k = ::recvfrom(sockets[from], buffer.data(), buffer.size(), 0,
+      // MSG_TRUNC: the frame's whole length, so one larger than the buffer is dropped, not cut.
+      const ssize_t k = ::recvfrom(sockets[from], buffer.data(), buffer.size(), MSG_TRUNC,
                                    reinterpret_cast<sockaddr*>(&src), &len);
       if (k < 0) return;  // EAGAIN: drained (any other error: the next poll tells again)
       if (src.sll_pkttype == PACKET_OUTGOING) continue;
+      if (static_cast<size_t>(k) > buffer.size()) {
+        dropped.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
       if (static_cast<size_t>(k) < kVnetHeader + ETH_HLEN) continue;
       const auto* eth = reinterpret_cast<const unsigned char*>(buffer.data()) + kVnetHeader;
       Mac dst, source;
@@ -146,6 +159,7 @@ struct LabDelayRelay::State {
           else
             frames.fetch_add(1, std::memory_order_relaxed);
           queued_bytes[q] -= static_cast<int64_t>(bytes.size());
+          total_bytes -= static_cast<int64_t>(bytes.size());
           queue.pop_front();
         }
         if (!queue.empty() && (next < 0 || queue.front().due_ns < next))
@@ -170,7 +184,7 @@ struct LabDelayRelay::State {
         timeout = &wait;
       }
       const int k = ::ppoll(fds.data(), fds.size(), timeout, nullptr);
-      if (k < 0 && errno != EINTR) return;
+      if (k < 0 && errno != EINTR) throw std::runtime_error(sys_error("ppoll"));
       if (fds.back().revents != 0) return;
       for (int i = 0; i < n(); ++i) {
         pollfd& fd = fds[static_cast<size_t>(i)];
@@ -211,20 +225,26 @@ LabDelayRelay::LabDelayRelay(const std::string& hub_ns, std::vector<std::vector<
   std::promise<void> opened;
   auto ready = opened.get_future();
   State* s = state_.get();
-  s->thread = std::thread([s, hub_ns, &opened] {
-    try {
-      s->open_ports(hub_ns);
-    } catch (...) {
-      opened.set_exception(std::current_exception());
-      return;
-    }
-    opened.set_value();
-    s->run();
-  });
   try {
+    s->thread = std::thread([s, hub_ns, opened = std::move(opened)]() mutable {
+      try {
+        s->open_ports(hub_ns);
+      } catch (...) {
+        opened.set_exception(std::current_exception());
+        return;
+      }
+      opened.set_value();
+      try {
+        s->run();
+      } catch (const std::exception& e) {
+        // The lab's links are dead from here on: say so where the swarm's output goes, rather
+        // than end the launcher.
+        std::cerr << "lab delay relay in " << hub_ns << " stopped: " << e.what() << "\n";
+      }
+    });
     ready.get();
   } catch (...) {
-    s->thread.join();
+    if (s->thread.joinable()) s->thread.join();
     for (int fd : s->sockets) ::close(fd);
     ::close(s->wake);
     throw;

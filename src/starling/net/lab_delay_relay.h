@@ -3,17 +3,20 @@
 // back for a while. Instead the lab's hub stops bridging (netlab.sh unbridge) and this relay
 // carries the frames: a thread in the hub's namespace reads each port p<i> through a packet
 // socket, holds every frame for the delay of its link and writes it to the destination's port.
-// Rates stay with tc (a peer's upload shaped on its eth0 before the frame reaches the hub, a
-// download on p<j> after the relay), so a link is shaped first and delayed after, as a real one
-// serialises a frame and then carries it.
+// Rates stay with tc: a peer's upload is shaped on its eth0 before the frame reaches the hub (and
+// a download, where a lab shapes one, on p<j> after the relay), so a link is shaped first and
+// delayed after, as a real one serialises a frame and then carries it.
 //
 // The relay is a learning switch: it learns each port's MAC addresses from the frames that port
 // sends, forwards a frame to the port of its destination address, and floods broadcasts,
 // multicasts and unknown destinations to every other port (each copy with its own link's delay).
 // Frames keep their offload metadata (PACKET_VNET_HDR), so TCP's 64 KB super-frames cross whole
 // and a 1 Gbit link costs the relay a few thousand frames a second, not a hundred thousand.
-// Frames to one destination leave in the order they arrived (the delay of a pair is constant).
-// A link holding more than kMaxQueuedBytes drops what comes next, as a router's full buffer does.
+// The frames of one source and destination leave in the order they arrived (a pair's delay is
+// constant). A link holding more than kMaxQueuedBytes, or the relay more than kMaxTotalBytes,
+// drops what comes next, as a router's full buffer does; so does a frame larger than 64 KB. If
+// the relay fails while running (ppoll refused, out of memory), it says so on stderr and stops:
+// the lab's links carry nothing from then on.
 //
 // Torch-free: it links into the plain networking test binary.
 #pragma once
@@ -28,6 +31,7 @@ namespace starling::net {
 class LabDelayRelay {
  public:
   static constexpr int64_t kMaxQueuedBytes = 64 << 20;  // per ordered pair of ports
+  static constexpr int64_t kMaxTotalBytes = 512 << 20;  // over all of them
 
   // Starts the relay in the namespace `hub_ns` (a name under /run/netns) between the ports
   // p0 .. p<N-1> there, N = delays_s.size(); delays_s[a][b] is the one-way delay in seconds of

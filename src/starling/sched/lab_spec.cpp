@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -44,17 +45,18 @@ double delay_s(const toml::node& n, const std::string& source, const std::string
                      ": expected a one-way delay such as \"20ms\", \"250us\" or \"0.1s\" (at "
                      "most 10s)");
   };
-  if (n.is_integer() && n.as_integer()->get() == 0) return 0;
+  if ((n.is_integer() && n.as_integer()->get() == 0) ||
+      (n.is_floating_point() && n.as_floating_point()->get() == 0.0))
+    return 0;
   if (!n.is_string()) bad();
   const std::string s = n.as_string()->get();
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    bad();
-  }
-  const std::string unit = s.substr(used);
+  // Digits, an optional fraction, a unit: nothing stod would also take (signs, spaces, hex,
+  // exponents, "nan").
+  static const std::regex form(R"(([0-9]+(\.[0-9]+)?)(s|ms|us))");
+  std::smatch m;
+  if (!std::regex_match(s, m, form)) bad();
+  const double v = std::stod(m[1].str());
+  const std::string unit = m[3].str();
   const double scale = unit == "s" ? 1 : unit == "ms" ? 1e-3 : unit == "us" ? 1e-6 : -1;
   if (scale < 0 || !std::isfinite(v) || v < 0 || v * scale > 10) bad();
   return v * scale;

@@ -98,7 +98,7 @@ struct ReplicaSync {
 // the device count and is at most the node count, and every direction of each replica's window:
 // the cut minimising the slowest stage or link over all replicas at once (cut_pipeline over a
 // chain of "slowest counterpart" devices, each stage's speed and each link the slowest of its
-// counterparts'; exact when links have no latency, as in labs), priced per replica. An averaging is
+// counterparts'; exact when links have no latency, as in labs without delays), priced per replica. An averaging is
 // a ring all-reduce of each stage's parameters over its counterparts' slowest link, 2 (R - 1) / R x
 // param_bytes / bandwidth; per step it adds averaging_s / every_steps, or, overlapped, what of that
 // exceeds the step. Returns the plan with the most micro-batches per second (then the cheapest

@@ -21,6 +21,9 @@ using std::chrono::steady_clock;
 // Mailbox tags: a peer's measurements to the planner, and the plan back.
 constexpr uint64_t kReportTag = 0x706970656175'7472;  // "pipeautr"
 constexpr uint64_t kPlanTag = 0x706970656175'7470;    // "pipeautp"
+// A round trip longer than this is no link's delay but a peer that stalled: a report leaves it out
+// (gossip keeps longer ones), and one received with it is refused.
+constexpr double kMaxRttS = 60;
 
 std::string who(net::PeerId id, const std::string& name) {
   return "peer " + net::short_peer_id(id) + (name.empty() ? std::string() : " (" + name + ")");
@@ -44,26 +47,34 @@ double total_compute_s(const sched::CostTable& t) {
 
 // The bandwidth this peer measured from each of `others` (gossip's probes) and the shortest round
 // trip of its pings to each: heartbeats carry a ping every net.heartbeat_ms, and one queued behind
-// a probe on a slow link reads long, so the shortest of those seen over a few seconds is the
-// link's own delay. Waits for probes still on their way (a newcomer's arrive right behind its
-// hello) and for at least one ping to every other peer, up to 8 s.
+// a probe on a slow link reads long, so the shortest of several is the link's own delay. Waits
+// for probes still on their way (a newcomer's arrive right behind its hello) and for
+// kRttSamples pings to every other peer, up to kMeasureLimit.
 void measure_links(const net::Node& node, const std::vector<net::PeerId>& others, PeerReport& r) {
+  constexpr int kRttSamples = 4;
+  constexpr auto kMeasureLimit = std::chrono::seconds(10);
   const auto start = steady_clock::now();
+  std::map<net::PeerId, std::pair<double, int>> seen;  // the latest round trip, how many so far
   for (;;) {
     for (const net::LinkView& l : node.links()) {
       if (l.to == node.id() && l.stats.mbit_per_s > 0)
         r.inbound_bytes_per_s[l.from] = l.stats.mbit_per_s * 1e6 / 8;
       if (l.from == node.id() && l.stats.rtt_ms >= 0) {
         const double rtt = l.stats.rtt_ms / 1e3;
+        auto& [latest, count] = seen[l.to];
+        if (count > 0 && rtt == latest) continue;  // the same pong as before
+        latest = rtt;
+        ++count;
         const auto it = r.rtt_s.find(l.to);
         if (it == r.rtt_s.end() || rtt < it->second) r.rtt_s[l.to] = rtt;
       }
     }
     const bool all = std::all_of(others.begin(), others.end(), [&](net::PeerId p) {
-      return r.inbound_bytes_per_s.count(p) != 0 && r.rtt_s.count(p) != 0;
+      const auto it = seen.find(p);
+      return r.inbound_bytes_per_s.count(p) != 0 && it != seen.end() &&
+             it->second.second >= kRttSamples;
     });
-    const auto waited = steady_clock::now() - start;
-    if ((all && waited > std::chrono::seconds(3)) || waited > std::chrono::seconds(8)) return;
+    if (all || steady_clock::now() - start > kMeasureLimit) return;
     std::this_thread::sleep_for(milliseconds(100));
   }
 }
@@ -73,7 +84,8 @@ void measure_links(const net::Node& node, const std::vector<net::PeerId>& others
 std::vector<uint8_t> encode_report(const PeerReport& r) {
   nlohmann::json in = nlohmann::json::object(), rtt = nlohmann::json::object();
   for (const auto& [from, rate] : r.inbound_bytes_per_s) in[net::format_peer_id(from)] = rate;
-  for (const auto& [to, seconds] : r.rtt_s) rtt[net::format_peer_id(to)] = seconds;
+  for (const auto& [to, seconds] : r.rtt_s)
+    if (seconds >= 0 && seconds <= kMaxRttS) rtt[net::format_peer_id(to)] = seconds;
   const nlohmann::json j = {{"id", net::format_peer_id(r.id)},
                             {"name", r.name},
                             {"compute_s", r.compute_s},
@@ -110,7 +122,7 @@ PeerReport decode_report(std::span<const uint8_t> bytes, net::PeerId sender) {
       for (const auto& [key, seconds] : j.at("rtt_s").items()) {
         const net::PeerId to = peer_key(key);
         const double v = seconds.get<double>();
-        if (!(v >= 0) || !std::isfinite(v) || v > 60)
+        if (!(v >= 0) || !std::isfinite(v) || v > kMaxRttS)
           throw NetError(where + " give the link to " + key + " a round trip of " +
                          std::to_string(v) + " s");
         r.rtt_s[to] = v;
