@@ -39,7 +39,7 @@ double rate_bits(const toml::node& n, const std::string& source, const std::stri
 }
 
 // A one-way delay in seconds: "20ms", "1.5ms", "250us", "0.1s", or 0.
-double delay_s(const toml::node& n, const std::string& source, const std::string& key) {
+double parse_delay_s(const toml::node& n, const std::string& source, const std::string& key) {
   auto bad = [&] {
     fail(source, key + " = " + text_of(n) +
                      ": expected a one-way delay such as \"20ms\", \"250us\" or \"0.1s\" (at "
@@ -111,7 +111,8 @@ LabSpec parse_lab_spec(const std::string& toml_text, const std::string& source) 
 
   const double base = root.get("rate") ? rate_bits(*root.get("rate"), source, "rate") : 0;
   lab.bits_per_s.assign(n, std::vector<double>(n, base));
-  const double base_delay = root.get("delay") ? delay_s(*root.get("delay"), source, "delay") : 0;
+  const double base_delay =
+      root.get("delay") ? parse_delay_s(*root.get("delay"), source, "delay") : 0;
   lab.delay_s.assign(n, std::vector<double>(n, base_delay));
 
   std::vector<int> cluster_of(n, -1);
@@ -135,20 +136,19 @@ LabSpec parse_lab_spec(const std::string& toml_text, const std::string& source) 
     for (int& g : cluster_of)
       if (g < 0) g = next++;
   }
-  if (const auto* b = root.get("between")) {
-    if (!root.get("clusters")) fail(source, "between needs clusters (the groups it joins)");
-    const double bits = rate_bits(*b, source, "between");
+  // `between` and `between_delay` set every link that joins two clusters.
+  auto between = [&](const char* key, std::vector<std::vector<double>>& matrix, auto parse) {
+    const auto* v = root.get(key);
+    if (!v) return;
+    if (!root.get("clusters"))
+      fail(source, std::string(key) + " needs clusters (the groups it joins)");
+    const double value = parse(*v, source, key);
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < n; ++j)
-        if (cluster_of[i] != cluster_of[j]) lab.bits_per_s[i][j] = bits;
-  }
-  if (const auto* d = root.get("between_delay")) {
-    if (!root.get("clusters")) fail(source, "between_delay needs clusters (the groups it joins)");
-    const double seconds = delay_s(*d, source, "between_delay");
-    for (int i = 0; i < n; ++i)
-      for (int j = 0; j < n; ++j)
-        if (cluster_of[i] != cluster_of[j]) lab.delay_s[i][j] = seconds;
-  }
+        if (cluster_of[i] != cluster_of[j]) matrix[i][j] = value;
+  };
+  between("between", lab.bits_per_s, rate_bits);
+  between("between_delay", lab.delay_s, parse_delay_s);
 
   if (const auto* l = root.get("link")) {
     const auto* a = l->as_array();
@@ -170,7 +170,7 @@ LabSpec parse_lab_spec(const std::string& toml_text, const std::string& source) 
       const auto* d = t->get("delay");
       if (!r && !d) fail(source, at + ": missing rate (or delay)");
       if (r) lab.bits_per_s[x][y] = lab.bits_per_s[y][x] = rate_bits(*r, source, at + ".rate");
-      if (d) lab.delay_s[x][y] = lab.delay_s[y][x] = delay_s(*d, source, at + ".delay");
+      if (d) lab.delay_s[x][y] = lab.delay_s[y][x] = parse_delay_s(*d, source, at + ".delay");
     }
   }
   for (int i = 0; i < n; ++i) lab.bits_per_s[i][i] = lab.delay_s[i][i] = 0;
