@@ -8,15 +8,22 @@ worse than one process training alone for the same wall time?
 
 Per repetition: the swarm (`starling train --config C --peers 4`) runs and its wall time T is
 taken; one process (strategy.kind = "none", every core: train.threads = --threads) measures its
-step rate in a short run, then trains for as many steps as fit in T (its learning-rate schedule
+step rate in a 300-step run, then trains for as many steps as fit in T (its learning-rate schedule
 spans those steps, as a user would set it up for that time) on the same per-process batch as the
 swarm's global batch (4 x the peer batch, so both see the same tokens per step of the swarm).
 Printed: both validation losses and walls, the ratio swarm / single, and the medians over
 --reps. The data is the config's data.dir (`make demo` prepares data/brown/byte).
+
+Then the samples: each model continues the config's [sample] prompt with its settings for
+--samples seeds, and the share of the generated words (runs of letters) that occur in the corpus
+(--corpus, the text the data was prepared from) is printed, with the swarm's first sample: how
+much of what the demo prints reads as English words, against one process's in the same time.
 """
 import argparse
+import glob
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -69,6 +76,40 @@ def steady_rate(metrics_dir, steps, wall):
     return rate, max(0.0, wall - steps / rate)
 
 
+def corpus_words(corpus_dir):
+    """Every word (run of letters, lowercased) of the text files under corpus_dir."""
+    words = set()
+    for path in glob.glob(os.path.join(corpus_dir, "**", "*"), recursive=True):
+        if os.path.isfile(path):
+            with open(path, errors="replace") as f:
+                words.update(w.lower() for w in re.findall(r"[A-Za-z]+", f.read()))
+    if not words:
+        sys.exit(f"demo_bar: no words in {corpus_dir} (--corpus: the text the data came from)")
+    return words
+
+
+def sample_words(starling, run_dir, sample, seeds, vocabulary):
+    """The share of generated words found in `vocabulary` per seed, and the first sample."""
+    prompt = sample.get("prompt", "The")
+    shares, first = [], None
+    for seed in range(1, seeds + 1):
+        cmd = [starling, "sample", "--checkpoint", run_dir, "--prompt", prompt,
+               "--max-tokens", str(sample.get("max_tokens", 300)),
+               "--temperature", str(sample.get("temperature", 0.8)),
+               "--top-k", str(sample.get("top_k", 40)), "--top-p", str(sample.get("top_p", 1.0)),
+               "--seed", str(seed)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"demo_bar: `{' '.join(cmd)}` failed ({proc.returncode}):\n"
+                     f"{proc.stderr[-2000:]}")
+        text = proc.stdout.strip()
+        # The prompt's own words are not the model's.
+        words = re.findall(r"[A-Za-z]+", text[len(prompt):] if text.startswith(prompt) else text)
+        shares.append(sum(w.lower() in vocabulary for w in words) / max(1, len(words)))
+        first = first or text
+    return shares, first
+
+
 def read_config(config, sets):
     import tomllib
     with open(config, "rb") as f:
@@ -78,6 +119,12 @@ def read_config(config, sets):
         section, _, name = key.partition(".")
         if section in ("train",) and name in ("batch_size", "steps"):
             c.setdefault(section, {})[name] = int(value)
+        elif section == "sample" and name in ("max_tokens", "top_k"):
+            c.setdefault(section, {})[name] = int(value)
+        elif section == "sample" and name in ("temperature", "top_p"):
+            c.setdefault(section, {})[name] = float(value)
+        elif section == "sample" and name == "prompt":
+            c.setdefault(section, {})[name] = value.strip('"')
     return c
 
 
@@ -92,7 +139,11 @@ def main(argv):
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="an override for the swarm's runs")
     ap.add_argument("--work", default=os.path.join(ROOT, "build", "bench", "demo-bar"))
+    ap.add_argument("--corpus", default=os.path.join(ROOT, "data", "brown", "text"),
+                    help="the text the data was prepared from: its words are the dictionary")
+    ap.add_argument("--samples", type=int, default=5, help="samples (seeds) per repetition")
     a = ap.parse_args(argv)
+    vocabulary = corpus_words(a.corpus)
     c = read_config(a.config, a.sets)
     batch = c["train"]["batch_size"] * a.peers
     # The swarm's overrides that shape the model or the data apply to the single process too.
@@ -105,7 +156,9 @@ def main(argv):
         wall = train(a.starling, a.config, swarm_out, a.sets, a.peers)
         swarm_val = final_val(os.path.join(swarm_out, "peer-0"))
         # The single process's rate, startup and evaluations included, from a short run.
-        probe_steps = 100
+        # Long enough that its logged steps span ~30 s: a 100-step probe (two log lines 40
+        # steps apart) misjudged the rate by up to a quarter on this machine.
+        probe_steps = 300
         probe_wall = train(a.starling, a.config, os.path.join(a.work, f"probe-{r}"),
                            single_sets + [f"train.steps={probe_steps}",
                                           f"train.eval_every={probe_steps}"])
@@ -118,14 +171,24 @@ def main(argv):
                                            f"{c.get('optim', {}).get('warmup_steps', 0) // a.peers}",
                                            f"train.eval_every={max(1, steps // 4)}"])
         single_val = final_val(single_out)
-        rows.append((swarm_val, wall, single_val, single_wall, steps))
+        shares, text = sample_words(a.starling, os.path.join(swarm_out, "peer-0"),
+                                    c.get("sample", {}), a.samples, vocabulary)
+        single_shares, _ = sample_words(a.starling, single_out, c.get("sample", {}), a.samples,
+                                        vocabulary)
+        rows.append((swarm_val, wall, single_val, single_wall, steps, statistics.median(shares),
+                     statistics.median(single_shares)))
         print(f"rep {r + 1}: swarm of {a.peers} {swarm_val:.4f} in {wall:.0f} s; one process "
               f"({a.threads} threads, batch {batch}) {single_val:.4f} in {single_wall:.0f} s "
-              f"({steps} steps); swarm / single {swarm_val / single_val:.3f}", flush=True)
-    ratio = statistics.median(s / o for s, _, o, _, _ in rows)
+              f"({steps} steps); swarm / single {swarm_val / single_val:.3f}\n"
+              f"  sample words found in the corpus: swarm "
+              f"{' '.join(f'{x:.0%}' for x in shares)}, one process "
+              f"{' '.join(f'{x:.0%}' for x in single_shares)}\n{text}\n", flush=True)
+    ratio = statistics.median(x[0] / x[2] for x in rows)
     print(f"demo bar: swarm val loss {statistics.median(x[0] for x in rows):.4f} against one "
           f"process's {statistics.median(x[2] for x in rows):.4f} in the same wall time "
-          f"(median of {len(rows)}): ratio {ratio:.3f} ({'met' if ratio <= 1 else 'not met'})")
+          f"(median of {len(rows)}): ratio {ratio:.3f} ({'met' if ratio <= 1 else 'not met'}); "
+          f"{statistics.median(x[5] for x in rows):.0%} of the swarm's sampled words are the corpus's, "
+          f"{statistics.median(x[6] for x in rows):.0%} of one process's")
     return 0
 
 

@@ -177,7 +177,8 @@ def starling_run(a, name, strategy, steps, link, sets, skip_steps, part, rep=0):
         cmd += ["--set", s]
     if LINKS[link]:
         cmd += ["--link-rate", LINKS[link]]
-    limit = timeout_for(strategy, steps, link, a.local_steps, a.model_bytes)
+    limit = getattr(a, "limit_s", None) or timeout_for(strategy, steps, link, a.local_steps,
+                                                       a.model_bytes)
     # The last round is left out as well as the first: co2 drains its final all-reduce there
     # (waits for it instead of overlapping it), which a short run would otherwise charge to its
     # steady rate. Every other round boundary stays in, so each measured round carries exactly

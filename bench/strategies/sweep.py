@@ -79,6 +79,9 @@ def main(argv):
     ap.add_argument("--json", dest="json_out",
                     default=os.path.join(bench.ROOT, "build", "bench", "co2-sweep.json"))
     ap.add_argument("--runs-dir", default=os.path.join(bench.ROOT, "build", "bench", "co2-sweep"))
+    ap.add_argument("--limit-s", type=float, default=0,
+                    help="a run's wall-time limit in seconds (default: run.py's bound, ~2 s a "
+                         "step; raise it when the machine is shared)")
     ap.add_argument("--no-run", action="store_true",
                     help="run nothing: print (and --plot) the records --json already holds")
     ap.add_argument("--plot", default="", metavar="PNG",
@@ -99,6 +102,7 @@ def main(argv):
                          + [x for kv in s.sets for x in ("--set", kv)])
     a.run_root = s.runs_dir
     a.keep_checkpoints = False
+    a.limit_s = s.limit_s
     os.makedirs(a.run_root, exist_ok=True)
     records = []
     if os.path.exists(s.json_out):

@@ -161,7 +161,6 @@ NetLab::NetLab(const std::vector<std::vector<std::string>>& rates,
       for (size_t b = 0; b < delays_s.size(); ++b) delayed |= a != b && delays_s[a][b] > 0;
     }
   }
-  if (delayed && peers_ < 2) throw std::invalid_argument("NetLab: delays need 2 peers or more");
   build();
   for (int i = 0; i < peers_; ++i) {
     std::vector<std::string> args = {"shape", name_, std::to_string(i)};
