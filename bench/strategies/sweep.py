@@ -136,18 +136,26 @@ def main(argv):
 
 
 def plot(path, records, steps):
+    plot_curves(path, [(f"{'co2 ' if r['strategy'] == 'co2' else ''}{r['variant']} "
+                        f"({r['final_val_loss']:.3f})",
+                        [v["tokens"] / 1e6 for v in r.get("val") or []],
+                        [v["val_loss"] for v in r.get("val") or []]) for r in records],
+                "swarm tokens (millions)",
+                f"4 peers, {steps} steps each: validation loss at equal tokens")
+
+
+def plot_curves(path, curves, xlabel, title):
+    """Validation loss curves, each (label, xs, losses), into one PNG (matplotlib)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in records:
-        val = r.get("val") or []
-        ax.plot([v["tokens"] / 1e6 for v in val], [v["val_loss"] for v in val], marker=".",
-                label=f"{'co2 ' if r['strategy'] == 'co2' else ''}{r['variant']} "
-                      f"({r['final_val_loss']:.3f})")
-    ax.set_xlabel("swarm tokens (millions)")
+    for label, xs, losses in curves:
+        if xs:
+            ax.plot(xs, losses, marker=".", label=label)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("validation loss")
-    ax.set_title(f"4 peers, {steps} steps each: validation loss at equal tokens")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -28,7 +28,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import run as bench  # noqa: E402  (bench/strategies/run.py)
-from sweep import VARIANTS  # noqa: E402  (bench/strategies/sweep.py)
+from sweep import VARIANTS, plot_curves  # noqa: E402  (bench/strategies/sweep.py)
 
 STRATEGY_VARIANT = {"ddp": [], "localsgd": VARIANTS["localsgd"][1],
                     "diloco": VARIANTS["diloco"][1], "co2": VARIANTS["k6-int8-nesterov"][1]}
@@ -47,8 +47,8 @@ def main(argv):
                                  epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--starling", default=os.path.join(bench.ROOT, "build", "starling"))
-    ap.add_argument("--link", default="10mbit", choices=[k for k in bench.LINKS if k != "unlimited"]
-                    + ["unlimited"])
+    ap.add_argument("--link", default="10mbit", choices=list(bench.LINKS),
+                    help="the link every peer sits behind (default 10mbit)")
     ap.add_argument("--seconds", type=float, default=180.0,
                     help="the wall-time budget of each strategy's run (default 180)")
     ap.add_argument("--strategies", default=",".join(bench.STRATEGIES))
@@ -142,23 +142,11 @@ def main(argv):
 
 
 def plot(path, report):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in report["runs"]:
-        val = r.get("val") or []
-        if val:
-            ax.plot([v["elapsed_s"] for v in val], [v["val_loss"] for v in val], marker="o",
-                    markersize=3, label=f"{r['strategy']} ({r['steps']} steps)")
-    ax.set_xlabel(f"wall time (s), 4 peers, {report['link']} links")
-    ax.set_ylabel("validation loss")
-    ax.set_title(f"Validation loss against wall time, a budget of {report['seconds']:.0f} s each")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"wrote {path}")
+    plot_curves(path, [(f"{r['strategy']} ({r['steps']} steps)",
+                        [v["elapsed_s"] for v in r.get("val") or []],
+                        [v["val_loss"] for v in r.get("val") or []]) for r in report["runs"]],
+                f"wall time (s), 4 peers, {report['link']} links",
+                f"Validation loss against wall time, a budget of {report['seconds']:.0f} s each")
 
 
 if __name__ == "__main__":
