@@ -187,7 +187,8 @@ def main(argv):
     print(f"demo bar: swarm val loss {statistics.median(x[0] for x in rows):.4f} against one "
           f"process's {statistics.median(x[2] for x in rows):.4f} in the same wall time "
           f"(median of {len(rows)}): ratio {ratio:.3f} ({'met' if ratio <= 1 else 'not met'}); "
-          f"{statistics.median(x[5] for x in rows):.0%} of the swarm's sampled words are the corpus's, "
+          f"{statistics.median(x[5] for x in rows):.0%} of the swarm's sampled words are the "
+          f"corpus's, "
           f"{statistics.median(x[6] for x in rows):.0%} of one process's")
     return 0
 

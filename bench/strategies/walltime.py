@@ -87,7 +87,8 @@ def main(argv):
             report = json.load(f)
     else:
         a = bench.parse_args(["--starling", s.starling, "--parts", "throughput", "--links", s.link,
-                              "--runs-dir", s.runs_dir] + [x for kv in s.sets for x in ("--set", kv)])
+                              "--runs-dir", s.runs_dir]
+                             + [x for kv in s.sets for x in ("--set", kv)])
         a.run_root = s.runs_dir
         a.keep_checkpoints = False
         if bench.LINKS[s.link] and bench.labs_unavailable():
@@ -130,7 +131,8 @@ def main(argv):
     for r in report["runs"]:
         val = r.get("val") or []
         if r.get("error") or not val:
-            print(f"| {r['strategy']} | {r['steps']} | – | – | {r.get('error') or 'no eval'} | |")
+            why = r.get("error") or "no evaluation"
+            print(f"| {r['strategy']} | {r['steps']} | – | – | {why} | |")
             continue
         end = val[-1]
         ratio = f"{end['val_loss'] / ddp_loss:.3f}" if ddp_loss else "–"
