@@ -10,7 +10,8 @@ Per repetition: the swarm (`starling train --config C --peers 4`) runs and its w
 taken; one process (strategy.kind = "none", every core: train.threads = --threads) measures its
 step rate in a 300-step run, then trains for as many steps as fit in T (its learning-rate schedule
 spans those steps, as a user would set it up for that time) on the same per-process batch as the
-swarm's global batch (4 x the peer batch, so both see the same tokens per step of the swarm).
+swarm's global batch (4 x the peer batch, so both see the same tokens per step of the swarm). A
+run that ends more than 5% away from T is redone once with the steps its own rate fits in T.
 Printed: both validation losses and walls, the ratio swarm / single, and the medians over
 --reps. The data is the config's data.dir (`make demo` prepares data/brown/byte).
 
@@ -156,8 +157,7 @@ def main(argv):
         wall = train(a.starling, a.config, swarm_out, a.sets, a.peers)
         swarm_val = final_val(os.path.join(swarm_out, "peer-0"))
         # The single process's rate, startup and evaluations included, from a short run.
-        # Long enough that its logged steps span ~30 s: a 100-step probe (two log lines 40
-        # steps apart) misjudged the rate by up to a quarter on this machine.
+        # Long enough that its logged steps span ~30 s (a 100-step probe has two log lines).
         probe_steps = 300
         probe_wall = train(a.starling, a.config, os.path.join(a.work, f"probe-{r}"),
                            single_sets + [f"train.steps={probe_steps}",
@@ -165,11 +165,22 @@ def main(argv):
         rate, overhead = steady_rate(os.path.join(a.work, f"probe-{r}"), probe_steps, probe_wall)
         steps = max(probe_steps, int((wall - overhead) * rate))
         single_out = os.path.join(a.work, f"single-{r}")
-        single_wall = train(a.starling, a.config, single_out,
-                            single_sets + [f"train.steps={steps}",
-                                           f"optim.warmup_steps="
-                                           f"{c.get('optim', {}).get('warmup_steps', 0) // a.peers}",
-                                           f"train.eval_every={max(1, steps // 4)}"])
+        warmup = c.get("optim", {}).get("warmup_steps", 0) // a.peers
+        # The machine's speed drifts between the probe and the run (a probe at 6 steps/s before a
+        # run at 8 gave the single process 145 s of the swarm's 180). A run more than 5% off the
+        # swarm's time is redone once at the steps its own rate says fit.
+        for attempt in range(2):
+            single_wall = train(a.starling, a.config, single_out,
+                                single_sets + [f"train.steps={steps}",
+                                               f"optim.warmup_steps={warmup}",
+                                               f"train.eval_every={max(1, steps // 4)}"])
+            if attempt == 1 or abs(single_wall - wall) <= 0.05 * wall:
+                break
+            rate, overhead = steady_rate(single_out, steps, single_wall)
+            fitted = max(probe_steps, int((wall - overhead) * rate))
+            print(f"rep {r + 1}: one process took {single_wall:.0f} s of the swarm's {wall:.0f} s "
+                  f"for {steps} steps; again with {fitted}", flush=True)
+            steps = fitted
         single_val = final_val(single_out)
         shares, text = sample_words(a.starling, os.path.join(swarm_out, "peer-0"),
                                     c.get("sample", {}), a.samples, vocabulary)

@@ -1,3 +1,5 @@
+#include <unistd.h>
+
 #include <iostream>
 
 #include "starling/cli/commands.h"
@@ -34,11 +36,24 @@ void add_data_command(CLI::App& app) {
   prep->add_option("--shard-tokens", opts->shard_tokens, "tokens per shard")->capture_default_str();
   prep->callback([opts, inputs] {
     for (const auto& i : *inputs) opts->inputs.emplace_back(i);
+    // On a terminal one line is rewritten in place; into a log (CI, a script) a line per phase
+    // and per tenth of it, instead of thousands of carriage returns on one line.
+    const bool tty = ::isatty(STDERR_FILENO) != 0;
+    std::string last_what;
+    uint64_t last_tenth = 0;
     auto info =
         data::prepare_dataset(*opts, [&](const std::string& what, uint64_t done, uint64_t total) {
-          std::cerr << "\r" << what << " " << done << "/" << total << std::flush;
+          if (tty) {
+            std::cerr << "\r" << what << " " << done << "/" << total << std::flush;
+            return;
+          }
+          const uint64_t tenth = total > 0 ? done * 10 / total : 0;
+          if (what == last_what && tenth == last_tenth) return;
+          last_what = what;
+          last_tenth = tenth;
+          std::cerr << what << " " << done << "/" << total << "\n";
         });
-    std::cerr << "\n";
+    if (tty) std::cerr << "\n";
     std::cout << "prepared " << info.dir.string() << ": " << info.tokenizer_kind
               << " tokenizer, vocab " << info.vocab_size << ", " << info.train_tokens
               << " train tokens in " << info.train_shards.size() << " shard(s), " << info.val_tokens
