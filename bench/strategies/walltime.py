@@ -42,6 +42,27 @@ def steps_for(strategy, rate, seconds, tokens_per_step, local_steps, log_every):
     return max(3, int(rate * seconds / tokens_per_step) // unit) * unit
 
 
+def settings(config, sets):
+    """(table, key, default) -> the config's value after the --set overrides."""
+    values = {(t, k): v for t, table in config.items() if isinstance(table, dict)
+              for k, v in table.items()}
+    for kv in sets:
+        key, _, value = kv.partition("=")
+        table, _, field = key.partition(".")
+        values[(table, field)] = value.strip('"')
+    return lambda table, key, default: values.get((table, key), default)
+
+
+def seq_len(setting):
+    """Tokens per sequence: model.seq_len if set, else the preset's (python/reference_model.py
+    has the same preset table as the trainer)."""
+    if setting("model", "seq_len", None) is not None:
+        return int(setting("model", "seq_len", None))
+    sys.path.insert(0, os.path.join(bench.ROOT, "python"))
+    import reference_model as rm
+    return rm.preset(setting("model", "preset", "gpt2-tiny")).seq_len
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  epilog=__doc__.split("\n\n", 1)[1],
@@ -95,10 +116,10 @@ def main(argv):
             sys.exit(f"walltime.py: the {s.link} link needs network namespaces: "
                      f"{bench.labs_unavailable()}")
         os.makedirs(a.run_root, exist_ok=True)
-        train = a.config_toml.get("train", {})
-        tokens_per_step = (bench.PEERS * int(train.get("batch_size", 16))
-                           * 128 * int(train.get("grad_accum", 1)))
-        warmup = int(a.config_toml.get("optim", {}).get("warmup_steps", 0))
+        setting = settings(a.config_toml, s.sets)
+        tokens_per_step = (bench.PEERS * int(setting("train", "batch_size", 16))
+                           * int(setting("train", "grad_accum", 1)) * seq_len(setting))
+        warmup = int(setting("optim", "warmup_steps", 0))
         report = {"link": s.link, "seconds": s.seconds, "runs": []}
         for strategy in strategies:
             sets = STRATEGY_VARIANT[strategy]
