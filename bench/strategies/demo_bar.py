@@ -12,8 +12,9 @@ step rate in a 300-step run, then trains for as many steps as fit in T (its lear
 spans those steps, as a user would set it up for that time) on the same per-process batch as the
 swarm's global batch (4 x the peer batch, so both see the same tokens per step of the swarm). A
 run that ends more than 5% away from T is redone once with the steps its own rate fits in T.
-Printed: both validation losses and walls, the ratio swarm / single, and the medians over
---reps. The data is the config's data.dir (`make demo` prepares data/brown/byte).
+Printed: both models' losses on the whole validation split (`starling eval`) and the walls, the
+ratio swarm / single, and the medians over --reps. The data is the config's data.dir (`make demo`
+prepares data/brown/byte).
 
 Then the samples: each model continues the config's [sample] prompt with its settings for
 --samples seeds, and the share of the generated words (runs of letters) that occur in the corpus
@@ -50,16 +51,18 @@ def train(starling, config, out, sets, peers=0):
     return wall
 
 
-def final_val(metrics_dir):
-    val = None
-    with open(os.path.join(metrics_dir, "metrics.jsonl")) as f:
-        for line in f:
-            record = json.loads(line)
-            if "val_loss" in record:
-                val = record["val_loss"]
-    if val is None:
-        sys.exit(f"demo_bar: no validation loss in {metrics_dir}/metrics.jsonl")
-    return val
+def full_val(starling, run_dir):
+    """The final model's loss on the whole validation split, in batches of 16 for both runs. The
+    runs' own last evaluations cover eval_batches of their own batch size: 10 x 4 sequences for a
+    peer against 10 x 16 for the single process, different tokens, which once put the byte demo
+    at 0.94x where the whole split says 0.98x."""
+    cmd = [starling, "eval", "-q", "--checkpoint", run_dir, "--split", "val", "--batch-size", "16"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    m = re.search(r"loss ([0-9.]+), perplexity", proc.stdout + proc.stderr)
+    if proc.returncode != 0 or not m:
+        sys.exit(f"demo_bar: `{' '.join(cmd)}` failed ({proc.returncode}):\n"
+                 f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return float(m.group(1))
 
 
 def steady_rate(metrics_dir, steps, wall):
@@ -155,7 +158,7 @@ def main(argv):
     for r in range(a.reps):
         swarm_out = os.path.join(a.work, f"swarm-{r}")
         wall = train(a.starling, a.config, swarm_out, a.sets, a.peers)
-        swarm_val = final_val(os.path.join(swarm_out, "peer-0"))
+        swarm_val = full_val(a.starling, os.path.join(swarm_out, "peer-0"))
         # The single process's rate, startup and evaluations included, from a short run.
         # Long enough that its logged steps span ~30 s (a 100-step probe has two log lines).
         probe_steps = 300
@@ -181,7 +184,7 @@ def main(argv):
             print(f"rep {r + 1}: one process took {single_wall:.0f} s of the swarm's {wall:.0f} s "
                   f"for {steps} steps; again with {fitted}", flush=True)
             steps = fitted
-        single_val = final_val(single_out)
+        single_val = full_val(a.starling, single_out)
         shares, text = sample_words(a.starling, os.path.join(swarm_out, "peer-0"),
                                     c.get("sample", {}), a.samples, vocabulary)
         single_shares, _ = sample_words(a.starling, single_out, c.get("sample", {}), a.samples,

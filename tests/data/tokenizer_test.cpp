@@ -105,6 +105,19 @@ TEST_F(SentencePieceTest, TrainingIsDeterministic) {
             load_sentencepiece(*dir_ / "sp.model")->encode(text));
 }
 
+TEST_F(SentencePieceTest, DigitsSplitByDefaultAndMergeWithoutIt) {
+  // The corpus repeats "1961", so a model free to merge digits learns it as one piece or two; the
+  // default model spells it digit by digit.
+  const std::string year = " 1961 ";
+  const auto split = load_sentencepiece(*dir_ / "sp.model");
+  TempDir other;
+  train_sentencepiece(files_, other / "sp", kVocab, /*split_digits=*/false);
+  const auto merged = load_sentencepiece(other / "sp.model");
+  EXPECT_GE(split->encode(year).size(), 4u);
+  EXPECT_LE(merged->encode(year).size(), 3u);
+  EXPECT_EQ(merged->decode(merged->encode(year)), year);
+}
+
 TEST_F(SentencePieceTest, DecodeRejectsIdsOutsideTheVocabulary) {
   const auto tok = load_sentencepiece(*dir_ / "sp.model");
   const std::vector<uint32_t> ids = {kVocab};

@@ -28,6 +28,9 @@ void add_data_command(CLI::App& app) {
       ->capture_default_str();
   prep->add_option("--vocab-size", opts->vocab_size, "sentencepiece: vocabulary to train")
       ->capture_default_str();
+  prep->add_option("--split-digits", opts->split_digits,
+                   "sentencepiece: every digit its own piece (true) or numbers merged like words")
+      ->default_str("true");
   prep->add_option("--sp-model", opts->sentencepiece_model,
                    "sentencepiece: apply this .model instead of training one");
   prep->add_option("--val-fraction", opts->val_fraction, "fraction of documents for validation")

@@ -220,7 +220,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& o,
     return tokenizer;
   }
   if (progress) progress("train tokenizer", 0, 1);
-  train_sentencepiece(train_docs, o.out_dir / "tokenizer", o.vocab_size);
+  train_sentencepiece(train_docs, o.out_dir / "tokenizer", o.vocab_size, o.split_digits);
   if (progress) progress("train tokenizer", 1, 1);
   return load_sentencepiece(model);
 }

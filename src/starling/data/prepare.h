@@ -25,6 +25,8 @@ struct PrepareOptions {
   // otherwise train a BPE model of `vocab_size` on the inputs.
   std::filesystem::path sentencepiece_model;
   uint32_t vocab_size = 4096;
+  // sentencepiece, trained: every digit its own piece (true), or numbers merged like words.
+  bool split_digits = true;
   // Fraction of documents (chosen deterministically by seed) that go to the validation split; at
   // least one document goes to each split when there are two or more.
   double val_fraction = 0.05;

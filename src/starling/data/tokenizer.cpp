@@ -110,7 +110,7 @@ std::unique_ptr<Tokenizer> load_sentencepiece(const fs::path& model_file) {
 }
 
 void train_sentencepiece(const std::vector<fs::path>& text_files, const fs::path& model_prefix,
-                         uint32_t vocab_size) {
+                         uint32_t vocab_size, bool split_digits) {
   if (vocab_size < 64 || vocab_size > 65536) {
     throw ConfigError(
         "SentencePiece vocab_size must be in [64, 65536] (shards store uint16 "
@@ -133,7 +133,7 @@ void train_sentencepiece(const std::vector<fs::path>& text_files, const fs::path
       {"byte_fallback", "true"},
       {"normalization_rule_name", "identity"},
       {"remove_extra_whitespaces", "false"},
-      {"split_digits", "true"},
+      {"split_digits", split_digits ? "true" : "false"},
       {"input_sentence_size", "2000000"},
       {"shuffle_input_sentence", "true"},
       {"max_sentence_length", std::to_string(kMaxLine * 2)},

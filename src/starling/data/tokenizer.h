@@ -33,8 +33,11 @@ std::unique_ptr<Tokenizer> make_byte_tokenizer();
 std::unique_ptr<Tokenizer> load_sentencepiece(const std::filesystem::path& model_file);
 
 // Trains a BPE SentencePiece model on text files; writes `<prefix>.model` and `<prefix>.vocab`.
-// vocab_size must be in [64, 65536] (shards store uint16 tokens).
+// vocab_size must be in [64, 65536] (shards store uint16 tokens). split_digits makes every digit
+// a piece of its own (LLaMA's choice: numbers are spelled out digit by digit); without it numbers
+// merge like words, so a common year or "000" is one piece.
 void train_sentencepiece(const std::vector<std::filesystem::path>& text_files,
-                         const std::filesystem::path& model_prefix, uint32_t vocab_size);
+                         const std::filesystem::path& model_prefix, uint32_t vocab_size,
+                         bool split_digits = true);
 
 }  // namespace starling::data
