@@ -9,8 +9,9 @@ worse than one process training alone for the same wall time?
 Per repetition: the swarm (`starling train --config C --peers 4`) runs and its wall time T is
 taken; one process (strategy.kind = "none", every core: train.threads = --threads) measures its
 step rate in a 300-step run, then trains for as many steps as fit in T (its learning-rate schedule
-spans those steps, as a user would set it up for that time) on the same per-process batch as the
-swarm's global batch (4 x the peer batch, so both see the same tokens per step of the swarm). A
+spans those steps, as a user would set it up for that time, with the swarm's warmup steps) on the
+same per-process batch as the swarm's global batch (4 x the peer batch, so both see the same
+tokens per step of the swarm). A
 run that ends more than 5% away from T is redone once with the steps its own rate fits in T.
 Printed: both models' losses on the whole validation split (`starling eval`) and the walls, the
 ratio swarm / single, and the medians over --reps. The data is the config's data.dir (`make demo`
@@ -168,7 +169,9 @@ def main(argv):
         rate, overhead = steady_rate(os.path.join(a.work, f"probe-{r}"), probe_steps, probe_wall)
         steps = max(probe_steps, int((wall - overhead) * rate))
         single_out = os.path.join(a.work, f"single-{r}")
-        warmup = c.get("optim", {}).get("warmup_steps", 0) // a.peers
+        # Its batch is the swarm's global batch, so its warmup spans the tokens the swarm's does:
+        # the same steps.
+        warmup = c.get("optim", {}).get("warmup_steps", 0)
         # The machine's speed drifts between the probe and the run (a probe at 6 steps/s before a
         # run at 8 gave the single process 145 s of the swarm's 180). A run more than 5% off the
         # swarm's time is redone once at the steps its own rate says fit.

@@ -248,26 +248,64 @@ TEST(Executor, ForwardCachedMatchesTheWholeSequence) {
   }
 }
 
-// Sampling with the cache picks the tokens rerunning the whole context picks, greedy and seeded,
-// past model.seq_len too (where the window slides and the cache gives way to whole windows).
+// Sampling with the cache picks the tokens rerunning the whole window picks, greedy and seeded,
+// past model.seq_len too, whatever the window's slide.
 TEST(Sampler, TheCacheGivesTheTokensOfRerunningTheContext) {
   for (const auto arch : {model::Arch::kGpt2, model::Arch::kLlama}) {
     const auto c = tiny(arch);
     auto dag = model::build_model(c, 11);
-    for (const double temperature : {0.0, 1.0}) {
-      train::SampleConfig o;
-      o.max_tokens = c.seq_len + 8;  // through the end of the context and beyond
-      o.temperature = temperature;
-      o.top_k = 0;
-      o.seed = 3;
-      const std::vector<uint32_t> prompt = {1, 2, 3};
-      o.cache = true;
-      const auto cached = train::generate(*dag, c, prompt, o);
-      o.cache = false;
-      const auto rerun = train::generate(*dag, c, prompt, o);
-      EXPECT_EQ(cached, rerun) << "temperature " << temperature;
-      EXPECT_EQ(cached.size(), prompt.size() + static_cast<size_t>(o.max_tokens));
+    for (const int64_t slide : {int64_t{1}, int64_t{0}, int64_t{3}})
+      for (const double temperature : {0.0, 1.0}) {
+        train::SampleConfig o;
+        o.max_tokens = 2 * c.seq_len + 5;  // through the end of the context and twice beyond
+        o.temperature = temperature;
+        o.top_k = 0;
+        o.seed = 3;
+        o.slide = slide;
+        const std::vector<uint32_t> prompt = {1, 2, 3};
+        o.cache = true;
+        const auto cached = train::generate(*dag, c, prompt, o);
+        o.cache = false;
+        const auto rerun = train::generate(*dag, c, prompt, o);
+        EXPECT_EQ(cached, rerun) << "temperature " << temperature << ", slide " << slide;
+        EXPECT_EQ(cached.size(), prompt.size() + static_cast<size_t>(o.max_tokens));
+      }
+  }
+}
+
+// Past seq_len the window moves on by `slide` tokens at once: each greedy token is the argmax of
+// a whole forward over the window the header describes, computed here from scratch.
+TEST(Sampler, TheWindowMovesOnBySlideTokensPastTheContext) {
+  const auto c = tiny(model::Arch::kGpt2);
+  auto dag = model::build_model(c, 12);
+  graph::Executor exec(*dag);
+  const int head = model::logits_node(*dag);
+  const auto len = static_cast<size_t>(c.seq_len);
+  for (const int64_t slide : {int64_t{1}, int64_t{0}, int64_t{3}, c.seq_len, 10 * c.seq_len}) {
+    train::SampleConfig o;
+    o.max_tokens = 2 * c.seq_len + 3;
+    o.temperature = 0;
+    o.slide = slide;
+    const size_t step = slide == 0 ? len / 2 : std::min(static_cast<size_t>(slide), len);
+    EXPECT_EQ(train::window_slide(o, c), step);
+    std::vector<uint32_t> prompt(len + 2);  // longer than the context: cut to its last seq_len
+    for (size_t i = 0; i < prompt.size(); ++i)
+      prompt[i] = static_cast<uint32_t>(i * 7 % c.vocab_size);
+    const auto got = train::generate(*dag, c, prompt, o);
+    ASSERT_EQ(got.size(), prompt.size() + static_cast<size_t>(o.max_tokens));
+    size_t start = prompt.size() - len, shortest = len;
+    for (size_t end = prompt.size(); end < got.size(); ++end) {
+      if (end - start > len) start += step;
+      shortest = std::min(shortest, end - start);
+      std::vector<int64_t> window(got.begin() + static_cast<std::ptrdiff_t>(start),
+                                  got.begin() + static_cast<std::ptrdiff_t>(end));
+      const auto n = static_cast<int64_t>(window.size());
+      const at::Tensor logits =
+          exec.forward({at::tensor(window, at::kLong).view({1, n}), at::Tensor()}, head);
+      ASSERT_EQ(static_cast<uint32_t>(logits[0][-1].argmax().item<int64_t>()), got[end])
+          << "slide " << slide << ", token " << end;
     }
+    EXPECT_EQ(shortest, len - step + 1) << "the shortest window a token saw, slide " << slide;
   }
 }
 

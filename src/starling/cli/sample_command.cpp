@@ -29,6 +29,11 @@ void add_sample_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--stop", opts->stop, "text that ends the sample (repeatable)");
   cmd->add_option("--seed", opts->seed, "sampling seed")->capture_default_str();
+  cmd->add_option("--slide", opts->slide,
+                  "past the model's context, how many tokens its window moves on at once; "
+                  "1 = token by token (each token reruns the whole window); 0 = half of it")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   auto no_cache = std::make_shared<bool>(false), timing = std::make_shared<bool>(false);
   cmd->add_flag("--no-cache", *no_cache,
                 "rerun the whole context for every token instead of keeping each layer's keys "

@@ -112,6 +112,10 @@ std::vector<Key> bind(RunConfig& c) {
   k.push_back(bool_key("sample", "cache", &s.cache,
                        "keep each layer's keys and values (KV cache): each new token runs alone; "
                        "false = the whole context again for every token"));
+  k.push_back(int_key("sample", "slide", &s.slide, 0,
+                      "past seq_len tokens, how many the context window moves on at once (the "
+                      "cached window reruns once per move); 1 = token by token; 0 = half of "
+                      "seq_len"));
 
   strategy::add_config_keys(c.strategy, k);
   net::add_config_keys(c.net, k);

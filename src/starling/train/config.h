@@ -75,6 +75,9 @@ struct SampleConfig {
   // Keep each layer's keys and values (a KV cache): the prompt runs once, then each new token
   // alone, instead of the whole context again for every token.
   bool cache = true;
+  // Past seq_len tokens the context window moves on by this many tokens at once (the cached
+  // window then reruns once every `slide` tokens); 1 = token by token; 0 = half of seq_len.
+  int64_t slide = 0;
 };
 
 struct RunConfig {

@@ -12,6 +12,12 @@
 
 namespace starling::train {
 
+size_t window_slide(const SampleConfig& options, const model::ModelConfig& config) {
+  const auto len = static_cast<size_t>(std::max<int64_t>(1, config.seq_len));
+  if (options.slide <= 0) return std::max<size_t>(1, len / 2);
+  return std::min(static_cast<size_t>(options.slide), len);
+}
+
 std::vector<uint32_t> generate(graph::OpDag& dag, const model::ModelConfig& config,
                                const std::vector<uint32_t>& prompt, const SampleConfig& options,
                                const std::function<bool(const std::vector<uint32_t>&)>& done) {
@@ -26,22 +32,27 @@ std::vector<uint32_t> generate(graph::OpDag& dag, const model::ModelConfig& conf
     std::vector<int64_t> window(begin, end);
     return at::tensor(window, at::kLong).view({1, static_cast<int64_t>(window.size())}).to(device);
   };
+  const size_t len = static_cast<size_t>(config.seq_len);
+  const size_t slide = window_slide(options, config);
+  // The window: ids[start, end), never longer than seq_len; a longer prompt is cut to its end.
+  size_t start = ids.size() > len ? ids.size() - len : 0;
+  size_t cache_start = 0;  // where the cache's window starts (its position 0)
   for (int64_t n = 0; n < options.max_tokens; ++n) {
-    const size_t ctx = std::min<size_t>(ids.size(), static_cast<size_t>(config.seq_len));
+    // One token past seq_len: the window moves on by `slide` (1 <= slide <= seq_len) at once.
+    if (ids.size() - start > len) start += slide;
+    const auto begin = ids.begin() + static_cast<std::ptrdiff_t>(start);
     at::Tensor out;
-    const bool fits = ids.size() <= static_cast<size_t>(config.seq_len);
-    if (options.cache && fits && cache.position() > 0 &&
-        static_cast<size_t>(cache.position()) + 1 == ids.size()) {
-      // Only the newest token runs; the cache holds every earlier position.
+    if (options.cache && cache.position() > 0 && cache_start == start &&
+        start + static_cast<size_t>(cache.position()) + 1 == ids.size()) {
+      // Only the newest token runs; the cache holds every earlier position of the window.
       out = exec.forward_cached({tensor(ids.end() - 1, ids.end()), at::Tensor()}, cache, head);
-    } else if (options.cache && fits) {
-      cache.clear();  // the prompt, once
-      out = exec.forward_cached({tensor(ids.begin(), ids.end()), at::Tensor()}, cache, head);
+    } else if (options.cache) {
+      // The prompt, or a window that just moved: its tokens run once, from position 0.
+      cache.clear();
+      cache_start = start;
+      out = exec.forward_cached({tensor(begin, ids.end()), at::Tensor()}, cache, head);
     } else {
-      // No cache, or a context past model.seq_len: the last seq_len tokens again, whole (the
-      // positions of a window that slides change with every token).
-      out = exec.forward(
-          {tensor(ids.end() - static_cast<std::ptrdiff_t>(ctx), ids.end()), at::Tensor()}, head);
+      out = exec.forward({tensor(begin, ids.end()), at::Tensor()}, head);
     }
     at::Tensor logits = out[0][-1].to(at::kCPU).to(at::kFloat);
     int64_t next;
