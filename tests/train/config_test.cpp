@@ -81,6 +81,7 @@ max_tokens = 17
 temperature = 0
 top_k = 5
 seed = 9
+slide = 1
 )";
 
 TEST(RunConfig, ParsesEveryKey) {
@@ -129,6 +130,7 @@ TEST(RunConfig, ParsesEveryKey) {
   EXPECT_EQ(c.sample.temperature, 0.0);  // an integer where a float is expected is fine
   EXPECT_EQ(c.sample.top_k, 5);
   EXPECT_EQ(c.sample.seed, 9u);
+  EXPECT_EQ(c.sample.slide, 1);
 }
 
 TEST(RunConfig, Defaults) {
@@ -149,6 +151,7 @@ TEST(RunConfig, Defaults) {
   EXPECT_EQ(c.optim.schedule, "cosine");
   EXPECT_EQ(c.optim.beta2, 0.95);
   EXPECT_EQ(c.sample.prompt, "The ");
+  EXPECT_EQ(c.sample.slide, 0);  // half of seq_len
   EXPECT_EQ(to_toml(c), [&] {
     RunConfig e;
     e.data.dir = "d";
@@ -362,7 +365,7 @@ std::vector<std::string> all_keys() {
        {"lr", "min_lr", "warmup_steps", "schedule", "weight_decay", "beta1", "beta2", "eps",
         "grad_clip"}},
       {"sample",
-       {"prompt", "max_tokens", "temperature", "top_k", "top_p", "stop", "seed", "cache"}},
+       {"prompt", "max_tokens", "temperature", "top_k", "top_p", "stop", "seed", "cache", "slide"}},
       {"strategy",
        {"kind", "local_steps", "outer_lr", "outer_momentum", "outer_nesterov", "staleness_penalty",
         "clip", "clip_threshold", "zero", "overlap_steps", "target_batch", "precision",
