@@ -11,8 +11,8 @@ taken; one process (strategy.kind = "none", every core: train.threads = --thread
 step rate in a 300-step run, then trains for as many steps as fit in T (its learning-rate schedule
 spans those steps, as a user would set it up for that time, with the swarm's warmup steps) on the
 same per-process batch as the swarm's global batch (4 x the peer batch, so both see the same
-tokens per step of the swarm). A
-run that ends more than 5% away from T is redone once with the steps its own rate fits in T.
+tokens per step of the swarm). A run that ends more than 5% away from T is redone once with the
+steps its own rate fits in T.
 Printed: both models' losses on the whole validation split (`starling eval`) and the walls, the
 ratio swarm / single, and the medians over --reps. The data is the config's data.dir (`make demo`
 prepares data/brown/byte).
