@@ -30,6 +30,7 @@
 #include "starling/strategy/pipeline_auto_peer.h"
 #include "starling/strategy/pipeline_layout.h"
 #include "starling/strategy/pipeline_peer.h"
+#include "starling/strategy/shared_copies.h"
 #include "starling/strategy/tensor_message.h"
 #include "starling/train/config.h"
 
@@ -159,6 +160,23 @@ TEST(PipelineLayout, StagesSendTheirBoundaryAndShareTiedWeights) {
 
   EXPECT_THROW(PipelineLayout(*dag, {{0, 1}, {3, n - 1}}), std::invalid_argument);
   EXPECT_THROW(PipelineLayout(*dag, {{0, 1}, {2, n - 2}}), std::invalid_argument);
+}
+
+// Tied copies drift apart by single units in their last bits, some up and some down: a checksum
+// that a plain sum of the bits would call equal must still tell them apart.
+TEST(SharedCopies, ChecksumsTellApartCopiesWhoseDriftCancels) {
+  const at::Tensor a = at::randn({64, 32}, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor b = a.clone();
+  at::Tensor bits = b.view(at::kInt);
+  bits.view({-1})[5] += 1;
+  bits.view({-1})[700] -= 1;
+  ASSERT_FALSE(at::equal(a, b));
+  ASSERT_EQ(a.view(at::kInt).sum().item<int64_t>(), b.view(at::kInt).sum().item<int64_t>());
+  EXPECT_NE(starling::strategy::copy_checksum(a), starling::strategy::copy_checksum(b));
+  EXPECT_EQ(starling::strategy::copy_checksum(a), starling::strategy::copy_checksum(a.clone()));
+  // A copy that is not contiguous is read by its values.
+  EXPECT_EQ(starling::strategy::copy_checksum(a.t().contiguous().t()),
+            starling::strategy::copy_checksum(a));
 }
 
 // A stage's place travels in its member record; what does not read back exactly is no place.

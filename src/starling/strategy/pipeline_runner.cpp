@@ -14,6 +14,7 @@
 #include "starling/data/loader.h"
 #include "starling/graph/param_store.h"
 #include "starling/strategy/pipeline_admission.h"
+#include "starling/strategy/shared_copies.h"
 #include "starling/train/adamw.h"
 #include "starling/train/metrics.h"
 
@@ -521,18 +522,15 @@ void PipelineStepRunner::align_shared_copies() {
   for (const SharedParam& sp : layout_.shared()) {
     if (std::find(sp.stages.begin(), sp.stages.end(), options_.stage) == sp.stages.end()) continue;
     at::Tensor& value = dag_.params().get(sp.name).value;
-    // The copy's bits summed as integers: equal copies give equal sums, and a copy that differs
-    // in its last bits almost surely does not. Sent in 21-bit parts, each exact in fp32, in this
-    // stage's own slots.
-    const auto checksum =
-        static_cast<uint64_t>(value.contiguous().view(at::kInt).sum().item<int64_t>());
-    at::Tensor sums = at::zeros({stages * 3}, at::kFloat);
-    for (int k = 0; k < 3; ++k)
-      sums[options_.stage * 3 + k] = static_cast<float>((checksum >> (21 * k)) & 0x1fffff);
+    // The copy's checksum, sent in 16-bit halves (each exact in fp32) in this stage's own slots.
+    const uint32_t checksum = copy_checksum(value);
+    at::Tensor sums = at::zeros({stages * 2}, at::kFloat);
+    for (int k = 0; k < 2; ++k)
+      sums[options_.stage * 2 + k] = static_cast<float>((checksum >> (16 * k)) & 0xffff);
     all_reduce(sums, sp.stages, kAlignTag | static_cast<uint64_t>(sp.id));
-    const at::Tensor first = sums.narrow(0, sp.stages.front() * 3, 3);
+    const at::Tensor first = sums.narrow(0, sp.stages.front() * 2, 2);
     bool equal = true;
-    for (const int s : sp.stages) equal = equal && at::equal(sums.narrow(0, s * 3, 3), first);
+    for (const int s : sp.stages) equal = equal && at::equal(sums.narrow(0, s * 2, 2), first);
     if (equal) continue;
     // The first stage's copy, to all: the others add zeros, which leaves its bits as they are.
     at::Tensor v =

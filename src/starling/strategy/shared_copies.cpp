@@ -1,8 +1,16 @@
 #include "starling/strategy/shared_copies.h"
 
+#include <ATen/ATen.h>
+
+#include "starling/net/crc32c.h"
 #include "starling/strategy/pipeline_runner.h"
 
 namespace starling::strategy {
+
+uint32_t copy_checksum(const at::Tensor& value) {
+  const at::Tensor host = value.detach().to(at::kCPU).contiguous();
+  return net::crc32c(host.data_ptr(), static_cast<size_t>(host.numel()) * host.element_size());
+}
 
 bool AlignSharedCopies::step_done(train::Replica& replica, bool last) {
   const bool boundary = strategy_->step_done(replica, last);

@@ -7,11 +7,18 @@
 // (PipelineStepRunner::align_shared_copies), so they end each round equal, bit for bit.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "starling/train/step_hooks.h"
 
 namespace starling::strategy {
+
+// The CRC-32C of a copy's bytes, which the stages holding it compare to see whether it drifted.
+// Equal copies give equal checksums; copies apart in a few last bits (the drift: some elements
+// one unit up, others one down) always differ, which a plain sum of the bits would miss whenever
+// the ups and downs cancel. A copy on a GPU is read through the host.
+uint32_t copy_checksum(const at::Tensor& value);
 
 class PipelineStepRunner;
 
