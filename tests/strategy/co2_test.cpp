@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <utility>
 
 #include "starling/net/nccl_backend.h"
 #include "starling/net/node.h"
@@ -92,11 +93,13 @@ at::Tensor clip(const at::Tensor& m, const std::string& mode, double phi) {
 
 void check_against_formulas(const std::string& mode, double phi, bool zero,
                             const std::string& device = "cpu",
-                            const std::string& backend = "starling", bool nesterov = false) {
+                            const std::string& backend = "starling", bool nesterov = false,
+                            const std::string& final_step = "outer") {
   SCOPED_TRACE(mode + (zero ? " zero" : "") + (nesterov ? " Nesterov" : "") + " on " + device +
-               " over " + backend);
+               " over " + backend + ", final step " + final_step);
   Harness h(mode, phi, zero, device, backend);
   h.config.strategy.outer_nesterov = nesterov;  // the strategy reads its config as it goes
+  h.config.strategy.final_step = final_step;
   const auto& s = h.config.strategy;
   at::Tensor x = h.flat();
   at::Tensor m = at::zeros_like(x);
@@ -112,6 +115,10 @@ void check_against_formulas(const std::string& mode, double phi, bool zero,
     const size_t first = t == 0 ? 1 : t - 1, end = last ? t + 1 : t;
     for (size_t k = first; k < end && t > 0; ++k) {
       const at::Tensor d = deltas[k];
+      if (k == t && final_step == "average") {
+        x = x - d;  // the drain moves the anchor to the peer's own (the peers' mean) parameters
+        break;
+      }
       double gap = 0;
       if (previous.defined())
         gap = (d - previous).norm().item<double>() / (previous.norm().item<double>() + 1e-8);
@@ -132,12 +139,14 @@ TEST(Co2Test, OuterUpdateFollowsTheFormulas) {
   check_against_formulas("value", 0.1, false);
   // The published form keeps the heavy ball's step whatever outer_nesterov says.
   check_against_formulas("norm", 0.25, false, "cpu", "starling", true);
+  check_against_formulas("norm", 0.25, false, "cpu", "starling", false, "average");
 }
 
 TEST(Co2Test, ZeroShardingGivesTheSameAnchors) {
   check_against_formulas("none", 0, true);
   check_against_formulas("norm", 0.25, true);
   check_against_formulas("norm", 0.25, true, "cpu", "starling", true);
+  check_against_formulas("norm", 0.25, true, "cpu", "starling", false, "average");
 }
 
 TEST(Co2Test, OuterStateOnTheGpuFollowsTheFormulas) {
@@ -162,10 +171,13 @@ TEST(Co2Test, OuterStateOverNcclFollowsTheFormulas) {
 // peer: the average is its own delta. The progress of a round is u (its first two steps) + v (its
 // last two), the first two steps' progress made on top of the previous anchor before it moved.
 TEST(Co2Test, EarlyApplicationFollowsTheFormulas) {
-  for (const bool nesterov : {false, true}) {
-    SCOPED_TRACE(nesterov ? "Nesterov's outer step" : "heavy ball");
+  for (const auto& [nesterov, final_step] :
+       {std::pair{false, "outer"}, std::pair{true, "outer"}, std::pair{true, "average"}}) {
+    SCOPED_TRACE(std::string(nesterov ? "Nesterov's outer step" : "heavy ball") + ", final step " +
+                 final_step);
     Harness h("norm", 0.25, false, "cpu", "starling", 4, 2);
     h.config.strategy.outer_nesterov = nesterov;  // the strategy reads its config as it goes
+    h.config.strategy.final_step = final_step;
     const auto& s = h.config.strategy;
     const std::vector<at::Tensor> u = {at::tensor({0.1f, 0.2f, -0.1f, 0.3f, 0.05f, -0.02f}),
                                        at::tensor({0.3f, -0.1f, 0.2f, 0.1f, -0.04f, 0.06f}),
@@ -192,7 +204,11 @@ TEST(Co2Test, EarlyApplicationFollowsTheFormulas) {
           << "round " << t << ": got " << h.flat() << " expected the anchor " << x;
       delta = u[t + 1];  // made before the anchor moved, counted in the next round
     }
-    apply(delta);  // the drain: the last round's average at once
+    // The drain: the last round's average at once, as an outer step or as the peers' mean.
+    if (h.config.strategy.final_step == "average")
+      x = x - delta;
+    else
+      apply(delta);
     EXPECT_TRUE(at::allclose(h.flat(), x, 1e-5, 1e-6)) << "got " << h.flat() << " expected " << x;
   }
 }

@@ -193,7 +193,9 @@ bool Co2::nesterov() const { return config_.strategy.outer_nesterov && early(); 
 
 void Co2::move_anchor() {
   const auto& s = config_.strategy;
-  if (nesterov()) {
+  if (final_round_ && s.final_step == "average") {
+    anchor_.sub_(previous_);  // x_{T+1} = x_T - Delta_T: where the peers' mean lies
+  } else if (nesterov()) {
     // x -= alpha (beta m + Delta'): previous_ holds Delta' (the average update_momentum() just
     // added to m, as it was added: divided by the staleness penalty).
     anchor_.sub_(momentum_, s.outer_lr * s.outer_momentum)
@@ -334,7 +336,10 @@ bool Co2::step_done_early(train::Replica& r, bool last) {
   launch_early(a);
   ++rounds_;
   // Drain: the final round's average is applied at once, so the run ends on x_{T+1}.
-  if (last && launched_early_) apply_early();
+  if (last && launched_early_) {
+    final_round_ = true;
+    apply_early();
+  }
   return last || shared;
 }
 
@@ -357,6 +362,7 @@ bool Co2::step_done(train::Replica& r, bool last) {
   launch(a, apply);
   if (last && collect()) {
     // Drain: the final round's average is applied at once, so the run ends on x_{T+1}.
+    final_round_ = true;
     update_momentum();
     move_anchor();
     if (!zero()) {

@@ -131,6 +131,7 @@ class Co2 final : public SwarmStrategy {
   at::Tensor own_;
   bool carry_ = false;
   bool launched_early_ = false;  // an exchange awaits its apply point
+  bool final_round_ = false;     // the run's last average is being applied (strategy.final_step)
   int64_t round_k_ = 0;          // where it is applied, in steps after its launch
   int64_t logged_k_ = -1;        // the last adaptive choice the log reported
   // Timing for the adaptive apply point: the launch and landing of the exchange in flight (0:
