@@ -52,10 +52,10 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
                         "phi (co2): the largest momentum norm (clip = \"norm\") or |element| "
                         "(clip = \"value\")"));
   k.push_back(string_key("strategy", "final_step", &st.final_step,
-                         "co2: how the run's last average moves the anchor: \"outer\" (the "
-                         "outer step, as every round's) or \"average\" (anchor -= Delta: the "
-                         "peers' mean, without the outer momentum's extrapolation)",
-                         {"outer", "average"}));
+                         "co2: how the run's last average moves the anchor: \"average\" "
+                         "(anchor -= Delta: the peers' mean, without the outer momentum's "
+                         "extrapolation) or \"outer\" (the outer step, as every round's)",
+                         {"average", "outer"}));
   k.push_back(bool_key("strategy", "zero", &st.zero,
                        "co2: each peer keeps 1/N of the anchor and outer momentum "
                        "(reduce-scatter + all-gather instead of all-reduce)"));

@@ -28,9 +28,9 @@ struct StrategyConfig {
   double staleness_penalty = 1.0;  // gamma (co2): divide the stale update by 1 + gamma*gap
   std::string clip = "norm";       // co2 outer-momentum clipping: "norm", "value" or "none"
   double clip_threshold = 5.0;     // phi: max norm (clip = "norm") or max |m_i| ("value")
-  // co2: how the run's last average moves the anchor: "outer" (the outer step, as every round's)
-  // or "average" (x -= Delta: the peers' mean, without the momentum's extrapolation).
-  std::string final_step = "outer";
+  // co2: how the run's last average moves the anchor: "average" (x -= Delta: the peers' mean,
+  // without the momentum's extrapolation) or "outer" (the outer step, as every round's).
+  std::string final_step = "average";
   bool zero = false;  // co2: shard anchor and outer momentum across peers
   // co2: inner steps a round's exchange overlaps before its average is applied; 0 (or
   // local_steps) applies it at the next round boundary, one round late (the published form);
