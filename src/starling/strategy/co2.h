@@ -8,7 +8,9 @@
 //       s = |Delta_{t-1} - Delta_{t-2}| / (|Delta_{t-2}| + eps)
 //       m <- beta*m + Delta_{t-1} / (1 + gamma*s);  m <- clip(m, phi);  x_{t+1} = x_t - alpha*m
 //   - the next tau steps start from x_{t+1} while delta_t is in flight.
-// The final boundary also waits for the last average and applies it, so no round is dropped.
+// The final boundary also waits for the last average and applies it, so no round is dropped: by
+// default as x_{T+1} = x_T - Delta_T, the peers' mean (strategy.final_step = "average"), not an
+// outer step that the momentum carries past it ("outer").
 // When a round's average is not applied (its exchange failed when a peer died, or a joiner lacks
 // it), each peer sends its part of that round again with the next round's delta, so the progress
 // of the survivors is not lost (without zero).
