@@ -225,7 +225,7 @@ TEST(Executor, ForwardCachedMatchesTheWholeSequence) {
     const at::Tensor whole = exec.forward({tokens, at::Tensor()}, head);
     graph::DecodeCache cache;
     std::vector<at::Tensor> parts;
-    for (const auto [from, n] : std::vector<std::pair<int64_t, int64_t>>{
+    for (const auto& [from, n] : std::vector<std::pair<int64_t, int64_t>>{
              {0, 5}, {5, 1}, {6, 1}, {7, 4}, {11, 1}, {12, c.seq_len - 12}}) {
       parts.push_back(exec.forward_cached({tokens.narrow(1, from, n), at::Tensor()}, cache, head));
       EXPECT_EQ(cache.position(), from + n);

@@ -349,6 +349,7 @@ std::vector<std::string> all_keys() {
         "cpu_allocator",
         "dtype",
         "tf32",
+        "deterministic",
         "device_memory",
         "recompute",
         "log_every",

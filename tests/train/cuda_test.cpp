@@ -5,6 +5,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <iostream>
+
 #include "starling/common/device.h"
 #include "starling/graph/executor.h"
 #include "starling/model/build.h"
@@ -114,6 +116,37 @@ TEST_P(CudaPath, LowPrecisionStepsTrain) {
     for (const auto& p : dag->params().params())
       EXPECT_EQ(p.value.scalar_type(), at::kFloat) << dtype << " " << p.name;
   }
+}
+
+// Fused attention's backward accumulates its key blocks with atomics unless determinism is asked
+// for, so a sequence long enough to span several blocks can give other bits on every run.
+// train.deterministic must make two runs of the same step agree to the bit.
+TEST_P(CudaPath, DeterministicModeRepeatsTheGradientsBitForBit) {
+  SKIP_WITHOUT_CUDA();
+  auto c = small(GetParam());
+  c.seq_len = 1024;
+  const c10::Device d("cuda");
+  auto grads_of_one_step = [&] {
+    auto dag = model::build_model(c, 11, d);
+    graph::Executor e(*dag);
+    e.forward_backward(batch(c, d));
+    std::vector<at::Tensor> g;
+    for (const auto& p : dag->params().params()) g.push_back(p.value.grad().clone());
+    return g;
+  };
+  auto differing = [&](const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+    int n = 0;
+    for (size_t i = 0; i < a.size(); ++i) n += at::equal(a[i], b[i]) ? 0 : 1;
+    return n;
+  };
+  const int by_default = differing(grads_of_one_step(), grads_of_one_step());
+  configure_determinism("cuda", true);
+  const auto first = grads_of_one_step();
+  const auto second = grads_of_one_step();
+  at::globalContext().setDeterministicAlgorithms(false, false);
+  EXPECT_EQ(differing(first, second), 0) << "of " << first.size() << " gradients";
+  std::cout << "[ info     ] without train.deterministic " << by_default << " of " << first.size()
+            << " gradients differed between two runs\n";
 }
 
 TEST(CudaDevice, PeakMemoryIsReported) {

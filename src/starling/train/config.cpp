@@ -57,6 +57,8 @@ std::vector<Key> bind(RunConfig& c) {
                          {"fp32", "bf16", "fp16"}));
   k.push_back(
       bool_key("train", "tf32", &t.tf32, "CUDA: let fp32 matrix products use TF32 tensor cores"));
+  k.push_back(bool_key("train", "deterministic", &t.deterministic,
+                       "CUDA: deterministic kernels only, so reruns give the same bits"));
   k.push_back(string_key("train", "device_memory", &t.device_memory,
                          "CUDA: cap this process's GPU memory (\"12GB\"; \"\" = the whole card)"));
   k.push_back(bool_key("train", "recompute", &t.recompute,

@@ -34,6 +34,7 @@ struct TrainConfig {
   std::string dtype = "fp32";  // compute precision: "fp32", "bf16" or "fp16" (autocast; fp32 master
                                // weights and optimizer state; fp16 adds dynamic loss scaling)
   bool tf32 = true;            // CUDA: fp32 matrix products may use TF32 tensor cores
+  bool deterministic = false;  // CUDA: deterministic kernels only (same bits on every run)
   // CUDA: a cap on what this process may hold on the GPU ("12GB"; "" = the whole card), to share
   // a card or to see how a smaller one would fare.
   std::string device_memory;

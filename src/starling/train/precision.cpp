@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 #include "starling/common/device.h"
 #include "starling/common/error.h"
@@ -29,6 +30,14 @@ void check_dtype(const std::string& device, const std::string& dtype, const std:
 void configure_matmul_precision(const std::string& device, bool tf32) {
   if (!c10::Device(device).is_cuda()) return;
   at::globalContext().setFloat32MatmulPrecision(tf32 ? "high" : "highest");
+}
+
+void configure_determinism(const std::string& device, bool deterministic) {
+  if (!deterministic || !c10::Device(device).is_cuda()) return;
+  // ":4096:8": eight 4 MB workspaces, the larger of the two settings cuBLAS documents as
+  // deterministic. Left alone if the user's environment chose already.
+  ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
 }
 
 double measure_peak_gflops(const std::string& device, const std::string& dtype) {

@@ -18,6 +18,15 @@ void check_dtype(const std::string& device, const std::string& dtype, const std:
 // allow_tf32) or forbids it. CPUs are left alone.
 void configure_matmul_precision(const std::string& device, bool tf32);
 
+// CUDA only, when `deterministic`: only kernels that give the same bits on every run
+// (torch.use_deterministic_algorithms(True)): fused attention's backward takes its one-pass form
+// instead of accumulating key blocks with atomics, and cuBLAS a fixed workspace
+// (CUBLAS_WORKSPACE_CONFIG, unless the environment already sets it; it must precede the first
+// cuBLAS call, so call this before any GPU work). An op without a deterministic kernel then stops
+// the run with libtorch's error naming it. CPUs are left alone: their kernels give the same bits
+// for a fixed thread count already.
+void configure_determinism(const std::string& device, bool deterministic);
+
 // Sustained matmul GFLOP/s of `device` in `dtype` (a ~0.3 s probe of square matmuls, best
 // repetition): the "peak" MFU is measured against. fp32 on a CPU is what its BLAS reaches with
 // this process's threads; bf16/fp16 on a GPU is the tensor-core rate (n = 8192).

@@ -72,6 +72,7 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
   check_device(c.train.device, "train.device");
   check_dtype(c.train.device, c.train.dtype, "train.dtype");
   configure_matmul_precision(c.train.device, c.train.tf32);
+  configure_determinism(c.train.device, c.train.deterministic);
   cap_device_memory(c);
   auto s = std::make_unique<Session>(c, c10::Device(c.train.device));
   s->threads = threads;
