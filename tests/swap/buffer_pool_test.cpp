@@ -1,6 +1,7 @@
 // The swapper's buffers: a freed buffer serves the next tensor of its size, what is kept stays
-// under the bound its owner sets, and the caching CPU allocator's large blocks can become a
-// swapped tensor's storage without a copy.
+// under the bound its owner sets, the caching CPU allocator's large blocks can become a swapped
+// tensor's storage without a copy, and the pool's large buffers come from (and go back to) that
+// allocator's cache.
 #include "starling/swap/buffer_pool.h"
 
 #include <ATen/ATen.h>
@@ -63,6 +64,28 @@ TEST(BufferPool, CachedLargeBlocksAreKeptWithoutACopy) {
   EXPECT_EQ(starling::cached_cpu_block_bytes(data), 0u);
   EXPECT_GE(starling::release_cached_cpu_blocks(), uint64_t{2} << 20);
   EXPECT_EQ(starling::caching_cpu_allocator_stats().cached_bytes, 0u);
+}
+
+// A buffer the pool lets go waits in the caching allocator's cache, still mapped: the next fresh
+// buffer of its size is that block again, not a new mapping to fault in page by page.
+TEST(BufferPool, ATrimmedBufferWaitsInTheAllocatorsCache) {
+  starling::install_caching_cpu_allocator();
+  BufferPool pool;
+  const size_t bytes = size_t{3} << 20;
+  at::DataPtr a = pool.take(bytes);
+  EXPECT_TRUE(page_aligned(a.get()));
+  EXPECT_GE(starling::cached_cpu_block_bytes(a.get()), bytes);  // a block the cache handed out
+  pool.give(std::move(a), bytes);
+  pool.trim(0);
+  EXPECT_EQ(pool.kept(), 0);
+  const auto before = starling::caching_cpu_allocator_stats();
+  EXPECT_GE(before.cached_bytes, bytes);
+  at::DataPtr again = pool.take(bytes);
+  EXPECT_EQ(starling::caching_cpu_allocator_stats().hits, before.hits + 1);
+  EXPECT_GE(starling::cached_cpu_block_bytes(again.get()), bytes);
+  // Below a MiB the pool's own buffers serve, as without the cache.
+  at::DataPtr small = pool.take(64 << 10);
+  EXPECT_EQ(starling::cached_cpu_block_bytes(small.get()), 0u);
 }
 
 TEST(BufferPool, FreedStorageComesBackWithItsBytes) {

@@ -6,6 +6,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -172,14 +173,21 @@ class CachingCpuAllocator final : public c10::Allocator {
 
 }  // namespace
 
+namespace {
+std::atomic<bool> g_caching_installed{false};
+}  // namespace
+
 void install_caching_cpu_allocator() {
   static const bool installed = [] {
     // Priority above the default allocator's, so nothing later silently replaces it.
     c10::SetCPUAllocator(&CachingCpuAllocator::instance(), /*priority=*/10);
+    g_caching_installed = true;
     return true;
   }();
   (void)installed;
 }
+
+bool caching_cpu_allocator_installed() { return g_caching_installed; }
 
 CpuCacheStats caching_cpu_allocator_stats() { return CachingCpuAllocator::instance().stats(); }
 

@@ -22,6 +22,9 @@ int configure_threads(int requested);
 // step's working set mapped. Idempotent; call before the model is built so its tensors use it.
 void install_caching_cpu_allocator();
 
+// Whether install_caching_cpu_allocator() ran: CPU tensors of 1 MiB or more come from its cache.
+bool caching_cpu_allocator_installed();
+
 struct CpuCacheStats {
   uint64_t allocations = 0;   // large allocations requested
   uint64_t hits = 0;          // served from the cache

@@ -1,6 +1,7 @@
 #include "starling/swap/buffer_pool.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
 #include <sys/mman.h>
 
@@ -8,6 +9,7 @@
 #include <cstdlib>
 #include <new>
 
+#include "starling/common/cpu_runtime.h"
 #include "starling/swap/tier.h"
 
 namespace starling::swap {
@@ -28,9 +30,16 @@ void unmap(void* ctx) {
   delete m;
 }
 
-constexpr size_t kMapAtLeast = 64 * 1024;  // smaller buffers are not worth a mapping each
+constexpr size_t kMapAtLeast = 64 * 1024;           // smaller buffers are not worth a mapping each
+constexpr size_t kCachedAtLeast = size_t{1} << 20;  // what the caching CPU allocator keeps
 
 at::DataPtr fresh_buffer(size_t size) {
+  // Where the caching CPU allocator serves large tensors, a buffer the pool lets go stays mapped
+  // in its cache, and the next fresh buffer of that size comes back without a page fault. A
+  // mapping of its own would be given back at once and faulted in again, page by page, by the
+  // next load: inside io_uring's submission for the disk tier, on the training thread.
+  if (size >= kCachedAtLeast && caching_cpu_allocator_installed())
+    return c10::GetCPUAllocator()->allocate(size);
   if (size >= kMapAtLeast) {
     void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();

@@ -22,8 +22,11 @@ class BufferPool {
   explicit BufferPool(c10::Device device = c10::Device(c10::kCPU)) : device_(device) {}
 
   // A buffer spanning align_up(bytes) bytes (at least one page's alignment, contents undefined):
-  // a kept one of that size when there is one, otherwise a fresh one. Buffers of 64 KB or more
-  // are their own mappings, so that freeing one gives its memory back to the system at once.
+  // a kept one of that size when there is one, otherwise a fresh one. On the CPU, buffers of
+  // 1 MiB or more come from the caching CPU allocator where it is installed
+  // (common/cpu_runtime.h), so one the pool frees waits in that cache, still mapped, for the next
+  // fresh buffer of its size; without it, buffers of 64 KB or more are their own mappings, given
+  // back to the system when freed.
   at::DataPtr take(size_t bytes);
   // Keeps a buffer that take(bytes) returned, for a later take of the same size. A null buffer
   // is ignored.
