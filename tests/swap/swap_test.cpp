@@ -151,6 +151,34 @@ TEST(SwapPlan, TheOptimizersTransfersHideBehindTheNextForward) {
   EXPECT_GT(plan_swap(slow).predicted_s, plan.predicted_s) << describe_plan(plan_swap(slow), slow);
 }
 
+// Layer groups may be finer than the largest node: with a table as large as GPT-2's (its head a
+// group of its own), small groups of layers leave the room to pin the head, whose weight and
+// gradient then never move, where groups at least the head's size could pin nothing.
+TEST(SwapPlan, GroupsMayBeFinerThanTheLargestNode) {
+  SwapProblem p = model_problem(12, 16 << 20, 96 << 20);
+  int64_t state = 0;
+  for (int64_t b : p.param_bytes) state += 4 * b;
+  p.budget = state * 3 / 10;
+  const SwapPlan plan = plan_swap(p);
+  int64_t head = 0, largest_other = 0;
+  bool head_pinned = false;
+  for (const auto& g : plan.groups) {
+    if (g.first <= 13 && 13 <= g.last) {  // the head's group
+      head = g.bytes;
+      head_pinned = g.pinned;
+    } else if (g.first > 0) {  // neither the head's nor the embedding's (the same table)
+      largest_other = std::max(largest_other, g.bytes);
+    }
+  }
+  EXPECT_LT(largest_other, head) << describe_plan(plan, p);
+  EXPECT_TRUE(head_pinned) << describe_plan(plan, p);
+  // Fixed coarse groups (every 4 nodes, each at least the head's bytes) pin nothing and move more.
+  SwapProblem coarse = p;
+  coarse.group_nodes = 4;
+  const SwapPlan fixed = plan_swap(coarse);
+  EXPECT_LT(plan.read_bytes, fixed.read_bytes) << describe_plan(fixed, coarse);
+}
+
 // A duplex tier (a GPU's copy engines, one each way) moves loads and stores at once: the same
 // plan's transfers take the longer direction's time, not the sum, and the step is shorter when
 // the tier bounds it.

@@ -281,12 +281,18 @@ SwapPlan plan_swap(const SwapProblem& p) {
                       format_bytes(static_cast<double>(need + base.staging_bytes)) + " (of " +
                       format_bytes(static_cast<double>(base.state_bytes)) + " training state)");
 
-  // Candidate group sizes: geometric steps from the largest node to the whole room.
+  // Candidate group sizes: geometric steps from the smallest node to the whole room. A node larger
+  // than the target is a group of its own, so groups finer than the largest node (GPT-2's head,
+  // which reads the whole token embedding) are possible: small layer groups leave room to pin the
+  // large ones, whose weights and gradients then never move.
   std::vector<int64_t> targets;
   if (p.group_nodes > 0) {
     targets.push_back(0);
   } else {
-    for (double t = static_cast<double>(std::max<int64_t>(need, 1)); t <= room * 1.0001; t *= 1.25)
+    int64_t least = need;
+    for (const auto& grp : finest.groups)
+      if (grp.bytes > 0) least = std::min(least, grp.bytes);
+    for (double t = static_cast<double>(least); t <= room * 1.0001; t *= 1.25)
       targets.push_back(static_cast<int64_t>(t));
     targets.push_back(room);
   }
