@@ -59,6 +59,13 @@ SwapProblem model_problem(int layers, int64_t layer_bytes, int64_t embed_bytes) 
   return p;
 }
 
+// Weights, gradients and both AdamW moments of every parameter.
+int64_t training_state(const SwapProblem& p) {
+  int64_t state = 0;
+  for (int64_t b : p.param_bytes) state += 4 * b;
+  return state;
+}
+
 TEST(SwapPlan, TheWholeStateFittingMovesNothing) {
   SwapProblem p = model_problem(4, 4 << 20, 8 << 20);
   p.budget = int64_t{1} << 30;
@@ -87,8 +94,7 @@ TEST(SwapPlan, ATooSmallBudgetNamesTheSmallestFeasibleOne) {
 
 TEST(SwapPlan, PlansStayUnderTheBudgetAndPinWhatFits) {
   SwapProblem p = model_problem(12, 4 << 20, 8 << 20);
-  int64_t state = 0;
-  for (int64_t b : p.param_bytes) state += 4 * b;
+  const int64_t state = training_state(p);
   for (double share : {0.9, 0.6, 0.45, 0.35}) {
     p.budget = static_cast<int64_t>(share * static_cast<double>(state));
     const SwapPlan plan = plan_swap(p);
@@ -122,8 +128,7 @@ TEST(SwapPlan, PlansStayUnderTheBudgetAndPinWhatFits) {
 TEST(SwapPlan, ComputeBoundModelsHideTheirLayerLoads) {
   SwapProblem p = model_problem(12, 4 << 20, 4 << 20);
   for (auto& n : p.nodes) n.forward_s *= 10, n.backward_s *= 10;  // slow compute, fast tier
-  int64_t state = 0;
-  for (int64_t b : p.param_bytes) state += 4 * b;
+  const int64_t state = training_state(p);
   p.budget = state * 3 / 10;
   const SwapPlan plan = plan_swap(p);
   EXPECT_LT(plan.predicted_s, plan.compute_s + 0.9 * plan.io_s) << describe_plan(plan, p);
@@ -134,8 +139,7 @@ TEST(SwapPlan, ComputeBoundModelsHideTheirLayerLoads) {
 // forward starts; the rest of the optimizer's transfers run behind the forward's compute.
 TEST(SwapPlan, TheOptimizersTransfersHideBehindTheNextForward) {
   SwapProblem p = model_problem(12, 4 << 20, 4 << 20);
-  int64_t state = 0;
-  for (int64_t b : p.param_bytes) state += 4 * b;
+  const int64_t state = training_state(p);
   p.budget = state * 3 / 10;
   const SwapPlan plan = plan_swap(p);
   ASSERT_FALSE(plan.everything_resident);
@@ -156,8 +160,7 @@ TEST(SwapPlan, TheOptimizersTransfersHideBehindTheNextForward) {
 // gradient then never move, where groups at least the head's size could pin nothing.
 TEST(SwapPlan, GroupsMayBeFinerThanTheLargestNode) {
   SwapProblem p = model_problem(12, 16 << 20, 96 << 20);
-  int64_t state = 0;
-  for (int64_t b : p.param_bytes) state += 4 * b;
+  const int64_t state = training_state(p);
   p.budget = state * 3 / 10;
   const SwapPlan plan = plan_swap(p);
   int64_t head = 0, largest_other = 0;
@@ -172,7 +175,7 @@ TEST(SwapPlan, GroupsMayBeFinerThanTheLargestNode) {
   }
   EXPECT_LT(largest_other, head) << describe_plan(plan, p);
   EXPECT_TRUE(head_pinned) << describe_plan(plan, p);
-  // Fixed coarse groups (every 4 nodes, each at least the head's bytes) pin nothing and move more.
+  // Fixed coarse groups (every 4 nodes) leave no room to pin the head, and move more.
   SwapProblem coarse = p;
   coarse.group_nodes = 4;
   const SwapPlan fixed = plan_swap(coarse);
@@ -185,8 +188,7 @@ TEST(SwapPlan, GroupsMayBeFinerThanTheLargestNode) {
 TEST(SwapPlan, ADuplexTierOverlapsReadsWithWrites) {
   SwapProblem p = model_problem(12, 4 << 20, 4 << 20);
   p.read_bps = p.write_bps = 1e8;  // the tier bounds the step
-  int64_t state = 0;
-  for (int64_t b : p.param_bytes) state += 4 * b;
+  const int64_t state = training_state(p);
   p.budget = state / 2;
   p.group_nodes = 2;
   p.depth = 1;
@@ -204,8 +206,7 @@ TEST(SwapPlan, ADuplexTierOverlapsReadsWithWrites) {
 
 TEST(SwapPlan, OverridesAreFollowed) {
   SwapProblem p = model_problem(8, 4 << 20, 4 << 20);
-  int64_t state = 0;
-  for (int64_t b : p.param_bytes) state += 4 * b;
+  const int64_t state = training_state(p);
   p.budget = state / 2;
   p.group_nodes = 2;
   p.depth = 1;
