@@ -80,6 +80,7 @@ add_library(starling STATIC
   src/starling/swap/profile.cpp
   src/starling/sched/workload.cpp
   src/starling/swap/swapper.cpp
+  src/starling/swap/op_pump.cpp
   src/starling/swap/swap_optimizer.cpp
   src/starling/swap/swap_runner.cpp
 )
@@ -160,6 +161,7 @@ add_executable(starling_tests
   tests/train/precision_test.cpp
   tests/train/cuda_test.cpp
   tests/swap/buffer_pool_test.cpp
+  tests/swap/op_pump_test.cpp
   tests/swap/swap_test.cpp
 )
 target_link_libraries(starling_tests PRIVATE starling starling_netlab GTest::gtest_main)
@@ -198,6 +200,10 @@ set_tests_properties(ChaosTest.QuickRunWithCuts PROPERTIES RUN_SERIAL TRUE TIMEO
 
 # Bus bandwidth of Starling's all-reduce against Gloo's (bench/allreduce/run.py drives it). Built
 # by default so `make bench-allreduce` needs nothing more than `make build`.
+# The disk tier's bandwidth from small against huge pages (bench/swap/tier_pages.cpp).
+add_executable(starling_tier_pages bench/swap/tier_pages.cpp)
+target_link_libraries(starling_tier_pages PRIVATE starling CLI11::CLI11)
+
 add_executable(starling_allreduce_peer bench/allreduce/allreduce_peer.cpp)
 target_link_libraries(starling_allreduce_peer PRIVATE starling CLI11::CLI11)
 target_precompile_headers(starling_allreduce_peer REUSE_FROM starling)

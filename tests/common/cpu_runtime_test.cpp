@@ -46,5 +46,20 @@ TEST(CachingCpuAllocator, TensorsAreCorrectAndAligned) {
   }
 }
 
+// Blocks of a huge page or more start on one, so the kernel can back them with huge pages (whether
+// it does is its policy's choice); smaller large blocks need only a page, for O_DIRECT.
+TEST(CachingCpuAllocator, BlocksOfAHugePageStartOnOne) {
+  install_caching_cpu_allocator();
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  std::vector<at::Tensor> held;  // fresh blocks, not ones the cache hands back
+  for (int64_t mib : {2, 3, 6, 17}) {
+    held.push_back(at::empty({mib << 18}));  // mib MiB of floats
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(held.back().data_ptr()) % kHuge, 0u) << mib << " MiB";
+    EXPECT_EQ(cached_cpu_block_bytes(held.back().data_ptr()), static_cast<size_t>(mib) << 20);
+  }
+  held.push_back(at::empty({1 << 18}));  // 1 MiB
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(held.back().data_ptr()) % 4096, 0u);
+}
+
 }  // namespace
 }  // namespace starling

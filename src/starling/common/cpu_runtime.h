@@ -19,7 +19,9 @@ int configure_threads(int requested);
 // allocator. libtorch's default CPU allocator hands every large tensor back to the OS when it is
 // freed, so each training step faults its activations in afresh, page by page; on virtual
 // machines a 16 MiB activation can cost ten times the kernel that fills it. The cache keeps the
-// step's working set mapped. Idempotent; call before the model is built so its tensors use it.
+// step's working set mapped. Blocks of 2 MiB or more start on a 2 MiB boundary and ask for
+// transparent huge pages: an O_DIRECT transfer from or into one reaches the disk in few segments
+// (docs/swap.md). Idempotent; call before the model is built so its tensors use it.
 void install_caching_cpu_allocator();
 
 // Whether install_caching_cpu_allocator() ran: CPU tensors of 1 MiB or more come from its cache.

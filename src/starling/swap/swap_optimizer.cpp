@@ -218,6 +218,7 @@ void Swapper::finish_params(const std::vector<int>& list) {
 }
 
 void Swapper::finish_update() {
+  quiet_pump();
   while (advance_update(true)) {
   }
 }

@@ -126,7 +126,10 @@ class SwapStepRunner final : public train::StepRunner {
            train::fmt("%.2f s", st.wait_s) + " on " + swapper_->tier().describe() + "; passes " +
            train::fmt("%.2f s", st.pass_s) + " (waiting " + train::fmt("%.2f s", st.pass_wait_s) +
            "), optimizer " + train::fmt("%.2f s", st.update_s) + " (waiting " +
-           train::fmt("%.2f s", st.update_wait_s) + ")" +
+           train::fmt("%.2f s", st.update_wait_s) +
+           (st.pumped > 0 ? "; advanced " + std::to_string(st.pumped) + " times between operators"
+                          : std::string()) +
+           ")" +
            (st.exchange_s > 0
                 ? ", exchanges " + train::fmt("%.2f s", st.exchange_s) + " (waiting for the tier " +
                       train::fmt("%.2f s", st.exchange_wait_s) + ")"

@@ -121,9 +121,19 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
   fit_pool();
   // Counted from here: adopting the state briefly held all of it.
   stats_.peak_resident = held_;
+  // A GPU's tier queues the stream's copies on the device at once; the host's waits are the
+  // CPU's. 1 ms between runs keeps the pump's own cost (checking completions) out of the step.
+  if (device_.is_cpu() && !plan_.everything_resident && plan_.overlap_update)
+    pump_ = std::make_unique<OpPump>(
+        [this] {
+          ++stats_.pumped;
+          pump_update();
+        },
+        1e-3);
 }
 
 Swapper::~Swapper() {
+  quiet_pump();
   // Transfers in flight read or write buffers owned by the slots or the staging area: let them
   // finish. A deferred update nobody read is dropped.
   for (auto& set : update_reads_)
@@ -423,6 +433,7 @@ void Swapper::adopt_grads(int group) {
 }
 
 void Swapper::leave() {
+  quiet_pump();
   if (current_ < 0) return;
   const int g = current_;
   if (current_backward_) {
@@ -447,12 +458,22 @@ void Swapper::leave() {
 }
 
 void Swapper::before(int node, graph::Phase phase) {
+  quiet_pump();
+  if (pump_) pump_->rethrow();  // a transfer's failure inside the last node's operators
   pump_update();
   const int g = node_group_[node];
   const bool backward = phase != graph::Phase::kForward;
-  if (g == current_ && backward == current_backward_) return;
-  leave();
-  enter(g, backward);
+  if (g != current_ || backward != current_backward_) {
+    leave();
+    enter(g, backward);
+  }
+  if (pump_) pump_->arm(true);
+}
+
+void Swapper::after(int, graph::Phase) { quiet_pump(); }
+
+void Swapper::quiet_pump() {
+  if (pump_) pump_->arm(false);
 }
 
 void Swapper::begin_step(int64_t micro_batches) {

@@ -10,10 +10,11 @@
 //
 // The update is deferred: update() takes the norms, fixes the step's learning rate and clipping
 // coefficient, and only starts streaming. The chunks advance, a few at a time, whenever the
-// executor moves to another node, so the update's transfers run while the next step's forward
-// computes; a group's parameters are finished (at the latest) when a pass enters the group, and
-// everything is finished before anything else reads the state (gather, read_state, the exchange,
-// the next update). The arithmetic is the same elementwise AdamW, so results stay bit-identical.
+// executor moves to another node (on a CPU also between a node's operators), so the update's
+// transfers run while the next step's forward computes; a group's parameters are finished (at the
+// latest) when a pass enters the group, and everything is finished before anything else reads the
+// state (gather, read_state, the exchange, the next update). The arithmetic is the same elementwise
+// AdamW, so results stay bit-identical.
 //
 // A step is: begin_step(n), then per micro-batch begin_micro_batch(m) + the executor's forward and
 // backward + end_pass(), optionally visit_gradients() (an exchange with other replicas), then
@@ -33,6 +34,7 @@
 
 #include "starling/graph/executor.h"
 #include "starling/swap/buffer_pool.h"
+#include "starling/swap/op_pump.h"
 #include "starling/swap/swap_plan.h"
 #include "starling/swap/swap_slot.h"
 #include "starling/swap/tier.h"
@@ -56,6 +58,7 @@ struct SwapStats {
   // The optimizer's time counts the update's chunks wherever they ran, much of it inside the
   // next step's passes when the update overlaps them.
   double update_s = 0, update_wait_s = 0;
+  int64_t pumped = 0;  // times the update advanced between a node's operators (op_pump.h)
   // Exchanges of the gradients with other replicas (visit_gradients), the network's time included.
   double exchange_s = 0, exchange_wait_s = 0;
 };
@@ -69,6 +72,7 @@ class Swapper final : public graph::NodeObserver {
   ~Swapper() override;
 
   void before(int node, graph::Phase phase) override;
+  void after(int node, graph::Phase phase) override;
 
   // A step of `micro_batches` micro-batches, or of as many as the caller runs when 0 (a strategy
   // that decides while it accumulates: gradient norms are then taken by visit_gradients() or
@@ -129,6 +133,7 @@ class Swapper final : public graph::NodeObserver {
   void start_update(double lr, const at::Tensor& coef);
   bool advance_update(bool wait);  // one move of the stream; returns whether it moved
   void pump_update();              // as many moves as need no waiting
+  void quiet_pump();               // no moves between operators until the next node runs
   void finish_params(const std::vector<int>& params);
   void retire_update_writes();
   void end_passes();          // the step's passes are over: their time goes to the stats
@@ -186,6 +191,9 @@ class Swapper final : public graph::NodeObserver {
   int64_t task_ = -1;
   double step_start_s_ = 0, step_start_wait_s_ = 0;
   SwapStats stats_;
+  // On a CPU, the update also advances between the operators of a node (op_pump.h), armed only
+  // while a node runs: everywhere else the swapper may be inside its own bookkeeping.
+  std::unique_ptr<OpPump> pump_;
 };
 
 }  // namespace starling::swap
