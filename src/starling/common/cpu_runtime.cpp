@@ -69,8 +69,8 @@ constexpr size_t kBlockAlignment = 4096;  // large blocks: a page, for O_DIRECT 
 // Blocks of at least a huge page start on one and ask for transparent huge pages (where the
 // kernel's policy is "madvise", the default on Debian). Their pages are then physically
 // contiguous in 2 MiB runs: an O_DIRECT transfer from or into such a block reaches the disk as a
-// few large requests instead of being cut at every 4 KiB page, which on a virtio disk doubled
-// the disk tier's read bandwidth (docs/swap.md). Fewer TLB misses come with it.
+// few large requests instead of being cut at every 4 KiB page, which on a virtio disk raised
+// the disk tier's read bandwidth 1.3-2x (docs/swap.md, bench/swap/tier_pages.cpp).
 constexpr size_t kHugePage = size_t{2} << 20;
 
 class CachingCpuAllocator final : public c10::Allocator {

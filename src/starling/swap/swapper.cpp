@@ -121,8 +121,9 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
   fit_pool();
   // Counted from here: adopting the state briefly held all of it.
   stats_.peak_resident = held_;
-  // A GPU's tier queues the stream's copies on the device at once; the host's waits are the
-  // CPU's. 1 ms between runs keeps the pump's own cost (checking completions) out of the step.
+  // On a GPU the stream's copies are queued on the device as soon as they are issued, so node
+  // boundaries suffice; on a CPU the pump also moves it between a node's operators. 1 ms between
+  // runs keeps the pump's own cost (checking completions) out of the step.
   if (device_.is_cpu() && !plan_.everything_resident && plan_.overlap_update)
     pump_ = std::make_unique<OpPump>(
         [this] {
