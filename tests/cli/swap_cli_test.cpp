@@ -163,6 +163,7 @@ struct Case {
   const char* tier;
   bool overlap = true;         // swap.overlap_update
   const char* device = "cpu";  // train.device: on "cuda" the tier is pinned host RAM
+  int moment_groups = -1;      // swap.moment_groups: groups whose AdamW moments stay resident
 };
 
 class SwapIdentity : public SwapCliTest, public ::testing::WithParamInterface<Case> {};
@@ -175,8 +176,11 @@ TEST_P(SwapIdentity, SwappedTrainingIsBitIdenticalToUnswapped) {
                     "(scripts/build-cuda.sh)";
   const std::string name = std::string(c.preset) + (c.recompute ? "_rc" : "") + "_acc" +
                            std::to_string(c.accum) + "_" + c.tier + (c.overlap ? "" : "_after") +
-                           "_" + device;
-  const std::string on = " --set train.device=" + device;
+                           "_" + device +
+                           (c.moment_groups >= 0 ? "_m" + std::to_string(c.moment_groups) : "");
+  const std::string on =
+      " --set train.device=" + device +
+      (c.moment_groups >= 0 ? " --set swap.moment_groups=" + std::to_string(c.moment_groups) : "");
   const fs::path plain = config(name + "_plain", c.preset, c.recompute, c.accum);
   const fs::path swapped = config(name + "_swap", c.preset, c.recompute, c.accum);
   const std::string budget = smallest_budget(swapped, c.tier, on);
@@ -199,6 +203,10 @@ TEST_P(SwapIdentity, SwappedTrainingIsBitIdenticalToUnswapped) {
             std::stod(budget.substr(0, budget.size() - 1)) * 1.01)
       << b.output;
   EXPECT_GT(parse_size(m[3].str(), m[4].str()), 0) << b.output;
+  if (c.moment_groups > 0)
+    EXPECT_NE(b.output.find("AdamW moments of the first " + std::to_string(c.moment_groups)),
+              std::string::npos)
+        << b.output;
 
   const fs::path run_a = root_ / ("run_" + name + "_plain");
   const fs::path run_b = root_ / ("run_" + name + "_swap");
@@ -223,6 +231,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt2-tiny", true, 2, "disk"}, Case{"llama-tiny", true, 2, "disk"},
                       Case{"llama-tiny", false, 1, "host"}, Case{"llama-tiny", false, 2, "disk"},
                       Case{"gpt2-tiny", false, 2, "disk", false},
+                      // The first groups' moments kept in compute memory, updated in place.
+                      Case{"gpt2-tiny", false, 2, "disk", true, "cpu", 1},
+                      Case{"llama-tiny", true, 1, "host", true, "cpu", 2},
                       // A GPU's memory with pinned host RAM below it (skipped without a GPU).
                       Case{"gpt2-tiny", false, 2, "host", true, "cuda"},
                       Case{"gpt2-tiny", true, 1, "host", false, "cuda"},
@@ -232,7 +243,9 @@ INSTANTIATE_TEST_SUITE_P(
              (info.param.recompute ? "Recompute" : "") + "Accum" +
              std::to_string(info.param.accum) + (info.param.tier[0] == 'd' ? "Disk" : "Host") +
              (info.param.overlap ? "" : "UpdateAfterPasses") +
-             (std::string(info.param.device) == "cuda" ? "Cuda" : "");
+             (std::string(info.param.device) == "cuda" ? "Cuda" : "") +
+             (info.param.moment_groups > 0 ? "Moments" + std::to_string(info.param.moment_groups)
+                                           : "");
     });
 
 // A GPU capped below the training state (train.device_memory) trains it only swapped: the AdamW
@@ -280,20 +293,34 @@ TEST_F(SwapCliTest, StateLargerThanTheGpuTrainsSwappedAndResumes) {
       << "the resumed run's weights differ from the straight run's";
 }
 
+// Twice: with every moment in the tier, and with the first group's moments kept in compute
+// memory, where a resumed run adopts them from the checkpoint's mapping and updates them there.
 TEST_F(SwapCliTest, ResumedSwappedRunMatchesAStraightOne) {
-  const fs::path straight = config("resume_straight", "gpt2-tiny", true, 2);
-  const fs::path split = config("resume_split", "gpt2-tiny", true, 2);
-  const std::string budget = smallest_budget(straight, "disk");
-  const std::string swap = " --set swap.budget=" + budget + " --set swap.dir=" + root_.string();
-  const auto whole = run_cli("train -q --config " + straight.string() + swap);
-  ASSERT_EQ(whole.code, 0) << whole.output;
-  const auto first = run_cli("train -q --config " + split.string() + swap + " --stop-at 4");
-  ASSERT_EQ(first.code, 0) << first.output;
-  const auto second = run_cli("train -q --config " + split.string() + swap + " --resume");
-  ASSERT_EQ(second.code, 0) << second.output;
-  const fs::path a = root_ / "run_resume_straight" / "checkpoints" / "step_00000006";
-  const fs::path b = root_ / "run_resume_split" / "checkpoints" / "step_00000006";
-  EXPECT_TRUE(read_file(a / "model.safetensors") == read_file(b / "model.safetensors"));
+  for (const std::string kept : {"", " --set swap.moment_groups=1"}) {
+    SCOPED_TRACE(kept.empty() ? "moments in the tier" : "first group's moments kept");
+    const std::string tag = kept.empty() ? "" : "_kept";
+    const fs::path straight = config("resume_straight" + tag, "gpt2-tiny", true, 2);
+    const fs::path split = config("resume_split" + tag, "gpt2-tiny", true, 2);
+    const std::string budget = smallest_budget(straight, "disk", kept);
+    ASSERT_FALSE(budget.empty());
+    const std::string swap =
+        " --set swap.budget=" + budget + " --set swap.dir=" + root_.string() + kept;
+    const auto whole = run_cli("train -q --config " + straight.string() + swap);
+    ASSERT_EQ(whole.code, 0) << whole.output;
+    const auto first = run_cli("train -q --config " + split.string() + swap + " --stop-at 4");
+    ASSERT_EQ(first.code, 0) << first.output;
+    const auto second = run_cli("train -q --config " + split.string() + swap + " --resume");
+    ASSERT_EQ(second.code, 0) << second.output;
+    const fs::path a = root_ / ("run_resume_straight" + tag) / "checkpoints" / "step_00000006";
+    const fs::path b = root_ / ("run_resume_split" + tag) / "checkpoints" / "step_00000006";
+    EXPECT_TRUE(read_file(a / "model.safetensors") == read_file(b / "model.safetensors"));
+    const std::string oa = read_file(a / "optimizer.safetensors");
+    const std::string ob = read_file(b / "optimizer.safetensors");
+    const size_t ra = rng_data_start(oa), rb = rng_data_start(ob);
+    ASSERT_GT(ra, 0u);
+    ASSERT_EQ(ra, rb);
+    EXPECT_TRUE(oa.compare(0, ra, ob, 0, rb) == 0) << "the resumed run's AdamW moments differ";
+  }
 }
 
 }  // namespace

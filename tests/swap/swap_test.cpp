@@ -217,6 +217,66 @@ TEST(SwapPlan, OverridesAreFollowed) {
     EXPECT_EQ(plan.groups[i].last - plan.groups[i].first, 1);
 }
 
+// The first group's update waits at the step's start with nothing to hide behind, and every
+// moment crosses the tier in the forward: where the budget holds the embedding's moments, the
+// planner keeps them, and the step is shorter than with every moment in the tier.
+TEST(SwapPlan, TheFirstGroupsMomentsStayWhereTheyPay) {
+  SwapProblem p = model_problem(12, 4 << 20, 16 << 20);
+  p.budget = training_state(p) * 6 / 10;
+  const SwapPlan plan = plan_swap(p);
+  ASSERT_FALSE(plan.everything_resident);
+  ASSERT_FALSE(plan.groups.empty());
+  EXPECT_TRUE(plan.groups[0].moments) << describe_plan(plan, p);
+  EXPECT_LE(plan.peak_bytes, p.budget) << describe_plan(plan, p);
+  // Kept moments are never the later groups' alone: they run from the first group on.
+  bool gap = false;
+  for (const auto& g : plan.groups) {
+    if (!g.moments) gap = true;
+    EXPECT_FALSE(gap && g.moments) << describe_plan(plan, p);
+  }
+  EXPECT_NE(describe_plan(plan, p).find("in compute memory, the rest in the tier"),
+            std::string::npos)
+      << describe_plan(plan, p);
+
+  SwapProblem tier_only = p;
+  tier_only.moment_groups = 0;
+  const SwapPlan without = plan_swap(tier_only);
+  for (const auto& g : without.groups) EXPECT_FALSE(g.moments);
+  // Faster, although it may move more bytes in all (fewer weights and gradients pinned): what
+  // it saves is the transfers nothing overlaps.
+  EXPECT_LT(plan.predicted_s, without.predicted_s) << describe_plan(without, tier_only);
+}
+
+// swap.moment_groups fixes how many groups keep their moments, and the smallest feasible budget
+// then holds them.
+TEST(SwapPlan, FixedMomentGroupsAreFollowedAndBudgeted) {
+  SwapProblem p = model_problem(4, 4 << 20, 8 << 20);
+  p.moment_groups = 1;
+  p.budget = 70 << 20;  // enough without the moments (67.1 MB), not with them
+  try {
+    plan_swap(p);
+    FAIL() << "planned an infeasible budget";
+  } catch (const starling::ConfigError& e) {
+    const std::string msg = e.what();
+    // The embedding's two moments (16 MiB) on top of the 64 MiB of the test above.
+    EXPECT_NE(msg.find("smallest feasible budget is 83.9 MB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("swap.moment_groups = 1"), std::string::npos) << msg;
+  }
+  p.budget = 84 << 20;
+  const SwapPlan least = plan_swap(p);
+  EXPECT_TRUE(least.groups[0].moments) << describe_plan(least, p);
+  EXPECT_LE(least.peak_bytes, p.budget);
+
+  SwapProblem deeper = model_problem(12, 4 << 20, 8 << 20);
+  deeper.budget = training_state(deeper) * 6 / 10;
+  deeper.moment_groups = 2;
+  const SwapPlan two = plan_swap(deeper);
+  ASSERT_GE(two.groups.size(), 3u);
+  for (size_t i = 0; i < two.groups.size(); ++i)
+    EXPECT_EQ(two.groups[i].moments, i < 2) << describe_plan(two, deeper);
+  EXPECT_LE(two.peak_bytes, deeper.budget);
+}
+
 // ---- tiers ----
 
 void round_trip(Tier& tier) {

@@ -29,6 +29,9 @@ void add_config_keys(SwapConfig& c, config::Keys& k) {
                       "nodes per swapped layer group; 0 = the planner chooses"));
   k.push_back(int_key("swap", "depth", &c.depth, -1,
                       "layer groups loaded ahead of the computing one; -1 = the planner chooses"));
+  k.push_back(int_key("swap", "moment_groups", &c.moment_groups, -1,
+                      "layer groups, from the first, whose AdamW moments stay in compute memory "
+                      "instead of streaming through the tier; -1 = the planner chooses, 0 = none"));
   k.push_back(bool_key("swap", "overlap_update", &c.overlap_update,
                        "run the optimizer's update behind the next step's forward (true) or on "
                        "its own after the passes (false)"));

@@ -19,6 +19,9 @@ struct SwapConfig {
   std::string dir;            // directory of the disk tier's file; "" = train.out_dir
   int64_t group_nodes = 0;    // nodes per layer group; 0 = the planner chooses
   int64_t depth = -1;         // groups loaded ahead of the one computing; -1 = the planner chooses
+  // Layer groups, from the first, whose AdamW moments stay in compute memory (the rest stream
+  // through the tier); -1 = the planner chooses, 0 = every moment in the tier.
+  int64_t moment_groups = -1;
   // The optimizer's update runs behind the next step's forward (true) or on its own after the
   // passes (false).
   bool overlap_update = true;

@@ -33,7 +33,7 @@ Grouping make_groups(const SwapProblem& p, const std::vector<std::pair<int, int>
       ps.insert(p.nodes[n].params.begin(), p.nodes[n].params.end());
     int64_t bytes = 0;
     for (int q : ps) bytes += 2 * aligned(p.param_bytes[q]);
-    g.groups.push_back({first, last, false, bytes});
+    g.groups.push_back({.first = first, .last = last, .bytes = bytes});
     g.params.push_back(std::move(ps));
   }
   return g;
@@ -75,13 +75,22 @@ std::set<int> pinned_params(const Grouping& g) {
   return out;
 }
 
+// Parameters whose AdamW moments stay in compute memory.
+std::set<int> kept_moment_params(const Grouping& g) {
+  std::set<int> out;
+  for (size_t i = 0; i < g.groups.size(); ++i)
+    if (g.groups[i].moments) out.insert(g.params[i].begin(), g.params[i].end());
+  return out;
+}
+
 int64_t bytes_of(const SwapProblem& p, const std::set<int>& ps) {
   int64_t b = 0;
   for (int q : ps) b += 2 * aligned(p.param_bytes[q]);
   return b;
 }
 
-// The largest resident set: pinned groups plus any `window` consecutive unpinned groups.
+// The largest resident set: pinned groups and kept moments, plus any `window` consecutive
+// unpinned groups.
 int64_t peak_of(const SwapProblem& p, const Grouping& g, int window) {
   const std::set<int> pinned = pinned_params(g);
   std::vector<int> moving;
@@ -95,7 +104,8 @@ int64_t peak_of(const SwapProblem& p, const Grouping& g, int window) {
         if (!pinned.count(q)) ps.insert(q);
     worst = std::max(worst, bytes_of(p, ps));
   }
-  return bytes_of(p, pinned) + worst;
+  // Two moments per parameter: the same bytes as a weight and its gradient.
+  return bytes_of(p, pinned) + bytes_of(p, kept_moment_params(g)) + worst;
 }
 
 // Weights and gradients of group `i` that move (not held by a pinned group).
@@ -136,6 +146,7 @@ class IoTimeline {
 // the parameters, and each group computes only once its own parameters' update is through.
 void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
   const std::set<int> pinned = pinned_params(g);
+  const std::set<int> kept = kept_moment_params(g);
   const int G = static_cast<int>(g.groups.size());
   // The optimizer streams the moments (and moving weights and gradients) through the staging
   // area, each parameter's share just before its first reader group's forward.
@@ -149,8 +160,9 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
       if (seen[q]) continue;
       seen[q] = true;
       const int64_t b = aligned(p.param_bytes[q]);
-      const int64_t in = 2 * b + (pinned.count(q) ? 0 : 2 * b);
-      const int64_t out = 2 * b + (pinned.count(q) ? 0 : b);
+      const int64_t moments = kept.count(q) ? 0 : 2 * b;
+      const int64_t in = moments + (pinned.count(q) ? 0 : 2 * b);
+      const int64_t out = moments + (pinned.count(q) ? 0 : b);
       opt_read += in;
       opt_write += out;
       opt_in[i] += in / r;
@@ -269,17 +281,26 @@ SwapPlan plan_swap(const SwapProblem& p) {
   const int64_t room = p.budget - base.staging_bytes;
 
   // The smallest budget: the staging area plus the largest single node (or fixed group).
-  const Grouping finest = make_groups(p, pack(p, 0, p.group_nodes > 0 ? p.group_nodes : 1));
+  Grouping finest = make_groups(p, pack(p, 0, p.group_nodes > 0 ? p.group_nodes : 1));
   int64_t need = 0;
   for (const auto& grp : finest.groups) need = std::max(need, grp.bytes);
-  if (need > room)
-    throw ConfigError("swap.budget " + format_bytes(static_cast<double>(p.budget)) +
-                      " cannot hold one layer group's weights and gradients (" +
-                      format_bytes(static_cast<double>(need)) + ") plus the optimizer's staging (" +
-                      format_bytes(static_cast<double>(base.staging_bytes)) +
-                      "); the smallest feasible budget is " +
-                      format_bytes(static_cast<double>(need + base.staging_bytes)) + " (of " +
-                      format_bytes(static_cast<double>(base.state_bytes)) + " training state)");
+  // Fixed kept moments are smallest with the finest groups.
+  const int G_finest = static_cast<int>(finest.groups.size());
+  for (int i = 0; i < std::min(p.moment_groups, G_finest); ++i) finest.groups[i].moments = true;
+  const int64_t kept = bytes_of(p, kept_moment_params(finest));
+  if (need + kept > room)
+    throw ConfigError(
+        "swap.budget " + format_bytes(static_cast<double>(p.budget)) +
+        " cannot hold one layer group's weights and gradients (" +
+        format_bytes(static_cast<double>(need)) + ") plus the optimizer's staging (" +
+        format_bytes(static_cast<double>(base.staging_bytes)) + ")" +
+        (kept > 0
+             ? " and the AdamW moments of swap.moment_groups = " + std::to_string(p.moment_groups) +
+                   " groups (" + format_bytes(static_cast<double>(kept)) + ")"
+             : std::string()) +
+        "; the smallest feasible budget is " +
+        format_bytes(static_cast<double>(need + kept + base.staging_bytes)) + " (of " +
+        format_bytes(static_cast<double>(base.state_bytes)) + " training state)");
 
   // Candidate group sizes: geometric steps from the smallest node to the whole room. A node larger
   // than the target is a group of its own, so groups finer than the largest node (GPT-2's head,
@@ -298,34 +319,76 @@ SwapPlan plan_swap(const SwapProblem& p) {
   }
   SwapPlan best;
   bool found = false;
+  auto consider = [&](const Grouping& g, int depth, int window) {
+    SwapPlan plan = base;
+    plan.depth = depth;
+    plan.peak_bytes = base.staging_bytes + std::min(room, peak_of(p, g, window));
+    simulate(p, g, plan);
+    plan.groups = g.groups;
+    const bool better =
+        !found || plan.predicted_s < best.predicted_s * 0.999 ||
+        (plan.predicted_s <= best.predicted_s * 1.001 && plan.groups.size() < best.groups.size());
+    if (better) {
+      best = plan;
+      found = true;
+    }
+  };
   for (int64_t target : targets) {
     const auto ranges = pack(p, target, p.group_nodes);
     for (int depth = p.depth >= 0 ? p.depth : 0; depth <= (p.depth >= 0 ? p.depth : kMaxDepth);
          ++depth) {
-      Grouping g = make_groups(p, ranges);
+      const Grouping plain = make_groups(p, ranges);
+      const int G = static_cast<int>(plain.groups.size());
       const int window = depth + 2;  // computing, loading ahead, draining
-      if (peak_of(p, g, 1) > room) continue;
+      if (peak_of(p, plain, 1) > room) continue;
       // Pin the largest groups while the rest still fits with its window (or, failing that,
       // with one group at a time).
-      std::vector<int> order(g.groups.size());
-      for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
-      std::stable_sort(order.begin(), order.end(),
-                       [&](int a, int b) { return g.groups[a].bytes > g.groups[b].bytes; });
-      for (int i : order) {
-        g.groups[i].pinned = true;
-        if (peak_of(p, g, window) > room) g.groups[i].pinned = false;
+      std::vector<int> by_size(G);
+      for (int i = 0; i < G; ++i) by_size[i] = i;
+      std::stable_sort(by_size.begin(), by_size.end(),
+                       [&](int a, int b) { return plain.groups[a].bytes > plain.groups[b].bytes; });
+      auto pin_largest = [&](Grouping& g) {
+        for (int i : by_size) {
+          if (g.groups[i].pinned) continue;
+          g.groups[i].pinned = true;
+          if (peak_of(p, g, window) > room) g.groups[i].pinned = false;
+        }
+      };
+      // The moments of the first k groups kept, then the largest groups pinned in what is left;
+      // k from none up in steps that grow (the first groups' updates are the exposed ones).
+      std::vector<int> counts;
+      if (p.moment_groups >= 0) {
+        counts.push_back(std::min(p.moment_groups, G));
+      } else {
+        for (int k = 0; k <= G; k = k < 4 ? k + 1 : k * 3 / 2) counts.push_back(k);
       }
-      SwapPlan plan = base;
-      plan.depth = depth;
-      plan.peak_bytes = base.staging_bytes + std::min(room, peak_of(p, g, window));
-      simulate(p, g, plan);
-      plan.groups = g.groups;
-      const bool better =
-          !found || plan.predicted_s < best.predicted_s * 0.999 ||
-          (plan.predicted_s <= best.predicted_s * 1.001 && plan.groups.size() < best.groups.size());
-      if (better) {
-        best = plan;
-        found = true;
+      for (int k : counts) {
+        Grouping g = plain;
+        for (int i = 0; i < k; ++i) g.groups[i].moments = true;
+        // Kept moments must leave room for the prefetch window; without it the plan would be
+        // simulated faster than it runs.
+        if (k > 0 && peak_of(p, g, window) > room) {
+          if (p.moment_groups < 0) break;  // more groups' moments fit no better
+          if (peak_of(p, g, 1) > room) continue;
+        }
+        pin_largest(g);
+        consider(g, depth, window);
+      }
+      if (p.moment_groups < 0) {
+        // The other way round: the largest groups pinned first, then the moments of as many
+        // groups from the first as still fit.
+        Grouping g = plain;
+        pin_largest(g);
+        bool any = false;
+        for (int i = 0; i < G; ++i) {
+          g.groups[i].moments = true;
+          if (peak_of(p, g, window) > room) {
+            g.groups[i].moments = false;
+            break;
+          }
+          any = true;
+        }
+        if (any) consider(g, depth, window);
       }
     }
   }
@@ -349,20 +412,28 @@ std::string describe_plan(const SwapPlan& plan, const SwapProblem& p) {
                   plan.compute_s);
     return out + line;
   }
-  int pinned = 0;
-  for (const auto& g : plan.groups) pinned += g.pinned;
+  int pinned = 0, kept = 0;
+  for (const auto& g : plan.groups) pinned += g.pinned, kept += g.moments;
+  const std::string moments = kept == 0 ? "AdamW moments in the tier"
+                                        : "AdamW moments of the first " + std::to_string(kept) +
+                                              (kept == 1 ? " group" : " groups") +
+                                              " in compute memory, the rest in the tier";
   std::snprintf(line, sizeof line,
-                "  %zu layer groups, %d pinned in compute memory, prefetch depth %d; AdamW "
-                "moments in the tier, streamed in %s chunks\n",
-                plan.groups.size(), pinned, plan.depth, b(plan.chunk_bytes).c_str());
+                "  %zu layer groups, %d pinned in compute memory, prefetch depth %d; %s, "
+                "streamed in %s chunks\n",
+                plan.groups.size(), pinned, plan.depth, moments.c_str(),
+                b(plan.chunk_bytes).c_str());
   out += line;
   out += "  group  nodes                                    weights+grads  where\n";
   for (size_t i = 0; i < plan.groups.size(); ++i) {
     const auto& g = plan.groups[i];
     const std::string nodes = std::to_string(g.first) + "-" + std::to_string(g.last) + " (" +
                               p.nodes[g.first].name + " .. " + p.nodes[g.last].name + ")";
+    const std::string where =
+        (g.pinned ? std::string("compute memory") : p.tier) +
+        (g.moments ? (g.pinned ? ", moments too" : "; moments in compute memory") : "");
     std::snprintf(line, sizeof line, "  %-5zu  %-40s %13s  %s\n", i, nodes.c_str(),
-                  b(g.bytes).c_str(), g.pinned ? "compute memory" : p.tier.c_str());
+                  b(g.bytes).c_str(), where.c_str());
     out += line;
   }
   std::snprintf(line, sizeof line,

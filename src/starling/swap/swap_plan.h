@@ -6,10 +6,16 @@
 //
 // The memory model (what swapper.h enforces):
 //  - the whole state fits (weights, gradients, two AdamW moments): nothing moves;
-//  - otherwise the moments live in the tier and the optimizer streams every parameter through
-//    a small staging area in chunks, and groups hold their weights and gradients: pinned groups
-//    always, the others only while they run, plus up to `depth` groups loading ahead and one
-//    draining its gradients.
+//  - otherwise the optimizer streams every parameter through a small staging area in chunks;
+//    groups hold their weights and gradients (pinned groups always, the others only while they
+//    run, plus up to `depth` groups loading ahead and one draining its gradients), and the
+//    moments live in the tier except those of the first groups the plan keeps them for.
+//
+// Why keep moments rather than more weights and gradients: the update of step t must be through
+// for a group before step t+1's forward reaches it, so the moments' traffic (read and written
+// every step) falls in the forward, the shortest third of the step, and the first group's update
+// waits at the step's start with nothing to hide behind. A pinned group's weights and gradients
+// save the same bytes of budget worth of traffic, but spread over the whole step.
 #pragma once
 
 #include <cstdint>
@@ -44,12 +50,14 @@ struct SwapProblem {
   int64_t micro_batches = 1;   // per optimizer step (train.grad_accum)
   int64_t group_nodes = 0;     // > 0: fixed grouping (swap.group_nodes)
   int depth = -1;              // >= 0: fixed prefetch depth (swap.depth)
+  int moment_groups = -1;      // >= 0: groups keeping their moments (swap.moment_groups)
   bool overlap_update = true;  // swap.overlap_update
 };
 
 struct SwapGroup {
   int first = 0, last = 0;  // node range
   bool pinned = false;      // weights and gradients never leave
+  bool moments = false;     // AdamW's moments of its parameters never leave either
   int64_t bytes = 0;        // weights + gradients of the parameters its nodes read
 };
 
@@ -75,7 +83,8 @@ struct SwapPlan {
 };
 
 // The fastest feasible plan. ConfigError when the budget cannot hold even one node's weights and
-// gradients plus the staging area, naming the smallest feasible budget.
+// gradients plus the staging area (and the moments of the first `moment_groups` nodes' groups
+// when that is fixed), naming the smallest feasible budget.
 SwapPlan plan_swap(const SwapProblem& problem);
 
 // The plan as `starling plan swap` prints it: groups, bytes per tier, predicted step time, the

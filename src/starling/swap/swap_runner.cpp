@@ -48,6 +48,7 @@ SwapProblem problem_for(const train::RunConfig& c, graph::OpDag& dag, const std:
   p.micro_batches = c.train.grad_accum;
   p.group_nodes = c.swap.group_nodes;
   p.depth = static_cast<int>(c.swap.depth);
+  p.moment_groups = static_cast<int>(c.swap.moment_groups);
   p.overlap_update = c.swap.overlap_update;
   int64_t state = 0;
   for (int64_t b : p.param_bytes) state += 4 * b;

@@ -38,10 +38,13 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
       if (owner_node_[index] < 0) owner_node_[index] = node;
     }
   }
-  std::vector<bool> pinned(params.size(), false);
-  for (size_t g = 0; g < plan_.groups.size(); ++g)
+  std::vector<bool> pinned(params.size(), false), kept(params.size(), plan_.everything_resident);
+  for (size_t g = 0; g < plan_.groups.size(); ++g) {
     if (plan_.groups[g].pinned)
       for (int p : group_params_[g]) pinned[p] = true;
+    if (plan_.groups[g].moments)
+      for (int p : group_params_[g]) kept[p] = true;
+  }
 
   at::NoGradGuard no_grad;
   // Fresh moments are zeros the optimizer never wrote: they start out in the tier, whose rooms
@@ -95,8 +98,10 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
   for (size_t i = 0; i < params.size(); ++i)
     values_.push_back(slot(params[i].value, pinned[i], false));
   for (size_t i = 0; i < params.size(); ++i) {
-    exp_avg_.push_back(slot(optimizer_.exp_avg(i), plan_.everything_resident, zero_moments));
-    exp_avg_sq_.push_back(slot(optimizer_.exp_avg_sq(i), plan_.everything_resident, zero_moments));
+    // Kept moments (the plan's first groups') never leave: the update finds them resident and
+    // runs on them in place, so they neither load nor write back.
+    exp_avg_.push_back(slot(optimizer_.exp_avg(i), kept[i], zero_moments));
+    exp_avg_sq_.push_back(slot(optimizer_.exp_avg_sq(i), kept[i], zero_moments));
     SwapSlot g;
     g.bytes = values_[i].bytes;
     g.key = tier_->reserve(g.bytes);

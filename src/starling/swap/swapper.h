@@ -4,7 +4,8 @@
 // `depth` groups, and when a group is left it evicts what the next tasks do not need: weights
 // are dropped (the tier holds them), gradients written out. The optimizer step streams every
 // parameter through a staging area in chunks, running AdamW where the bytes are, so the moments
-// never need to be resident. Gradients are clipped by the global norm as train::clip_grad_norm
+// never need to be resident (those of the groups the plan keeps them for stay, and are updated in
+// place). Gradients are clipped by the global norm as train::clip_grad_norm
 // does; the norms are taken while each final gradient is resident, so results are bit-identical
 // to unswapped training.
 //
