@@ -1,12 +1,22 @@
 #include "starling/swap/host_tier.h"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
 
 namespace starling::swap {
 
-HostTier::HostTier() : worker_([this] { work(); }) {}
+HostTier::HostTier()
+    : worker_([this] {
+        // Idle priority: the copies take only cores the computation leaves free (see the header).
+        // Where the system refuses it, the worker runs at normal priority.
+        sched_param none{};
+        pthread_setschedparam(pthread_self(), SCHED_IDLE, &none);
+        work();
+      }) {}
 
 HostTier::~HostTier() {
   {
@@ -39,36 +49,52 @@ Ticket HostTier::enqueue(Copy copy) {
   Ticket t;
   {
     std::lock_guard lock(mu_);
+    copy.ticket = t = ++issued_;
     queue_.push_back(copy);
-    t = ++issued_;
   }
   wake_.notify_one();
   return t;
 }
 
+bool HostTier::complete(Ticket ticket) const {
+  return ticket <= completed_ || out_of_order_.count(ticket) > 0;
+}
+
+bool HostTier::copy_one(std::unique_lock<std::mutex>& lock) {
+  if (queue_.empty()) return false;
+  const Copy c = queue_.front();
+  queue_.pop_front();
+  lock.unlock();
+  std::memcpy(c.dst, c.src, c.bytes);
+  lock.lock();
+  out_of_order_.insert(c.ticket);
+  while (!out_of_order_.empty() && *out_of_order_.begin() == completed_ + 1) {
+    out_of_order_.erase(out_of_order_.begin());
+    ++completed_;
+  }
+  finished_.notify_all();
+  return true;
+}
+
+// The caller would block: it copies what is queued itself (in order, up to its own request),
+// then waits only for a copy the worker is in the middle of.
 void HostTier::wait(Ticket ticket) {
   std::unique_lock lock(mu_);
-  finished_.wait(lock, [&] { return completed_ >= ticket; });
+  while (!complete(ticket) && !queue_.empty() && queue_.front().ticket <= ticket) copy_one(lock);
+  finished_.wait(lock, [&] { return complete(ticket); });
 }
 
 bool HostTier::done(Ticket ticket) {
   std::lock_guard lock(mu_);
-  return completed_ >= ticket;
+  return complete(ticket);
 }
 
-// Copies run in the order they were queued, so completion is a counter.
 void HostTier::work() {
   std::unique_lock lock(mu_);
   for (;;) {
     wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
     if (queue_.empty()) return;
-    const Copy c = queue_.front();
-    queue_.pop_front();
-    lock.unlock();
-    std::memcpy(c.dst, c.src, c.bytes);
-    lock.lock();
-    ++completed_;
-    finished_.notify_all();
+    copy_one(lock);
   }
 }
 
