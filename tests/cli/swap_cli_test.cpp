@@ -149,6 +149,17 @@ TEST_F(SwapCliTest, BadSettingsGetClearErrors) {
       << cap_size.output;
 }
 
+// Two checkpoints' optimizer files hold the same AdamW moments, byte for byte (the random
+// generators' state after them left out).
+void expect_same_moments(const fs::path& a, const fs::path& b) {
+  const std::string oa = read_file(a / "optimizer.safetensors");
+  const std::string ob = read_file(b / "optimizer.safetensors");
+  const size_t ra = rng_data_start(oa), rb = rng_data_start(ob);
+  ASSERT_GT(ra, 0u);
+  ASSERT_EQ(ra, rb);
+  EXPECT_TRUE(oa.compare(0, ra, ob, 0, rb) == 0) << "AdamW moments differ: " << a << ", " << b;
+}
+
 // Whether the binary sees a GPU ("starling 0.1.0 (libtorch 2.11.0, CUDA, 1 GPU)").
 bool binary_sees_a_gpu() {
   const auto r = run_cli("--version");
@@ -217,12 +228,7 @@ TEST_P(SwapIdentity, SwappedTrainingIsBitIdenticalToUnswapped) {
   const fs::path ck_b = run_b / "checkpoints" / "step_00000006";
   EXPECT_TRUE(read_file(ck_a / "model.safetensors") == read_file(ck_b / "model.safetensors"))
       << "final weights differ";
-  const std::string oa = read_file(ck_a / "optimizer.safetensors");
-  const std::string ob = read_file(ck_b / "optimizer.safetensors");
-  const size_t ra = rng_data_start(oa), rb = rng_data_start(ob);
-  ASSERT_GT(ra, 0u);
-  ASSERT_EQ(ra, rb);
-  EXPECT_TRUE(oa.compare(0, ra, ob, 0, rb) == 0) << "final AdamW moments differ";
+  expect_same_moments(ck_a, ck_b);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -314,12 +320,7 @@ TEST_F(SwapCliTest, ResumedSwappedRunMatchesAStraightOne) {
     const fs::path a = root_ / ("run_resume_straight" + tag) / "checkpoints" / "step_00000006";
     const fs::path b = root_ / ("run_resume_split" + tag) / "checkpoints" / "step_00000006";
     EXPECT_TRUE(read_file(a / "model.safetensors") == read_file(b / "model.safetensors"));
-    const std::string oa = read_file(a / "optimizer.safetensors");
-    const std::string ob = read_file(b / "optimizer.safetensors");
-    const size_t ra = rng_data_start(oa), rb = rng_data_start(ob);
-    ASSERT_GT(ra, 0u);
-    ASSERT_EQ(ra, rb);
-    EXPECT_TRUE(oa.compare(0, ra, ob, 0, rb) == 0) << "the resumed run's AdamW moments differ";
+    expect_same_moments(a, b);
   }
 }
 
