@@ -431,9 +431,11 @@ TEST_F(SwarmCliTest, JoinerAdoptsTheRunningSwarmsState) {
     const std::string name = early ? "join_early" : "join";
     const std::string strategy = early ? "kind = \"co2\"\nlocal_steps = 8\noverlap_steps = 2"
                                        : "kind = \"co2\"\nlocal_steps = 4";
-    // Long enough that the two keep training while the third starts (a few seconds at most here,
-    // more on a loaded machine): a swarm that has finished cannot be joined.
-    const int64_t steps = early ? 1000 : 300;
+    // Long enough that the two keep training while `starling status` runs and the third starts:
+    // a swarm that has finished cannot be joined. Each of those processes spends about a second
+    // loading libtorch (more on a loaded machine) while the swarm takes 100-200 steps a second,
+    // so the swarm's run after step 40 lasts about four times as long as they take.
+    const int64_t steps = 1000;
     write_config(name, strategy, steps, 20);
     fs::create_directories(run_dir(name));
     std::vector<Process> peers;
@@ -468,7 +470,8 @@ TEST_F(SwarmCliTest, JoinerAdoptsTheRunningSwarmsState) {
     peers.emplace_back(peer_argv(name, 2, 3, entry, 1), (run_dir(name) / "p2.log").string());
     auto first = wait_event(
         peers[2], [](const json& j) { return j["event"] == "step"; }, 60s);
-    ASSERT_TRUE(first) << read_file(run_dir(name) / "p2.log");
+    ASSERT_TRUE(first) << read_file(run_dir(name) / "p2.log") << "\n--- the entry peer:\n"
+                       << read_file(run_dir(name) / "p0.log");
     EXPECT_GT((*first)["step"].get<int64_t>(), 40) << "the joiner starts at the swarm's step";
     for (int i = 0; i < 3; ++i) {
       auto done = wait_event(
