@@ -214,10 +214,11 @@ TEST_P(SwapIdentity, SwappedTrainingIsBitIdenticalToUnswapped) {
             std::stod(budget.substr(0, budget.size() - 1)) * 1.01)
       << b.output;
   EXPECT_GT(parse_size(m[3].str(), m[4].str()), 0) << b.output;
-  if (c.moment_groups > 0)
+  if (c.moment_groups > 0) {
     EXPECT_NE(b.output.find("AdamW moments of the first " + std::to_string(c.moment_groups)),
               std::string::npos)
         << b.output;
+  }
 
   const fs::path run_a = root_ / ("run_" + name + "_plain");
   const fs::path run_b = root_ / ("run_" + name + "_swap");
