@@ -35,6 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.dirname(HERE))  # bench/, for records.py
 from records import read_jsonl  # noqa: E402  (bench/records.py)
+from corpus import ensure_byte_corpus  # noqa: E402  (bench/corpus.py)
 CPUS = [0.6, 0.6, 0.3, 0.3]
 
 
@@ -138,6 +139,7 @@ def main():
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--plot", metavar="PNG", help="also draw the loss curves into PNG")
     args = ap.parse_args()
+    ensure_byte_corpus(args.starling, args.config)
     work = tempfile.mkdtemp(prefix="starling_atom_bench_")
     solo_runs = {}
     runs = {(k, t): [] for k in ("ddp", "atom") for t in args.targets}

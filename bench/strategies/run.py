@@ -54,6 +54,7 @@ ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.dirname(HERE))  # bench/, for netlab.py
 from netlab import NETLAB, labs_unavailable, netlab  # noqa: E402  (bench/netlab.py)
 from records import peer_dirs, read_jsonl, steady_tokens_per_s  # noqa: E402  (bench/records.py)
+from corpus import ensure_byte_corpus  # noqa: E402  (bench/corpus.py)
 from report import PEERS, check_targets, print_report, summarize  # noqa: E402  (report.py)
 TORCH_DDP = os.path.join(HERE, "torch_ddp.py")
 PYTHON = "/usr/bin/python3"  # Debian's, which has torch
@@ -479,6 +480,7 @@ def main(argv=None):
             print(f"{kw['name']:<28}{kind:<9}{kw['link']:<10}{kw['steps']:>5} steps "
                   f"{' '.join(kw.get('sets', []))}")
         return 0
+    ensure_byte_corpus(a.starling, a.config)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     a.run_root = os.path.join(os.path.abspath(a.runs_dir), stamp + ("-quick" if a.quick else ""))
     os.makedirs(a.run_root, exist_ok=True)
