@@ -10,6 +10,9 @@
   opfence+ada  the same plan with pipeline.compression = "adatopk" (int8 activations);
   opfence-peers, opfence-1-peers  as opfence and opfence-1, but planned by the peers from their
                own measurements (pipeline.planner = "peers"; not run unless named),
+  opfence-cal, opfence-1-cal  as opfence and opfence-1, but planned again from the speeds a
+               trial of --calibrate-steps steps measured (pipeline.calibrate_steps; not run
+               unless named; the plan from the assumed speeds is reported beside it),
 each as a ratio against the uniform run of the same repetition, plus OP-Fence's predicted step
 time against the measured one.
 
@@ -30,6 +33,7 @@ draws docs/img/pipeline-labs.png from that file without running anything.
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 
@@ -50,6 +54,17 @@ def swarm_rate(out, stages, skip, steps):
         rate, _ = steady_tokens_per_s(read_jsonl(os.path.join(d, "metrics.jsonl")), skip, steps - 1)
         total += rate or 0.0
     return total / stages
+
+
+def assumed_prediction(out):
+    """A calibrated plan's step predicted from the assumed speeds (its report says it), else 0."""
+    try:
+        with open(os.path.join(out, "auto_pipeline.json")) as f:
+            report = json.load(f).get("report", "")
+    except (OSError, ValueError):
+        return 0.0
+    m = re.search(r"the plan from the assumed speeds predicted ([0-9.]+) s", report)
+    return float(m.group(1)) if m else 0.0
 
 
 def keep_ratio(out):
@@ -119,6 +134,8 @@ def main():
     ap.add_argument("--strategy", default="co2", help="how OP-Fence's replicas average")
     ap.add_argument("--local-steps", type=int, default=4, help="strategy.local_steps")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--calibrate-steps", type=int, default=3,
+                    help="pipeline.calibrate_steps of the -cal configurations")
     ap.add_argument("--json", default=os.path.join(ROOT, "build/bench/pipeline-labs.json"))
     ap.add_argument("--plot", action="store_true", help="only draw docs/img/pipeline-labs.png from --json")
     args = ap.parse_args()
@@ -145,7 +162,8 @@ def main():
     n = 0
     for lab in args.labs:
         name = os.path.splitext(os.path.basename(lab))[0]
-        results = {c: dict(tps=[], ratio=[], predicted=[], measured=[], keep=[], stages=0, replicas=1)
+        results = {c: dict(tps=[], ratio=[], predicted=[], assumed=[], measured=[], keep=[], stages=0,
+                           replicas=1)
                    for c in args.configs}
         for rep in range(args.reps):
             base = None
@@ -162,7 +180,9 @@ def main():
                         cmd += ["--set", 'strategy.kind="none"']
                     if "-peers" in c:
                         cmd += ["--set", 'pipeline.planner="peers"']
-                    if c.endswith("+ada"):
+                    if "-cal" in c:
+                        cmd += ["--set", f"pipeline.calibrate_steps={args.calibrate_steps}"]
+                    if "+ada" in c:
                         cmd += ["--set", 'pipeline.compression="adatopk"']
                 run(cmd, out + ".log")
                 with open(os.path.join(out, "swarm.json")) as f:
@@ -178,10 +198,12 @@ def main():
                 r["ratio"].append(tps / base if base else float("nan"))
                 r["measured"].append(replicas * tokens_per_step / tps if tps > 0 else float("nan"))
                 r["predicted"].append(swarm.get("predicted_step_s", 0.0))
+                r["assumed"].append(assumed_prediction(out))
                 r["keep"].append(keep_ratio(out))
                 print(f"{name} rep {rep + 1} {c:12}: {tps:8.0f} tok/s, {stages} stages x {replicas}"
                       f" replica(s), measured step {r['measured'][-1]:.2f} s"
-                      + (f", predicted {r['predicted'][-1]:.2f} s" if r["predicted"][-1] else ""),
+                      + (f", predicted {r['predicted'][-1]:.2f} s" if r["predicted"][-1] else "")
+                      + (f" (from the assumed speeds {r['assumed'][-1]:.2f} s)" if r["assumed"][-1] else ""),
                       flush=True)
         for c in args.configs:
             r = results[c]
@@ -189,6 +211,7 @@ def main():
                        tokens_per_s=statistics.median(r["tps"]), ratio=statistics.median(r["ratio"]),
                        measured_step_s=statistics.median(r["measured"]),
                        predicted_step_s=statistics.median(r["predicted"]),
+                       assumed_predicted_step_s=statistics.median(r["assumed"]),
                        keep_ratio=statistics.median(r["keep"]), reps=args.reps)
             rows.append(row)
             pred = (f", predicted step {row['predicted_step_s']:.2f} s = "

@@ -837,6 +837,71 @@ TEST_F(PipelineRunTest, AutoStagesArePlannedOnceAndKeptForResume) {
       << peer.output;
 }
 
+// pipeline.calibrate_steps: the launcher trains its plan for a few steps in <out_dir>/calibration,
+// sets each peer's speed to what its stage measured there, plans again, and the run starts from
+// step 0 with that plan. Misplaced settings are named before any peer starts.
+TEST_F(PipelineRunTest, AutoStagesCalibratedByATrial) {
+  const fs::path cfg = config("calibrated", "gpt2-tiny", 2, false);
+  const fs::path run = root_ / "run_calibrated";
+  const std::string args = "train -q --config " + cfg.string() +
+                           " --peers 2 --set 'pipeline.stages=\"auto\"' --set train.steps=4";
+  const auto r = run_cli(args + " --set pipeline.calibrate_steps=3");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("plan: calibrating: 3 steps of this plan in " +
+                          (run / "calibration" / "trial-1").string()),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("trial(s), steps 2-3 of each timed"), std::string::npos) << r.output;
+  for (int d = 0; d < 2; ++d)
+    EXPECT_NE(r.output.find("    device " + std::to_string(d) + " (peer " + std::to_string(d) +
+                            "): nodes "),
+              std::string::npos)
+        << r.output;
+  // The plan the run keeps is the calibrated one.
+  const auto plan = nlohmann::json::parse(starling::testing::read_file(run / "auto_pipeline.json"));
+  EXPECT_NE(plan["report"].get<std::string>().find("calibrated by "), std::string::npos) << plan;
+  // The trial ran its 3 steps and left no checkpoints; the run trained its 4 from step 0.
+  auto steps_of = [](const fs::path& metrics) {
+    std::vector<int64_t> steps;
+    std::ifstream in(metrics);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("net")) steps.push_back(j["step"].get<int64_t>());
+    }
+    return steps;
+  };
+  for (int i = 0; i < 2; ++i) {
+    const std::string peer = "peer-" + std::to_string(i);
+    EXPECT_EQ(steps_of(run / "calibration" / "trial-1" / peer / "metrics.jsonl"),
+              (std::vector<int64_t>{1, 2, 3}));
+    EXPECT_FALSE(fs::exists(run / "calibration" / "trial-1" / peer / "checkpoints"));
+    EXPECT_EQ(steps_of(run / peer / "metrics.jsonl"), (std::vector<int64_t>{1, 2, 3, 4}));
+  }
+  const fs::path other = root_ / "run_calibrated_bad";
+  auto refused = [&](const std::string& sets) {
+    return run_cli("train -q --config " + cfg.string() + " --peers 2 --set 'train.out_dir=\"" +
+                   other.string() + "\"' " + sets);
+  };
+  auto one = refused("--set 'pipeline.stages=\"auto\"' --set pipeline.calibrate_steps=1");
+  EXPECT_NE(one.code, 0);
+  EXPECT_NE(one.output.find("pipeline.calibrate_steps = 1: the trial's first step warms up"),
+            std::string::npos)
+      << one.output;
+  auto peers = refused(
+      "--set 'pipeline.stages=\"auto\"' --set pipeline.calibrate_steps=2 --set "
+      "'pipeline.planner=\"peers\"'");
+  EXPECT_NE(peers.code, 0);
+  EXPECT_NE(peers.output.find("pipeline.calibrate_steps calibrates the launcher's plan"),
+            std::string::npos)
+      << peers.output;
+  auto fixed = refused("--set pipeline.num_stages=2 --set pipeline.calibrate_steps=2");
+  EXPECT_NE(fixed.code, 0);
+  EXPECT_NE(fixed.output.find("calibrates the plan of pipeline.stages = \"auto\""),
+            std::string::npos)
+      << fixed.output;
+  EXPECT_FALSE(fs::exists(other / "peer-0" / "metrics.jsonl"));
+}
+
 // On a lab with one slow pair, the plan keeps the pipeline off that link: the peer between the two
 // slow-linked ones runs the middle stage. The launcher plans from the lab's rates; with
 // pipeline.planner = "peers" the peers find the slow link by measuring it themselves, its delay

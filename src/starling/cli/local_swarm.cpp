@@ -110,6 +110,7 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
   // kept once the peers are about to start.
   train::RunConfig config = user_config;
   std::optional<strategy::AutoPipeline> planned;
+  std::optional<sched::CostTable> costs;  // the launcher's, while it may still calibrate
   const fs::path saved_plan = out / "auto_pipeline.json";
   bool keep_plan = false;
   if (config.pipeline.auto_stages) {
@@ -118,6 +119,10 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
           "pipeline.stages = \"auto\" chooses the replicas too: drop pipeline.replicas");
     // Before a profile that may take a while.
     strategy::check_any_cut(config);
+    if (config.pipeline.calibrate_steps > 0 && config.pipeline.planner == "peers")
+      throw ConfigError(
+          "pipeline.calibrate_steps calibrates the launcher's plan: set pipeline.planner = "
+          "\"launcher\" or pipeline.calibrate_steps = 0 (the peers measure themselves)");
     if (config.pipeline.planner == "peers") {
       // The peers measure themselves in the lab and agree on a plan (each keeps it in its own
       // directory for --resume); the launcher only starts them.
@@ -137,7 +142,8 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
                         "the stages it began with");
     } else {
       const sched::LabSpec lab = effective_lab(o);
-      planned = strategy::plan_auto_pipeline(config, lab);
+      costs = strategy::lab_costs(config, lab);
+      planned = strategy::plan_auto_pipeline(config, *costs);
       std::cerr << "plan: OP-Fence for " << lab.describe() << "\n" << planned->report;
       keep_plan = true;
     }
@@ -146,6 +152,10 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
       config.pipeline.stages = planned->stages;
       config.pipeline.replicas = planned->replicas;
     }
+  } else if (config.pipeline.calibrate_steps > 0) {
+    throw ConfigError(
+        "pipeline.calibrate_steps calibrates the plan of pipeline.stages = \"auto\": set "
+        "that, or pipeline.calibrate_steps = 0");
   }
   const bool pipeline = config.pipeline.enabled();
   // Planned by the peers: unknown until they have agreed (peer 0 keeps their plan).
@@ -233,7 +243,9 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     std::cerr << "swarm: CPU quotas per peer: " << shares << "\n";
   }
 
-  auto argv_for = [&](int i, const std::string& join) {
+  // Peer i's command line, its directory under `root`, with the `extra` --set overrides last.
+  auto argv_for = [&](int i, const std::string& join, const fs::path& root,
+                      const std::vector<std::string>& extra) {
     std::vector<std::string> argv;
     if (!quotas.empty()) argv = quotas[i]->exec_prefix();
     if (lab) {
@@ -248,7 +260,7 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     for (const auto& s : o.overrides) argv.insert(argv.end(), {"--set", s});
     if (planned)
       for (const auto& s : planned->overrides(i)) argv.insert(argv.end(), {"--set", s});
-    const fs::path dir = out / ("peer-" + std::to_string(i));
+    const fs::path dir = root / ("peer-" + std::to_string(i));
     std::vector<std::string> sets;
     if (group) {
       sets = {"train.out_dir=\"" + dir.string() + "\"", "net.rank=" + std::to_string(i),
@@ -268,6 +280,7 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
       // One page for the swarm: peer 0 serves [net] dashboard, the others would want its port.
       if (i != 0) sets.push_back("net.dashboard=\"\"");
     }
+    sets.insert(sets.end(), extra.begin(), extra.end());
     for (const std::string& s : sets) argv.insert(argv.end(), {"--set", s});
     if (o.resume) argv.push_back("--resume");
     if (o.stop_at >= 0) argv.insert(argv.end(), {"--stop-at", std::to_string(o.stop_at)});
@@ -286,189 +299,245 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     }
   } restore{old_int, old_term};
 
-  if (keep_plan) strategy::write_auto_pipeline(saved_plan, *planned);
-  std::vector<Process> procs;
-  std::vector<PeerView> views(o.peers);
-  auto log_of = [&](int i) { return (out / ("peer-" + std::to_string(i) + ".log")).string(); };
-  for (int i = 0; i < o.peers; ++i) fs::remove(log_of(i));
-  procs.emplace_back(argv_for(0, ""), log_of(0));
-  std::string entry;
-  for (int tries = 0; tries < 600 && entry.empty(); ++tries) {
-    auto line = procs[0].read_line(std::chrono::milliseconds(100));
-    if (line) {
-      try {
-        const auto j = nlohmann::json::parse(*line);
-        if (j.value("event", "") == "listening") entry = j.value("endpoint", "");
-      } catch (const nlohmann::json::exception&) {
-      }
-    } else if (procs[0].finished_output() || g_signal.load() != 0) {
-      break;
-    }
-  }
-  if (entry.empty()) throw Error("peer 0 did not start; see " + log_of(0));
-  for (int i = 1; i < o.peers; ++i) procs.emplace_back(argv_for(i, entry), log_of(i));
-  std::cerr << "swarm: " << o.peers << " peers ("
-            << (!pipeline                     ? config.strategy.kind
-                : config.pipeline.auto_stages ? std::string("pipelines the peers plan")
-                : o.peers == stages
-                    ? "pipeline of " + std::to_string(stages) + " stages, " +
-                          config.pipeline.schedule
-                    : std::to_string(o.peers / stages) + " pipelines of " + std::to_string(stages) +
-                          " stages, " + config.pipeline.schedule + ", " + config.strategy.kind)
-            << "), logs in " << (out / "peer-<i>.log").string() << ", entry point " << entry
-            << "\n";
-
-  train::ProgressLine progress(o.progress);
-  LocalSwarmResult result;
-  int forwarded = 0;
-  nlohmann::json done_events = nlohmann::json::array();
-  int64_t last_milestone = -1;
-  bool stopped_early = false;
-  int64_t last_eval_step = -1;
-  while (true) {
-    if (config.pipeline.auto_stages && !planned && fs::exists(peers_plan)) {
-      planned = strategy::read_auto_pipeline(peers_plan);
-      stages = static_cast<int64_t>(planned->stages.size());
-    }
-    if (const int sig = g_signal.load(); sig != 0 && forwarded != sig) {
-      for (auto& p : procs) p.signal(SIGTERM);
-      forwarded = sig;
-      progress.note("swarm: stopping every peer (they checkpoint at their next round)");
-    }
-    std::vector<pollfd> fds;
-    for (auto& p : procs) fds.push_back({p.stdout_fd(), POLLIN, 0});
-    ::poll(fds.data(), fds.size(), 200);
-    bool any_running = false;
-    for (int i = 0; i < o.peers; ++i) {
-      PeerView& v = views[i];
-      while (auto line = procs[i].read_line(std::chrono::milliseconds(1))) {
-        nlohmann::json j;
+  // Starts the peers with their directories under `root`, shows their progress until every one
+  // has exited, and writes `root`/swarm.json.
+  auto run_peers = [&](const fs::path& root,
+                       const std::vector<std::string>& extra) -> LocalSwarmResult {
+    std::vector<Process> procs;
+    std::vector<PeerView> views(o.peers);
+    auto log_of = [&](int i) { return (root / ("peer-" + std::to_string(i) + ".log")).string(); };
+    fs::create_directories(root);
+    for (int i = 0; i < o.peers; ++i) fs::remove(log_of(i));
+    procs.emplace_back(argv_for(0, "", root, extra), log_of(0));
+    std::string entry;
+    for (int tries = 0; tries < 600 && entry.empty(); ++tries) {
+      auto line = procs[0].read_line(std::chrono::milliseconds(100));
+      if (line) {
         try {
-          j = nlohmann::json::parse(*line);
+          const auto j = nlohmann::json::parse(*line);
+          if (j.value("event", "") == "listening") entry = j.value("endpoint", "");
         } catch (const nlohmann::json::exception&) {
-          continue;
         }
-        const std::string event = j.value("event", "");
-        if (event == "step") {
-          v.step = j.value("step", int64_t{0});
-          v.steps = j.value("steps", int64_t{0});
-          v.loss = j.value("loss", 0.0);
-          v.tokens = j.value("tokens", uint64_t{0});
-          v.tokens_per_s = j.value("tokens_per_s", 0.0);
-          v.elapsed_s = j.value("elapsed_s", 0.0);
-          if (j.contains("net") && j["net"].is_object()) {
-            const auto net = j["net"].get<train::StrategyReport>();
-            v.bytes_sent = net.bytes_sent;
-            v.net_wait_s = net.net_wait_s;
-            v.swarm = net.peers;
+      } else if (procs[0].finished_output() || g_signal.load() != 0) {
+        break;
+      }
+    }
+    if (entry.empty()) throw Error("peer 0 did not start; see " + log_of(0));
+    for (int i = 1; i < o.peers; ++i)
+      procs.emplace_back(argv_for(i, entry, root, extra), log_of(i));
+    std::cerr << "swarm: " << o.peers << " peers ("
+              << (!pipeline                     ? config.strategy.kind
+                  : config.pipeline.auto_stages ? std::string("pipelines the peers plan")
+                  : o.peers == stages ? "pipeline of " + std::to_string(stages) + " stages, " +
+                                            config.pipeline.schedule
+                                      : std::to_string(o.peers / stages) + " pipelines of " +
+                                            std::to_string(stages) + " stages, " +
+                                            config.pipeline.schedule + ", " + config.strategy.kind)
+              << "), logs in " << (root / "peer-<i>.log").string() << ", entry point " << entry
+              << "\n";
+
+    train::ProgressLine progress(o.progress);
+    LocalSwarmResult result;
+    int forwarded = 0;
+    nlohmann::json done_events = nlohmann::json::array();
+    int64_t last_milestone = -1;
+    bool stopped_early = false;
+    int64_t last_eval_step = -1;
+    while (true) {
+      if (config.pipeline.auto_stages && !planned && fs::exists(peers_plan)) {
+        planned = strategy::read_auto_pipeline(peers_plan);
+        stages = static_cast<int64_t>(planned->stages.size());
+      }
+      if (const int sig = g_signal.load(); sig != 0 && forwarded != sig) {
+        for (auto& p : procs) p.signal(SIGTERM);
+        forwarded = sig;
+        progress.note("swarm: stopping every peer (they checkpoint at their next round)");
+      }
+      std::vector<pollfd> fds;
+      for (auto& p : procs) fds.push_back({p.stdout_fd(), POLLIN, 0});
+      ::poll(fds.data(), fds.size(), 200);
+      bool any_running = false;
+      for (int i = 0; i < o.peers; ++i) {
+        PeerView& v = views[i];
+        while (auto line = procs[i].read_line(std::chrono::milliseconds(1))) {
+          nlohmann::json j;
+          try {
+            j = nlohmann::json::parse(*line);
+          } catch (const nlohmann::json::exception&) {
+            continue;
           }
-        } else if (event == "eval") {
-          // Every peer evaluates the same shared model: show each evaluation once.
-          result.val_loss = j.value("val_loss", -1.0);
-          const int64_t at = j.value("step", int64_t{0});
-          if (at > last_eval_step)
-            progress.note("step " + std::to_string(at) + " | val loss " +
-                          fmt("%.4f", result.val_loss));
-          last_eval_step = std::max(last_eval_step, at);
-        } else if (event == "dashboard") {
-          progress.note("swarm: dashboard at " + j.value("url", std::string()));
-        } else if (event == "done") {
-          if (i == 0) result.sample = j.value("sample", "");
-          j["peer"] = i;
-          done_events.push_back(j);
+          const std::string event = j.value("event", "");
+          if (event == "step") {
+            v.step = j.value("step", int64_t{0});
+            v.steps = j.value("steps", int64_t{0});
+            v.loss = j.value("loss", 0.0);
+            v.tokens = j.value("tokens", uint64_t{0});
+            v.tokens_per_s = j.value("tokens_per_s", 0.0);
+            v.elapsed_s = j.value("elapsed_s", 0.0);
+            if (j.contains("net") && j["net"].is_object()) {
+              const auto net = j["net"].get<train::StrategyReport>();
+              v.bytes_sent = net.bytes_sent;
+              v.net_wait_s = net.net_wait_s;
+              v.swarm = net.peers;
+            }
+          } else if (event == "eval") {
+            // Every peer evaluates the same shared model: show each evaluation once.
+            result.val_loss = j.value("val_loss", -1.0);
+            const int64_t at = j.value("step", int64_t{0});
+            if (at > last_eval_step)
+              progress.note("step " + std::to_string(at) + " | val loss " +
+                            fmt("%.4f", result.val_loss));
+            last_eval_step = std::max(last_eval_step, at);
+          } else if (event == "dashboard") {
+            progress.note("swarm: dashboard at " + j.value("url", std::string()));
+          } else if (event == "done") {
+            if (i == 0) result.sample = j.value("sample", "");
+            j["peer"] = i;
+            done_events.push_back(j);
+          }
         }
-      }
-      if (v.running && procs[i].finished_output()) {
-        v.exit_code = procs[i].wait(std::chrono::seconds(30));
-        v.running = false;
-        if (v.exit_code.value_or(-1) != 0) {
-          ++result.failed_peers;
-          const std::string why = last_line(log_of(i));
-          progress.note("swarm: peer " + std::to_string(i) + " exited with code " +
-                        std::to_string(v.exit_code.value_or(-1)) + (why.empty() ? "" : ": " + why) +
-                        "; see " + log_of(i));
+        if (v.running && procs[i].finished_output()) {
+          v.exit_code = procs[i].wait(std::chrono::seconds(30));
+          v.running = false;
+          if (v.exit_code.value_or(-1) != 0) {
+            ++result.failed_peers;
+            const std::string why = last_line(log_of(i));
+            progress.note("swarm: peer " + std::to_string(i) + " exited with code " +
+                          std::to_string(v.exit_code.value_or(-1)) +
+                          (why.empty() ? "" : ": " + why) + "; see " + log_of(i));
+          }
         }
+        any_running = any_running || v.running;
       }
-      any_running = any_running || v.running;
+      // A peer that fails before anyone trained refused something the others will too, or leaves
+      // a place they would wait for until net.join_timeout_s: stop them now. Nothing is lost (no
+      // step ran; a resumed run's checkpoints stay as they were).
+      const bool nobody_trained =
+          std::all_of(views.begin(), views.end(), [](const PeerView& v) { return v.step == 0; });
+      if (nobody_trained && result.failed_peers > 0 && any_running && !stopped_early) {
+        stopped_early = true;
+        progress.note("swarm: a peer failed before the first step; stopping the others");
+        for (int i = 0; i < o.peers; ++i)
+          if (views[i].running) procs[i].signal(SIGKILL);
+      }
+      // The combined line: the slowest running peer's step, the swarm's throughput and traffic.
+      int64_t step = -1, steps = 0;
+      double lo = 1e30, hi = -1e30, tps = 0, sent = 0, wait = 0, elapsed = 0;
+      int live = 0;
+      for (const auto& v : views) {
+        // A failed peer's last step would hold the line back while the others train on.
+        if (v.step == 0 || v.exit_code.value_or(0) != 0) continue;
+        step = step < 0 ? v.step : std::min(step, v.step);
+        steps = std::max(steps, v.steps);
+        lo = std::min(lo, v.loss);
+        hi = std::max(hi, v.loss);
+        // Every stage of a pipeline reports the pipeline's tokens: count them once.
+        tps += v.running ? v.tokens_per_s / static_cast<double>(stages) : 0;
+        sent += v.bytes_sent;
+        wait = std::max(wait, v.net_wait_s);
+        elapsed = std::max(elapsed, v.elapsed_s);
+        live += v.running ? 1 : 0;
+      }
+      if (step > 0) {
+        result.step = std::max(result.step, step);
+        const bool milestone =
+            step / config.train.log_every > last_milestone / config.train.log_every;
+        if (milestone) last_milestone = step;
+        progress.update("step " + std::to_string(step) + "/" + std::to_string(steps) + " | loss " +
+                            fmt("%.4f", lo) + (hi - lo > 5e-5 ? ".." + fmt("%.4f", hi) : "") +
+                            " | " + fmt("%.0f", tps) + " tok/s | " + std::to_string(live) + "/" +
+                            std::to_string(o.peers) + " peers | sent " +
+                            fmt("%.1f MB", sent / 1e6) + " | net wait " +
+                            fmt("%.0f%%", elapsed > 0 ? 100 * wait / elapsed : 0) + " | " +
+                            train::format_duration(elapsed),
+                        milestone);
+      }
+      if (!any_running) break;
     }
-    // A peer that fails before anyone trained refused something the others will too, or leaves
-    // a place they would wait for until net.join_timeout_s: stop them now. Nothing is lost (no
-    // step ran; a resumed run's checkpoints stay as they were).
-    const bool nobody_trained =
-        std::all_of(views.begin(), views.end(), [](const PeerView& v) { return v.step == 0; });
-    if (nobody_trained && result.failed_peers > 0 && any_running && !stopped_early) {
-      stopped_early = true;
-      progress.note("swarm: a peer failed before the first step; stopping the others");
-      for (int i = 0; i < o.peers; ++i)
-        if (views[i].running) procs[i].signal(SIGKILL);
-    }
-    // The combined line: the slowest running peer's step, the swarm's throughput and traffic.
-    int64_t step = -1, steps = 0;
-    double lo = 1e30, hi = -1e30, tps = 0, sent = 0, wait = 0, elapsed = 0;
-    int live = 0;
+    progress.finish();
+    double total_tokens = 0, longest = 0;
     for (const auto& v : views) {
-      // A failed peer's last step would hold the line back while the others train on.
-      if (v.step == 0 || v.exit_code.value_or(0) != 0) continue;
-      step = step < 0 ? v.step : std::min(step, v.step);
-      steps = std::max(steps, v.steps);
-      lo = std::min(lo, v.loss);
-      hi = std::max(hi, v.loss);
-      // Every stage of a pipeline reports the pipeline's tokens: count them once.
-      tps += v.running ? v.tokens_per_s / static_cast<double>(stages) : 0;
-      sent += v.bytes_sent;
-      wait = std::max(wait, v.net_wait_s);
-      elapsed = std::max(elapsed, v.elapsed_s);
-      live += v.running ? 1 : 0;
+      total_tokens += static_cast<double>(v.tokens) / static_cast<double>(stages);
+      longest = std::max(longest, v.elapsed_s);
     }
-    if (step > 0) {
-      result.step = std::max(result.step, step);
-      const bool milestone =
-          step / config.train.log_every > last_milestone / config.train.log_every;
-      if (milestone) last_milestone = step;
-      progress.update("step " + std::to_string(step) + "/" + std::to_string(steps) + " | loss " +
-                          fmt("%.4f", lo) + (hi - lo > 5e-5 ? ".." + fmt("%.4f", hi) : "") + " | " +
-                          fmt("%.0f", tps) + " tok/s | " + std::to_string(live) + "/" +
-                          std::to_string(o.peers) + " peers | sent " + fmt("%.1f MB", sent / 1e6) +
-                          " | net wait " + fmt("%.0f%%", elapsed > 0 ? 100 * wait / elapsed : 0) +
-                          " | " + train::format_duration(elapsed),
-                      milestone);
+    // The swarm's rate is the sum of its peers' own rates over their steps (each pipeline counted
+    // once), as every peer reports it when done: the run's wall time would count evaluations,
+    // checkpoints and the wait for the slowest peer's start as if no one trained meanwhile. Without
+    // every peer's report (one failed), the tokens over the longest run.
+    double rates = 0;
+    for (const auto& d : done_events) rates += d.value("tokens_per_s", 0.0);
+    result.tokens_per_s = static_cast<int>(done_events.size()) == o.peers && rates > 0
+                              ? rates / static_cast<double>(stages)
+                          : longest > 0 ? total_tokens / longest
+                                        : 0;
+    // The run's summary for scripts (bench/strategies, the demo's plot).
+    std::ofstream(root / "swarm.json")
+        << nlohmann::json{{"peers", o.peers},
+                          {"strategy", !pipeline ? config.strategy.kind
+                                       : config.strategy.kind == "none"
+                                           ? "pipeline"
+                                           : "pipeline+" + config.strategy.kind},
+                          {"link_rate", o.lab ? o.lab->describe() : o.link_rate},
+                          {"stages", stages},
+                          {"predicted_step_s", planned ? planned->predicted_step_s : 0.0},
+                          {"tokens", total_tokens},
+                          {"elapsed_s", longest},
+                          {"tokens_per_s", result.tokens_per_s},
+                          {"failed_peers", result.failed_peers},
+                          {"done", done_events}}
+               .dump(2)
+        << "\n";
+    return result;
+  };
+
+  if (keep_plan && config.pipeline.calibrate_steps > 0) {
+    // A trial of the plan on the swarm itself: what each peer's stage costs it there, beside
+    // the others, replaces the speed the plan assumed (a CPU quota's share, a profile taken
+    // alone), and OP-Fence plans again from those speeds. A peer's speed also depends on which
+    // nodes it computes and beside whom, so a plan that moved nodes is tried once more: the
+    // plan the run keeps is then priced at what its own stages measured, unless it moved again.
+    constexpr int kMaxTrials = 2;
+    const int64_t trial_steps = config.pipeline.calibrate_steps;
+    const double assumed_step_s = planned->predicted_step_s;
+    std::string measured;
+    int trials = 0;
+    fs::remove_all(out / "calibration");
+    while (trials < kMaxTrials) {
+      const fs::path trial = out / "calibration" / ("trial-" + std::to_string(++trials));
+      std::cerr << "plan: calibrating: " << trial_steps << " steps of this plan in "
+                << trial.string() << " (pipeline.calibrate_steps)\n";
+      const LocalSwarmResult tried = run_peers(
+          trial, {"train.steps=" + std::to_string(trial_steps), "train.log_every=1",
+                  "train.eval_every=0", "train.checkpoint_every=0", "train.sample_at_end=false"});
+      if (g_signal.load() != 0) return tried;
+      if (tried.failed_peers > 0)
+        throw Error("the calibration run failed (" + std::to_string(tried.failed_peers) +
+                    " peer(s)); see " + (trial / "peer-<i>.log").string());
+      measured += "  trial " + std::to_string(trials) + ":\n" +
+                  sched::calibrate_speeds(
+                      *costs, strategy::trial_timings(*planned, trial, config.train.grad_accum));
+      // Their checkpoints are of no use: the run starts over from step 0.
+      for (int i = 0; i < o.peers; ++i)
+        fs::remove_all(trial / ("peer-" + std::to_string(i)) / "checkpoints");
+      const strategy::AutoPipeline tried_plan = *planned;
+      planned = strategy::plan_auto_pipeline(user_config, *costs);
+      if (planned->stages == tried_plan.stages && planned->stage_of == tried_plan.stage_of &&
+          planned->replica_of == tried_plan.replica_of)
+        break;
+      if (trials < kMaxTrials)
+        std::cerr << "plan: the measured speeds move the stages\n" << planned->report;
     }
-    if (!any_running) break;
+    planned->report = "calibrated by " + std::to_string(trials) + " trial(s), steps 2-" +
+                      std::to_string(trial_steps) + " of each timed (the plan from the assumed " +
+                      "speeds predicted " + fmt("%.2f", assumed_step_s) + " s a step):\n" +
+                      measured + planned->report;
+    std::cerr << "plan: OP-Fence for the measured speeds\n" << planned->report;
+    config.pipeline.stages = planned->stages;
+    config.pipeline.replicas = planned->replicas;
+    stages = config.pipeline.count();
   }
-  progress.finish();
-  double total_tokens = 0, longest = 0;
-  for (const auto& v : views) {
-    total_tokens += static_cast<double>(v.tokens) / static_cast<double>(stages);
-    longest = std::max(longest, v.elapsed_s);
-  }
-  // The swarm's rate is the sum of its peers' own rates over their steps (each pipeline counted
-  // once), as every peer reports it when done: the run's wall time would count evaluations,
-  // checkpoints and the wait for the slowest peer's start as if no one trained meanwhile. Without
-  // every peer's report (one failed), the tokens over the longest run.
-  double rates = 0;
-  for (const auto& d : done_events) rates += d.value("tokens_per_s", 0.0);
-  result.tokens_per_s = static_cast<int>(done_events.size()) == o.peers && rates > 0
-                            ? rates / static_cast<double>(stages)
-                        : longest > 0 ? total_tokens / longest
-                                      : 0;
-  // The run's summary for scripts (bench/strategies, the demo's plot).
-  std::ofstream(out / "swarm.json")
-      << nlohmann::json{{"peers", o.peers},
-                        {"strategy", !pipeline ? config.strategy.kind
-                                     : config.strategy.kind == "none"
-                                         ? "pipeline"
-                                         : "pipeline+" + config.strategy.kind},
-                        {"link_rate", o.lab ? o.lab->describe() : o.link_rate},
-                        {"stages", stages},
-                        {"predicted_step_s", planned ? planned->predicted_step_s : 0.0},
-                        {"tokens", total_tokens},
-                        {"elapsed_s", longest},
-                        {"tokens_per_s", result.tokens_per_s},
-                        {"failed_peers", result.failed_peers},
-                        {"done", done_events}}
-             .dump(2)
-      << "\n";
-  return result;
+  if (keep_plan) strategy::write_auto_pipeline(saved_plan, *planned);
+  return run_peers(out, {});
 }
 
 }  // namespace starling::cli

@@ -58,11 +58,52 @@ sched::CostTable model_costs(const train::RunConfig& config) {
   return sched::profile_workload(config);
 }
 
-AutoPipeline plan_auto_pipeline(const train::RunConfig& config, const sched::LabSpec& lab) {
+sched::CostTable lab_costs(const train::RunConfig& config, const sched::LabSpec& lab) {
   sched::CostTable t = model_costs(config);
   sched::apply_lab(t, lab);
-  return plan_on_costs(config, std::move(t),
+  return t;
+}
+
+AutoPipeline plan_auto_pipeline(const train::RunConfig& config, const sched::CostTable& costs) {
+  return plan_on_costs(config, costs,
                        config.pipeline.profile.empty() ? "the profile" : config.pipeline.profile);
+}
+
+std::vector<sched::StageTiming> trial_timings(const AutoPipeline& plan,
+                                              const std::filesystem::path& root,
+                                              int64_t micro_batches) {
+  std::vector<sched::StageTiming> timings;
+  for (size_t i = 0; i < plan.stage_of.size(); ++i) {
+    const std::filesystem::path file = root / ("peer-" + std::to_string(i)) / "metrics.jsonl";
+    std::ifstream in(file);
+    if (!in) throw ConfigError(file.string() + ": the trial run left no step records");
+    // Each step's record carries the stage's compute so far (net.compute_s); evaluations and the
+    // end's summary carry none.
+    std::vector<std::pair<int64_t, double>> cumulative;
+    std::string line;
+    for (int n = 1; std::getline(in, line); ++n) {
+      if (line.empty()) continue;
+      try {
+        const auto j = nlohmann::json::parse(line);
+        if (!j.contains("net") || !j["net"].is_object() || !j["net"].contains("compute_s"))
+          continue;
+        cumulative.emplace_back(j.at("step").get<int64_t>(), j["net"]["compute_s"].get<double>());
+      } catch (const nlohmann::json::exception& e) {
+        throw ConfigError(file.string() + ":" + std::to_string(n) +
+                          ": not a step record: " + e.what());
+      }
+    }
+    const double per_mb = sched::compute_per_micro_batch(cumulative, micro_batches);
+    if (per_mb <= 0)
+      throw ConfigError(file.string() + ": " + std::to_string(cumulative.size()) +
+                        " step(s) timed; calibrating needs two or more (the first is left out)");
+    const auto& range = plan.stages.at(static_cast<size_t>(plan.stage_of[i]));
+    timings.push_back({.device = static_cast<int>(i),
+                       .first = range.first,
+                       .last = range.second,
+                       .seconds_per_micro_batch = per_mb});
+  }
+  return timings;
 }
 
 namespace {

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "starling/sched/calibration.h"
 #include "starling/sched/cost_table.h"
 #include "starling/sched/lab_spec.h"
 
@@ -49,8 +50,18 @@ sched::CostTable model_costs(const train::RunConfig& config);
 AutoPipeline plan_on_costs(const train::RunConfig& config, sched::CostTable t,
                            const std::string& where);
 
-// The launcher's plan: model_costs with `lab`'s peers and links laid over it.
-AutoPipeline plan_auto_pipeline(const train::RunConfig& config, const sched::LabSpec& lab);
+// The launcher's cost table: model_costs with `lab`'s peers and links laid over it.
+sched::CostTable lab_costs(const train::RunConfig& config, const sched::LabSpec& lab);
+// The launcher's plan: OP-Fence over lab_costs (where the table came from names its errors).
+AutoPipeline plan_auto_pipeline(const train::RunConfig& config, const sched::CostTable& costs);
+
+// pipeline.calibrate_steps: what each peer of a trial run of `plan` measured, from
+// `<root>/peer-<i>/metrics.jsonl` (the compute per micro-batch of its stage, the median of the
+// steps after the first; sched/calibration.h). ConfigError naming the file when a peer's records
+// are missing, damaged or hold fewer than two steps.
+std::vector<sched::StageTiming> trial_timings(const AutoPipeline& plan,
+                                              const std::filesystem::path& root,
+                                              int64_t micro_batches);
 
 // The plan a run began with, kept in its out_dir so --resume places every peer as before (a new
 // profile could cut elsewhere, and the checkpoints hold the old stages). Atomic write; the read

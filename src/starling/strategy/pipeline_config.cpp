@@ -68,6 +68,10 @@ void add_config_keys(PipelineConfig& c, config::Keys& k) {
                          "peers measure their speeds and links and agree, as peers started one "
                          "by one do)",
                          {"launcher", "peers"}));
+  k.push_back(int_key("pipeline", "calibrate_steps", &c.calibrate_steps, 0,
+                      "with stages = \"auto\" and the launcher's planner: steps of a trial run "
+                      "of the plan whose measured stage times replace the peers' assumed speeds "
+                      "before it plans again; 0 = none, else 2 or more"));
   k.push_back(int_key("pipeline", "num_stages", &c.num_stages, 0,
                       "stages of an even split by node count when pipeline.stages is empty; 0 or "
                       "1 = no pipeline"));
@@ -143,6 +147,10 @@ void check(const PipelineConfig& c, const std::string& source) {
     throw ConfigError(source +
                       ": pipeline.adatopk_topk_beyond = " + std::to_string(c.adatopk_topk_beyond) +
                       " must be >= 1 (how many times the slowest stage's time int4 may take)");
+  if (c.calibrate_steps == 1)
+    throw ConfigError(source +
+                      ": pipeline.calibrate_steps = 1: the trial's first step warms up and is "
+                      "left out, so calibrating takes 2 or more (0 = none)");
   if (c.replicas < 0)
     throw ConfigError(source + ": pipeline.replicas = " + std::to_string(c.replicas) +
                       " must be 0 (from the world size) or more");

@@ -1,0 +1,54 @@
+#include "starling/sched/calibration.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "starling/common/error.h"
+
+namespace starling::sched {
+
+double compute_per_micro_batch(const std::vector<std::pair<int64_t, double>>& cumulative,
+                               int64_t micro_batches) {
+  if (cumulative.size() < 2 || micro_batches < 1) return -1;
+  std::vector<double> per_step;
+  for (size_t i = 1; i < cumulative.size(); ++i)
+    per_step.push_back(cumulative[i].second - cumulative[i - 1].second);
+  std::sort(per_step.begin(), per_step.end());
+  const size_t n = per_step.size();
+  const double median = n % 2 ? per_step[n / 2] : (per_step[n / 2 - 1] + per_step[n / 2]) / 2;
+  return median / static_cast<double>(micro_batches);
+}
+
+std::string calibrate_speeds(CostTable& t, const std::vector<StageTiming>& timings) {
+  std::string report;
+  for (const StageTiming& m : timings) {
+    const std::string who = "calibration of device " + std::to_string(m.device);
+    if (m.device < 0 || static_cast<size_t>(m.device) >= t.devices.size())
+      throw ConfigError(who + ": the table has " + std::to_string(t.devices.size()) + " devices");
+    if (m.first < 0 || m.last < m.first || static_cast<size_t>(m.last) >= t.nodes.size())
+      throw ConfigError(who + ": nodes " + std::to_string(m.first) + "-" + std::to_string(m.last) +
+                        " are not a range of the table's " + std::to_string(t.nodes.size()));
+    if (!(m.seconds_per_micro_batch > 0) || !std::isfinite(m.seconds_per_micro_batch))
+      throw ConfigError(who + ": a measured time of " + std::to_string(m.seconds_per_micro_batch) +
+                        " s per micro-batch");
+    double profiled = 0;
+    for (int64_t n = m.first; n <= m.last; ++n)
+      profiled += t.nodes[static_cast<size_t>(n)].compute_s;
+    DeviceCost& d = t.devices[static_cast<size_t>(m.device)];
+    const double before = d.speed;
+    // A stage of nodes the profile timed at nothing says nothing about the device.
+    if (profiled > 0) d.speed = profiled / m.seconds_per_micro_batch;
+    char line[256];
+    std::snprintf(
+        line, sizeof line,
+        "    device %d (%s): nodes %lld-%lld took %.1f ms per micro-batch against %.1f ms "
+        "planned: speed x%.2f (was x%.2f)\n",
+        m.device, d.name.c_str(), static_cast<long long>(m.first), static_cast<long long>(m.last),
+        1e3 * m.seconds_per_micro_batch, 1e3 * profiled / before, d.speed, before);
+    report += line;
+  }
+  return report;
+}
+
+}  // namespace starling::sched

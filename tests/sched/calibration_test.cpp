@@ -1,0 +1,91 @@
+// Device speeds from a trial run: the compute per micro-batch a peer's step records show, the
+// speeds that follow, the errors bad timings get, and a plan that moves work off a device that
+// measured slower than it was assumed to be.
+#include "starling/sched/calibration.h"
+
+#include <gtest/gtest.h>
+
+#include "starling/common/error.h"
+#include "starling/sched/op_fence.h"
+
+namespace starling::sched {
+namespace {
+
+// n nodes of 1 s each on devices of the given speeds, every link fast.
+CostTable table(int n, std::vector<double> speeds) {
+  CostTable t;
+  t.micro_batches = 8;
+  for (int i = 0; i < n; ++i)
+    t.nodes.push_back({std::string("n").append(std::to_string(i)), 1.0, 100, i + 1 < n ? 1000 : 0});
+  for (size_t d = 0; d < speeds.size(); ++d)
+    t.devices.push_back({std::string("d").append(std::to_string(d)), speeds[d]});
+  t.links.assign(speeds.size(), std::vector<LinkCost>(speeds.size(), {1e9, 0}));
+  return t;
+}
+
+TEST(Calibration, ComputePerMicroBatchIsTheMedianStepAfterTheFirst) {
+  // Step 1 warms up (9 s); steps 2-4 grow by 4, 8 and 5 s: the median, 5 s, over 4 micro-batches.
+  EXPECT_DOUBLE_EQ(compute_per_micro_batch({{1, 9}, {2, 13}, {3, 21}, {4, 26}}, 4), 1.25);
+  // An even count of steps takes the middle two's mean.
+  EXPECT_DOUBLE_EQ(compute_per_micro_batch({{1, 9}, {2, 11}, {3, 15}}, 2), 1.5);
+  // One step says nothing beyond the warm-up.
+  EXPECT_LT(compute_per_micro_batch({{1, 9}}, 4), 0);
+  EXPECT_LT(compute_per_micro_batch({}, 4), 0);
+}
+
+TEST(Calibration, SpeedIsTheStagesProfiledTimeOverTheMeasuredOne) {
+  CostTable t = table(6, {1, 0.5, 0.5});
+  // Device 1 ran nodes 2-3 (2 s profiled) in 8 s: a quarter, not the half it was assumed.
+  const std::string report =
+      calibrate_speeds(t, {{.device = 1, .first = 2, .last = 3, .seconds_per_micro_batch = 8},
+                           {.device = 0, .first = 0, .last = 1, .seconds_per_micro_batch = 2.5}});
+  EXPECT_DOUBLE_EQ(t.devices[1].speed, 0.25);
+  EXPECT_DOUBLE_EQ(t.devices[0].speed, 0.8);
+  EXPECT_DOUBLE_EQ(t.devices[2].speed, 0.5) << "an untimed device keeps its speed";
+  EXPECT_NE(report.find("    device 1 (d1): nodes 2-3 took 8000.0 ms per micro-batch against "
+                        "4000.0 ms planned: speed x0.25 (was x0.50)"),
+            std::string::npos)
+      << report;
+}
+
+TEST(Calibration, BadTimingsAreNamed) {
+  auto error_of = [](StageTiming m) -> std::string {
+    CostTable t = table(4, {1, 1});
+    try {
+      calibrate_speeds(t, {m});
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_NE(error_of({.device = 2, .first = 0, .last = 1, .seconds_per_micro_batch = 1})
+                .find("calibration of device 2: the table has 2 devices"),
+            std::string::npos);
+  EXPECT_NE(error_of({.device = 0, .first = 2, .last = 4, .seconds_per_micro_batch = 1})
+                .find("nodes 2-4 are not a range of the table's 4"),
+            std::string::npos);
+  EXPECT_NE(error_of({.device = 0, .first = 0, .last = 1, .seconds_per_micro_batch = 0})
+                .find("a measured time of 0"),
+            std::string::npos);
+  EXPECT_NE(error_of({.device = 0, .first = 0, .last = 1, .seconds_per_micro_batch = -1})
+                .find("a measured time of -1"),
+            std::string::npos);
+}
+
+TEST(Calibration, APlanFromMeasuredSpeedsMovesWorkOffTheSlowDevice) {
+  // Two devices assumed equal: an even cut. Device 1 measures at a third of device 0's speed.
+  CostTable t = table(8, {1, 1});
+  const PipelinePlan assumed = cut_pipeline(t, {0, 1});
+  ASSERT_EQ(assumed.stages[0].last, 3);
+  calibrate_speeds(t, {{.device = 0, .first = 0, .last = 3, .seconds_per_micro_batch = 4},
+                       {.device = 1, .first = 4, .last = 7, .seconds_per_micro_batch = 12}});
+  const PipelinePlan measured = cut_pipeline(t, {0, 1});
+  // 6 nodes at speed 1 against 2 at a third: 6 s either side.
+  EXPECT_EQ(measured.stages[0].last, 5);
+  EXPECT_NEAR(measured.bottleneck_s, 6, 1e-9);
+  EXPECT_GT(assumed.bottleneck_s * 3, measured.bottleneck_s)
+      << "the assumed plan's slow stage runs 12 s on the real device";
+}
+
+}  // namespace
+}  // namespace starling::sched
