@@ -32,6 +32,7 @@ draws docs/img/pipeline-labs.png from that file without running anything.
 """
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -99,7 +100,7 @@ def plot(rows, path):
         xs, ys, notes = [], [], []
         for i, lab in enumerate(labs):
             row = next((r for r in rows if r["lab"] == lab and r["config"] == c), None)
-            if row:
+            if row and row["ratio"] is not None:  # a run without the uniform split has no bar
                 xs.append(i + (k - (len(configs) - 1) / 2) * width)
                 ys.append(row["ratio"])
                 notes.append(f"{row['ratio']:.2f}x\n{row['stages']}x{row['replicas']}")
@@ -111,7 +112,7 @@ def plot(rows, path):
     ax.set_ylabel("tokens/s against the uniform split")
     ax.axhline(1, color="gray", lw=0.8)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
-    ax.set_ylim(0, max(r["ratio"] for r in rows) * 1.25)
+    ax.set_ylim(0, max(r["ratio"] for r in rows if r["ratio"] is not None) * 1.25)
     ax.set_title("gpt2-mini on 4 local peers; labels: ratio, stages x replicas")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -213,11 +214,19 @@ def main():
                        predicted_step_s=statistics.median(r["predicted"]),
                        assumed_predicted_step_s=statistics.median(r["assumed"]),
                        keep_ratio=statistics.median(r["keep"]), reps=args.reps)
+            # Each run's prediction against its own measured step (the medians of the two above
+            # may come from different runs).
+            accuracy = [p / m for p, m in zip(r["predicted"], r["measured"]) if p and m > 0]
+            row["predicted_over_measured"] = accuracy
+            if math.isnan(row["ratio"]):
+                row["ratio"] = None  # no uniform run to compare with
             rows.append(row)
-            pred = (f", predicted step {row['predicted_step_s']:.2f} s = "
-                    f"{row['predicted_step_s'] / row['measured_step_s']:.2f}x measured"
-                    if row["predicted_step_s"] else "")
-            print(f"{name:14} {c:12}: {row['ratio']:.2f}x uniform ({row['tokens_per_s']:.0f} tok/s; "
+            pred = (f", predicted step {row['predicted_step_s']:.2f} s; predicted / measured "
+                    + ", ".join(f"{a:.2f}" for a in accuracy)
+                    + (f" (median {statistics.median(accuracy):.2f})" if len(accuracy) > 1 else "")
+                    if accuracy else "")
+            versus = f"{row['ratio']:.2f}x uniform" if row["ratio"] is not None else "(no uniform run)"
+            print(f"{name:14} {c:12}: {versus} ({row['tokens_per_s']:.0f} tok/s; "
                   f"{row['stages']} stages x {row['replicas']}; measured step {row['measured_step_s']:.2f} s"
                   f"{pred}; keeping {100 * row['keep_ratio']:.0f}% of entries)", flush=True)
     os.makedirs(os.path.dirname(args.json), exist_ok=True)

@@ -269,6 +269,59 @@ TEST(PipelineAutoPeer, ReportsBecomeTheSwarmsCostTable) {
   EXPECT_NO_THROW(t.validate());
 }
 
+// A calibrated run prices a plan it tried at the speeds that trial measured: the same places, the
+// prediction of those speeds (what OP-Fence itself predicts for them when it keeps the places),
+// and a plan read back from its file, which carries no OP-Fence plan, is refused.
+TEST(AutoPipeline, RepricedAtMeasuredSpeedsKeepsItsPlaces) {
+  starling::sched::CostTable t;
+  for (int i = 0; i < 8; ++i)
+    t.nodes.push_back({.name = "n" + std::to_string(i),
+                       .compute_s = 0.1,
+                       .param_bytes = 4000,
+                       .cut_bytes = 1000});
+  for (int d = 0; d < 4; ++d) t.devices.push_back({.name = "d" + std::to_string(d), .speed = 1});
+  t.links.assign(4, std::vector<starling::sched::LinkCost>(4, {.bytes_per_s = 1e9}));
+  t.micro_batches = 4;
+  starling::train::RunConfig config;
+  config.strategy.kind = "co2";
+  config.strategy.local_steps = 4;
+  const AutoPipeline planned = plan_on_costs(config, t, "the table");
+  ASSERT_FALSE(planned.priced.pipelines.empty());
+
+  const AutoPipeline same = reprice_auto_pipeline(config, t, planned);
+  EXPECT_EQ(same.stages, planned.stages);
+  EXPECT_EQ(same.stage_of, planned.stage_of);
+  EXPECT_EQ(same.replica_of, planned.replica_of);
+  EXPECT_DOUBLE_EQ(same.predicted_step_s, planned.predicted_step_s);
+  EXPECT_EQ(same.report, planned.report);
+
+  // Every device at a third of the speed: the same places, and three times the compute.
+  for (auto& d : t.devices) d.speed = 1.0 / 3;
+  const AutoPipeline slow = reprice_auto_pipeline(config, t, planned);
+  EXPECT_EQ(slow.stage_of, planned.stage_of);
+  // (The links' microseconds stay as they were.)
+  EXPECT_NEAR(slow.predicted_step_s, 3 * planned.predicted_step_s, 1e-4 * slow.predicted_step_s);
+  const AutoPipeline fresh = plan_on_costs(config, t, "the table");
+  EXPECT_EQ(fresh.stage_of, slow.stage_of);
+  EXPECT_DOUBLE_EQ(fresh.predicted_step_s, slow.predicted_step_s);
+
+  // One device slower: the plan as it was is priced at that, though OP-Fence would move nodes.
+  for (auto& d : t.devices) d.speed = 1;
+  t.devices[0].speed = 0.25;
+  const AutoPipeline one_slow = reprice_auto_pipeline(config, t, planned);
+  EXPECT_EQ(one_slow.stages, planned.stages);
+  EXPECT_GT(one_slow.predicted_step_s, 2 * planned.predicted_step_s);
+  EXPECT_LT(plan_on_costs(config, t, "the table").predicted_step_s, one_slow.predicted_step_s);
+
+  const AutoPipeline read_back = parse_auto_pipeline(auto_pipeline_text(planned), "a file");
+  try {
+    reprice_auto_pipeline(config, t, read_back);
+    ADD_FAILURE() << "a plan read back was priced";
+  } catch (const starling::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds no OP-Fence plan"), std::string::npos) << e.what();
+  }
+}
+
 TEST(PipelineAutoPeer, AReportRoundTripsAndABadOneNamesItsSender) {
   const PeerReport r{.id = 0x1234,
                      .name = "n",
@@ -857,6 +910,9 @@ TEST_F(PipelineRunTest, AutoStagesCalibratedByATrial) {
                             "): nodes "),
               std::string::npos)
         << r.output;
+  // Each tried plan is priced at its own trial's speeds, and the run keeps one of them.
+  EXPECT_NE(r.output.find("    its plan predicts "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(", at the speeds its trial measured:"), std::string::npos) << r.output;
   // The plan the run keeps is the calibrated one.
   const auto plan = nlohmann::json::parse(starling::testing::read_file(run / "auto_pipeline.json"));
   EXPECT_NE(plan["report"].get<std::string>().find("calibrated by "), std::string::npos) << plan;

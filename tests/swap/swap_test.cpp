@@ -321,7 +321,9 @@ void round_trip(Tier& tier) {
 TEST(SwapTier, HostRoundTrip) { round_trip(*make_tier("host", "")); }
 
 // The host tier's waiter copies what is queued up to its own request rather than blocking on the
-// idle-priority worker, and copies finishing out of order still complete every ticket.
+// idle-priority worker, and copies finishing out of order still complete every ticket. The worker
+// may hold one copy for as long as the machine keeps it off a core (it runs at idle priority), so
+// a wait promises only its own request: the reads below come after waits for every write.
 TEST(SwapTier, HostWaitersCopyWhatIsQueued) {
   auto tier = make_tier("host", "");
   constexpr int kCopies = 200;
@@ -336,8 +338,12 @@ TEST(SwapTier, HostWaitersCopyWhatIsQueued) {
   std::vector<Ticket> t;
   for (int i = 0; i < kCopies; ++i) t.push_back(tier->write(keys[i], 0, bufs[i], kBytes));
   tier->wait(t[kCopies / 2]);
-  for (int i = 0; i <= kCopies / 2; ++i) EXPECT_TRUE(tier->done(t[i])) << i;
-  tier->wait(t.back());
+  EXPECT_TRUE(tier->done(t[kCopies / 2]));
+  // Everything queued before it was copied by the waiter, but for the one the worker may hold.
+  int pending = 0;
+  for (int i = 0; i < kCopies / 2; ++i) pending += tier->done(t[i]) ? 0 : 1;
+  EXPECT_LE(pending, 1);
+  for (Ticket x : t) tier->wait(x);
   for (Ticket x : t) EXPECT_TRUE(tier->done(x));
   char* back = static_cast<char*>(std::aligned_alloc(kSwapAlign, kBytes));
   for (int i = 0; i < kCopies; ++i) {

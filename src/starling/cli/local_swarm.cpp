@@ -494,43 +494,57 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     // A trial of the plan on the swarm itself: what each peer's stage costs it there, beside
     // the others, replaces the speed the plan assumed (a CPU quota's share, a profile taken
     // alone), and OP-Fence plans again from those speeds. A peer's speed also depends on which
-    // nodes it computes and beside whom, so a plan that moved nodes is tried once more: the
-    // plan the run keeps is then priced at what its own stages measured, unless it moved again.
+    // nodes it computes and beside whom, so a plan that moved nodes is tried once more. The run
+    // keeps one of the plans tried, priced at what its own stages measured: the one predicting
+    // the shortest step that way (a plan OP-Fence moved to but nobody tried has no such price).
     constexpr int kMaxTrials = 2;
     const int64_t trial_steps = config.pipeline.calibrate_steps;
     const double assumed_step_s = planned->predicted_step_s;
     std::string measured;
-    int trials = 0;
+    std::vector<strategy::AutoPipeline> tried;  // each priced at its own trial's speeds
+    auto same_places = [](const strategy::AutoPipeline& a, const strategy::AutoPipeline& b) {
+      return a.stages == b.stages && a.stage_of == b.stage_of && a.replica_of == b.replica_of;
+    };
     fs::remove_all(out / "calibration");
-    while (trials < kMaxTrials) {
-      const fs::path trial = out / "calibration" / ("trial-" + std::to_string(++trials));
+    while (static_cast<int>(tried.size()) < kMaxTrials) {
+      const int n = static_cast<int>(tried.size()) + 1;
+      const fs::path trial = out / "calibration" / ("trial-" + std::to_string(n));
       std::cerr << "plan: calibrating: " << trial_steps << " steps of this plan in "
                 << trial.string() << " (pipeline.calibrate_steps)\n";
-      const LocalSwarmResult tried = run_peers(
+      const LocalSwarmResult result = run_peers(
           trial, {"train.steps=" + std::to_string(trial_steps), "train.log_every=1",
                   "train.eval_every=0", "train.checkpoint_every=0", "train.sample_at_end=false"});
-      if (g_signal.load() != 0) return tried;
-      if (tried.failed_peers > 0)
-        throw Error("the calibration run failed (" + std::to_string(tried.failed_peers) +
+      if (g_signal.load() != 0) return result;
+      if (result.failed_peers > 0)
+        throw Error("the calibration run failed (" + std::to_string(result.failed_peers) +
                     " peer(s)); see " + (trial / "peer-<i>.log").string());
-      measured += "  trial " + std::to_string(trials) + ":\n" +
+      measured += "  trial " + std::to_string(n) + ":\n" +
                   sched::calibrate_speeds(
                       *costs, strategy::trial_timings(*planned, trial, config.train.grad_accum));
       // Their checkpoints are of no use: the run starts over from step 0.
       for (int i = 0; i < o.peers; ++i)
         fs::remove_all(trial / ("peer-" + std::to_string(i)) / "checkpoints");
-      const strategy::AutoPipeline tried_plan = *planned;
+      tried.push_back(strategy::reprice_auto_pipeline(user_config, *costs, *planned));
+      measured += "    its plan predicts " + fmt("%.2f", tried.back().predicted_step_s) +
+                  " s a step at these speeds\n";
       planned = strategy::plan_auto_pipeline(user_config, *costs);
-      if (planned->stages == tried_plan.stages && planned->stage_of == tried_plan.stage_of &&
-          planned->replica_of == tried_plan.replica_of)
-        break;
-      if (trials < kMaxTrials)
+      if (same_places(*planned, tried.back())) break;
+      if (static_cast<int>(tried.size()) < kMaxTrials)
         std::cerr << "plan: the measured speeds move the stages\n" << planned->report;
     }
-    planned->report = "calibrated by " + std::to_string(trials) + " trial(s), steps 2-" +
+    const auto kept = std::min_element(
+        tried.begin(), tried.end(),
+        [](const auto& a, const auto& b) { return a.predicted_step_s < b.predicted_step_s; });
+    const std::string which = tried.size() == 1
+                                  ? std::string("its plan")
+                                  : "trial " + std::to_string(kept - tried.begin() + 1) +
+                                        "'s plan (the tried plan predicting the shortest step)";
+    planned = *kept;
+    planned->report = "calibrated by " + std::to_string(tried.size()) + " trial(s), steps 2-" +
                       std::to_string(trial_steps) + " of each timed (the plan from the assumed " +
                       "speeds predicted " + fmt("%.2f", assumed_step_s) + " s a step):\n" +
-                      measured + planned->report;
+                      measured + "the run keeps " + which +
+                      ", at the speeds its trial measured:\n" + planned->report;
     std::cerr << "plan: OP-Fence for the measured speeds\n" << planned->report;
     config.pipeline.stages = planned->stages;
     config.pipeline.replicas = planned->replicas;

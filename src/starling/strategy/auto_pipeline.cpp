@@ -154,34 +154,26 @@ void price_as_adatopk_sends(const sched::CostTable& whole, const PipelineConfig&
   sched::reprice(sent, plan, sync);
 }
 
-}  // namespace
+// What crosses a cut is what compression leaves of it.
+double wire_fraction(const PipelineConfig& p) {
+  return compress::planned_wire_fraction(p.compression, p.compress_activations, p.topk_ratio);
+}
 
-AutoPipeline plan_on_costs(const train::RunConfig& config, sched::CostTable t,
-                           const std::string& where) {
-  const sched::CostTable whole = t;
-  // What crosses a cut is what compression leaves of it: price the links at that.
-  const double wire = compress::planned_wire_fraction(config.pipeline.compression,
-                                                      config.pipeline.compress_activations,
-                                                      config.pipeline.topk_ratio);
-  t.scale_cuts(wire);
-  t.validate(where);
-
-  // How replicas average: every step (ddp), every round of local steps (localsgd, diloco), or
-  // every round behind the next round's computation (co2). Without a strategy there is one
-  // pipeline of every peer.
+// How replicas average: every step (ddp), every round of local steps (localsgd, diloco), or
+// every round behind the next round's computation (co2).
+sched::ReplicaSync replica_sync(const train::RunConfig& config) {
   const std::string& kind = config.strategy.kind;
-  const bool replicas_allowed = kind != "none";
-  const sched::ReplicaSync sync{
-      .every_steps = kind == "ddp" ? 1.0 : static_cast<double>(config.strategy.local_steps),
-      .overlapped = kind == "co2"};
-  sched::ReplicatedPlan plan;
-  try {
-    plan = sched::plan_replicas(t, replicas_allowed, sync);
-  } catch (const std::invalid_argument& e) {
-    throw ConfigError(std::string("pipeline.stages = \"auto\": ") + e.what());
-  }
+  return {.every_steps = kind == "ddp" ? 1.0 : static_cast<double>(config.strategy.local_steps),
+          .overlapped = kind == "co2"};
+}
+
+// The AutoPipeline of OP-Fence's `plan`, priced on `whole` (the table as profiled) with its links
+// at what pipeline.compression sends: `t` is `whole` with its cuts scaled to that.
+AutoPipeline auto_pipeline_of(const train::RunConfig& config, const sched::CostTable& whole,
+                              sched::CostTable t, sched::ReplicatedPlan plan) {
+  const double wire = wire_fraction(config.pipeline);
   const bool adaptive = config.pipeline.compression == "adatopk" && wire < 1;
-  if (adaptive) price_as_adatopk_sends(whole, config.pipeline, sync, plan, t);
+  if (adaptive) price_as_adatopk_sends(whole, config.pipeline, replica_sync(config), plan, t);
 
   AutoPipeline a;
   a.replicas = plan.replicas;
@@ -204,7 +196,38 @@ AutoPipeline plan_on_costs(const train::RunConfig& config, sched::CostTable t,
     a.report += "  (links priced at " + std::to_string(static_cast<int>(std::lround(100 * wire))) +
                 "% of whole tensors: pipeline.compression = \"" + config.pipeline.compression +
                 "\")\n";
+  a.priced = std::move(plan);
   return a;
+}
+
+}  // namespace
+
+AutoPipeline plan_on_costs(const train::RunConfig& config, sched::CostTable t,
+                           const std::string& where) {
+  const sched::CostTable whole = t;
+  t.scale_cuts(wire_fraction(config.pipeline));
+  t.validate(where);
+  // Without a strategy there is one pipeline of every peer.
+  const bool replicas_allowed = config.strategy.kind != "none";
+  sched::ReplicatedPlan plan;
+  try {
+    plan = sched::plan_replicas(t, replicas_allowed, replica_sync(config));
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(std::string("pipeline.stages = \"auto\": ") + e.what());
+  }
+  return auto_pipeline_of(config, whole, std::move(t), std::move(plan));
+}
+
+AutoPipeline reprice_auto_pipeline(const train::RunConfig& config, sched::CostTable t,
+                                   const AutoPipeline& planned) {
+  if (planned.priced.pipelines.empty())
+    throw Error("reprice_auto_pipeline: the plan holds no OP-Fence plan to price again");
+  const sched::CostTable whole = t;
+  t.scale_cuts(wire_fraction(config.pipeline));
+  t.validate(config.pipeline.profile.empty() ? "the profile" : config.pipeline.profile);
+  sched::ReplicatedPlan plan = planned.priced;
+  sched::reprice(t, plan, replica_sync(config));
+  return auto_pipeline_of(config, whole, std::move(t), std::move(plan));
 }
 
 std::string auto_pipeline_text(const AutoPipeline& a) {

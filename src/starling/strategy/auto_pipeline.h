@@ -17,6 +17,7 @@
 #include "starling/sched/calibration.h"
 #include "starling/sched/cost_table.h"
 #include "starling/sched/lab_spec.h"
+#include "starling/sched/op_fence.h"
 
 namespace starling::train {
 struct RunConfig;
@@ -34,6 +35,9 @@ struct AutoPipeline {
   // which of them the peer that keeps this copy is (-1: a launcher's plan, by peer number).
   std::vector<std::string> peer_ids;
   int self = -1;
+  // OP-Fence's plan behind it, for pricing the same places on other speeds
+  // (reprice_auto_pipeline). Not saved: empty in a plan read back.
+  sched::ReplicatedPlan priced;
 
   // The --set overrides that place peer `i` (stages, stage, replica, replicas).
   std::vector<std::string> overrides(int i) const;
@@ -54,6 +58,11 @@ AutoPipeline plan_on_costs(const train::RunConfig& config, sched::CostTable t,
 sched::CostTable lab_costs(const train::RunConfig& config, const sched::LabSpec& lab);
 // The launcher's plan: OP-Fence over lab_costs (where the table came from names its errors).
 AutoPipeline plan_auto_pipeline(const train::RunConfig& config, const sched::CostTable& costs);
+
+// `planned` (a plan of plan_on_costs, same config) priced on `t`: the same stages and places at
+// t's speeds (say, those a trial of it measured), its report and predicted step with them.
+AutoPipeline reprice_auto_pipeline(const train::RunConfig& config, sched::CostTable t,
+                                   const AutoPipeline& planned);
 
 // pipeline.calibrate_steps: what each peer of a trial run of `plan` measured, from
 // `<root>/peer-<i>/metrics.jsonl` (the compute per micro-batch of its stage, the median of the
