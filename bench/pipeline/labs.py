@@ -135,11 +135,16 @@ def main():
     ap.add_argument("--strategy", default="co2", help="how OP-Fence's replicas average")
     ap.add_argument("--local-steps", type=int, default=4, help="strategy.local_steps")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--calibrate-steps", type=int, default=3,
-                    help="pipeline.calibrate_steps of the -cal configurations")
+    ap.add_argument("--calibrate-steps", type=int, default=None,
+                    help="pipeline.calibrate_steps of the -cal configurations (default: one "
+                         "round of --strategy and the warm-up step, --local-steps + 1; 3 with "
+                         "no rounds)")
     ap.add_argument("--json", default=os.path.join(ROOT, "build/bench/pipeline-labs.json"))
     ap.add_argument("--plot", action="store_true", help="only draw docs/img/pipeline-labs.png from --json")
     args = ap.parse_args()
+    if args.calibrate_steps is None:
+        rounds = args.strategy in ("localsgd", "diloco", "co2")
+        args.calibrate_steps = args.local_steps + 1 if rounds else 3
     # Every ratio is against the uniform run of the same repetition: it runs first.
     if "uniform" in args.configs:
         args.configs = ["uniform"] + [c for c in args.configs if c != "uniform"]

@@ -25,12 +25,40 @@ CostTable table(int n, std::vector<double> speeds) {
 
 TEST(Calibration, ComputePerMicroBatchIsTheMedianStepAfterTheFirst) {
   // Step 1 warms up (9 s); steps 2-4 grow by 4, 8 and 5 s: the median, 5 s, over 4 micro-batches.
-  EXPECT_DOUBLE_EQ(compute_per_micro_batch({{1, 9}, {2, 13}, {3, 21}, {4, 26}}, 4), 1.25);
+  EXPECT_DOUBLE_EQ(
+      compute_per_micro_batch({{1, 9}, {2, 13}, {3, 21}, {4, 26}}, 4, timed_steps(4, 1)), 1.25);
   // An even count of steps takes the middle two's mean.
-  EXPECT_DOUBLE_EQ(compute_per_micro_batch({{1, 9}, {2, 11}, {3, 15}}, 2), 1.5);
-  // One step says nothing beyond the warm-up.
-  EXPECT_LT(compute_per_micro_batch({{1, 9}}, 4), 0);
-  EXPECT_LT(compute_per_micro_batch({}, 4), 0);
+  EXPECT_DOUBLE_EQ(compute_per_micro_batch({{1, 9}, {2, 11}, {3, 15}}, 2, timed_steps(3, 1)), 1.5);
+  // One step says nothing beyond the warm-up; a timed step without its record is refused.
+  EXPECT_LT(compute_per_micro_batch({{1, 9}}, 4, timed_steps(1, 1)), 0);
+  EXPECT_LT(compute_per_micro_batch({}, 4, timed_steps(3, 1)), 0);
+  EXPECT_LT(compute_per_micro_batch({{1, 9}, {3, 15}}, 2, timed_steps(3, 1)), 0);
+  EXPECT_EQ(timed_steps(3, 1).describe(), "steps 2-3, their median");
+}
+
+// With rounds, whole rounds are timed, ending at the trial's last step, and their mean is taken:
+// the round's first step, slower beside the averaging, counts once a round as in the run.
+TEST(Calibration, WholeRoundsAreTimedByTheirMean) {
+  const TimedSteps one = timed_steps(5, 4);
+  EXPECT_EQ(one.first, 2);
+  EXPECT_EQ(one.last, 5);
+  EXPECT_EQ(one.rounds, 1);
+  EXPECT_TRUE(one.mean);
+  EXPECT_EQ(one.describe(), "steps 2-5 (1 whole round), their mean");
+  const TimedSteps two = timed_steps(10, 4);  // steps 3-10: the last two rounds
+  EXPECT_EQ(two.first, 3);
+  EXPECT_EQ(two.rounds, 2);
+  EXPECT_EQ(timed_steps(7, 4).first, 4);
+  // Shorter than a round after the first step: the median, as without rounds.
+  const TimedSteps short_trial = timed_steps(4, 4);
+  EXPECT_EQ(short_trial.first, 2);
+  EXPECT_EQ(short_trial.rounds, 0);
+  EXPECT_FALSE(short_trial.mean);
+  // Steps of 4, 4, 4 and 6 s (the round's first, beside the averaging): the mean, 4.5 s, where
+  // the median would say 4.
+  const std::vector<std::pair<int64_t, double>> c = {{1, 9}, {2, 13}, {3, 17}, {4, 21}, {5, 27}};
+  EXPECT_DOUBLE_EQ(compute_per_micro_batch(c, 2, one), 2.25);
+  EXPECT_DOUBLE_EQ(compute_per_micro_batch(c, 2, timed_steps(5, 1)), 2);
 }
 
 TEST(Calibration, SpeedIsTheStagesProfiledTimeOverTheMeasuredOne) {

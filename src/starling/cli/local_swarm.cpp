@@ -499,6 +499,13 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     // the shortest step that way (a plan OP-Fence moved to but nobody tried has no such price).
     constexpr int kMaxTrials = 2;
     const int64_t trial_steps = config.pipeline.calibrate_steps;
+    const int64_t round = strategy::round_steps(config);
+    const sched::TimedSteps timed = sched::timed_steps(trial_steps, round);
+    if (round > 1 && timed.rounds == 0)
+      std::cerr << "plan: note: a trial of " << trial_steps << " steps times no whole "
+                << config.strategy.kind << " round (strategy.local_steps = " << round
+                << "), so it misses what a round's first step costs beside the averaging; "
+                << "pipeline.calibrate_steps = " << round + 1 << " times one\n";
     const double assumed_step_s = planned->predicted_step_s;
     std::string measured;
     std::vector<strategy::AutoPipeline> tried;  // each priced at its own trial's speeds
@@ -518,9 +525,10 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
       if (result.failed_peers > 0)
         throw Error("the calibration run failed (" + std::to_string(result.failed_peers) +
                     " peer(s)); see " + (trial / "peer-<i>.log").string());
-      measured += "  trial " + std::to_string(n) + ":\n" +
-                  sched::calibrate_speeds(
-                      *costs, strategy::trial_timings(*planned, trial, config.train.grad_accum));
+      measured +=
+          "  trial " + std::to_string(n) + ":\n" +
+          sched::calibrate_speeds(
+              *costs, strategy::trial_timings(*planned, trial, config.train.grad_accum, timed));
       // Their checkpoints are of no use: the run starts over from step 0.
       for (int i = 0; i < o.peers; ++i)
         fs::remove_all(trial / ("peer-" + std::to_string(i)) / "checkpoints");
@@ -540,11 +548,10 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
                                   : "trial " + std::to_string(kept - tried.begin() + 1) +
                                         "'s plan (the tried plan predicting the shortest step)";
     planned = *kept;
-    planned->report = "calibrated by " + std::to_string(tried.size()) + " trial(s), steps 2-" +
-                      std::to_string(trial_steps) + " of each timed (the plan from the assumed " +
-                      "speeds predicted " + fmt("%.2f", assumed_step_s) + " s a step):\n" +
-                      measured + "the run keeps " + which +
-                      ", at the speeds its trial measured:\n" + planned->report;
+    planned->report = "calibrated by " + std::to_string(tried.size()) + " trial(s) timed over " +
+                      timed.describe() + "; the plan from the assumed speeds predicted " +
+                      fmt("%.2f", assumed_step_s) + " s a step:\n" + measured + "the run keeps " +
+                      which + ", at the speeds its trial measured:\n" + planned->report;
     std::cerr << "plan: OP-Fence for the measured speeds\n" << planned->report;
     config.pipeline.stages = planned->stages;
     config.pipeline.replicas = planned->replicas;

@@ -8,16 +8,48 @@
 
 namespace starling::sched {
 
+TimedSteps timed_steps(int64_t steps, int64_t round_steps) {
+  TimedSteps t{.first = 2, .last = steps};
+  if (round_steps > 1 && steps - 1 >= round_steps) {
+    const int64_t rounds = (steps - 1) / round_steps;
+    t.first = steps - rounds * round_steps + 1;
+    t.mean = true;
+    t.rounds = rounds;
+  }
+  return t;
+}
+
+std::string TimedSteps::describe() const {
+  const std::string steps = "steps " + std::to_string(first) + "-" + std::to_string(last);
+  if (rounds == 0) return steps + ", their median";
+  return steps + " (" + std::to_string(rounds) + " whole round" + (rounds > 1 ? "s" : "") +
+         "), their mean";
+}
+
 double compute_per_micro_batch(const std::vector<std::pair<int64_t, double>>& cumulative,
-                               int64_t micro_batches) {
-  if (cumulative.size() < 2 || micro_batches < 1) return -1;
+                               int64_t micro_batches, const TimedSteps& timed) {
+  if (micro_batches < 1 || timed.first > timed.last || timed.first < 2) return -1;
+  auto at = [&](int64_t step) -> const double* {
+    for (const auto& [s, seconds] : cumulative)
+      if (s == step) return &seconds;
+    return nullptr;
+  };
   std::vector<double> per_step;
-  for (size_t i = 1; i < cumulative.size(); ++i)
-    per_step.push_back(cumulative[i].second - cumulative[i - 1].second);
-  std::sort(per_step.begin(), per_step.end());
-  const size_t n = per_step.size();
-  const double median = n % 2 ? per_step[n / 2] : (per_step[n / 2 - 1] + per_step[n / 2]) / 2;
-  return median / static_cast<double>(micro_batches);
+  for (int64_t s = timed.first; s <= timed.last; ++s) {
+    const double *before = at(s - 1), *after = at(s);
+    if (before == nullptr || after == nullptr) return -1;
+    per_step.push_back(*after - *before);
+  }
+  double seconds = 0;
+  if (timed.mean) {
+    for (const double x : per_step) seconds += x;
+    seconds /= static_cast<double>(per_step.size());
+  } else {
+    std::sort(per_step.begin(), per_step.end());
+    const size_t n = per_step.size();
+    seconds = n % 2 ? per_step[n / 2] : (per_step[n / 2 - 1] + per_step[n / 2]) / 2;
+  }
+  return seconds / static_cast<double>(micro_batches);
 }
 
 std::string calibrate_speeds(CostTable& t, const std::vector<StageTiming>& timings) {

@@ -21,12 +21,27 @@ struct StageTiming {
   double seconds_per_micro_batch = 0;
 };
 
-// The compute per micro-batch a run's step records show: `cumulative` holds (step, the stage's
-// compute seconds so far) in step order. The median over steps after the first (which warms the
-// allocator and the caches) of each step's growth, over `micro_batches`; < 0 when there are fewer
-// than two steps.
+// The steps of a trial of `steps` steps that calibration times, always after the first (which
+// warms the allocator and the caches). With rounds of `round_steps` steps (localsgd, diloco, co2:
+// strategy.local_steps; 1 for none), the last whole rounds among them, and their mean: a round's
+// first step computes beside the averaging the round before launched, slower by 10-20% on a
+// peer held to a CPU quota, and the run pays that once a round. With fewer steps than a round
+// after the first, or without rounds, every step after the first, and their median (which one
+// disturbed step does not move).
+struct TimedSteps {
+  int64_t first = 0, last = 0;   // inclusive; first > last when nothing can be timed
+  bool mean = false;             // otherwise the median
+  int64_t rounds = 0;            // how many whole rounds they are (0: not whole rounds)
+  std::string describe() const;  // "steps 2-5 (1 whole round), their mean"
+};
+TimedSteps timed_steps(int64_t steps, int64_t round_steps);
+
+// The compute per micro-batch a run's step records show over the steps of `timed`: `cumulative`
+// holds (step, the stage's compute seconds so far) in step order; a step's compute is its growth
+// from the step before. The mean or median of the timed steps', over `micro_batches`; < 0 when a
+// timed step or the one before the first of them is missing.
 double compute_per_micro_batch(const std::vector<std::pair<int64_t, double>>& cumulative,
-                               int64_t micro_batches);
+                               int64_t micro_batches, const TimedSteps& timed);
 
 // Sets each timed device's speed to its stage's profiled compute over the measured time; devices
 // without a timing keep theirs. ConfigError naming the device on a device or node range outside

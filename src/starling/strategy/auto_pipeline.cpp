@@ -69,9 +69,15 @@ AutoPipeline plan_auto_pipeline(const train::RunConfig& config, const sched::Cos
                        config.pipeline.profile.empty() ? "the profile" : config.pipeline.profile);
 }
 
+int64_t round_steps(const train::RunConfig& config) {
+  const std::string& kind = config.strategy.kind;
+  return kind == "localsgd" || kind == "diloco" || kind == "co2" ? config.strategy.local_steps : 1;
+}
+
 std::vector<sched::StageTiming> trial_timings(const AutoPipeline& plan,
                                               const std::filesystem::path& root,
-                                              int64_t micro_batches) {
+                                              int64_t micro_batches,
+                                              const sched::TimedSteps& timed) {
   std::vector<sched::StageTiming> timings;
   for (size_t i = 0; i < plan.stage_of.size(); ++i) {
     const std::filesystem::path file = root / ("peer-" + std::to_string(i)) / "metrics.jsonl";
@@ -93,10 +99,11 @@ std::vector<sched::StageTiming> trial_timings(const AutoPipeline& plan,
                           ": not a step record: " + e.what());
       }
     }
-    const double per_mb = sched::compute_per_micro_batch(cumulative, micro_batches);
+    const double per_mb = sched::compute_per_micro_batch(cumulative, micro_batches, timed);
     if (per_mb <= 0)
       throw ConfigError(file.string() + ": " + std::to_string(cumulative.size()) +
-                        " step(s) timed; calibrating needs two or more (the first is left out)");
+                        " step record(s); calibrating times " + timed.describe() +
+                        " and needs the records of those and the step before");
     const auto& range = plan.stages.at(static_cast<size_t>(plan.stage_of[i]));
     timings.push_back({.device = static_cast<int>(i),
                        .first = range.first,

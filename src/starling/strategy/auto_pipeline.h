@@ -65,12 +65,17 @@ AutoPipeline reprice_auto_pipeline(const train::RunConfig& config, sched::CostTa
                                    const AutoPipeline& planned);
 
 // pipeline.calibrate_steps: what each peer of a trial run of `plan` measured, from
-// `<root>/peer-<i>/metrics.jsonl` (the compute per micro-batch of its stage, the median of the
-// steps after the first; sched/calibration.h). ConfigError naming the file when a peer's records
-// are missing, damaged or hold fewer than two steps.
+// `<root>/peer-<i>/metrics.jsonl` (the compute per micro-batch of its stage over the `timed`
+// steps; sched/calibration.h). ConfigError naming the file when a peer's records are missing,
+// damaged or lack a timed step.
 std::vector<sched::StageTiming> trial_timings(const AutoPipeline& plan,
                                               const std::filesystem::path& root,
-                                              int64_t micro_batches);
+                                              int64_t micro_batches,
+                                              const sched::TimedSteps& timed);
+
+// The steps of strategy.kind that end in an averaging of the replicas (rounds of
+// strategy.local_steps for localsgd, diloco and co2; 1 otherwise).
+int64_t round_steps(const train::RunConfig& config);
 
 // The plan a run began with, kept in its out_dir so --resume places every peer as before (a new
 // profile could cut elsewhere, and the checkpoints hold the old stages). Atomic write; the read
