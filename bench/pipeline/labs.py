@@ -6,13 +6,17 @@
                chain order and cut, whole tensors;
   opfence-1+ada  the same with pipeline.compression = "adatopk" (not run unless named);
   opfence      pipeline.stages = "auto": OP-Fence's stage count, cut and placement for the lab,
-               replicas averaged by --strategy where it chooses them, whole tensors;
+               replicas averaged by --strategy where it chooses them, whole tensors, planned
+               from the speeds the lab's CPU quotas assume (pipeline.calibrate_steps = 0);
   opfence+ada  the same plan with pipeline.compression = "adatopk" (int8 activations);
   opfence-peers, opfence-1-peers  as opfence and opfence-1, but planned by the peers from their
                own measurements (pipeline.planner = "peers"; not run unless named),
   opfence-cal, opfence-1-cal  as opfence and opfence-1, but planned again from the speeds a
                trial of --calibrate-steps steps measured (pipeline.calibrate_steps; not run
                unless named; the plan from the assumed speeds is reported beside it),
+  opfence-default, opfence-1-default  as opfence and opfence-1 with pipeline.calibrate_steps
+               left at its default, which calibrates a run of --steps >= 20 trials (not run
+               unless named),
 each as a ratio against the uniform run of the same repetition, plus OP-Fence's predicted step
 time against the measured one.
 
@@ -136,15 +140,15 @@ def main():
     ap.add_argument("--local-steps", type=int, default=4, help="strategy.local_steps")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--calibrate-steps", type=int, default=None,
-                    help="pipeline.calibrate_steps of the -cal configurations (default: one "
-                         "round of --strategy and the warm-up step, --local-steps + 1; 3 with "
-                         "no rounds)")
+                    help="pipeline.calibrate_steps of the -cal configurations (default: two "
+                         "rounds of --strategy, 2 x --local-steps, as the launcher's default; 3 "
+                         "with no rounds)")
     ap.add_argument("--json", default=os.path.join(ROOT, "build/bench/pipeline-labs.json"))
     ap.add_argument("--plot", action="store_true", help="only draw docs/img/pipeline-labs.png from --json")
     args = ap.parse_args()
     if args.calibrate_steps is None:
         rounds = args.strategy in ("localsgd", "diloco", "co2")
-        args.calibrate_steps = args.local_steps + 1 if rounds else 3
+        args.calibrate_steps = 2 * args.local_steps if rounds else 3
     # Every ratio is against the uniform run of the same repetition: it runs first.
     if "uniform" in args.configs:
         args.configs = ["uniform"] + [c for c in args.configs if c != "uniform"]
@@ -186,8 +190,12 @@ def main():
                         cmd += ["--set", 'strategy.kind="none"']
                     if "-peers" in c:
                         cmd += ["--set", 'pipeline.planner="peers"']
-                    if "-cal" in c:
-                        cmd += ["--set", f"pipeline.calibrate_steps={args.calibrate_steps}"]
+                    # Planned from the assumed speeds unless named -cal, however long the run
+                    # (pipeline.calibrate_steps = -1 would try a long run's plan first); -default
+                    # leaves the run's default.
+                    steps = args.calibrate_steps if "-cal" in c else 0
+                    if "-peers" not in c and "-default" not in c:
+                        cmd += ["--set", f"pipeline.calibrate_steps={steps}"]
                     if "+ada" in c:
                         cmd += ["--set", 'pipeline.compression="adatopk"']
                 run(cmd, out + ".log")

@@ -45,10 +45,19 @@ TEST(Calibration, WholeRoundsAreTimedByTheirMean) {
   EXPECT_EQ(one.rounds, 1);
   EXPECT_TRUE(one.mean);
   EXPECT_EQ(one.describe(), "steps 2-5 (1 whole round), their mean");
-  const TimedSteps two = timed_steps(10, 4);  // steps 3-10: the last two rounds
-  EXPECT_EQ(two.first, 3);
-  EXPECT_EQ(two.rounds, 2);
+  EXPECT_FALSE(one.after_first_round);
   EXPECT_EQ(timed_steps(7, 4).first, 4);
+  // With a round after the first, only such rounds: steps 5-8 compute beside the averaging
+  // launched after step 4, as every later round of the run does.
+  const TimedSteps second = timed_steps(8, 4);
+  EXPECT_EQ(second.first, 5);
+  EXPECT_EQ(second.rounds, 1);
+  EXPECT_TRUE(second.after_first_round);
+  EXPECT_EQ(second.describe(), "steps 5-8 (1 whole round after the first), their mean");
+  EXPECT_EQ(timed_steps(10, 4).first, 7);     // the last whole round, ending at the trial's end
+  const TimedSteps two = timed_steps(13, 4);  // steps 6-13: two rounds, none of them the first
+  EXPECT_EQ(two.first, 6);
+  EXPECT_EQ(two.rounds, 2);
   // Shorter than a round after the first step: the median, as without rounds.
   const TimedSteps short_trial = timed_steps(4, 4);
   EXPECT_EQ(short_trial.first, 2);

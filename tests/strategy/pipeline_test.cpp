@@ -322,6 +322,47 @@ TEST(AutoPipeline, RepricedAtMeasuredSpeedsKeepsItsPlaces) {
   }
 }
 
+// pipeline.calibrate_steps = -1 (the default) tries the launcher's plan for two rounds when the
+// run is long enough to pay for it, and not otherwise; a value set stands.
+TEST(AutoPipeline, ALongRunIsCalibratedByDefaultAndAShortOneIsNot) {
+  starling::train::RunConfig config;
+  config.pipeline.auto_stages = true;
+  ASSERT_EQ(config.pipeline.calibrate_steps, -1);
+  config.strategy.kind = "co2";
+  config.strategy.local_steps = 4;
+  config.train.steps = 160;
+  auto c = calibration_steps(config);
+  EXPECT_EQ(c.steps, 8);
+  EXPECT_NE(c.why.find("a trial of 8 steps (two co2 rounds, the second timed beside"),
+            std::string::npos)
+      << c.why;
+  config.train.steps = 159;
+  c = calibration_steps(config);
+  EXPECT_EQ(c.steps, 0);
+  EXPECT_NE(c.why.find("train.steps = 159 is under 20 times a trial of 8 steps"), std::string::npos)
+      << c.why;
+  EXPECT_NE(c.why.find("pipeline.calibrate_steps = 8 calibrates it anyway"), std::string::npos)
+      << c.why;
+  // Without rounds: the warm-up step and two timed ones.
+  config.strategy.kind = "ddp";
+  config.train.steps = 60;
+  EXPECT_EQ(calibration_steps(config).steps, 3);
+  config.train.steps = 59;
+  EXPECT_EQ(calibration_steps(config).steps, 0);
+  // A value set stands, however short the run.
+  config.pipeline.calibrate_steps = 4;
+  EXPECT_EQ(calibration_steps(config).steps, 4);
+  config.pipeline.calibrate_steps = 0;
+  config.train.steps = 1000;
+  EXPECT_EQ(calibration_steps(config).steps, 0);
+  // The peers plan for themselves; the launcher has nothing to calibrate.
+  config.pipeline.calibrate_steps = -1;
+  config.pipeline.planner = "peers";
+  c = calibration_steps(config);
+  EXPECT_EQ(c.steps, 0);
+  EXPECT_NE(c.why.find("pipeline.planner = \"peers\""), std::string::npos) << c.why;
+}
+
 TEST(PipelineAutoPeer, AReportRoundTripsAndABadOneNamesItsSender) {
   const PeerReport r{.id = 0x1234,
                      .name = "n",
@@ -869,6 +910,12 @@ TEST_F(PipelineRunTest, AutoStagesArePlannedOnceAndKeptForResume) {
   ASSERT_EQ(first.code, 0) << first.output;
   EXPECT_NE(first.output.find("plan: OP-Fence for 2 peers"), std::string::npos) << first.output;
   EXPECT_NE(first.output.find("1 replica of 2 stages"), std::string::npos) << first.output;
+  // Four steps are too few to pay for a trial of the plan (pipeline.calibrate_steps = -1).
+  EXPECT_NE(first.output.find("plan: calibration: not calibrated: train.steps = 4 is under 20 "
+                              "times a trial of 3 steps"),
+            std::string::npos)
+      << first.output;
+  EXPECT_FALSE(fs::exists(run / "calibration"));
   const std::string plan = starling::testing::read_file(run / "auto_pipeline.json");
   EXPECT_NE(plan.find("\"stage_of\""), std::string::npos) << plan;
   const auto resumed = run_cli(args + " --resume");

@@ -113,6 +113,7 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
   std::optional<sched::CostTable> costs;  // the launcher's, while it may still calibrate
   const fs::path saved_plan = out / "auto_pipeline.json";
   bool keep_plan = false;
+  strategy::CalibrationChoice calibration;  // with keep_plan: the trials of the plan
   if (config.pipeline.auto_stages) {
     if (config.pipeline.replicas > 0)
       throw ConfigError(
@@ -145,6 +146,8 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
       costs = strategy::lab_costs(config, lab);
       planned = strategy::plan_auto_pipeline(config, *costs);
       std::cerr << "plan: OP-Fence for " << lab.describe() << "\n" << planned->report;
+      calibration = strategy::calibration_steps(config);
+      std::cerr << "plan: calibration: " << calibration.why << "\n";
       keep_plan = true;
     }
     if (planned) {
@@ -490,7 +493,7 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     return result;
   };
 
-  if (keep_plan && config.pipeline.calibrate_steps > 0) {
+  if (keep_plan && calibration.steps > 0) {
     // A trial of the plan on the swarm itself: what each peer's stage costs it there, beside
     // the others, replaces the speed the plan assumed (a CPU quota's share, a profile taken
     // alone), and OP-Fence plans again from those speeds. A peer's speed also depends on which
@@ -498,14 +501,20 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     // keeps one of the plans tried, priced at what its own stages measured: the one predicting
     // the shortest step that way (a plan OP-Fence moved to but nobody tried has no such price).
     constexpr int kMaxTrials = 2;
-    const int64_t trial_steps = config.pipeline.calibrate_steps;
+    const int64_t trial_steps = calibration.steps;
     const int64_t round = strategy::round_steps(config);
     const sched::TimedSteps timed = sched::timed_steps(trial_steps, round);
     if (round > 1 && timed.rounds == 0)
       std::cerr << "plan: note: a trial of " << trial_steps << " steps times no whole "
                 << config.strategy.kind << " round (strategy.local_steps = " << round
                 << "), so it misses what a round's first step costs beside the averaging; "
-                << "pipeline.calibrate_steps = " << round + 1 << " times one\n";
+                << "pipeline.calibrate_steps = " << 2 * round << " times a round as the run has "
+                << "them\n";
+    else if (round > 1 && !timed.after_first_round)
+      std::cerr << "plan: note: a trial of " << trial_steps << " steps times the first "
+                << config.strategy.kind << " round, which no averaging before it slows as it "
+                << "does the run's later ones; pipeline.calibrate_steps = " << 2 * round
+                << " times the second\n";
     const double assumed_step_s = planned->predicted_step_s;
     std::string measured;
     std::vector<strategy::AutoPipeline> tried;  // each priced at its own trial's speeds

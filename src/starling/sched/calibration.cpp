@@ -11,7 +11,11 @@ namespace starling::sched {
 TimedSteps timed_steps(int64_t steps, int64_t round_steps) {
   TimedSteps t{.first = 2, .last = steps};
   if (round_steps > 1 && steps - 1 >= round_steps) {
-    const int64_t rounds = (steps - 1) / round_steps;
+    // Steps 1..round_steps are the first round, and step round_steps + 1 is the first to
+    // compute beside its averaging: from there when a whole round follows, else from step 2.
+    t.after_first_round = steps >= 2 * round_steps;
+    const int64_t from = t.after_first_round ? round_steps + 1 : 2;
+    const int64_t rounds = (steps - from + 1) / round_steps;
     t.first = steps - rounds * round_steps + 1;
     t.mean = true;
     t.rounds = rounds;
@@ -23,7 +27,7 @@ std::string TimedSteps::describe() const {
   const std::string steps = "steps " + std::to_string(first) + "-" + std::to_string(last);
   if (rounds == 0) return steps + ", their median";
   return steps + " (" + std::to_string(rounds) + " whole round" + (rounds > 1 ? "s" : "") +
-         "), their mean";
+         (after_first_round ? " after the first" : "") + "), their mean";
 }
 
 double compute_per_micro_batch(const std::vector<std::pair<int64_t, double>>& cumulative,

@@ -74,6 +74,29 @@ int64_t round_steps(const train::RunConfig& config) {
   return kind == "localsgd" || kind == "diloco" || kind == "co2" ? config.strategy.local_steps : 1;
 }
 
+CalibrationChoice calibration_steps(const train::RunConfig& config) {
+  const int64_t set = config.pipeline.calibrate_steps;
+  if (set >= 0)
+    return {set, set == 0 ? "pipeline.calibrate_steps = 0: planned from the assumed speeds"
+                          : "pipeline.calibrate_steps = " + std::to_string(set)};
+  if (config.pipeline.planner == "peers")
+    return {0, "the peers' own plan is not calibrated (pipeline.planner = \"peers\")"};
+  const int64_t round = round_steps(config);
+  const int64_t trial = round > 1 ? 2 * round : 3;
+  const std::string what = round > 1 ? "two " + config.strategy.kind +
+                                           " rounds, the second timed beside the first's averaging"
+                                     : "the warm-up step and two more";
+  if (config.train.steps >= kAutoCalibrationRuns * trial)
+    return {trial, "a trial of " + std::to_string(trial) + " steps (" + what +
+                       "; pipeline.calibrate_steps = -1 with train.steps = " +
+                       std::to_string(config.train.steps) + ")"};
+  return {0, "not calibrated: train.steps = " + std::to_string(config.train.steps) + " is under " +
+                 std::to_string(kAutoCalibrationRuns) + " times a trial of " +
+                 std::to_string(trial) + " steps (" + what +
+                 "), so the plan keeps the assumed speeds; pipeline.calibrate_steps = " +
+                 std::to_string(trial) + " calibrates it anyway"};
+}
+
 std::vector<sched::StageTiming> trial_timings(const AutoPipeline& plan,
                                               const std::filesystem::path& root,
                                               int64_t micro_batches,

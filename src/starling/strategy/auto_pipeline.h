@@ -77,6 +77,19 @@ std::vector<sched::StageTiming> trial_timings(const AutoPipeline& plan,
 // strategy.local_steps for localsgd, diloco and co2; 1 otherwise).
 int64_t round_steps(const train::RunConfig& config);
 
+// How long the launcher's trials of its plan run (pipeline.calibrate_steps), for a run of
+// `config` with stages = "auto": `steps` per trial (0 = no trial), and a line saying why. An
+// explicit value stands; -1 chooses two rounds (2 x round_steps; 3 steps without rounds), the
+// least that times a round as the run has them (sched::timed_steps), when train.steps is at least
+// kAutoCalibrationRuns times that (its two trials at most then cost a tenth of the run), and
+// no trial for a shorter run or with planner = "peers".
+constexpr int64_t kAutoCalibrationRuns = 20;
+struct CalibrationChoice {
+  int64_t steps = 0;
+  std::string why;
+};
+CalibrationChoice calibration_steps(const train::RunConfig& config);
+
 // The plan a run began with, kept in its out_dir so --resume places every peer as before (a new
 // profile could cut elsewhere, and the checkpoints hold the old stages). Atomic write; the read
 // is a ConfigError naming the file when it is damaged (a missing field, a place out of range or

@@ -68,10 +68,12 @@ void add_config_keys(PipelineConfig& c, config::Keys& k) {
                          "peers measure their speeds and links and agree, as peers started one "
                          "by one do)",
                          {"launcher", "peers"}));
-  k.push_back(int_key("pipeline", "calibrate_steps", &c.calibrate_steps, 0,
+  k.push_back(int_key("pipeline", "calibrate_steps", &c.calibrate_steps, -1,
                       "with stages = \"auto\" and the launcher's planner: steps of a trial run "
                       "of the plan whose measured stage times replace the peers' assumed speeds "
-                      "before it plans again; 0 = none, else 2 or more"));
+                      "before it plans again; 0 = none, else 2 or more; -1 = two rounds of the "
+                      "strategy (3 steps without rounds) when train.steps is at least 20 times "
+                      "that, else none"));
   k.push_back(int_key("pipeline", "num_stages", &c.num_stages, 0,
                       "stages of an even split by node count when pipeline.stages is empty; 0 or "
                       "1 = no pipeline"));
@@ -148,9 +150,11 @@ void check(const PipelineConfig& c, const std::string& source) {
                       ": pipeline.adatopk_topk_beyond = " + std::to_string(c.adatopk_topk_beyond) +
                       " must be >= 1 (how many times the slowest stage's time int4 may take)");
   if (c.calibrate_steps == 1)
-    throw ConfigError(source +
-                      ": pipeline.calibrate_steps = 1: the trial's first step warms up and is "
-                      "left out, so calibrating takes 2 or more (0 = none)");
+    throw ConfigError(
+        source +
+        ": pipeline.calibrate_steps = 1: the trial's first step warms up and is "
+        "left out, so calibrating takes 2 or more (0 = none, -1 = two rounds when the "
+        "run is long enough)");
   if (c.replicas < 0)
     throw ConfigError(source + ": pipeline.replicas = " + std::to_string(c.replicas) +
                       " must be 0 (from the world size) or more");

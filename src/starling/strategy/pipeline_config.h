@@ -30,9 +30,11 @@ struct PipelineConfig {
   std::string planner = "launcher";
   // With the launcher's plan: train it for this many steps first (in <out_dir>/calibration), set
   // each peer's speed to what its stage measured (sched/calibration.h) and plan again, with a
-  // second trial when that moved the stages; the run then starts from step 0 with the last plan.
-  // 0 = plan from the assumed speeds alone. Needs 2 or more (the first step is left out).
-  int64_t calibrate_steps = 0;
+  // second trial when that moved the stages; the run then starts from step 0 with a plan tried.
+  // 0 = plan from the assumed speeds alone; else 2 or more (the first step is left out). -1 (the
+  // default) = two rounds when the run is long enough to pay for the trials
+  // (strategy::calibration_steps).
+  int64_t calibrate_steps = -1;
   std::string schedule = "1f1b";  // micro-batch order: "1f1b" or "gpipe"
   // 1F1B: forwards each stage but the last runs ahead beyond 1F1B's stages - 1 - stage before
   // its first backward. On slow links more micro-batches in flight overlap the forward and
