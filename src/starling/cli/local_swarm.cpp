@@ -512,8 +512,8 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
                 << "them\n";
     else if (round > 1 && !timed.after_first_round)
       std::cerr << "plan: note: a trial of " << trial_steps << " steps times the first "
-                << config.strategy.kind << " round, which no averaging before it slows as it "
-                << "does the run's later ones; pipeline.calibrate_steps = " << 2 * round
+                << config.strategy.kind << " round, which computes with no averaging beside it, "
+                << "unlike the run's later rounds; pipeline.calibrate_steps = " << 2 * round
                 << " times the second\n";
     const double assumed_step_s = planned->predicted_step_s;
     std::string measured;
