@@ -916,6 +916,14 @@ TEST_F(PipelineRunTest, AutoStagesArePlannedOnceAndKeptForResume) {
             std::string::npos)
       << first.output;
   EXPECT_FALSE(fs::exists(run / "calibration"));
+  // The run, stopped after step 2, against its plan: step 2 timed from the records of steps 1-2.
+  EXPECT_NE(first.output.find("plan: against the run: a step took "), std::string::npos)
+      << first.output;
+  EXPECT_NE(first.output.find(" predicted (predicted / measured "), std::string::npos)
+      << first.output;
+  EXPECT_NE(first.output.find(") over steps 2-2\n  peer 0, stage 0: computed "), std::string::npos)
+      << first.output;
+  EXPECT_NE(first.output.find("  peer 1, stage 1: computed "), std::string::npos) << first.output;
   const std::string plan = starling::testing::read_file(run / "auto_pipeline.json");
   EXPECT_NE(plan.find("\"stage_of\""), std::string::npos) << plan;
   const auto resumed = run_cli(args + " --resume");

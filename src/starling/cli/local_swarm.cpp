@@ -86,6 +86,32 @@ sched::LabSpec effective_lab(const LocalSwarmOptions& o) {
 
 }  // namespace
 
+namespace {
+
+// When a run of the launcher's plan ends: how it went against the plan, and, where the peers
+// computed far from the speeds an uncalibrated plan assumed, how to plan from measured ones.
+void report_against_plan(const strategy::AutoPipeline& plan, const fs::path& root,
+                         const train::RunConfig& config, bool calibrated) {
+  const auto run = strategy::run_against_auto_pipeline(plan, root, config);
+  if (!run) return;
+  std::cerr << "plan: against the run: " << run->describe();
+  double low = run->peers.front().ratio(), high = low;
+  for (const auto& p : run->peers) {
+    low = std::min(low, p.ratio());
+    high = std::max(high, p.ratio());
+  }
+  // Outside what the plan's own noise explains (a calibrated plan lands within about 15%).
+  if (!calibrated && (low < 0.8 || high > 1.25)) {
+    const int64_t round = strategy::round_steps(config);
+    std::cerr << "plan: the peers computed in x" << fmt("%.2f", low) << "-x" << fmt("%.2f", high)
+              << " the times the plan assumed; pipeline.calibrate_steps = "
+              << (round > 1 ? 2 * round : 3)
+              << " plans from the speeds a trial of the plan measures\n";
+  }
+}
+
+}  // namespace
+
 LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const LocalSwarmOptions& o) {
   if (o.peers < 1 || o.peers > 64) throw ConfigError("--peers must be in [1, 64]");
   if (o.lab && o.lab->peers != o.peers)
@@ -567,7 +593,10 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     stages = config.pipeline.count();
   }
   if (keep_plan) strategy::write_auto_pipeline(saved_plan, *planned);
-  return run_peers(out, {});
+  const LocalSwarmResult result = run_peers(out, {});
+  if (keep_plan && result.failed_peers == 0 && g_signal.load() == 0)
+    report_against_plan(*planned, out, user_config, calibration.steps > 0);
+  return result;
 }
 
 }  // namespace starling::cli

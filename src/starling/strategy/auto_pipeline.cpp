@@ -97,31 +97,48 @@ CalibrationChoice calibration_steps(const train::RunConfig& config) {
                  std::to_string(trial) + " calibrates it anyway"};
 }
 
+namespace {
+
+// A peer's step records in its metrics.jsonl: each carries the stage's compute so far
+// (net.compute_s); evaluations and the end's summary carry none. ConfigError naming the file
+// and line when it is missing or a line is not a record.
+std::vector<sched::StepRecord> read_step_records(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) throw ConfigError(file.string() + ": the run left no step records");
+  std::vector<sched::StepRecord> records;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.empty()) continue;
+    try {
+      const auto j = nlohmann::json::parse(line);
+      if (!j.contains("net") || !j["net"].is_object() || !j["net"].contains("compute_s")) continue;
+      records.push_back({.step = j.at("step").get<int64_t>(),
+                         .compute_s = j["net"]["compute_s"].get<double>(),
+                         .elapsed_s = j.value("elapsed_s", 0.0)});
+    } catch (const nlohmann::json::exception& e) {
+      throw ConfigError(file.string() + ":" + std::to_string(n) +
+                        ": not a step record: " + e.what());
+    }
+  }
+  return records;
+}
+
+std::filesystem::path metrics_of(const std::filesystem::path& root, size_t peer) {
+  return root / ("peer-" + std::to_string(peer)) / "metrics.jsonl";
+}
+
+}  // namespace
+
 std::vector<sched::StageTiming> trial_timings(const AutoPipeline& plan,
                                               const std::filesystem::path& root,
                                               int64_t micro_batches,
                                               const sched::TimedSteps& timed) {
   std::vector<sched::StageTiming> timings;
   for (size_t i = 0; i < plan.stage_of.size(); ++i) {
-    const std::filesystem::path file = root / ("peer-" + std::to_string(i)) / "metrics.jsonl";
-    std::ifstream in(file);
-    if (!in) throw ConfigError(file.string() + ": the trial run left no step records");
-    // Each step's record carries the stage's compute so far (net.compute_s); evaluations and the
-    // end's summary carry none.
+    const std::filesystem::path file = metrics_of(root, i);
     std::vector<std::pair<int64_t, double>> cumulative;
-    std::string line;
-    for (int n = 1; std::getline(in, line); ++n) {
-      if (line.empty()) continue;
-      try {
-        const auto j = nlohmann::json::parse(line);
-        if (!j.contains("net") || !j["net"].is_object() || !j["net"].contains("compute_s"))
-          continue;
-        cumulative.emplace_back(j.at("step").get<int64_t>(), j["net"]["compute_s"].get<double>());
-      } catch (const nlohmann::json::exception& e) {
-        throw ConfigError(file.string() + ":" + std::to_string(n) +
-                          ": not a step record: " + e.what());
-      }
-    }
+    for (const sched::StepRecord& r : read_step_records(file))
+      cumulative.emplace_back(r.step, r.compute_s);
     const double per_mb = sched::compute_per_micro_batch(cumulative, micro_batches, timed);
     if (per_mb <= 0)
       throw ConfigError(file.string() + ": " + std::to_string(cumulative.size()) +
@@ -134,6 +151,31 @@ std::vector<sched::StageTiming> trial_timings(const AutoPipeline& plan,
                        .seconds_per_micro_batch = per_mb});
   }
   return timings;
+}
+
+std::optional<sched::RunAgainstPlan> run_against_auto_pipeline(const AutoPipeline& plan,
+                                                               const std::filesystem::path& root,
+                                                               const train::RunConfig& config) {
+  std::vector<sched::PlannedPeer> planned(plan.stage_of.size());
+  for (const auto& pipe : plan.priced.pipelines)
+    for (size_t s = 0; s < pipe.stages.size(); ++s) {
+      const auto d = static_cast<size_t>(pipe.stages[s].device);
+      if (d >= planned.size()) return std::nullopt;
+      planned[d] = {.stage = static_cast<int>(s),
+                    .seconds_per_micro_batch = pipe.stages[s].compute_s};
+    }
+  std::vector<std::vector<sched::StepRecord>> records;
+  try {
+    for (size_t i = 0; i < planned.size(); ++i)
+      records.push_back(read_step_records(metrics_of(root, i)));
+  } catch (const ConfigError&) {
+    return std::nullopt;  // a peer that failed to start, or damaged records: nothing to say
+  }
+  sched::TimedSteps timed = sched::timed_steps(config.train.steps, round_steps(config));
+  // co2's last step waits for the averaging still in flight, which every other step overlaps.
+  if (config.strategy.kind == "co2" && timed.last > timed.first) --timed.last;
+  return sched::run_against_plan(records, planned, config.train.grad_accum, plan.predicted_step_s,
+                                 timed);
 }
 
 namespace {

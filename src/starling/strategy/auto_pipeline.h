@@ -10,6 +10,7 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "starling/sched/cost_table.h"
 #include "starling/sched/lab_spec.h"
 #include "starling/sched/op_fence.h"
+#include "starling/sched/run_against_plan.h"
 
 namespace starling::train {
 struct RunConfig;
@@ -72,6 +74,14 @@ std::vector<sched::StageTiming> trial_timings(const AutoPipeline& plan,
                                               const std::filesystem::path& root,
                                               int64_t micro_batches,
                                               const sched::TimedSteps& timed);
+
+// How the run of `plan` in `root` (its peers' metrics.jsonl) went against it
+// (sched/run_against_plan.h), over the whole rounds after the first of train.steps as a trial
+// times them (with co2, but its last step, which waits for the averaging in flight). nullopt where the plan's pricing is not at hand (a plan read back for --resume) or
+// the records cannot say (a peer without them, too few steps).
+std::optional<sched::RunAgainstPlan> run_against_auto_pipeline(const AutoPipeline& plan,
+                                                               const std::filesystem::path& root,
+                                                               const train::RunConfig& config);
 
 // The steps of strategy.kind that end in an averaging of the replicas (rounds of
 // strategy.local_steps for localsgd, diloco and co2; 1 otherwise).
