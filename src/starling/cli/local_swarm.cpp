@@ -84,10 +84,6 @@ sched::LabSpec effective_lab(const LocalSwarmOptions& o) {
   return lab;
 }
 
-}  // namespace
-
-namespace {
-
 // When a run of the launcher's plan ends: how it went against the plan, and, where the peers
 // computed far from the speeds an uncalibrated plan assumed, how to plan from measured ones.
 void report_against_plan(const strategy::AutoPipeline& plan, const fs::path& root,

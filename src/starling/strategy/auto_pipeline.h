@@ -77,8 +77,9 @@ std::vector<sched::StageTiming> trial_timings(const AutoPipeline& plan,
 
 // How the run of `plan` in `root` (its peers' metrics.jsonl) went against it
 // (sched/run_against_plan.h), over the whole rounds after the first of train.steps as a trial
-// times them (with co2, but its last step, which waits for the averaging in flight). nullopt where the plan's pricing is not at hand (a plan read back for --resume) or
-// the records cannot say (a peer without them, too few steps).
+// times them (with co2, all but the last step, which waits for the averaging in flight).
+// nullopt where the plan's pricing is not at hand (a plan read back for --resume) or the
+// records cannot say (a peer without them, too few steps).
 std::optional<sched::RunAgainstPlan> run_against_auto_pipeline(const AutoPipeline& plan,
                                                                const std::filesystem::path& root,
                                                                const train::RunConfig& config);
