@@ -7,13 +7,16 @@
   opfence-1+ada  the same with pipeline.compression = "adatopk" (not run unless named);
   opfence      pipeline.stages = "auto": OP-Fence's stage count, cut and placement for the lab,
                replicas averaged by --strategy where it chooses them, whole tensors, planned
-               from the speeds the lab's CPU quotas assume (pipeline.calibrate_steps = 0);
+               from the speeds profiled in the lab's CPU quotas (pipeline.lab_speeds =
+               "profiled", pipeline.calibrate_steps = 0);
   opfence+ada  the same plan with pipeline.compression = "adatopk" (int8 activations);
   opfence-peers, opfence-1-peers  as opfence and opfence-1, but planned by the peers from their
                own measurements (pipeline.planner = "peers"; not run unless named),
   opfence-cal, opfence-1-cal  as opfence and opfence-1, but planned again from the speeds a
                trial of --calibrate-steps steps measured (pipeline.calibrate_steps; not run
                unless named; the plan from the assumed speeds is reported beside it),
+  opfence-shares, opfence-1-shares  as opfence and opfence-1, but planned from the quotas'
+               shares of a core (pipeline.lab_speeds = "quotas"; not run unless named),
   opfence-default, opfence-1-default  as opfence and opfence-1 with pipeline.calibrate_steps
                left at its default, which calibrates a run of --steps >= 20 trials (not run
                unless named),
@@ -196,6 +199,8 @@ def main():
                     steps = args.calibrate_steps if "-cal" in c else 0
                     if "-peers" not in c and "-default" not in c:
                         cmd += ["--set", f"pipeline.calibrate_steps={steps}"]
+                    if "-shares" in c:
+                        cmd += ["--set", 'pipeline.lab_speeds="quotas"']
                     if "+ada" in c:
                         cmd += ["--set", 'pipeline.compression="adatopk"']
                 run(cmd, out + ".log")

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -441,6 +442,17 @@ TEST_F(CliTest, PlanProfileAndPipeline) {
   const std::string text = read_file(table);
   EXPECT_NE(text.find("\"starling-cost-table\""), std::string::npos) << text;
   EXPECT_NE(text.find("\"cut_bytes\": 16384"), std::string::npos) << text;
+  // --steady-seconds: the steady passes go on for that long (their mean is the table's).
+  const auto t0 = std::chrono::steady_clock::now();
+  r = run("plan profile -c " + cfg.string() + " -o " + (root_ / "steady.json").string() +
+          " --steady-seconds 0.5");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.5);
+  EXPECT_NE(r.output.find("profiled 6 nodes"), std::string::npos) << r.output;
+  r = run("plan profile -c " + cfg.string() + " -o " + (root_ / "steady.json").string() +
+          " --steady-seconds -1");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("--steady-seconds"), std::string::npos) << r.output;
 
   r = run("plan pipeline --profile " + table.string() +
           " --speeds 1,1,0.5 --link-rate 1gbit --micro-batches 8");

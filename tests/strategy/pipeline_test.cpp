@@ -1077,6 +1077,49 @@ TEST_P(AutoStagesInALab, StepAroundASlowLink) {
 INSTANTIATE_TEST_SUITE_P(Planners, AutoStagesInALab, ::testing::Values("launcher", "peers"),
                          [](const auto& info) { return info.param; });
 
+// With CPU quotas, the launcher's plan takes each peer's speed from a profile of the model in
+// that peer's quota, every quota profiling at once (pipeline.lab_speeds = "profiled"): a peer at
+// a quarter of the other's CPU measures well under its speed. With "quotas" the plan weighs the
+// quotas' shares (x0.25) and profiles nothing.
+TEST_F(PipelineRunTest, AutoStagesWeighEveryPeerAsProfiledInItsQuota) {
+  const fs::path cfg = config("auto_quota", "gpt2-tiny", 2, false);
+  const std::string args = "train -q --config " + cfg.string() +
+                           " --peers 2 --peer-cpus 1,0.25 --set 'pipeline.stages=\"auto\"' "
+                           "--set train.steps=2 --set model.d_model=128 --set model.seq_len=64";
+  const auto r = run_cli(args);
+  if (r.code != 0 && r.output.find("needs CPU quotas") != std::string::npos)
+    GTEST_SKIP() << "no CPU quotas here (cgroups need root): " << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("profiling the model in every peer's CPU quota at once"),
+            std::string::npos)
+      << r.output;
+  // "  peer i, <cpus> CPU: <ms> ms per micro-batch, speed <s> (the quota's share <share>)"
+  std::vector<double> speeds;
+  for (const char* line : {"  peer 0, 1 CPU: ", "  peer 1, 0.25 CPU: "}) {
+    const size_t at = r.output.find(line);
+    ASSERT_NE(at, std::string::npos) << line << " missing from:\n" << r.output;
+    const size_t speed = r.output.find("speed ", at);
+    ASSERT_NE(speed, std::string::npos) << r.output;
+    speeds.push_back(std::stod(r.output.substr(speed + 6)));
+  }
+  std::printf("profiled speeds: %.3f at 1 CPU, %.3f at 0.25 CPU\n", speeds[0], speeds[1]);
+  // A quarter of a core against a whole one; loose, as other tests may share the cores.
+  EXPECT_GT(speeds[0], 0.2) << r.output;
+  EXPECT_LT(speeds[1], 0.75 * speeds[0]) << r.output;
+  const fs::path run = root_ / "run_auto_quota";
+  for (const char* table : {"peer-0.json", "peer-1.json"})
+    EXPECT_TRUE(fs::exists(run / "lab_speeds" / table)) << table;
+
+  const auto shares = run_cli(args +
+                              " --set 'pipeline.lab_speeds=\"quotas\"' --set "
+                              "'train.out_dir=\"" +
+                              (root_ / "run_auto_quota_shares").string() + "\"'");
+  ASSERT_EQ(shares.code, 0) << shares.output;
+  EXPECT_EQ(shares.output.find("profiling the model in every peer's CPU quota"), std::string::npos)
+      << shares.output;
+  EXPECT_NE(shares.output.find("(x0.25)"), std::string::npos) << shares.output;
+}
+
 // With pipeline.replacement_wait_s, a peer started with a dead stage's key takes its place: the
 // dead stage's partner leaves and rejoins, a whole replica admits both at one step, they take its
 // state, and all four peers train to the end with the replicas equal.

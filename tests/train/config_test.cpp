@@ -378,9 +378,10 @@ std::vector<std::string> all_keys() {
       {"swap",
        {"budget", "tier", "dir", "group_nodes", "depth", "moment_groups", "overlap_update"}},
       {"pipeline",
-       {"stages", "profile", "planner", "calibrate_steps", "num_stages", "schedule", "extra_warmup",
-        "stage", "replicas", "replica", "replacement_wait_s", "compression", "topk_ratio",
-        "compress_activations", "adatopk_min_ratio", "adatopk_topk_beyond", "error_feedback"}}};
+       {"stages", "profile", "planner", "calibrate_steps", "lab_speeds", "num_stages", "schedule",
+        "extra_warmup", "stage", "replicas", "replica", "replacement_wait_s", "compression",
+        "topk_ratio", "compress_activations", "adatopk_min_ratio", "adatopk_topk_beyond",
+        "error_feedback"}}};
   std::vector<std::string> keys;
   for (const auto& [table, names] : tables)
     for (const auto& n : names) keys.push_back(table + "." + n);

@@ -18,8 +18,10 @@
 #include "starling/common/process.h"
 #include "starling/net/keys.h"
 #include "starling/net/netlab.h"
+#include "starling/sched/cost_table.h"
 #include "starling/strategy/auto_pipeline.h"
 #include "starling/strategy/pipeline_auto_peer.h"
+#include "starling/train/config.h"
 #include "starling/train/events.h"
 #include "starling/train/metrics.h"
 
@@ -84,6 +86,65 @@ sched::LabSpec effective_lab(const LocalSwarmOptions& o) {
   return lab;
 }
 
+// Each quota's steady passes last at least this long: hundreds of its 10 ms periods, however
+// small the model (a pass of a tiny one fits in one period's allowance).
+constexpr double kQuotaProfileSeconds = 3;
+
+// pipeline.lab_speeds = "profiled": each peer's speed where it will compute. Every peer's CPU
+// quota profiles the model at once (`starling plan profile` on the run's config, so with the
+// peers' threads), as the peers will compute beside each other; a peer's speed is the
+// reference's time (the nodes of `costs`: pipeline.profile or the launcher's profile, taken
+// alone, a device of speed 1) over the time its quota measured. A quota's share alone misses
+// what CFS throttling in short periods and the shared cores cost: on a 2-core machine a peer at
+// 0.25 CPU computed a whole step 1.16-1.31x slower than a quarter of its speed alone. Returns
+// the lines that say what each quota measured.
+std::string profile_in_quotas(sched::CostTable& costs, const train::RunConfig& config,
+                              const std::vector<std::unique_ptr<CpuQuota>>& quotas,
+                              const std::vector<double>& cpus, const std::string& starling,
+                              const fs::path& dir) {
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  // The model and the training settings are what a profile measures; the pipeline's own keys
+  // would only be checked again.
+  train::RunConfig profiled = config;
+  profiled.pipeline = strategy::PipelineConfig{};
+  const fs::path cfg = dir / "config.toml";
+  std::ofstream(cfg) << train::to_toml(profiled);
+  std::vector<Process> procs;
+  auto table_of = [&](size_t i) { return dir / ("peer-" + std::to_string(i) + ".json"); };
+  auto log_of = [&](size_t i) { return (dir / ("peer-" + std::to_string(i) + ".log")).string(); };
+  for (size_t i = 0; i < quotas.size(); ++i) {
+    std::vector<std::string> argv = quotas[i]->exec_prefix();
+    argv.insert(argv.end(),
+                {starling, "plan", "profile", "-c", cfg.string(), "-o", table_of(i).string(),
+                 "--steady-seconds", fmt("%g", kQuotaProfileSeconds)});
+    procs.emplace_back(argv, log_of(i));
+  }
+  double reference_s = 0;
+  for (const auto& n : costs.nodes) reference_s += n.compute_s;
+  std::string lines;
+  for (size_t i = 0; i < procs.size(); ++i) {
+    procs[i].read_all(std::chrono::hours(1));
+    const auto code = procs[i].wait(std::chrono::minutes(1));
+    if (code.value_or(-1) != 0) {
+      const std::string why = last_line(log_of(i));
+      throw Error("the profile in peer " + std::to_string(i) + "'s CPU quota failed" +
+                  (why.empty() ? std::string() : ": " + why) + "; see " + log_of(i) +
+                  " (pipeline.lab_speeds = \"quotas\" plans from the quotas' shares instead)");
+    }
+    double own_s = 0;
+    for (const auto& n : sched::read_cost_table(table_of(i)).nodes) own_s += n.compute_s;
+    if (!(own_s > 0)) throw Error(table_of(i).string() + ": the profile measured no time");
+    const double share = costs.devices[i].speed;
+    costs.devices[i].speed = reference_s / own_s;
+    lines += "  peer " + std::to_string(i) + ", " + fmt("%g", cpus[i]) +
+             " CPU: " + fmt("%.1f", own_s * 1e3) + " ms per micro-batch, speed " +
+             fmt("%.3f", costs.devices[i].speed) + " (the quota's share " + fmt("%.3f", share) +
+             ")\n";
+  }
+  return lines;
+}
+
 // When a run of the launcher's plan ends: how it went against the plan, and, where the peers
 // computed far from the speeds an uncalibrated plan assumed, how to plan from measured ones.
 void report_against_plan(const strategy::AutoPipeline& plan, const fs::path& root,
@@ -127,6 +188,24 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     throw ConfigError(out.string() +
                       " already holds a swarm's checkpoints; pass --resume to continue that run, "
                       "or set train.out_dir to a new directory");
+  // Unequal peers on one machine: each peer's process tree gets its share of the CPUs.
+  std::vector<std::unique_ptr<CpuQuota>> quotas;
+  const std::vector<double>& peer_cpus = o.lab ? o.lab->cpus : o.peer_cpus;
+  if (!peer_cpus.empty()) {
+    const std::string what = o.lab ? "--lab " + o.lab->source : std::string("--peer-cpus");
+    if (static_cast<int>(peer_cpus.size()) != o.peers)
+      throw ConfigError(what + " needs one CPU value per peer");
+    if (auto why = CpuQuota::unavailable_reason(); !why.empty())
+      throw ConfigError(what + " needs CPU quotas: " + why);
+    std::string shares;
+    for (int i = 0; i < o.peers; ++i) {
+      quotas.push_back(std::make_unique<CpuQuota>(
+          "starling-" + std::to_string(::getpid()) + "-peer-" + std::to_string(i), peer_cpus[i]));
+      shares += (i ? ", " : "") + fmt("%g", peer_cpus[i]);
+    }
+    std::cerr << "swarm: CPU quotas per peer: " << shares << "\n";
+  }
+
   // stages = "auto": plan the cut and every peer's place now (or take the plan the run began
   // with, on --resume: its checkpoints hold those stages), then run explicit stages. The plan is
   // kept once the peers are about to start.
@@ -166,6 +245,12 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     } else {
       const sched::LabSpec lab = effective_lab(o);
       costs = strategy::lab_costs(config, lab);
+      if (!quotas.empty() && config.pipeline.lab_speeds == "profiled") {
+        const fs::path dir = out / "lab_speeds";
+        std::cerr << "plan: profiling the model in every peer's CPU quota at once, in "
+                  << dir.string() << " (pipeline.lab_speeds = \"profiled\")\n";
+        std::cerr << profile_in_quotas(*costs, config, quotas, peer_cpus, o.starling, dir);
+      }
       planned = strategy::plan_auto_pipeline(config, *costs);
       std::cerr << "plan: OP-Fence for " << lab.describe() << "\n" << planned->report;
       calibration = strategy::calibration_steps(config);
@@ -248,24 +333,6 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     lab = std::make_unique<net::NetLab>(o.peers, o.link_rate);
     std::cerr << "swarm: " << o.peers << " namespaces on " << o.link_rate << " links (lab "
               << lab->name() << ")\n";
-  }
-
-  // Unequal peers on one machine: each peer's process tree gets its share of the CPUs.
-  std::vector<std::unique_ptr<CpuQuota>> quotas;
-  const std::vector<double>& peer_cpus = o.lab ? o.lab->cpus : o.peer_cpus;
-  if (!peer_cpus.empty()) {
-    const std::string what = o.lab ? "--lab " + o.lab->source : std::string("--peer-cpus");
-    if (static_cast<int>(peer_cpus.size()) != o.peers)
-      throw ConfigError(what + " needs one CPU value per peer");
-    if (auto why = CpuQuota::unavailable_reason(); !why.empty())
-      throw ConfigError(what + " needs CPU quotas: " + why);
-    std::string shares;
-    for (int i = 0; i < o.peers; ++i) {
-      quotas.push_back(std::make_unique<CpuQuota>(
-          "starling-" + std::to_string(::getpid()) + "-peer-" + std::to_string(i), peer_cpus[i]));
-      shares += (i ? ", " : "") + fmt("%g", peer_cpus[i]);
-    }
-    std::cerr << "swarm: CPU quotas per peer: " << shares << "\n";
   }
 
   // Peer i's command line, its directory under `root`, with the `extra` --set overrides last.

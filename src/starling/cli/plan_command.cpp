@@ -79,14 +79,21 @@ void add_plan_command(CLI::App& app) {
   struct ProfileArgs {
     std::string config, out;
     std::vector<std::string> sets;
+    double steady_seconds = 0;
   };
   auto pa = std::make_shared<ProfileArgs>();
   profile->add_option("-c,--config", pa->config, "config file (TOML)")->required();
   profile->add_option("-o,--out", pa->out, "cost table to write (JSON)")->required();
   profile->add_option("--set", pa->sets, "override a key (repeatable)");
+  profile
+      ->add_option("--steady-seconds", pa->steady_seconds,
+                   "repeat the steady passes for this long and take each node's mean (under a "
+                   "CPU quota); 0 = the faster of two passes")
+      ->check(CLI::Range(0.0, 600.0))
+      ->capture_default_str();
   profile->callback([pa] {
     const auto config = train::load_run_config(pa->config, pa->sets);
-    const sched::CostTable t = sched::profile_workload(config);
+    const sched::CostTable t = sched::profile_workload(config, pa->steady_seconds);
     sched::write_cost_table(pa->out, t);
     double total = 0;
     for (const auto& n : t.nodes) total += n.compute_s;

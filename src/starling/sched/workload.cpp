@@ -1,6 +1,8 @@
 #include "starling/sched/workload.h"
 
 #include <algorithm>
+#include <chrono>
+#include <vector>
 
 #include "starling/common/cpu_runtime.h"
 #include "starling/graph/dag.h"
@@ -12,14 +14,19 @@
 
 namespace starling::sched {
 
-CostTable profile_workload(const train::RunConfig& c) {
+CostTable profile_workload(const train::RunConfig& c, double steady_seconds) {
   const int threads = setup_cpu_runtime(c.train.threads, c.train.cpu_allocator == "system");
   auto dag = model::build_model(c.model, c.train.seed, c10::kCPU);
   const graph::ExecutorOptions options{
       .recompute = c.train.recompute, .autocast = train::parse_dtype(c.train.dtype, "train.dtype")};
   // The first pass pays for allocations and one-time set-up; the faster of two is the steady one.
   const auto cold = swap::profile_nodes(*dag, options, c.train.batch_size, c.model.seq_len);
-  const auto warm = swap::profile_nodes(*dag, options, c.train.batch_size, c.model.seq_len);
+  std::vector<swap::SwapProblem> steady;
+  const auto start = std::chrono::steady_clock::now();
+  do {
+    steady.push_back(swap::profile_nodes(*dag, options, c.train.batch_size, c.model.seq_len));
+  } while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <
+           steady_seconds);
   const int n = dag->size();
   const auto& nodes = dag->nodes();
 
@@ -48,10 +55,19 @@ CostTable profile_workload(const train::RunConfig& c) {
   for (int i = 0; i < n; ++i) {
     NodeCost node{.name = nodes[static_cast<size_t>(i)].name};
     const auto& a = cold.nodes[static_cast<size_t>(i)];
-    const auto& b = warm.nodes[static_cast<size_t>(i)];
-    const auto& quick = a.forward_s + a.backward_s <= b.forward_s + b.backward_s ? a : b;
-    node.compute_s = quick.forward_s + quick.backward_s;
-    node.forward_s = quick.forward_s;
+    if (steady_seconds > 0) {
+      // The mean over the steady passes: what a long computation sees of every pause.
+      for (const auto& pass : steady) {
+        const auto& b = pass.nodes[static_cast<size_t>(i)];
+        node.compute_s += (b.forward_s + b.backward_s) / static_cast<double>(steady.size());
+        node.forward_s += b.forward_s / static_cast<double>(steady.size());
+      }
+    } else {
+      const auto& b = steady.front().nodes[static_cast<size_t>(i)];
+      const auto& quick = a.forward_s + a.backward_s <= b.forward_s + b.backward_s ? a : b;
+      node.compute_s = quick.forward_s + quick.backward_s;
+      node.forward_s = quick.forward_s;
+    }
     node.param_bytes = dag->node_param_bytes(i);
     // A cut after node i carries every output of a node <= i that a node > i reads.
     for (int j = 0; j <= i && i + 1 < n; ++j)

@@ -15,6 +15,10 @@ struct RunConfig;
 
 namespace starling::sched {
 
-CostTable profile_workload(const train::RunConfig& config);
+// With steady_seconds > 0 the passes after the first go on until that much time has passed and
+// each node's time is its mean over them: under a CPU quota enforced in short periods (a lab's
+// cgroups), a single pass of a small model can fit in one period's allowance and never wait
+// for the next, where training does.
+CostTable profile_workload(const train::RunConfig& config, double steady_seconds = 0);
 
 }  // namespace starling::sched

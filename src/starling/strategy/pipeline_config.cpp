@@ -74,6 +74,12 @@ void add_config_keys(PipelineConfig& c, config::Keys& k) {
                       "before it plans again; 0 = none, else 2 or more; -1 = two rounds of the "
                       "strategy (3 steps without rounds) when train.steps is at least 20 times "
                       "that, else none"));
+  k.push_back(string_key("pipeline", "lab_speeds", &c.lab_speeds,
+                         "with stages = \"auto\", the launcher's planner and CPU quotas: "
+                         "\"profiled\" (every peer's quota profiles the model at once before "
+                         "the plan) or \"quotas\" (each peer at its quota's share of the "
+                         "profiled threads)",
+                         {"profiled", "quotas"}));
   k.push_back(int_key("pipeline", "num_stages", &c.num_stages, 0,
                       "stages of an even split by node count when pipeline.stages is empty; 0 or "
                       "1 = no pipeline"));

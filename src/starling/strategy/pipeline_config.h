@@ -35,6 +35,11 @@ struct PipelineConfig {
   // default) = two rounds when the run is long enough to pay for the trials
   // (strategy::calibration_steps).
   int64_t calibrate_steps = -1;
+  // With the launcher's plan and CPU quotas (a lab's cpus, --peer-cpus): where each peer's speed
+  // comes from before any trial. "profiled" = every peer's quota profiles the model at once, as
+  // the peers will compute beside each other (a quota throttled in short periods buys less than
+  // its share); "quotas" = the quota's share of the profiled threads (sched::apply_lab).
+  std::string lab_speeds = "profiled";
   std::string schedule = "1f1b";  // micro-batch order: "1f1b" or "gpipe"
   // 1F1B: forwards each stage but the last runs ahead beyond 1F1B's stages - 1 - stage before
   // its first backward. On slow links more micro-batches in flight overlap the forward and
