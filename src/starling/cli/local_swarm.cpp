@@ -120,8 +120,7 @@ std::string profile_in_quotas(sched::CostTable& costs, const train::RunConfig& c
                  "--steady-seconds", fmt("%g", kQuotaProfileSeconds)});
     procs.emplace_back(argv, log_of(i));
   }
-  double reference_s = 0;
-  for (const auto& n : costs.nodes) reference_s += n.compute_s;
+  const double reference_s = sched::total_compute_s(costs);
   std::string lines;
   for (size_t i = 0; i < procs.size(); ++i) {
     procs[i].read_all(std::chrono::hours(1));
@@ -132,8 +131,7 @@ std::string profile_in_quotas(sched::CostTable& costs, const train::RunConfig& c
                   (why.empty() ? std::string() : ": " + why) + "; see " + log_of(i) +
                   " (pipeline.lab_speeds = \"quotas\" plans from the quotas' shares instead)");
     }
-    double own_s = 0;
-    for (const auto& n : sched::read_cost_table(table_of(i)).nodes) own_s += n.compute_s;
+    const double own_s = sched::total_compute_s(sched::read_cost_table(table_of(i)));
     if (!(own_s > 0)) throw Error(table_of(i).string() + ": the profile measured no time");
     const double share = costs.devices[i].speed;
     costs.devices[i].speed = reference_s / own_s;

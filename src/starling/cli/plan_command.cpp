@@ -95,8 +95,7 @@ void add_plan_command(CLI::App& app) {
     const auto config = train::load_run_config(pa->config, pa->sets);
     const sched::CostTable t = sched::profile_workload(config, pa->steady_seconds);
     sched::write_cost_table(pa->out, t);
-    double total = 0;
-    for (const auto& n : t.nodes) total += n.compute_s;
+    const double total = sched::total_compute_s(t);
     std::cout << "profiled " << t.nodes.size() << " nodes: " << sched::format_seconds(total)
               << " per micro-batch of " << config.train.batch_size << " x " << config.model.seq_len
               << " tokens, forward and backward; wrote " << pa->out << "\n";

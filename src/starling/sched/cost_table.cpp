@@ -224,4 +224,10 @@ void write_cost_table(const std::filesystem::path& file, const CostTable& t) {
   if (!out) throw ConfigError(file.string() + ": cannot write the cost table");
 }
 
+double total_compute_s(const CostTable& t) {
+  double s = 0;
+  for (const auto& n : t.nodes) s += n.compute_s;
+  return s;
+}
+
 }  // namespace starling::sched

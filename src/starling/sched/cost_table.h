@@ -88,4 +88,8 @@ CostTable cost_table_from_json(const nlohmann::json& j, const std::string& where
 CostTable read_cost_table(const std::filesystem::path& file);
 void write_cost_table(const std::filesystem::path& file, const CostTable& t);
 
+// The whole model's forward and backward time on the table's reference device: the sum of every
+// node's compute_s.
+double total_compute_s(const CostTable& t);
+
 }  // namespace starling::sched

@@ -39,12 +39,6 @@ std::vector<uint8_t> receive(net::Node& node, net::PeerId from, uint64_t tag, mi
   return t.wait();
 }
 
-double total_compute_s(const sched::CostTable& t) {
-  double s = 0;
-  for (const auto& n : t.nodes) s += n.compute_s;
-  return s;
-}
-
 // The bandwidth this peer measured from each of `others` (gossip's probes) and the shortest round
 // trip of its pings to each: heartbeats carry a ping every net.heartbeat_ms, and one queued behind
 // a probe on a slow link reads long, so the shortest of several is the link's own delay. Waits
@@ -139,7 +133,7 @@ sched::CostTable swarm_costs(const sched::CostTable& reference,
                              const std::vector<PeerReport>& reports,
                              std::vector<std::string>* unmeasured) {
   sched::CostTable t = reference;
-  const double reference_s = total_compute_s(reference);
+  const double reference_s = sched::total_compute_s(reference);
   const size_t n = reports.size();
   t.devices.clear();
   for (const PeerReport& r : reports)
@@ -236,7 +230,7 @@ AutoPipeline agree_on_pipeline(net::Node& node, const train::RunConfig& config,
   measure_links(node, others, mine);
   const double t0 = train::now_s();
   const sched::CostTable own = sched::profile_workload(config);
-  mine.compute_s = total_compute_s(own);
+  mine.compute_s = sched::total_compute_s(own);
   std::cerr << "pipeline: this peer computes a micro-batch's forward and backward in "
             << train::fmt("%.1f", mine.compute_s * 1e3) << " ms (measured in "
             << train::fmt("%.1f", train::now_s() - t0) << " s)\n";
