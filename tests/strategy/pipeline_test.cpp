@@ -22,6 +22,7 @@
 
 #include "../cli/run_cli.h"
 #include "../cli/run_files.h"
+#include "starling/common/cpu_runtime.h"
 #include "starling/common/error.h"
 #include "starling/common/safetensors.h"
 #include "starling/model/build.h"
@@ -1093,7 +1094,7 @@ TEST_F(PipelineRunTest, AutoStagesWeighEveryPeerAsProfiledInItsQuota) {
   EXPECT_NE(r.output.find("profiling the model in every peer's CPU quota at once"),
             std::string::npos)
       << r.output;
-  // "  peer i, <cpus> CPU: <ms> ms per micro-batch, speed <s> (the quota's share <share>)"
+  // "  peer i, <cpus> CPU: <ms> ms per micro-batch, speed <s> (assumed <the quota's share>)"
   std::vector<double> speeds;
   for (const char* line : {"  peer 0, 1 CPU: ", "  peer 1, 0.25 CPU: "}) {
     const size_t at = r.output.find(line);
@@ -1118,6 +1119,41 @@ TEST_F(PipelineRunTest, AutoStagesWeighEveryPeerAsProfiledInItsQuota) {
   EXPECT_EQ(shares.output.find("profiling the model in every peer's CPU quota"), std::string::npos)
       << shares.output;
   EXPECT_NE(shares.output.find("(x0.25)"), std::string::npos) << shares.output;
+}
+
+// Without quotas, peers whose threads outnumber the cores share them: the launcher profiles the
+// model in every peer's place at once, and each peer's speed is its share of the cores as it
+// measured it, not the speed of the reference profile taken alone.
+TEST_F(PipelineRunTest, AutoStagesWeighPeersThatShareTheCores) {
+  const fs::path cfg = config("auto_crowd", "gpt2-tiny", 2, false);
+  const int cores = starling::physical_cores();
+  const auto r = run_cli("train -q --config " + cfg.string() +
+                         " --peers 2 --set 'pipeline.stages=\"auto\"' --set train.steps=2 --set "
+                         "model.d_model=128 --set model.seq_len=64 --set train.threads=" +
+                         std::to_string(cores));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string crowd =
+      "2 peers x " + std::to_string(cores) + " threads on " + std::to_string(cores) + " cores";
+  EXPECT_NE(r.output.find("profiling the model in every peer's place (" + crowd + ") at once"),
+            std::string::npos)
+      << r.output;
+  double total = 0;
+  for (const char* line : {"  peer 0, no quota: ", "  peer 1, no quota: "}) {
+    const size_t at = r.output.find(line);
+    ASSERT_NE(at, std::string::npos) << line << " missing from:\n" << r.output;
+    const size_t speed = r.output.find("speed ", at);
+    ASSERT_NE(speed, std::string::npos) << r.output;
+    const double s = std::stod(r.output.substr(speed + 6));
+    std::printf("%sspeed %.3f\n", line, s);
+    EXPECT_GT(s, 0) << r.output;
+    total += s;
+  }
+  // Two peers on every core cannot each compute as fast as one alone (here they measure far
+  // slower: their threads spin waiting for each other's cores). Loose, as the reference's threads
+  // do not speed a tiny model up in proportion, and other tests may share the cores.
+  EXPECT_LT(total, 1.7) << r.output;
+  for (const char* table : {"peer-0.json", "peer-1.json"})
+    EXPECT_TRUE(fs::exists(root_ / "run_auto_crowd" / "lab_speeds" / table)) << table;
 }
 
 // With pipeline.replacement_wait_s, a peer started with a dead stage's key takes its place: the

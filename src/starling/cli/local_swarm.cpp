@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "starling/cli/cpu_quota.h"
+#include "starling/common/cpu_runtime.h"
 #include "starling/common/error.h"
 #include "starling/common/process.h"
 #include "starling/net/keys.h"
@@ -86,22 +87,25 @@ sched::LabSpec effective_lab(const LocalSwarmOptions& o) {
   return lab;
 }
 
-// Each quota's steady passes last at least this long: hundreds of its 10 ms periods, however
-// small the model (a pass of a tiny one fits in one period's allowance).
-constexpr double kQuotaProfileSeconds = 3;
+// Each peer's steady passes last at least this long: hundreds of a CPU quota's 10 ms periods (or
+// of the scheduler's slices between peers sharing a core), however small the model (a pass of a
+// tiny one fits in one period's allowance).
+constexpr double kPlaceProfileSeconds = 3;
 
-// pipeline.lab_speeds = "profiled": each peer's speed where it will compute. Every peer's CPU
-// quota profiles the model at once (`starling plan profile` on the run's config, so with the
-// peers' threads), as the peers will compute beside each other; a peer's speed is the
-// reference's time (the nodes of `costs`: pipeline.profile or the launcher's profile, taken
-// alone, a device of speed 1) over the time its quota measured. A quota's share alone misses
-// what CFS throttling in short periods and the shared cores cost: on a 2-core machine a peer at
-// 0.25 CPU computed a whole step 1.16-1.31x slower than a quarter of its speed alone. Returns
-// the lines that say what each quota measured.
-std::string profile_in_quotas(sched::CostTable& costs, const train::RunConfig& config,
-                              const std::vector<std::unique_ptr<CpuQuota>>& quotas,
-                              const std::vector<double>& cpus, const std::string& starling,
-                              const fs::path& dir) {
+// pipeline.lab_speeds = "profiled": each peer's speed where it will compute. Every peer profiles
+// the model at once in its place (`starling plan profile` on the run's config, so with the peers'
+// threads; in its CPU quota, if it has one), as the peers will compute beside each other; a peer's
+// speed is the reference's time (the nodes of `costs`: pipeline.profile or the launcher's profile,
+// taken alone, a device of speed 1) over the time its own profile measured. A quota's share alone
+// misses what CFS throttling in short periods and the shared cores cost: on a 2-core machine a
+// peer at 0.25 CPU computed a whole step 1.16-1.31x slower than a quarter of its speed alone; and
+// peers without quotas whose threads outnumber the cores are each slower than the reference too.
+// `prefixes` holds each peer's command prefix (its quota's, or empty) and `places` how each is
+// named in the lines returned, which say what each profile measured.
+std::string profile_in_place(sched::CostTable& costs, const train::RunConfig& config,
+                             const std::vector<std::vector<std::string>>& prefixes,
+                             const std::vector<std::string>& places, const std::string& starling,
+                             const fs::path& dir) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   // The model and the training settings are what a profile measures; the pipeline's own keys
@@ -113,11 +117,11 @@ std::string profile_in_quotas(sched::CostTable& costs, const train::RunConfig& c
   std::vector<Process> procs;
   auto table_of = [&](size_t i) { return dir / ("peer-" + std::to_string(i) + ".json"); };
   auto log_of = [&](size_t i) { return (dir / ("peer-" + std::to_string(i) + ".log")).string(); };
-  for (size_t i = 0; i < quotas.size(); ++i) {
-    std::vector<std::string> argv = quotas[i]->exec_prefix();
+  for (size_t i = 0; i < prefixes.size(); ++i) {
+    std::vector<std::string> argv = prefixes[i];
     argv.insert(argv.end(),
                 {starling, "plan", "profile", "-c", cfg.string(), "-o", table_of(i).string(),
-                 "--steady-seconds", fmt("%g", kQuotaProfileSeconds)});
+                 "--steady-seconds", fmt("%g", kPlaceProfileSeconds)});
     procs.emplace_back(argv, log_of(i));
   }
   const double reference_s = sched::total_compute_s(costs);
@@ -127,18 +131,17 @@ std::string profile_in_quotas(sched::CostTable& costs, const train::RunConfig& c
     const auto code = procs[i].wait(std::chrono::minutes(1));
     if (code.value_or(-1) != 0) {
       const std::string why = last_line(log_of(i));
-      throw Error("the profile in peer " + std::to_string(i) + "'s CPU quota failed" +
+      throw Error("the profile of peer " + std::to_string(i) + " in " + places[i] + " failed" +
                   (why.empty() ? std::string() : ": " + why) + "; see " + log_of(i) +
-                  " (pipeline.lab_speeds = \"quotas\" plans from the quotas' shares instead)");
+                  " (pipeline.lab_speeds = \"quotas\" plans without it)");
     }
     const double own_s = sched::total_compute_s(sched::read_cost_table(table_of(i)));
     if (!(own_s > 0)) throw Error(table_of(i).string() + ": the profile measured no time");
-    const double share = costs.devices[i].speed;
+    const double assumed = costs.devices[i].speed;
     costs.devices[i].speed = reference_s / own_s;
-    lines += "  peer " + std::to_string(i) + ", " + fmt("%g", cpus[i]) +
-             " CPU: " + fmt("%.1f", own_s * 1e3) + " ms per micro-batch, speed " +
-             fmt("%.3f", costs.devices[i].speed) + " (the quota's share " + fmt("%.3f", share) +
-             ")\n";
+    lines += "  peer " + std::to_string(i) + ", " + places[i] + ": " + fmt("%.1f", own_s * 1e3) +
+             " ms per micro-batch, speed " + fmt("%.3f", costs.devices[i].speed) + " (assumed " +
+             fmt("%.3f", assumed) + ")\n";
   }
   return lines;
 }
@@ -243,11 +246,26 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     } else {
       const sched::LabSpec lab = effective_lab(o);
       costs = strategy::lab_costs(config, lab);
-      if (!quotas.empty() && config.pipeline.lab_speeds == "profiled") {
+      // Without quotas the peers still share the cores when their threads outnumber them.
+      const int cores = physical_cores();
+      const int threads = config.train.threads > 0 ? config.train.threads : cores;
+      const bool crowded = quotas.empty() && o.peers * threads > cores;
+      if ((!quotas.empty() || crowded) && config.pipeline.lab_speeds == "profiled") {
         const fs::path dir = out / "lab_speeds";
-        std::cerr << "plan: profiling the model in every peer's CPU quota at once, in "
-                  << dir.string() << " (pipeline.lab_speeds = \"profiled\")\n";
-        std::cerr << profile_in_quotas(*costs, config, quotas, peer_cpus, o.starling, dir);
+        std::vector<std::vector<std::string>> prefixes;
+        std::vector<std::string> places;
+        for (int i = 0; i < o.peers; ++i) {
+          prefixes.push_back(quotas.empty() ? std::vector<std::string>{}
+                                            : quotas[i]->exec_prefix());
+          places.push_back(quotas.empty() ? "no quota" : fmt("%g CPU", peer_cpus[i]));
+        }
+        std::cerr << "plan: profiling the model in every peer's "
+                  << (quotas.empty() ? "place (" + std::to_string(o.peers) + " peers x " +
+                                           std::to_string(threads) + " threads on " +
+                                           std::to_string(cores) + " cores)"
+                                     : std::string("CPU quota"))
+                  << " at once, in " << dir.string() << " (pipeline.lab_speeds = \"profiled\")\n";
+        std::cerr << profile_in_place(*costs, config, prefixes, places, o.starling, dir);
       }
       planned = strategy::plan_auto_pipeline(config, *costs);
       std::cerr << "plan: OP-Fence for " << lab.describe() << "\n" << planned->report;
