@@ -28,7 +28,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // CLI11 prints the message (or the help) and has a code of its own per kind of error (105
+    // for a failed check, 106 for a missing option, ...); bad input exits with 2 everywhere.
+    return app.exit(e) == 0 ? 0 : 2;
   } catch (const starling::Error& e) {
     std::cerr << "error: " << e.what() << "\n";
     if (verbose) std::cerr << "  (raised at " << e.origin() << ")\n";
