@@ -131,7 +131,7 @@ std::string profile_in_place(sched::CostTable& costs, const train::RunConfig& co
     const auto code = procs[i].wait(std::chrono::minutes(1));
     if (code.value_or(-1) != 0) {
       const std::string why = last_line(log_of(i));
-      throw Error("the profile of peer " + std::to_string(i) + " in " + places[i] + " failed" +
+      throw Error("the profile of peer " + std::to_string(i) + " (" + places[i] + ") failed" +
                   (why.empty() ? std::string() : ": " + why) + "; see " + log_of(i) +
                   " (pipeline.lab_speeds = \"quotas\" plans without it)");
     }
