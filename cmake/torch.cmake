@@ -67,6 +67,7 @@ add_library(starling STATIC
   src/starling/strategy/pipeline_admission.cpp
   src/starling/strategy/auto_pipeline.cpp
   src/starling/strategy/pipeline_auto_peer.cpp
+  src/starling/strategy/plan_trials.cpp
   src/starling/strategy/pipeline_peer.cpp
   src/starling/strategy/peer.cpp
   src/starling/swap/swap_config.cpp

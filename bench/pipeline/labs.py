@@ -11,7 +11,8 @@
                "profiled", pipeline.calibrate_steps = 0);
   opfence+ada  the same plan with pipeline.compression = "adatopk" (int8 activations);
   opfence-peers, opfence-1-peers  as opfence and opfence-1, but planned by the peers from their
-               own measurements (pipeline.planner = "peers"; not run unless named),
+               own measurements (pipeline.planner = "peers"; not run unless named); with -cal
+               too (opfence-peers-cal), the peers calibrate their plan by trials,
   opfence-cal, opfence-1-cal  as opfence and opfence-1, but planned again from the speeds a
                trial of --calibrate-steps steps measured (pipeline.calibrate_steps; not run
                unless named; the plan from the assumed speeds is reported beside it),
@@ -65,12 +66,16 @@ def swarm_rate(out, stages, skip, steps):
 
 
 def assumed_prediction(out):
-    """A calibrated plan's step predicted from the assumed speeds (its report says it), else 0."""
-    try:
-        with open(os.path.join(out, "auto_pipeline.json")) as f:
-            report = json.load(f).get("report", "")
-    except (OSError, ValueError):
-        return 0.0
+    """A calibrated plan's step predicted from the assumed speeds (its report says it), else 0.
+    The launcher keeps its plan in the run's directory; peers that plan keep theirs in their own."""
+    report = ""
+    for where in ("auto_pipeline.json", os.path.join("peer-0", "auto_pipeline.json")):
+        try:
+            with open(os.path.join(out, where)) as f:
+                report = json.load(f).get("report", "")
+            break
+        except (OSError, ValueError):
+            continue
     m = re.search(r"the plan from the assumed speeds predicted ([0-9.]+) s", report)
     return float(m.group(1)) if m else 0.0
 
@@ -197,7 +202,7 @@ def main():
                     # (pipeline.calibrate_steps = -1 would try a long run's plan first); -default
                     # leaves the run's default.
                     steps = args.calibrate_steps if "-cal" in c else 0
-                    if "-peers" not in c and "-default" not in c:
+                    if "-default" not in c:
                         cmd += ["--set", f"pipeline.calibrate_steps={steps}"]
                     if "-shares" in c:
                         cmd += ["--set", 'pipeline.lab_speeds="quotas"']

@@ -31,6 +31,7 @@
 #include "starling/strategy/pipeline_auto_peer.h"
 #include "starling/strategy/pipeline_layout.h"
 #include "starling/strategy/pipeline_peer.h"
+#include "starling/strategy/plan_trials.h"
 #include "starling/strategy/shared_copies.h"
 #include "starling/strategy/tensor_message.h"
 #include "starling/train/config.h"
@@ -323,6 +324,50 @@ TEST(AutoPipeline, RepricedAtMeasuredSpeedsKeepsItsPlaces) {
   }
 }
 
+// The trials of a plan: a device that measured half its assumed speed gets fewer nodes in the next
+// plan, which is tried once more; when its trial confirms the speeds the trials end, and the run
+// keeps the tried plan that predicts the shortest step at its own trial's speeds.
+TEST(PlanTrials, AMovedPlanIsTriedAndTheFasterTriedOneKept) {
+  starling::sched::CostTable t;
+  for (int i = 0; i < 8; ++i)
+    t.nodes.push_back({.name = "n" + std::to_string(i), .compute_s = 0.1, .cut_bytes = 1000});
+  for (int d = 0; d < 2; ++d) t.devices.push_back({.name = "d" + std::to_string(d), .speed = 1});
+  t.links.assign(2, std::vector<starling::sched::LinkCost>(2, {.bytes_per_s = 1e9}));
+  t.micro_batches = 4;
+  starling::train::RunConfig config;
+  config.strategy.kind = "none";
+  const AutoPipeline first = plan_on_costs(config, t, "the table");
+  ASSERT_EQ(first.stages.size(), 2u);
+  // What a trial of `plan` measures when device 0 runs at half speed and device 1 at full.
+  auto timings = [](const AutoPipeline& plan) {
+    std::vector<starling::sched::StageTiming> out;
+    for (int d = 0; d < 2; ++d) {
+      const auto [a, b] = plan.stages[static_cast<size_t>(plan.stage_of[static_cast<size_t>(d)])];
+      out.push_back(
+          {.device = d,
+           .first = a,
+           .last = b,
+           .seconds_per_micro_batch = 0.1 * static_cast<double>(b - a + 1) / (d == 0 ? 0.5 : 1.0)});
+    }
+    return out;
+  };
+  PlanTrials trials(config, t, first, "the table");
+  EXPECT_EQ(trials.next().stages, first.stages);
+  ASSERT_TRUE(trials.record(timings(trials.next())));
+  const AutoPipeline second = trials.next();
+  EXPECT_NE(second.stages, first.stages);
+  const auto [a, b] = second.stages[static_cast<size_t>(second.stage_of[0])];
+  EXPECT_LT(b - a + 1, 4) << "the slow device kept " << b - a + 1 << " of 8 nodes";
+  EXPECT_FALSE(trials.record(timings(second)));
+  EXPECT_EQ(trials.trials(), 2);
+  const AutoPipeline kept = trials.kept(starling::sched::timed_steps(3, 1));
+  EXPECT_EQ(kept.stages, second.stages);
+  EXPECT_NE(kept.report.find("calibrated by 2 trial(s) timed over steps 2-3, their median"),
+            std::string::npos)
+      << kept.report;
+  EXPECT_NE(kept.report.find("the run keeps trial 2's plan"), std::string::npos) << kept.report;
+}
+
 // pipeline.calibrate_steps = -1 (the default) tries the launcher's plan for two rounds when the
 // run is long enough to pay for it, and not otherwise; a value set stands.
 TEST(AutoPipeline, ALongRunIsCalibratedByDefaultAndAShortOneIsNot) {
@@ -356,12 +401,29 @@ TEST(AutoPipeline, ALongRunIsCalibratedByDefaultAndAShortOneIsNot) {
   config.pipeline.calibrate_steps = 0;
   config.train.steps = 1000;
   EXPECT_EQ(calibration_steps(config).steps, 0);
-  // The peers plan for themselves; the launcher has nothing to calibrate.
+  // Peers that plan for themselves calibrate by the same rule.
   config.pipeline.calibrate_steps = -1;
   config.pipeline.planner = "peers";
-  c = calibration_steps(config);
-  EXPECT_EQ(c.steps, 0);
-  EXPECT_NE(c.why.find("pipeline.planner = \"peers\""), std::string::npos) << c.why;
+  EXPECT_EQ(calibration_steps(config).steps, 3);
+}
+
+// A plan with trials ahead says so in the text peers send one another; the plan to run does not.
+TEST(AutoPipeline, AnAgreedPlanCarriesItsTrialSteps) {
+  AutoPipeline a;
+  a.stages = {{0, 3}, {4, 7}};
+  a.stage_of = {0, 1};
+  a.replica_of = {0, 0};
+  a.peer_ids = {"0000000000000001", "0000000000000002"};
+  a.trial_steps = 3;
+  EXPECT_EQ(parse_auto_pipeline(auto_pipeline_text(a), "test").trial_steps, 3);
+  a.trial_steps = 0;
+  const std::string text = auto_pipeline_text(a);
+  EXPECT_EQ(text.find("trial_steps"), std::string::npos) << text;
+  EXPECT_EQ(parse_auto_pipeline(text, "test").trial_steps, 0);
+  // Trials are for peers that plan themselves, which name each other.
+  a.trial_steps = 3;
+  a.peer_ids.clear();
+  EXPECT_THROW(parse_auto_pipeline(auto_pipeline_text(a), "test"), starling::ConfigError);
 }
 
 TEST(PipelineAutoPeer, AReportRoundTripsAndABadOneNamesItsSender) {
@@ -1000,19 +1062,59 @@ TEST_F(PipelineRunTest, AutoStagesCalibratedByATrial) {
   EXPECT_NE(one.output.find("pipeline.calibrate_steps = 1: the trial's first step warms up"),
             std::string::npos)
       << one.output;
-  auto peers = refused(
-      "--set 'pipeline.stages=\"auto\"' --set pipeline.calibrate_steps=2 --set "
-      "'pipeline.planner=\"peers\"'");
-  EXPECT_NE(peers.code, 0);
-  EXPECT_NE(peers.output.find("pipeline.calibrate_steps calibrates the launcher's plan"),
-            std::string::npos)
-      << peers.output;
   auto fixed = refused("--set pipeline.num_stages=2 --set pipeline.calibrate_steps=2");
   EXPECT_NE(fixed.code, 0);
   EXPECT_NE(fixed.output.find("calibrates the plan of pipeline.stages = \"auto\""),
             std::string::npos)
       << fixed.output;
   EXPECT_FALSE(fs::exists(other / "peer-0" / "metrics.jsonl"));
+}
+
+// pipeline.calibrate_steps with pipeline.planner = "peers": the peers train their agreed plan for
+// a few steps in each one's <out_dir>/calibration, send the planner what their stages measured,
+// and run the plan it keeps from step 0, with no launcher involved.
+TEST_F(PipelineRunTest, AutoStagesCalibratedByThePeers) {
+  const fs::path cfg = config("peers_calibrated", "gpt2-tiny", 2, false);
+  const fs::path run = root_ / "run_peers_calibrated";
+  const auto r = run_cli("train -q --config " + cfg.string() +
+                         " --peers 2 --set 'pipeline.stages=\"auto\"' --set train.steps=4 "
+                         "--set 'pipeline.planner=\"peers\"' --set pipeline.calibrate_steps=3");
+  std::string logs;
+  for (int i = 0; i < 2; ++i)
+    logs += starling::testing::read_file(run / ("peer-" + std::to_string(i) + ".log"));
+  ASSERT_EQ(r.code, 0) << r.output << logs;
+  EXPECT_NE(logs.find("plan: calibration: pipeline.calibrate_steps = 3"), std::string::npos)
+      << logs;
+  auto steps_of = [](const fs::path& metrics) {
+    std::vector<int64_t> steps;
+    std::ifstream in(metrics);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("net")) steps.push_back(j["step"].get<int64_t>());
+    }
+    return steps;
+  };
+  std::string first_plan;
+  for (int i = 0; i < 2; ++i) {
+    const fs::path peer = run / ("peer-" + std::to_string(i));
+    const fs::path trial = peer / "calibration" / "trial-1";
+    EXPECT_NE(logs.find("plan: calibrating: 3 steps of this plan in " + trial.string()),
+              std::string::npos)
+        << logs;
+    EXPECT_EQ(steps_of(trial / "metrics.jsonl"), (std::vector<int64_t>{1, 2, 3}));
+    EXPECT_FALSE(fs::exists(trial / "checkpoints"));
+    EXPECT_EQ(steps_of(peer / "metrics.jsonl"), (std::vector<int64_t>{1, 2, 3, 4}));
+    // Both keep the planner's calibrated plan, the run's to resume with.
+    auto plan = nlohmann::json::parse(starling::testing::read_file(peer / "auto_pipeline.json"));
+    const std::string report = plan["report"].get<std::string>();
+    EXPECT_NE(report.find("calibrated by "), std::string::npos) << report;
+    EXPECT_NE(report.find("timed over steps 2-3, their median"), std::string::npos) << report;
+    EXPECT_NE(report.find("    its plan predicts "), std::string::npos) << report;
+    EXPECT_FALSE(plan.contains("trial_steps")) << plan;
+    plan.erase("self");
+    if (i == 0) first_plan = plan.dump();
+    EXPECT_EQ(plan.dump(), first_plan) << "peer " << i << " kept another plan";
+  }
 }
 
 // On a lab with one slow pair, the plan keeps the pipeline off that link: the peer between the two

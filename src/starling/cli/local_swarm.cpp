@@ -22,6 +22,7 @@
 #include "starling/sched/cost_table.h"
 #include "starling/strategy/auto_pipeline.h"
 #include "starling/strategy/pipeline_auto_peer.h"
+#include "starling/strategy/plan_trials.h"
 #include "starling/train/config.h"
 #include "starling/train/events.h"
 #include "starling/train/metrics.h"
@@ -222,10 +223,6 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
           "pipeline.stages = \"auto\" chooses the replicas too: drop pipeline.replicas");
     // Before a profile that may take a while.
     strategy::check_any_cut(config);
-    if (config.pipeline.calibrate_steps > 0 && config.pipeline.planner == "peers")
-      throw ConfigError(
-          "pipeline.calibrate_steps calibrates the launcher's plan: set pipeline.planner = "
-          "\"launcher\" or pipeline.calibrate_steps = 0 (the peers measure themselves)");
     if (config.pipeline.planner == "peers") {
       // The peers measure themselves in the lab and agree on a plan (each keeps it in its own
       // directory for --resume); the launcher only starts them.
@@ -605,31 +602,16 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     // nodes it computes and beside whom, so a plan that moved nodes is tried once more. The run
     // keeps one of the plans tried, priced at what its own stages measured: the one predicting
     // the shortest step that way (a plan OP-Fence moved to but nobody tried has no such price).
-    constexpr int kMaxTrials = 2;
     const int64_t trial_steps = calibration.steps;
     const int64_t round = strategy::round_steps(config);
     const sched::TimedSteps timed = sched::timed_steps(trial_steps, round);
-    if (round > 1 && timed.rounds == 0)
-      std::cerr << "plan: note: a trial of " << trial_steps << " steps times no whole "
-                << config.strategy.kind << " round (strategy.local_steps = " << round
-                << "), so it misses what a round's first step costs beside the averaging; "
-                << "pipeline.calibrate_steps = " << 2 * round << " times a round as the run has "
-                << "them\n";
-    else if (round > 1 && !timed.after_first_round)
-      std::cerr << "plan: note: a trial of " << trial_steps << " steps times the first "
-                << config.strategy.kind << " round, which computes with no averaging beside it, "
-                << "unlike the run's later rounds; pipeline.calibrate_steps = " << 2 * round
-                << " times the second\n";
-    const double assumed_step_s = planned->predicted_step_s;
-    std::string measured;
-    std::vector<strategy::AutoPipeline> tried;  // each priced at its own trial's speeds
-    auto same_places = [](const strategy::AutoPipeline& a, const strategy::AutoPipeline& b) {
-      return a.stages == b.stages && a.stage_of == b.stage_of && a.replica_of == b.replica_of;
-    };
+    std::cerr << strategy::trial_note(config, trial_steps);
+    strategy::PlanTrials trials(
+        user_config, *costs, *planned,
+        config.pipeline.profile.empty() ? "the profile" : config.pipeline.profile);
     fs::remove_all(out / "calibration");
-    while (static_cast<int>(tried.size()) < kMaxTrials) {
-      const int n = static_cast<int>(tried.size()) + 1;
-      const fs::path trial = out / "calibration" / ("trial-" + std::to_string(n));
+    for (bool again = true; again;) {
+      const fs::path trial = out / "calibration" / ("trial-" + std::to_string(trials.trials() + 1));
       std::cerr << "plan: calibrating: " << trial_steps << " steps of this plan in "
                 << trial.string() << " (pipeline.calibrate_steps)\n";
       const LocalSwarmResult result = run_peers(
@@ -639,33 +621,17 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
       if (result.failed_peers > 0)
         throw Error("the calibration run failed (" + std::to_string(result.failed_peers) +
                     " peer(s)); see " + (trial / "peer-<i>.log").string());
-      measured +=
-          "  trial " + std::to_string(n) + ":\n" +
-          sched::calibrate_speeds(
-              *costs, strategy::trial_timings(*planned, trial, config.train.grad_accum, timed));
+      again = trials.record(
+          strategy::trial_timings(trials.next(), trial, config.train.grad_accum, timed));
       // Their checkpoints are of no use: the run starts over from step 0.
       for (int i = 0; i < o.peers; ++i)
         fs::remove_all(trial / ("peer-" + std::to_string(i)) / "checkpoints");
-      tried.push_back(strategy::reprice_auto_pipeline(user_config, *costs, *planned));
-      measured += "    its plan predicts " + fmt("%.2f", tried.back().predicted_step_s) +
-                  " s a step at these speeds\n";
-      planned = strategy::plan_auto_pipeline(user_config, *costs);
-      if (same_places(*planned, tried.back())) break;
-      if (static_cast<int>(tried.size()) < kMaxTrials)
+      if (again) {
+        planned = trials.next();
         std::cerr << "plan: the measured speeds move the stages\n" << planned->report;
+      }
     }
-    const auto kept = std::min_element(
-        tried.begin(), tried.end(),
-        [](const auto& a, const auto& b) { return a.predicted_step_s < b.predicted_step_s; });
-    const std::string which = tried.size() == 1
-                                  ? std::string("its plan")
-                                  : "trial " + std::to_string(kept - tried.begin() + 1) +
-                                        "'s plan (the tried plan predicting the shortest step)";
-    planned = *kept;
-    planned->report = "calibrated by " + std::to_string(tried.size()) + " trial(s) timed over " +
-                      timed.describe() + "; the plan from the assumed speeds predicted " +
-                      fmt("%.2f", assumed_step_s) + " s a step:\n" + measured + "the run keeps " +
-                      which + ", at the speeds its trial measured:\n" + planned->report;
+    planned = trials.kept(timed);
     std::cerr << "plan: OP-Fence for the measured speeds\n" << planned->report;
     config.pipeline.stages = planned->stages;
     config.pipeline.replicas = planned->replicas;

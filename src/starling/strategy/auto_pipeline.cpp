@@ -79,8 +79,6 @@ CalibrationChoice calibration_steps(const train::RunConfig& config) {
   if (set >= 0)
     return {set, set == 0 ? "pipeline.calibrate_steps = 0: planned from the assumed speeds"
                           : "pipeline.calibrate_steps = " + std::to_string(set)};
-  if (config.pipeline.planner == "peers")
-    return {0, "the peers' own plan is not calibrated (pipeline.planner = \"peers\")"};
   const int64_t round = round_steps(config);
   const int64_t trial = round > 1 ? 2 * round : 3;
   const std::string what = round > 1 ? "two " + config.strategy.kind +
@@ -129,26 +127,31 @@ std::filesystem::path metrics_of(const std::filesystem::path& root, size_t peer)
 
 }  // namespace
 
+double trial_seconds_per_micro_batch(const std::filesystem::path& file, int64_t micro_batches,
+                                     const sched::TimedSteps& timed) {
+  std::vector<std::pair<int64_t, double>> cumulative;
+  for (const sched::StepRecord& r : read_step_records(file))
+    cumulative.emplace_back(r.step, r.compute_s);
+  const double per_mb = sched::compute_per_micro_batch(cumulative, micro_batches, timed);
+  if (per_mb <= 0)
+    throw ConfigError(file.string() + ": " + std::to_string(cumulative.size()) +
+                      " step record(s); calibrating times " + timed.describe() +
+                      " and needs the records of those and the step before");
+  return per_mb;
+}
+
 std::vector<sched::StageTiming> trial_timings(const AutoPipeline& plan,
                                               const std::filesystem::path& root,
                                               int64_t micro_batches,
                                               const sched::TimedSteps& timed) {
   std::vector<sched::StageTiming> timings;
   for (size_t i = 0; i < plan.stage_of.size(); ++i) {
-    const std::filesystem::path file = metrics_of(root, i);
-    std::vector<std::pair<int64_t, double>> cumulative;
-    for (const sched::StepRecord& r : read_step_records(file))
-      cumulative.emplace_back(r.step, r.compute_s);
-    const double per_mb = sched::compute_per_micro_batch(cumulative, micro_batches, timed);
-    if (per_mb <= 0)
-      throw ConfigError(file.string() + ": " + std::to_string(cumulative.size()) +
-                        " step record(s); calibrating times " + timed.describe() +
-                        " and needs the records of those and the step before");
     const auto& range = plan.stages.at(static_cast<size_t>(plan.stage_of[i]));
     timings.push_back({.device = static_cast<int>(i),
                        .first = range.first,
                        .last = range.second,
-                       .seconds_per_micro_batch = per_mb});
+                       .seconds_per_micro_batch = trial_seconds_per_micro_batch(
+                           metrics_of(root, i), micro_batches, timed)});
   }
   return timings;
 }
@@ -314,6 +317,7 @@ std::string auto_pipeline_text(const AutoPipeline& a) {
                       {"report", a.report}};
   if (!a.peer_ids.empty()) j["peer_ids"] = a.peer_ids;
   if (a.self >= 0) j["self"] = a.self;
+  if (a.trial_steps > 0) j["trial_steps"] = a.trial_steps;
   return j.dump(2) + "\n";
 }
 
@@ -344,6 +348,7 @@ AutoPipeline parse_auto_pipeline(const std::string& text, const std::string& whe
     a.report = j.value("report", "");
     if (j.contains("peer_ids")) a.peer_ids = j.at("peer_ids").get<std::vector<std::string>>();
     a.self = j.value("self", -1);
+    a.trial_steps = j.value("trial_steps", int64_t{0});
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(where + ": damaged pipeline plan: " + e.what());
   }
@@ -359,6 +364,7 @@ AutoPipeline parse_auto_pipeline(const std::string& text, const std::string& whe
   if (!a.peer_ids.empty() && a.peer_ids.size() != a.stage_of.size()) ok = false;
   if (a.self >= static_cast<int>(a.stage_of.size()) || (a.self >= 0 && a.peer_ids.empty()))
     ok = false;
+  if (a.trial_steps < 0 || (a.trial_steps > 0 && a.peer_ids.empty())) ok = false;
   if (!ok) throw ConfigError(where + ": damaged pipeline plan (places do not fit)");
   return a;
 }

@@ -37,6 +37,10 @@ struct AutoPipeline {
   // which of them the peer that keeps this copy is (-1: a launcher's plan, by peer number).
   std::vector<std::string> peer_ids;
   int self = -1;
+  // Among peers that plan themselves: train this plan for this many steps as a trial of
+  // pipeline.calibrate_steps and report what it measured, then take the next plan (0: the plan
+  // to run).
+  int64_t trial_steps = 0;
   // OP-Fence's plan behind it, for pricing the same places on other speeds
   // (reprice_auto_pipeline). Not saved: empty in a plan read back.
   sched::ReplicatedPlan priced;
@@ -70,6 +74,11 @@ AutoPipeline reprice_auto_pipeline(const train::RunConfig& config, sched::CostTa
 // `<root>/peer-<i>/metrics.jsonl` (the compute per micro-batch of its stage over the `timed`
 // steps; sched/calibration.h). ConfigError naming the file when a peer's records are missing,
 // damaged or lack a timed step.
+// The compute per micro-batch of the stage one peer ran, from its metrics.jsonl (`file`), over
+// the `timed` steps: what trial_timings reads for each peer, and what a peer of a swarm that plans
+// itself reports of its own trial. ConfigError naming the file as trial_timings does.
+double trial_seconds_per_micro_batch(const std::filesystem::path& file, int64_t micro_batches,
+                                     const sched::TimedSteps& timed);
 std::vector<sched::StageTiming> trial_timings(const AutoPipeline& plan,
                                               const std::filesystem::path& root,
                                               int64_t micro_batches,
@@ -88,12 +97,12 @@ std::optional<sched::RunAgainstPlan> run_against_auto_pipeline(const AutoPipelin
 // strategy.local_steps for localsgd, diloco and co2; 1 otherwise).
 int64_t round_steps(const train::RunConfig& config);
 
-// How long the launcher's trials of its plan run (pipeline.calibrate_steps), for a run of
+// How long the trials of a plan run (pipeline.calibrate_steps), for a run of
 // `config` with stages = "auto": `steps` per trial (0 = no trial), and a line saying why. An
 // explicit value stands; -1 chooses two rounds (2 x round_steps; 3 steps without rounds), the
 // least that times a round as the run has them (sched::timed_steps), when train.steps is at least
 // kAutoCalibrationRuns times that (its two trials at most then cost a tenth of the run), and
-// no trial for a shorter run or with planner = "peers".
+// no trial for a shorter run. Peers that plan themselves ask the planner's config.
 constexpr int64_t kAutoCalibrationRuns = 20;
 struct CalibrationChoice {
   int64_t steps = 0;

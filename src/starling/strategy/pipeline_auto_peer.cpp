@@ -4,11 +4,13 @@
 #include <cmath>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "starling/common/error.h"
 #include "starling/sched/workload.h"
 #include "starling/strategy/pipeline_config.h"
+#include "starling/strategy/plan_trials.h"
 #include "starling/train/config.h"
 #include "starling/train/metrics.h"
 
@@ -29,14 +31,63 @@ std::string who(net::PeerId id, const std::string& name) {
   return "peer " + net::short_peer_id(id) + (name.empty() ? std::string() : " (" + name + ")");
 }
 
-// The bytes of a received message, or NetError saying what did not come from whom.
+// What a trial measured, to the planner.
+constexpr uint64_t kTimingTag = 0x706970656175'7474;  // "pipeautt"
+
+// The bytes of a received message, or NetError saying what did not come from whom within the
+// config key `key`'s `timeout`.
 std::vector<uint8_t> receive(net::Node& node, net::PeerId from, uint64_t tag, milliseconds timeout,
-                             const std::string& what) {
+                             const std::string& what, const char* key = "net.join_timeout_s") {
   net::Transfer t = node.recv(from, tag);
   if (!t.wait_for(timeout))
     throw NetError("pipeline: " + what + " did not come from peer " + net::short_peer_id(from) +
-                   " within net.join_timeout_s = " + std::to_string(timeout.count() / 1000) + " s");
+                   " within " + key + " = " + std::to_string(timeout.count() / 1000) + " s");
   return t.wait();
+}
+
+std::vector<uint8_t> encode_timing(net::PeerId id, int trial, double seconds_per_micro_batch) {
+  const std::string text = nlohmann::json{{"id", net::format_peer_id(id)},
+                                          {"trial", trial},
+                                          {"seconds_per_micro_batch", seconds_per_micro_batch}}
+                               .dump();
+  return {text.begin(), text.end()};
+}
+
+// The compute per micro-batch `sender` measured in trial `trial`, or NetError naming it.
+double decode_timing(std::span<const uint8_t> bytes, net::PeerId sender, int trial) {
+  const std::string where = "pipeline: what peer " + net::short_peer_id(sender) +
+                            " measured in trial " + std::to_string(trial);
+  double seconds = 0;
+  try {
+    const auto j = nlohmann::json::parse(bytes.begin(), bytes.end());
+    if (j.at("id").get<std::string>() != net::format_peer_id(sender))
+      throw NetError(where + " speaks of another peer");
+    if (j.at("trial").get<int>() != trial)
+      throw NetError(where + " is about trial " + std::to_string(j.at("trial").get<int>()));
+    seconds = j.at("seconds_per_micro_batch").get<double>();
+  } catch (const nlohmann::json::exception& e) {
+    throw NetError(where + " is malformed: " + e.what());
+  }
+  if (!(seconds > 0) || !std::isfinite(seconds))
+    throw NetError(where + " is a compute time of " + std::to_string(seconds) + " s");
+  return seconds;
+}
+
+// The plan a peer received from the planner, checked to place this swarm's peers, with `self`
+// set to `me`.
+AutoPipeline received_plan(const std::vector<uint8_t>& bytes, net::PeerId planner,
+                           const std::vector<std::string>& expected_ids) {
+  AutoPipeline plan = parse_auto_pipeline(std::string(bytes.begin(), bytes.end()),
+                                          "the plan from peer " + net::short_peer_id(planner));
+  if (plan.peer_ids != expected_ids)
+    throw NetError("pipeline: the plan from peer " + net::short_peer_id(planner) +
+                   " places other peers than the swarm's");
+  return plan;
+}
+
+void set_self(AutoPipeline& plan, net::PeerId me) {
+  const auto at = std::find(plan.peer_ids.begin(), plan.peer_ids.end(), net::format_peer_id(me));
+  plan.self = static_cast<int>(at - plan.peer_ids.begin());
 }
 
 // The bandwidth this peer measured from each of `others` (gossip's probes) and the shortest round
@@ -196,7 +247,7 @@ void check_any_cut(const train::RunConfig& c) {
 }
 
 AutoPipeline agree_on_pipeline(net::Node& node, const train::RunConfig& config,
-                               milliseconds timeout) {
+                               milliseconds timeout, sched::CostTable* swarm) {
   const auto peers = static_cast<size_t>(config.net.min_peers);
   std::cerr << "pipeline: waiting for " << peers
             << " peers to measure the swarm and plan the stages (pipeline.stages = \"auto\")\n";
@@ -246,6 +297,10 @@ AutoPipeline agree_on_pipeline(net::Node& node, const train::RunConfig& config,
     std::vector<std::string> unmeasured;
     sched::CostTable t = swarm_costs(reference, reports, &unmeasured);
     plan = plan_on_costs(config, t, "the swarm's measurements");
+    const CalibrationChoice calibration = calibration_steps(config);
+    plan.trial_steps = calibration.steps;
+    std::cerr << "plan: calibration: " << calibration.why << "\n";
+    if (swarm != nullptr) *swarm = t;
     std::string measured = "measured by the peers:\n";
     for (size_t d = 0; d < reports.size(); ++d)
       measured += "  device " + std::to_string(d) + ": " + t.devices[d].name + ", " +
@@ -264,18 +319,61 @@ AutoPipeline agree_on_pipeline(net::Node& node, const train::RunConfig& config,
     const std::string text = auto_pipeline_text(plan);
     for (net::PeerId id : others) node.send(id, kPlanTag, {text.begin(), text.end()}).wait();
   } else {
-    const auto bytes = receive(node, planner, kPlanTag, timeout, "the plan");
-    plan = parse_auto_pipeline(std::string(bytes.begin(), bytes.end()),
-                               "the plan from peer " + net::short_peer_id(planner));
     std::vector<std::string> expected;
     for (net::PeerId id : ids) expected.push_back(net::format_peer_id(id));
-    if (plan.peer_ids != expected)
-      throw NetError("pipeline: the plan from peer " + net::short_peer_id(planner) +
-                     " places other peers than the swarm's");
+    plan = received_plan(receive(node, planner, kPlanTag, timeout, "the plan"), planner, expected);
   }
-  const auto at =
-      std::find(plan.peer_ids.begin(), plan.peer_ids.end(), net::format_peer_id(node.id()));
-  plan.self = static_cast<int>(at - plan.peer_ids.begin());
+  set_self(plan, node.id());
+  return plan;
+}
+
+AutoPipeline calibrate_among_peers(net::Node& node, const train::RunConfig& config,
+                                   AutoPipeline plan, const sched::CostTable& swarm,
+                                   const RunTrial& run_trial, milliseconds timeout) {
+  std::vector<net::PeerId> ids;
+  for (const std::string& id : plan.peer_ids)
+    ids.push_back(static_cast<net::PeerId>(std::stoull(id, nullptr, 16)));
+  // agree_on_pipeline's planner: the lowest id.
+  const net::PeerId planner = *std::min_element(ids.begin(), ids.end());
+  const bool planning = node.id() == planner;
+  std::optional<PlanTrials> trials;
+  if (planning) trials.emplace(config, swarm, plan, "the swarm's measurements");
+  const sched::TimedSteps timed = sched::timed_steps(plan.trial_steps, round_steps(config));
+  if (planning) std::cerr << trial_note(config, plan.trial_steps);
+  for (int n = 1; plan.trial_steps > 0; ++n) {
+    const double mine = run_trial(plan, n);
+    node.send(planner, kTimingTag, encode_timing(node.id(), n, mine)).wait();
+    const std::string what = "the plan after trial " + std::to_string(n);
+    if (planning) {
+      std::vector<sched::StageTiming> timings;
+      for (size_t d = 0; d < ids.size(); ++d) {
+        const auto bytes =
+            receive(node, ids[d], kTimingTag, timeout,
+                    "what trial " + std::to_string(n) + " measured", "net.collective_timeout_s");
+        const auto& range = plan.stages.at(static_cast<size_t>(plan.stage_of.at(d)));
+        timings.push_back({.device = static_cast<int>(d),
+                           .first = range.first,
+                           .last = range.second,
+                           .seconds_per_micro_batch = decode_timing(bytes, ids[d], n)});
+      }
+      const bool again = trials->record(timings);
+      const int64_t trial_steps = plan.trial_steps;
+      plan = again ? trials->next() : trials->kept(timed);
+      plan.trial_steps = again ? trial_steps : 0;
+      plan.peer_ids.clear();
+      for (net::PeerId id : ids) plan.peer_ids.push_back(net::format_peer_id(id));
+      if (again) std::cerr << "plan: the measured speeds move the stages\n" << plan.report;
+      const std::string text = auto_pipeline_text(plan);
+      for (net::PeerId id : ids)
+        if (id != planner) node.send(id, kPlanTag, {text.begin(), text.end()}).wait();
+    } else {
+      const std::vector<std::string> expected = plan.peer_ids;
+      plan =
+          received_plan(receive(node, planner, kPlanTag, timeout, what, "net.collective_timeout_s"),
+                        planner, expected);
+    }
+    set_self(plan, node.id());
+  }
   return plan;
 }
 

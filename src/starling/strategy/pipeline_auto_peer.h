@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -69,10 +70,30 @@ void check_auto_pipeline_peer(const train::RunConfig& config);
 void check_any_cut(const train::RunConfig& config);
 
 // The agreement above, run by every peer on `node` (joined with kAutoPipelineRole). Returns the
-// plan with `self` set to this peer's device. NetError when the peers do not all arrive, a member
-// is not planning too, or a report or the plan does not come within `timeout`; ConfigError when
-// no pipeline fits the peers.
+// plan with `self` set to this peer's device, and with trial_steps > 0 when the planner's
+// pipeline.calibrate_steps (calibration_steps) asks for trials first (calibrate_among_peers).
+// On the planner, `swarm` (when given) receives the cost table it planned on. NetError when the
+// peers do not all arrive, a member is not planning too, or a report or the plan does not come
+// within `timeout`; ConfigError when no pipeline fits the peers.
 AutoPipeline agree_on_pipeline(net::Node& node, const train::RunConfig& config,
-                               std::chrono::milliseconds timeout);
+                               std::chrono::milliseconds timeout,
+                               sched::CostTable* swarm = nullptr);
+
+// Runs one trial of `plan` on this peer (its place: plan.self) for plan.trial_steps steps; `n`
+// counts the trials from 1. Returns the compute per micro-batch of this peer's stage over the
+// steps a trial times (trial_seconds_per_micro_batch).
+using RunTrial = std::function<double(const AutoPipeline& plan, int n)>;
+
+// pipeline.calibrate_steps among peers that plan themselves. While `plan` asks for a trial, every
+// peer runs it (`run_trial`) and sends the planner what its stage measured; the planner, which
+// holds the cost table `swarm` it planned on (agree_on_pipeline's), calibrates the speeds and
+// plans again (PlanTrials), and sends every peer the next plan: another trial, or the one to run,
+// whose report says what every trial measured. A peer starts a trial or the run only once the
+// planner has heard from all of them, so no peer's trial overlaps another's next one. Returns the
+// plan to run (trial_steps = 0, `self` set). NetError when a figure or a plan does not come
+// within `timeout` of this peer's own trial, or is malformed.
+AutoPipeline calibrate_among_peers(net::Node& node, const train::RunConfig& config,
+                                   AutoPipeline plan, const sched::CostTable& swarm,
+                                   const RunTrial& run_trial, std::chrono::milliseconds timeout);
 
 }  // namespace starling::strategy

@@ -130,9 +130,11 @@ PipelineGrid wait_for_places(const net::Node& node, const PipelinePlace& mine,
 
 namespace {
 
-// One attempt at training this stage on `node`, every place of `grid` held and active.
+// One attempt at training this stage on `node`, every place of `grid` held and active. The peer
+// leaves the swarm afterwards unless `stay` (a trial, which the run follows on the same node).
 train::TrainResult train_stage(const train::RunConfig& c, train::TrainOptions t, net::Node& node,
-                               const PipelineGrid& grid, const PipelinePlace& place) {
+                               const PipelineGrid& grid, const PipelinePlace& place,
+                               bool stay = false) {
   const int stage = place.stage;
   // This stage's counterparts in every replica average it through the strategy.
   std::vector<net::PeerId> counterparts;
@@ -189,8 +191,46 @@ train::TrainResult train_stage(const train::RunConfig& c, train::TrainOptions t,
     return runner;
   };
   train::TrainResult result = train::train(c, t);
-  node.leave();
+  if (!stay) node.leave();
   return result;
+}
+
+// The places of a plan the peers agreed on, once every peer it names announces the place the plan
+// gives it. Unlike wait_for_places this trusts the plan, not the roles, for who holds what: after
+// a trial a peer may still see another's role from the trial's plan (gossip is a heartbeat
+// behind the plan), which is only a reason to wait. NetError naming the places not yet taken
+// after `timeout`.
+PipelineGrid wait_for_plan_places(const net::Node& node, const AutoPipeline& plan,
+                                  milliseconds timeout) {
+  const auto deadline = steady_clock::now() + timeout;
+  const int stages = static_cast<int>(plan.stages.size());
+  PipelineGrid grid(static_cast<size_t>(plan.replicas),
+                    std::vector<net::PeerId>(static_cast<size_t>(stages), 0));
+  for (size_t d = 0; d < plan.peer_ids.size(); ++d)
+    grid[static_cast<size_t>(plan.replica_of[d])][static_cast<size_t>(plan.stage_of[d])] =
+        static_cast<net::PeerId>(std::stoull(plan.peer_ids[d], nullptr, 16));
+  for (;;) {
+    std::string waiting;
+    const auto members = node.members();
+    for (size_t d = 0; d < plan.peer_ids.size(); ++d) {
+      const PipelinePlace p{.stage = plan.stage_of[d],
+                            .stages = stages,
+                            .replica = plan.replica_of[d],
+                            .replicas = plan.replicas};
+      const net::PeerId id = grid[static_cast<size_t>(p.replica)][static_cast<size_t>(p.stage)];
+      const auto it = std::find_if(members.begin(), members.end(),
+                                   [&](const auto& m) { return m.info.id == id; });
+      if (id != node.id() && (it == members.end() || it->state != net::MemberState::alive ||
+                              it->info.role != pipeline_role(p)))
+        waiting += (waiting.empty() ? "" : ", ") + place_name(p.stage, p.replica, p.replicas) +
+                   " (peer " + net::short_peer_id(id) + ")";
+    }
+    if (waiting.empty()) return grid;
+    if (steady_clock::now() > deadline)
+      throw NetError("pipeline: " + waiting + " did not take the place the plan gives it within " +
+                     std::to_string(timeout.count() / 1000) + " s");
+    std::this_thread::sleep_for(milliseconds(50));
+  }
 }
 
 // Where a peer that leaves can join again: every other alive member.
@@ -216,6 +256,51 @@ PipelinePlace place_of(const PipelineConfig& p) {
           .stages = static_cast<int>(p.count()),
           .replica = static_cast<int>(p.replica),
           .replicas = static_cast<int>(p.replicas)};
+}
+
+// pipeline.calibrate_steps among peers that plan themselves: a trial of a plan trains this peer's
+// place for the plan's trial_steps in <out_dir>/calibration/trial-<n> (no evaluation, no sample,
+// its checkpoints deleted) on the node the run goes on with, and reads this stage's compute per
+// micro-batch from its step records.
+RunTrial trial_runner(const train::RunConfig& config, const train::TrainOptions& options,
+                      net::Node& node, const std::filesystem::path& out) {
+  return [&config, &options, &node, out](const AutoPipeline& plan, int n) {
+    train::RunConfig c = config;
+    take_place(c, plan, plan.self);
+    const std::filesystem::path dir = out / "calibration" / ("trial-" + std::to_string(n));
+    if (n == 1) std::filesystem::remove_all(out / "calibration");
+    c.train.out_dir = dir.string();
+    c.train.steps = plan.trial_steps;
+    c.train.log_every = 1;
+    c.train.eval_every = 0;
+    c.train.checkpoint_every = 0;
+    const PipelinePlace place = place_of(c.pipeline);
+    train::TrainOptions t = options;
+    t.resume = false;
+    t.data_rank = place.replica;
+    t.data_world = place.replicas;
+    std::cerr << "plan: calibrating: " << plan.trial_steps << " steps of this plan in "
+              << dir.string() << " (pipeline.calibrate_steps), as stage " << place.stage << " of "
+              << place.stages
+              << (place.replicas > 1 ? ", replica " + std::to_string(place.replica) + " of " +
+                                           std::to_string(place.replicas)
+                                     : std::string())
+              << "\n";
+    node.set_role(pipeline_role(place));
+    const auto timeout = std::chrono::seconds(config.net.join_timeout_s);
+    const PipelineGrid grid = wait_for_plan_places(node, plan, timeout);
+    node.activate();
+    wait_until_active(node, grid, timeout);
+    const train::TrainResult result = train_stage(c, t, node, grid, place, /*stay=*/true);
+    // Until the next plan: no place of this one is announced any more.
+    node.set_role(kAutoPipelineRole);
+    if (result.interrupted)
+      throw Error("pipeline: stopped during calibration trial " + std::to_string(n) +
+                  "; nothing was trained yet (start the run again)");
+    std::filesystem::remove_all(dir / "checkpoints");
+    return trial_seconds_per_micro_batch(dir / "metrics.jsonl", c.train.grad_accum,
+                                         sched::timed_steps(plan.trial_steps, round_steps(c)));
+  };
 }
 
 }  // namespace
@@ -272,7 +357,17 @@ train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerO
   if (planning) {
     std::cerr << "peer " << net::short_peer_id(node->id()) << " (pipeline stages to be planned) "
               << "listening at " << entry << "\n";
-    const AutoPipeline plan = agree_on_pipeline(*node, config, join_timeout);
+    sched::CostTable swarm;  // the planner's, for calibrating
+    AutoPipeline plan = agree_on_pipeline(*node, config, join_timeout, &swarm);
+    if (plan.trial_steps > 0) {
+      plan = calibrate_among_peers(*node, config, std::move(plan), swarm,
+                                   trial_runner(c, t, *node, plan_file.parent_path()),
+                                   std::chrono::seconds(config.net.collective_timeout_s));
+      // Every place is announced before the run's own wait reads the roles.
+      take_place(c, plan, plan.self);
+      node->set_role(pipeline_role(place_of(c.pipeline)));
+      wait_for_plan_places(*node, plan, join_timeout);
+    }
     take_place(c, plan, plan.self);
     place = place_of(c.pipeline);
     std::filesystem::create_directories(plan_file.parent_path());
