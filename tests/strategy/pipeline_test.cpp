@@ -561,6 +561,17 @@ std::vector<std::pair<std::string, double>> losses(const fs::path& run) {
   return out;
 }
 
+// The steps a stage's metrics.jsonl records (its step records carry the strategy's "net").
+std::vector<int64_t> steps_of(const fs::path& metrics) {
+  std::vector<int64_t> steps;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("net")) steps.push_back(j["step"].get<int64_t>());
+  }
+  return steps;
+}
+
 struct Case {
   const char* preset;
   int stages;
@@ -1036,15 +1047,6 @@ TEST_F(PipelineRunTest, AutoStagesCalibratedByATrial) {
   const auto plan = nlohmann::json::parse(starling::testing::read_file(run / "auto_pipeline.json"));
   EXPECT_NE(plan["report"].get<std::string>().find("calibrated by "), std::string::npos) << plan;
   // The trial ran its 3 steps and left no checkpoints; the run trained its 4 from step 0.
-  auto steps_of = [](const fs::path& metrics) {
-    std::vector<int64_t> steps;
-    std::ifstream in(metrics);
-    for (std::string line; std::getline(in, line);) {
-      const auto j = nlohmann::json::parse(line);
-      if (j.contains("net")) steps.push_back(j["step"].get<int64_t>());
-    }
-    return steps;
-  };
   for (int i = 0; i < 2; ++i) {
     const std::string peer = "peer-" + std::to_string(i);
     EXPECT_EQ(steps_of(run / "calibration" / "trial-1" / peer / "metrics.jsonl"),
@@ -1085,15 +1087,6 @@ TEST_F(PipelineRunTest, AutoStagesCalibratedByThePeers) {
   ASSERT_EQ(r.code, 0) << r.output << logs;
   EXPECT_NE(logs.find("plan: calibration: pipeline.calibrate_steps = 3"), std::string::npos)
       << logs;
-  auto steps_of = [](const fs::path& metrics) {
-    std::vector<int64_t> steps;
-    std::ifstream in(metrics);
-    for (std::string line; std::getline(in, line);) {
-      const auto j = nlohmann::json::parse(line);
-      if (j.contains("net")) steps.push_back(j["step"].get<int64_t>());
-    }
-    return steps;
-  };
   std::string first_plan;
   for (int i = 0; i < 2; ++i) {
     const fs::path peer = run / ("peer-" + std::to_string(i));

@@ -452,6 +452,11 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
       if (config.pipeline.auto_stages && !planned && fs::exists(peers_plan)) {
         planned = strategy::read_auto_pipeline(peers_plan);
         stages = static_cast<int64_t>(planned->stages.size());
+        // The peers keep their plan once their trials (if any) are over: the run's own steps
+        // count from here.
+        result.step = 0;
+        last_milestone = -1;
+        for (PeerView& v : views) v.step = 0;
       }
       if (const int sig = g_signal.load(); sig != 0 && forwarded != sig) {
         for (auto& p : procs) p.signal(SIGTERM);
