@@ -70,15 +70,16 @@ AutoPipeline plan_auto_pipeline(const train::RunConfig& config, const sched::Cos
 AutoPipeline reprice_auto_pipeline(const train::RunConfig& config, sched::CostTable t,
                                    const AutoPipeline& planned);
 
-// pipeline.calibrate_steps: what each peer of a trial run of `plan` measured, from
-// `<root>/peer-<i>/metrics.jsonl` (the compute per micro-batch of its stage over the `timed`
-// steps; sched/calibration.h). ConfigError naming the file when a peer's records are missing,
-// damaged or lack a timed step.
 // The compute per micro-batch of the stage one peer ran, from its metrics.jsonl (`file`), over
 // the `timed` steps: what trial_timings reads for each peer, and what a peer of a swarm that plans
 // itself reports of its own trial. ConfigError naming the file as trial_timings does.
 double trial_seconds_per_micro_batch(const std::filesystem::path& file, int64_t micro_batches,
                                      const sched::TimedSteps& timed);
+
+// pipeline.calibrate_steps: what each peer of a trial run of `plan` measured, from
+// `<root>/peer-<i>/metrics.jsonl` (the compute per micro-batch of its stage over the `timed`
+// steps; sched/calibration.h). ConfigError naming the file when a peer's records are missing,
+// damaged or lack a timed step.
 std::vector<sched::StageTiming> trial_timings(const AutoPipeline& plan,
                                               const std::filesystem::path& root,
                                               int64_t micro_batches,

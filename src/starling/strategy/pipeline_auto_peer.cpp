@@ -73,8 +73,8 @@ double decode_timing(std::span<const uint8_t> bytes, net::PeerId sender, int tri
   return seconds;
 }
 
-// The plan a peer received from the planner, checked to place this swarm's peers, with `self`
-// set to `me`.
+// The plan a peer received from the planner, checked to place this swarm's peers (`self` is
+// left for set_self).
 AutoPipeline received_plan(const std::vector<uint8_t>& bytes, net::PeerId planner,
                            const std::vector<std::string>& expected_ids) {
   AutoPipeline plan = parse_auto_pipeline(std::string(bytes.begin(), bytes.end()),
@@ -343,7 +343,6 @@ AutoPipeline calibrate_among_peers(net::Node& node, const train::RunConfig& conf
   for (int n = 1; plan.trial_steps > 0; ++n) {
     const double mine = run_trial(plan, n);
     node.send(planner, kTimingTag, encode_timing(node.id(), n, mine)).wait();
-    const std::string what = "the plan after trial " + std::to_string(n);
     if (planning) {
       std::vector<sched::StageTiming> timings;
       for (size_t d = 0; d < ids.size(); ++d) {
@@ -368,9 +367,10 @@ AutoPipeline calibrate_among_peers(net::Node& node, const train::RunConfig& conf
         if (id != planner) node.send(id, kPlanTag, {text.begin(), text.end()}).wait();
     } else {
       const std::vector<std::string> expected = plan.peer_ids;
-      plan =
-          received_plan(receive(node, planner, kPlanTag, timeout, what, "net.collective_timeout_s"),
-                        planner, expected);
+      plan = received_plan(
+          receive(node, planner, kPlanTag, timeout, "the plan after trial " + std::to_string(n),
+                  "net.collective_timeout_s"),
+          planner, expected);
     }
     set_self(plan, node.id());
   }
