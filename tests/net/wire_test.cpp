@@ -66,6 +66,15 @@ TEST(WireTest, Crc32cOfLongBuffersEqualsTheChainOfShortPieces) {
   }
 }
 
+// Peer ids in text (member lists, plans, link names) read back as written, and nothing else does.
+TEST(WireTest, PeerIdsRoundTripThroughTheirHexForm) {
+  for (const net::PeerId id : {net::PeerId{0}, net::PeerId{0x0123456789abcdefULL}, ~net::PeerId{0}})
+    EXPECT_EQ(net::parse_peer_id(net::format_peer_id(id)), id);
+  for (const char* bad : {"", "0123456789abcde", "0123456789abcdef0", "0123456789ABCDEF",
+                          "0123456789abcdeg", " 123456789abcdef", "-123456789abcdef"})
+    EXPECT_FALSE(net::parse_peer_id(bad).has_value()) << bad;
+}
+
 TEST(WireTest, HeaderRoundTrips) {
   std::vector<std::byte> payload(100, std::byte{0x33});
   auto h = sample_header();

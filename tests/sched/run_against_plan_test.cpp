@@ -44,6 +44,13 @@ TEST(RunAgainstPlan, TimesEveryPeerBetweenTheRecordsNearestTheTimedSteps) {
                       "planned (x1.25)\n"),
             std::string::npos)
       << text;
+  // A peer that reports its own part says it in one line.
+  const auto own = run_against_plan({records[1]}, {{1, 0.25}}, 8, 5.2, timed);
+  ASSERT_TRUE(own.has_value());
+  EXPECT_EQ(own->describe_own(),
+            "a step took 6.50 s against the 5.20 s predicted (predicted / measured 0.80) over "
+            "steps 6-40; stage 1 computed 250.0 ms per micro-batch against the 250.0 ms planned "
+            "(x1.00)\n");
 }
 
 TEST(RunAgainstPlan, ReadsOnlyTheLastInvocationsRecords) {

@@ -420,9 +420,69 @@ TEST(AutoPipeline, AnAgreedPlanCarriesItsTrialSteps) {
   const std::string text = auto_pipeline_text(a);
   EXPECT_EQ(text.find("trial_steps"), std::string::npos) << text;
   EXPECT_EQ(parse_auto_pipeline(text, "test").trial_steps, 0);
-  // Trials are for peers that plan themselves, which name each other.
+  // Trials are for peers that plan themselves, which name each other by their ids.
   a.trial_steps = 3;
+  a.peer_ids = {"0000000000000001", "not a peer id!!!"};
+  EXPECT_THROW(parse_auto_pipeline(auto_pipeline_text(a), "test"), starling::ConfigError);
   a.peer_ids.clear();
+  EXPECT_THROW(parse_auto_pipeline(auto_pipeline_text(a), "test"), starling::ConfigError);
+}
+
+// What each peer's stage is planned to compute is kept with the plan, so that a resumed run and
+// the peers that planned it can set the run against it; a damaged figure is refused.
+TEST(AutoPipeline, APlanKeepsEachPeersPlannedComputeAndARunIsSetAgainstIt) {
+  AutoPipeline a;
+  a.stages = {{0, 3}, {4, 7}};
+  a.stage_of = {1, 0};
+  a.replica_of = {0, 0};
+  a.predicted_step_s = 2.0;
+  a.planned_compute_s = {0.2, 0.1};
+  const AutoPipeline back = parse_auto_pipeline(auto_pipeline_text(a), "test");
+  EXPECT_EQ(back.planned_compute_s, a.planned_compute_s);
+  // Records of 4 steps of 2 micro-batches: device 0 computed 0.5 s a step, device 1 0.2 s, both
+  // 2.5 s of wall time a step. They sit in peer-7 and peer-3 (how a launcher's peers may hold
+  // the devices of the peers' own plan).
+  const fs::path dir =
+      fs::temp_directory_path() / ("starling_against_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto records = [&](const std::string& name, double compute) {
+    std::ofstream out(dir / name);
+    for (int s = 1; s <= 4; ++s)
+      out << "{\"step\": " << s << ", \"net\": {\"compute_s\": " << compute * s
+          << "}, \"elapsed_s\": " << 2.5 * s << "}\n";
+    return dir / name;
+  };
+  starling::train::RunConfig config;
+  config.train.steps = 4;
+  config.train.grad_accum = 2;
+  config.strategy.kind = "none";
+  const auto run =
+      run_against_auto_pipeline(back,
+                                {{.device = 1, .peer = 3, .metrics = records("three.jsonl", 0.2)},
+                                 {.device = 0, .peer = 7, .metrics = records("seven.jsonl", 0.5)}},
+                                config);
+  ASSERT_TRUE(run.has_value());
+  ASSERT_EQ(run->peers.size(), 2u);
+  EXPECT_EQ(run->peers[0].peer, 3);
+  EXPECT_EQ(run->peers[0].stage, 0);
+  EXPECT_DOUBLE_EQ(run->peers[0].ratio(), 1.0);
+  EXPECT_EQ(run->peers[1].peer, 7);
+  EXPECT_EQ(run->peers[1].stage, 1);
+  EXPECT_DOUBLE_EQ(run->peers[1].ratio(), 1.25);
+  EXPECT_DOUBLE_EQ(run->measured_step_s, 2.5);
+  // A peer without records, or a plan saved without the figures, says nothing.
+  EXPECT_FALSE(
+      run_against_auto_pipeline(back, {{.device = 0, .peer = 0, .metrics = dir / "none"}}, config)
+          .has_value());
+  AutoPipeline old = back;
+  old.planned_compute_s.clear();
+  EXPECT_FALSE(run_against_auto_pipeline(
+                   old, {{.device = 0, .peer = 0, .metrics = dir / "seven.jsonl"}}, config)
+                   .has_value());
+  fs::remove_all(dir);
+  a.planned_compute_s = {0.2};
+  EXPECT_THROW(parse_auto_pipeline(auto_pipeline_text(a), "test"), starling::ConfigError);
+  a.planned_compute_s = {0.2, -1};
   EXPECT_THROW(parse_auto_pipeline(auto_pipeline_text(a), "test"), starling::ConfigError);
 }
 
@@ -1003,6 +1063,11 @@ TEST_F(PipelineRunTest, AutoStagesArePlannedOnceAndKeptForResume) {
   const auto resumed = run_cli(args + " --resume");
   ASSERT_EQ(resumed.code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("plan: the run's own"), std::string::npos) << resumed.output;
+  // The plan read back still knows what it predicted: step 4 against it (the resumed records
+  // begin at step 3).
+  EXPECT_NE(resumed.output.find(") over steps 4-4\n  peer 0, stage 0: computed "),
+            std::string::npos)
+      << resumed.output;
   EXPECT_TRUE(fs::exists(run / "peer-1" / "checkpoints" / "step_00000004"));
   // A damaged plan is named, and nothing starts.
   std::ofstream(run / "auto_pipeline.json") << "{\"format\": \"starling-auto-pipeline\"}";
@@ -1108,6 +1173,14 @@ TEST_F(PipelineRunTest, AutoStagesCalibratedByThePeers) {
     if (i == 0) first_plan = plan.dump();
     EXPECT_EQ(plan.dump(), first_plan) << "peer " << i << " kept another plan";
   }
+  // Each peer sets its own part of the run against the plan; the launcher sets them side by side.
+  for (int i = 0; i < 2; ++i)
+    EXPECT_NE(starling::testing::read_file(run / ("peer-" + std::to_string(i) + ".log"))
+                  .find("plan: against this peer's run: a step took "),
+              std::string::npos)
+        << logs;
+  EXPECT_NE(r.output.find("plan: against the run: a step took "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  peer 1, stage "), std::string::npos) << r.output;
 }
 
 // On a lab with one slow pair, the plan keeps the pipeline off that link: the peer between the two

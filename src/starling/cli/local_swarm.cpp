@@ -90,8 +90,10 @@ sched::LabSpec effective_lab(const LocalSwarmOptions& o) {
 
 // Each peer's steady passes last at least this long: hundreds of a CPU quota's 10 ms periods (or
 // of the scheduler's slices between peers sharing a core), however small the model (a pass of a
-// tiny one fits in one period's allowance).
-constexpr double kPlaceProfileSeconds = 3;
+// tiny one fits in one period's allowance), and several passes of a large one. Four gpt2-mini
+// profiles at 0.45 CPU at once, ten times each way, averaged 2.57-3.52 s per micro-batch over
+// 3 s (a pass takes about 2.7 s there) and 2.60-2.97 s over 10 s (docs/scheduler.md).
+constexpr double kPlaceProfileSeconds = 10;
 
 // pipeline.lab_speeds = "profiled": each peer's speed where it will compute. Every peer profiles
 // the model at once in its place (`starling plan profile` on the run's config, so with the peers'
@@ -147,11 +149,13 @@ std::string profile_in_place(sched::CostTable& costs, const train::RunConfig& co
   return lines;
 }
 
-// When a run of the launcher's plan ends: how it went against the plan, and, where the peers
-// computed far from the speeds an uncalibrated plan assumed, how to plan from measured ones.
-void report_against_plan(const strategy::AutoPipeline& plan, const fs::path& root,
-                         const train::RunConfig& config, bool calibrated) {
-  const auto run = strategy::run_against_auto_pipeline(plan, root, config);
+// When a run of stages = "auto" ends: how it went against its plan, and, where the peers
+// computed far from the speeds an uncalibrated plan assumed, how to plan from measured ones (not
+// for a resumed run, which keeps its plan).
+void report_against_plan(const strategy::AutoPipeline& plan,
+                         const std::vector<strategy::PeerRecords>& records,
+                         const train::RunConfig& config, bool hint) {
+  const auto run = strategy::run_against_auto_pipeline(plan, records, config);
   if (!run) return;
   std::cerr << "plan: against the run: " << run->describe();
   double low = run->peers.front().ratio(), high = low;
@@ -160,13 +164,33 @@ void report_against_plan(const strategy::AutoPipeline& plan, const fs::path& roo
     high = std::max(high, p.ratio());
   }
   // Outside what the plan's own noise explains (a calibrated plan lands within about 15%).
-  if (!calibrated && (low < 0.8 || high > 1.25)) {
+  if (hint && (low < 0.8 || high > 1.25)) {
     const int64_t round = strategy::round_steps(config);
     std::cerr << "plan: the peers computed in x" << fmt("%.2f", low) << "-x" << fmt("%.2f", high)
               << " the times the plan assumed; pipeline.calibrate_steps = "
               << (round > 1 ? 2 * round : 3)
               << " plans from the speeds a trial of the plan measures\n";
   }
+}
+
+// The same for a plan the peers agreed on: each keeps a copy in its directory, which says
+// which device of the plan it is.
+void report_against_peers_plan(const fs::path& root, int peers, const train::RunConfig& config,
+                               bool hint) {
+  std::optional<strategy::AutoPipeline> plan;
+  std::vector<strategy::PeerRecords> records;
+  for (int i = 0; i < peers; ++i) {
+    const fs::path dir = root / ("peer-" + std::to_string(i));
+    strategy::AutoPipeline own;
+    try {
+      own = strategy::read_auto_pipeline(dir / "auto_pipeline.json");
+    } catch (const ConfigError&) {
+      return;  // a peer that never kept a plan: nothing to set the run against
+    }
+    records.push_back({.device = own.self, .peer = i, .metrics = dir / "metrics.jsonl"});
+    if (!plan) plan = std::move(own);
+  }
+  if (plan) report_against_plan(*plan, records, config, hint);
 }
 
 }  // namespace
@@ -548,16 +572,20 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
         elapsed = std::max(elapsed, v.elapsed_s);
         live += v.running ? 1 : 0;
       }
+      // Peers that plan themselves may first train trials of plans the launcher does not see:
+      // their steps are a trial's, and their stage count (which the tokens are shared by) unknown.
+      const bool trial = config.pipeline.auto_stages && !planned;
       if (step > 0) {
         result.step = std::max(result.step, step);
         const bool milestone =
-            step / config.train.log_every > last_milestone / config.train.log_every;
+            !trial && step / config.train.log_every > last_milestone / config.train.log_every;
         if (milestone) last_milestone = step;
-        progress.update("step " + std::to_string(step) + "/" + std::to_string(steps) + " | loss " +
+        progress.update(std::string(trial ? "the peers' trial: step " : "step ") +
+                            std::to_string(step) + "/" + std::to_string(steps) + " | loss " +
                             fmt("%.4f", lo) + (hi - lo > 5e-5 ? ".." + fmt("%.4f", hi) : "") +
-                            " | " + fmt("%.0f", tps) + " tok/s | " + std::to_string(live) + "/" +
-                            std::to_string(o.peers) + " peers | sent " +
-                            fmt("%.1f MB", sent / 1e6) + " | net wait " +
+                            (trial ? std::string() : " | " + fmt("%.0f", tps) + " tok/s") + " | " +
+                            std::to_string(live) + "/" + std::to_string(o.peers) +
+                            " peers | sent " + fmt("%.1f MB", sent / 1e6) + " | net wait " +
                             fmt("%.0f%%", elapsed > 0 ? 100 * wait / elapsed : 0) + " | " +
                             train::format_duration(elapsed),
                         milestone);
@@ -644,8 +672,14 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
   }
   if (keep_plan) strategy::write_auto_pipeline(saved_plan, *planned);
   const LocalSwarmResult result = run_peers(out, {});
-  if (keep_plan && result.failed_peers == 0 && g_signal.load() == 0)
-    report_against_plan(*planned, out, user_config, calibration.steps > 0);
+  if (result.failed_peers == 0 && g_signal.load() == 0 && user_config.pipeline.auto_stages) {
+    if (user_config.pipeline.planner == "peers")
+      report_against_peers_plan(out, o.peers, user_config,
+                                !o.resume && strategy::calibration_steps(user_config).steps == 0);
+    else if (planned)
+      report_against_plan(*planned, strategy::launcher_peer_records(out, o.peers), user_config,
+                          keep_plan && calibration.steps == 0);
+  }
   return result;
 }
 

@@ -18,10 +18,9 @@ inline zmq::message_t json_message(const nlohmann::json& j) {
 
 // A 16-digit hex peer id; NetError naming `field` otherwise.
 inline PeerId parse_hex_id(const nlohmann::json& j, const char* field) {
-  if (!j.is_string() || j.get<std::string>().size() != 16 ||
-      j.get<std::string>().find_first_not_of("0123456789abcdef") != std::string::npos)
-    throw NetError(std::string("field '") + field + "' is not a 16-digit hex id");
-  return std::stoull(j.get<std::string>(), nullptr, 16);
+  const auto id = j.is_string() ? parse_peer_id(j.get<std::string>()) : std::nullopt;
+  if (!id) throw NetError(std::string("field '") + field + "' is not a 16-digit hex id");
+  return *id;
 }
 
 // The transport slot (sending socket) of a member. (Built with append: GCC 12 warns falsely

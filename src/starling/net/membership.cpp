@@ -9,12 +9,10 @@ namespace starling::net {
 namespace {
 
 PeerId parse_id(const nlohmann::json& j, const char* field) {
-  if (!j.is_string() || j.get<std::string>().size() != 16)
+  const auto id = j.is_string() ? parse_peer_id(j.get<std::string>()) : std::nullopt;
+  if (!id)
     throw NetError(std::string("member field '") + field + "' is not a 16-digit hex peer id");
-  const std::string s = j.get<std::string>();
-  if (s.find_first_not_of("0123456789abcdef") != std::string::npos)
-    throw NetError(std::string("member field '") + field + "' is not a 16-digit hex peer id");
-  return std::stoull(s, nullptr, 16);
+  return *id;
 }
 
 }  // namespace

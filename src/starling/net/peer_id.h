@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 namespace starling::net {
 
@@ -11,6 +13,8 @@ using PeerId = uint64_t;
 
 // 16 lowercase hex digits.
 std::string format_peer_id(PeerId id);
+// format_peer_id's inverse: nullopt for anything but 16 lowercase hex digits.
+std::optional<PeerId> parse_peer_id(std::string_view text);
 
 // Short form for logs and tables: the first 8 hex digits.
 std::string short_peer_id(PeerId id);

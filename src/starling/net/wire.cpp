@@ -31,6 +31,14 @@ std::string format_peer_id(PeerId id) {
   return buf;
 }
 
+std::optional<PeerId> parse_peer_id(std::string_view text) {
+  if (text.size() != 16 || text.find_first_not_of("0123456789abcdef") != std::string_view::npos)
+    return std::nullopt;
+  PeerId id = 0;
+  for (const char c : text) id = (id << 4) | static_cast<PeerId>(c <= '9' ? c - '0' : c - 'a' + 10);
+  return id;
+}
+
 std::string short_peer_id(PeerId id) { return format_peer_id(id).substr(0, 8); }
 
 std::string to_string(MsgType type) {

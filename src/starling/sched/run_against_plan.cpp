@@ -17,11 +17,24 @@ std::string fixed(const char* format, double x) {
 
 }  // namespace
 
+std::string RunAgainstPlan::describe_step() const {
+  return "a step took " + format_seconds(measured_step_s) + " against the " +
+         format_seconds(predicted_step_s) + " predicted (predicted / measured " +
+         fixed("%.2f", predicted_step_s / measured_step_s) + ") over steps " +
+         std::to_string(from + 1) + "-" + std::to_string(to);
+}
+
+std::string RunAgainstPlan::describe_own() const {
+  std::string out = describe_step();
+  for (const PeerAgainstPlan& p : peers)
+    out += "; stage " + std::to_string(p.stage) + " computed " + format_seconds(p.measured_s) +
+           " per micro-batch against the " + format_seconds(p.planned_s) + " planned (x" +
+           fixed("%.2f", p.ratio()) + ")";
+  return out + "\n";
+}
+
 std::string RunAgainstPlan::describe() const {
-  std::string out = "a step took " + format_seconds(measured_step_s) + " against the " +
-                    format_seconds(predicted_step_s) + " predicted (predicted / measured " +
-                    fixed("%.2f", predicted_step_s / measured_step_s) + ") over steps " +
-                    std::to_string(from + 1) + "-" + std::to_string(to) + "\n";
+  std::string out = describe_step() + "\n";
   for (const PeerAgainstPlan& p : peers)
     out += "  peer " + std::to_string(p.peer) + ", stage " + std::to_string(p.stage) +
            ": computed " + format_seconds(p.measured_s) + " per micro-batch against " +

@@ -15,6 +15,7 @@
 #include "starling/data/atomic_file.h"
 #include "starling/graph/dag.h"
 #include "starling/model/build.h"
+#include "starling/net/peer_id.h"
 #include "starling/sched/op_fence.h"
 #include "starling/sched/plan_report.h"
 #include "starling/sched/workload.h"
@@ -156,29 +157,39 @@ std::vector<sched::StageTiming> trial_timings(const AutoPipeline& plan,
   return timings;
 }
 
-std::optional<sched::RunAgainstPlan> run_against_auto_pipeline(const AutoPipeline& plan,
-                                                               const std::filesystem::path& root,
-                                                               const train::RunConfig& config) {
-  std::vector<sched::PlannedPeer> planned(plan.stage_of.size());
-  for (const auto& pipe : plan.priced.pipelines)
-    for (size_t s = 0; s < pipe.stages.size(); ++s) {
-      const auto d = static_cast<size_t>(pipe.stages[s].device);
-      if (d >= planned.size()) return std::nullopt;
-      planned[d] = {.stage = static_cast<int>(s),
-                    .seconds_per_micro_batch = pipe.stages[s].compute_s};
-    }
-  std::vector<std::vector<sched::StepRecord>> records;
+std::vector<PeerRecords> launcher_peer_records(const std::filesystem::path& root, int peers) {
+  std::vector<PeerRecords> records;
+  for (int i = 0; i < peers; ++i)
+    records.push_back(
+        {.device = i, .peer = i, .metrics = metrics_of(root, static_cast<size_t>(i))});
+  return records;
+}
+
+std::optional<sched::RunAgainstPlan> run_against_auto_pipeline(
+    const AutoPipeline& plan, const std::vector<PeerRecords>& records,
+    const train::RunConfig& config) {
+  if (plan.planned_compute_s.size() != plan.stage_of.size()) return std::nullopt;
+  std::vector<sched::PlannedPeer> planned;
+  std::vector<std::vector<sched::StepRecord>> read;
   try {
-    for (size_t i = 0; i < planned.size(); ++i)
-      records.push_back(read_step_records(metrics_of(root, i)));
+    for (const PeerRecords& r : records) {
+      const auto d = static_cast<size_t>(r.device);
+      if (r.device < 0 || d >= plan.stage_of.size()) return std::nullopt;
+      planned.push_back(
+          {.stage = plan.stage_of[d], .seconds_per_micro_batch = plan.planned_compute_s[d]});
+      read.push_back(read_step_records(r.metrics));
+    }
   } catch (const ConfigError&) {
     return std::nullopt;  // a peer that failed to start, or damaged records: nothing to say
   }
   sched::TimedSteps timed = sched::timed_steps(config.train.steps, round_steps(config));
   // co2's last step waits for the averaging still in flight, which every other step overlaps.
   if (config.strategy.kind == "co2" && timed.last > timed.first) --timed.last;
-  return sched::run_against_plan(records, planned, config.train.grad_accum, plan.predicted_step_s,
-                                 timed);
+  auto run =
+      sched::run_against_plan(read, planned, config.train.grad_accum, plan.predicted_step_s, timed);
+  if (run)
+    for (size_t i = 0; i < run->peers.size(); ++i) run->peers[i].peer = records[i].peer;
+  return run;
 }
 
 namespace {
@@ -271,6 +282,10 @@ AutoPipeline auto_pipeline_of(const train::RunConfig& config, const sched::CostT
     a.report += "  (links priced at " + std::to_string(static_cast<int>(std::lround(100 * wire))) +
                 "% of whole tensors: pipeline.compression = \"" + config.pipeline.compression +
                 "\")\n";
+  a.planned_compute_s.assign(t.devices.size(), 0);
+  for (const auto& pipe : plan.pipelines)
+    for (const auto& st : pipe.stages)
+      a.planned_compute_s.at(static_cast<size_t>(st.device)) = st.compute_s;
   a.priced = std::move(plan);
   return a;
 }
@@ -318,6 +333,7 @@ std::string auto_pipeline_text(const AutoPipeline& a) {
   if (!a.peer_ids.empty()) j["peer_ids"] = a.peer_ids;
   if (a.self >= 0) j["self"] = a.self;
   if (a.trial_steps > 0) j["trial_steps"] = a.trial_steps;
+  if (!a.planned_compute_s.empty()) j["planned_compute_s"] = a.planned_compute_s;
   return j.dump(2) + "\n";
 }
 
@@ -349,6 +365,9 @@ AutoPipeline parse_auto_pipeline(const std::string& text, const std::string& whe
     if (j.contains("peer_ids")) a.peer_ids = j.at("peer_ids").get<std::vector<std::string>>();
     a.self = j.value("self", -1);
     a.trial_steps = j.value("trial_steps", int64_t{0});
+    // Plans saved before it was kept have none: their run gets no report against them.
+    if (j.contains("planned_compute_s"))
+      a.planned_compute_s = j.at("planned_compute_s").get<std::vector<double>>();
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(where + ": damaged pipeline plan: " + e.what());
   }
@@ -362,9 +381,12 @@ AutoPipeline parse_auto_pipeline(const std::string& text, const std::string& whe
   for (size_t i = 0; ok && i < a.stage_of.size(); ++i)
     ok = places.emplace(a.stage_of[i], a.replica_of[i]).second;
   if (!a.peer_ids.empty() && a.peer_ids.size() != a.stage_of.size()) ok = false;
+  for (const std::string& id : a.peer_ids) ok = ok && net::parse_peer_id(id).has_value();
   if (a.self >= static_cast<int>(a.stage_of.size()) || (a.self >= 0 && a.peer_ids.empty()))
     ok = false;
   if (a.trial_steps < 0 || (a.trial_steps > 0 && a.peer_ids.empty())) ok = false;
+  if (!a.planned_compute_s.empty() && a.planned_compute_s.size() != a.stage_of.size()) ok = false;
+  for (const double s : a.planned_compute_s) ok = ok && s > 0 && std::isfinite(s);
   if (!ok) throw ConfigError(where + ": damaged pipeline plan (places do not fit)");
   return a;
 }

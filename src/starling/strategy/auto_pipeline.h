@@ -41,6 +41,10 @@ struct AutoPipeline {
   // pipeline.calibrate_steps and report what it measured, then take the next plan (0: the plan
   // to run).
   int64_t trial_steps = 0;
+  // Per peer (device order): the compute per micro-batch of its stage at the speed the plan gave
+  // it, what the run is measured against when it ends (run_against_auto_pipeline). Saved, so a
+  // resumed run and each peer that planned with the others can set its run against it.
+  std::vector<double> planned_compute_s;
   // OP-Fence's plan behind it, for pricing the same places on other speeds
   // (reprice_auto_pipeline). Not saved: empty in a plan read back.
   sched::ReplicatedPlan priced;
@@ -85,14 +89,24 @@ std::vector<sched::StageTiming> trial_timings(const AutoPipeline& plan,
                                               int64_t micro_batches,
                                               const sched::TimedSteps& timed);
 
-// How the run of `plan` in `root` (its peers' metrics.jsonl) went against it
-// (sched/run_against_plan.h), over the whole rounds after the first of train.steps as a trial
-// times them (with co2, all but the last step, which waits for the averaging in flight).
-// nullopt where the plan's pricing is not at hand (a plan read back for --resume) or the
-// records cannot say (a peer without them, too few steps).
-std::optional<sched::RunAgainstPlan> run_against_auto_pipeline(const AutoPipeline& plan,
-                                                               const std::filesystem::path& root,
-                                                               const train::RunConfig& config);
+// One peer's step records in a run of an AutoPipeline: the device the plan placed it as, the
+// number it is reported by (a launcher's peer-<n>), and its metrics.jsonl.
+struct PeerRecords {
+  int device = 0, peer = 0;
+  std::filesystem::path metrics;
+};
+// The records of a local launcher's peers, <root>/peer-<i>/metrics.jsonl, for its own plan (peer
+// i is device i).
+std::vector<PeerRecords> launcher_peer_records(const std::filesystem::path& root, int peers);
+
+// How the run of `plan` went against it for the peers in `records` (sched/run_against_plan.h;
+// every peer of the plan, or one that reports its own part), over the whole rounds after the first
+// of train.steps as a trial times them (with co2, all but the last step, which waits for the
+// averaging in flight). nullopt where the plan has no planned_compute_s (a plan saved before it
+// had) or the records cannot say (a peer without them, too few steps).
+std::optional<sched::RunAgainstPlan> run_against_auto_pipeline(
+    const AutoPipeline& plan, const std::vector<PeerRecords>& records,
+    const train::RunConfig& config);
 
 // The steps of strategy.kind that end in an averaging of the replicas (rounds of
 // strategy.local_steps for localsgd, diloco and co2; 1 otherwise).

@@ -151,10 +151,11 @@ PeerReport decode_report(std::span<const uint8_t> bytes, net::PeerId sender) {
     r.name = j.at("name").get<std::string>().substr(0, 128);
     r.compute_s = j.at("compute_s").get<double>();
     auto peer_key = [&](const std::string& key) {
-      if (key.size() != 16 || key.find_first_not_of("0123456789abcdef") != std::string::npos)
+      const auto id = net::parse_peer_id(key);
+      if (!id)
         throw NetError(where + " name a link with \"" + key.substr(0, 32) +
                        "\", which is no peer id");
-      return static_cast<net::PeerId>(std::stoull(key, nullptr, 16));
+      return *id;
     };
     for (const auto& [key, rate] : j.at("inbound_bytes_per_s").items()) {
       const net::PeerId from = peer_key(key);
@@ -331,8 +332,8 @@ AutoPipeline calibrate_among_peers(net::Node& node, const train::RunConfig& conf
                                    AutoPipeline plan, const sched::CostTable& swarm,
                                    const RunTrial& run_trial, milliseconds timeout) {
   std::vector<net::PeerId> ids;
-  for (const std::string& id : plan.peer_ids)
-    ids.push_back(static_cast<net::PeerId>(std::stoull(id, nullptr, 16)));
+  // A plan's ids were checked when it was read (parse_auto_pipeline).
+  for (const std::string& id : plan.peer_ids) ids.push_back(net::parse_peer_id(id).value());
   // agree_on_pipeline's planner: the lowest id.
   const net::PeerId planner = *std::min_element(ids.begin(), ids.end());
   const bool planning = node.id() == planner;

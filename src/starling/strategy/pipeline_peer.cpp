@@ -208,7 +208,7 @@ PipelineGrid wait_for_plan_places(const net::Node& node, const AutoPipeline& pla
                     std::vector<net::PeerId>(static_cast<size_t>(stages), 0));
   for (size_t d = 0; d < plan.peer_ids.size(); ++d)
     grid[static_cast<size_t>(plan.replica_of[d])][static_cast<size_t>(plan.stage_of[d])] =
-        static_cast<net::PeerId>(std::stoull(plan.peer_ids[d], nullptr, 16));
+        net::parse_peer_id(plan.peer_ids[d]).value();
   for (;;) {
     std::string waiting;
     const auto members = node.members();
@@ -303,6 +303,18 @@ RunTrial trial_runner(const train::RunConfig& config, const train::TrainOptions&
   };
 }
 
+// When the run of a plan the peers agreed on ends, each peer sets its own part against it (no
+// peer reads the others' records; a local launcher sets them all side by side).
+void report_own_part(const AutoPipeline& plan, const train::RunConfig& c) {
+  const auto run = run_against_auto_pipeline(
+      plan,
+      {{.device = plan.self,
+        .peer = plan.self,
+        .metrics = std::filesystem::path(c.train.out_dir) / "metrics.jsonl"}},
+      c);
+  if (run) std::cerr << "plan: against this peer's run: " << run->describe_own();
+}
+
 }  // namespace
 
 train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerOptions& options) {
@@ -314,6 +326,7 @@ train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerO
   // stages = "auto": the peers plan together once all are in (pipeline_auto_peer.h), unless this
   // run resumes, whose checkpoints hold the stages of the plan it began with.
   bool planning = false;
+  std::optional<AutoPipeline> auto_plan;  // the plan this peer takes its place from
   const std::filesystem::path plan_file =
       std::filesystem::path(config.train.out_dir) / "auto_pipeline.json";
   if (config.pipeline.auto_stages) {
@@ -325,6 +338,7 @@ train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerO
                           "--peers N --resume`");
       take_place(c, saved, saved.self);
       std::cerr << "plan: this peer's own, from " << plan_file.string() << "\n" << saved.report;
+      auto_plan = saved;
     } else if (t.resume && std::filesystem::exists(std::filesystem::path(config.train.out_dir) /
                                                    "checkpoints" / "latest")) {
       throw ConfigError(config.train.out_dir +
@@ -373,6 +387,7 @@ train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerO
     std::filesystem::create_directories(plan_file.parent_path());
     write_auto_pipeline(plan_file, plan);
     std::cerr << "plan: agreed by the peers, kept in " << plan_file.string() << "\n" << plan.report;
+    auto_plan = plan;
     node_opts.role = pipeline_role(place);
     node->set_role(node_opts.role);
   }
@@ -408,7 +423,9 @@ train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerO
     node->activate();
     wait_until_active(*node, grid, timeout);
     try {
-      return train_stage(c, t, *node, grid, place);
+      train::TrainResult result = train_stage(c, t, *node, grid, place);
+      if (auto_plan && !result.interrupted) report_own_part(*auto_plan, c);
+      return result;
     } catch (const NetError& e) {
       if (replacement_wait_s <= 0) throw;
       // The other replicas train on. This stage leaves and joins again inactive under its key,
