@@ -484,6 +484,9 @@ TEST(AutoPipeline, APlanKeepsEachPeersPlannedComputeAndARunIsSetAgainstIt) {
   EXPECT_THROW(parse_auto_pipeline(auto_pipeline_text(a), "test"), starling::ConfigError);
   a.planned_compute_s = {0.2, -1};
   EXPECT_THROW(parse_auto_pipeline(auto_pipeline_text(a), "test"), starling::ConfigError);
+  // A stage of nodes profiled at no time is planned at 0: a plan to run, with nothing to report.
+  a.planned_compute_s = {0.2, 0};
+  EXPECT_EQ(parse_auto_pipeline(auto_pipeline_text(a), "test").planned_compute_s[1], 0);
 }
 
 TEST(PipelineAutoPeer, AReportRoundTripsAndABadOneNamesItsSender) {

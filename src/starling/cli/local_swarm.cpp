@@ -12,6 +12,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 
 #include "starling/cli/cpu_quota.h"
 #include "starling/common/cpu_runtime.h"
@@ -174,11 +175,13 @@ void report_against_plan(const strategy::AutoPipeline& plan,
 }
 
 // The same for a plan the peers agreed on: each keeps a copy in its directory, which says
-// which device of the plan it is.
+// which device of the plan it is. Copies that are not one plan, each device held once, say
+// nothing (a peer's directory left from another run).
 void report_against_peers_plan(const fs::path& root, int peers, const train::RunConfig& config,
                                bool hint) {
   std::optional<strategy::AutoPipeline> plan;
   std::vector<strategy::PeerRecords> records;
+  std::set<int> devices;
   for (int i = 0; i < peers; ++i) {
     const fs::path dir = root / ("peer-" + std::to_string(i));
     strategy::AutoPipeline own;
@@ -187,6 +190,10 @@ void report_against_peers_plan(const fs::path& root, int peers, const train::Run
     } catch (const ConfigError&) {
       return;  // a peer that never kept a plan: nothing to set the run against
     }
+    if (own.self < 0 || !devices.insert(own.self).second) return;
+    if (plan && (own.stages != plan->stages || own.stage_of != plan->stage_of ||
+                 own.replica_of != plan->replica_of || own.peer_ids != plan->peer_ids))
+      return;
     records.push_back({.device = own.self, .peer = i, .metrics = dir / "metrics.jsonl"});
     if (!plan) plan = std::move(own);
   }
@@ -674,8 +681,9 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
   const LocalSwarmResult result = run_peers(out, {});
   if (result.failed_peers == 0 && g_signal.load() == 0 && user_config.pipeline.auto_stages) {
     if (user_config.pipeline.planner == "peers")
-      report_against_peers_plan(out, o.peers, user_config,
-                                !o.resume && strategy::calibration_steps(user_config).steps == 0);
+      report_against_peers_plan(
+          out, o.peers, user_config,
+          !checkpointed && strategy::calibration_steps(user_config).steps == 0);
     else if (planned)
       report_against_plan(*planned, strategy::launcher_peer_records(out, o.peers), user_config,
                           keep_plan && calibration.steps == 0);

@@ -72,8 +72,11 @@ StatusReport query_status(const StatusQuery& q) {
       }
       for (const auto& l : j.at("links")) {
         StatusLink sl;
-        sl.from = std::stoull(l.at("from").get<std::string>(), nullptr, 16);
-        sl.to = std::stoull(l.at("to").get<std::string>(), nullptr, 16);
+        const auto from = parse_peer_id(l.at("from").get<std::string>());
+        const auto to = parse_peer_id(l.at("to").get<std::string>());
+        if (!from || !to) throw NetError("a link names no 16-digit hex peer id");
+        sl.from = *from;
+        sl.to = *to;
         sl.stats = {l.at("rtt_ms").get<double>(), l.at("mbps").get<double>()};
         report.links.push_back(sl);
       }

@@ -1,7 +1,8 @@
 // A run against its plan: what the peers of a run of pipeline.stages = "auto" measured, next to
 // what OP-Fence predicted for them, so that whoever ran it sees whether the plan held and where
-// it did not (the launcher prints it when the run ends; pipeline.calibrate_steps plans from
-// measured speeds where the assumed ones were wrong). Torch-free.
+// it did not (when the run ends the launcher prints it for all its peers, and a peer of a plan the
+// peers agreed on its own part; pipeline.calibrate_steps plans from measured speeds where the
+// assumed ones were wrong). Torch-free.
 #pragma once
 
 #include <cstdint>

@@ -381,13 +381,21 @@ AutoPipeline parse_auto_pipeline(const std::string& text, const std::string& whe
   for (size_t i = 0; ok && i < a.stage_of.size(); ++i)
     ok = places.emplace(a.stage_of[i], a.replica_of[i]).second;
   if (!a.peer_ids.empty() && a.peer_ids.size() != a.stage_of.size()) ok = false;
-  for (const std::string& id : a.peer_ids) ok = ok && net::parse_peer_id(id).has_value();
   if (a.self >= static_cast<int>(a.stage_of.size()) || (a.self >= 0 && a.peer_ids.empty()))
     ok = false;
   if (a.trial_steps < 0 || (a.trial_steps > 0 && a.peer_ids.empty())) ok = false;
-  if (!a.planned_compute_s.empty() && a.planned_compute_s.size() != a.stage_of.size()) ok = false;
-  for (const double s : a.planned_compute_s) ok = ok && s > 0 && std::isfinite(s);
   if (!ok) throw ConfigError(where + ": damaged pipeline plan (places do not fit)");
+  for (const std::string& id : a.peer_ids)
+    if (!net::parse_peer_id(id))
+      throw ConfigError(where + ": damaged pipeline plan (\"" + id.substr(0, 32) +
+                        "\" in peer_ids is no peer id)");
+  // A stage of nodes profiled at no time plans at 0: nothing to set a run against, but a plan.
+  bool figures_ok = a.planned_compute_s.empty() || a.planned_compute_s.size() == a.stage_of.size();
+  for (const double s : a.planned_compute_s) figures_ok = figures_ok && s >= 0 && std::isfinite(s);
+  if (!figures_ok)
+    throw ConfigError(where +
+                      ": damaged pipeline plan (planned_compute_s needs one time, at least 0 s, "
+                      "per peer)");
   return a;
 }
 

@@ -128,7 +128,8 @@ CalibrationChoice calibration_steps(const train::RunConfig& config);
 // The plan a run began with, kept in its out_dir so --resume places every peer as before (a new
 // profile could cut elsewhere, and the checkpoints hold the old stages). Atomic write; the read
 // is a ConfigError naming the file when it is damaged (a missing field, a place out of range or
-// held twice, peer ids that do not match the places).
+// held twice, peer ids that do not match the places or are no peer ids, planned_compute_s of
+// another count or a negative time).
 void write_auto_pipeline(const std::filesystem::path& file, const AutoPipeline& a);
 AutoPipeline read_auto_pipeline(const std::filesystem::path& file);
 // The same JSON as a string (what peers send one another), and back: ConfigError naming `where`

@@ -332,7 +332,8 @@ AutoPipeline calibrate_among_peers(net::Node& node, const train::RunConfig& conf
                                    AutoPipeline plan, const sched::CostTable& swarm,
                                    const RunTrial& run_trial, milliseconds timeout) {
   std::vector<net::PeerId> ids;
-  // A plan's ids were checked when it was read (parse_auto_pipeline).
+  // The planner's own ids come from format_peer_id; the others' plan was read by
+  // parse_auto_pipeline, which checks them.
   for (const std::string& id : plan.peer_ids) ids.push_back(net::parse_peer_id(id).value());
   // agree_on_pipeline's planner: the lowest id.
   const net::PeerId planner = *std::min_element(ids.begin(), ids.end());

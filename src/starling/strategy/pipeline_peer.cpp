@@ -424,7 +424,8 @@ train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerO
     wait_until_active(*node, grid, timeout);
     try {
       train::TrainResult result = train_stage(c, t, *node, grid, place);
-      if (auto_plan && !result.interrupted) report_own_part(*auto_plan, c);
+      // Also after --stop-at or a signal: over the steps it took.
+      if (auto_plan) report_own_part(*auto_plan, c);
       return result;
     } catch (const NetError& e) {
       if (replacement_wait_s <= 0) throw;
