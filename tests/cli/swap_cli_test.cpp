@@ -255,6 +255,37 @@ INSTANTIATE_TEST_SUITE_P(
                                            : "");
     });
 
+// Overlapped with the next forward, the update keeps to the forward's window and changes the
+// weights the window loads in place, so a moving weight is read once per step where the update
+// after the passes reads it twice (through staging, then for the forward).
+TEST_F(SwapCliTest, TheOverlappedUpdateReadsEachMovingWeightOnce) {
+  const fs::path cfg = config("reads", "gpt2-tiny", false, 1);
+  const std::string smallest = smallest_budget(cfg, "disk");
+  ASSERT_FALSE(smallest.empty());
+  // Room for the window's loads beside the smallest plan.
+  const std::string budget =
+      std::to_string(std::stoll(smallest.substr(0, smallest.size() - 1)) * 3 / 2) + "B";
+  auto reads = [&](bool overlap) {
+    const auto r = run_cli(
+        "train --config " + cfg.string() + " --set swap.budget=" + budget +
+        " --set swap.tier=disk --set swap.dir=" + root_.string() +
+        " --set train.eval_every=0 --set swap.overlap_update=" + (overlap ? "true" : "false") +
+        " --set train.out_dir=" +
+        (root_ / (std::string("run_reads_") + (overlap ? "on" : "off"))).string());
+    EXPECT_EQ(r.code, 0) << r.output;
+    std::smatch m;
+    if (!std::regex_search(r.output, m, std::regex("read ([0-9.]+) (B|KB|MB|GB), written"))) {
+      ADD_FAILURE() << "no swap report in: " << r.output;
+      return 0.0;
+    }
+    return parse_size(m[1].str(), m[2].str());
+  };
+  const double overlapped = reads(true), after = reads(false);
+  ASSERT_GT(after, 0);
+  EXPECT_LT(overlapped, after) << "read " << overlapped << " B with the update overlapped, "
+                               << after << " B after the passes";
+}
+
 // A GPU capped below the training state (train.device_memory) trains it only swapped: the AdamW
 // moments wait in RAM and come over one tensor at a time, never whole. A run stopped and resumed
 // (the checkpoint's moments staged the same way) ends where a straight one does.

@@ -7,12 +7,14 @@
 // The chunks run in the order the next forward reads the parameters, and the swapper advances the
 // stream whenever the executor moves to another node: the update's transfers then overlap the
 // next step's computation instead of leaving the cores idle between steps, and a layer group
-// waits only for its own parameters' chunks.
+// waits only for its own parameters' chunks. A weight the forward's window loads is updated in
+// place as it lands (update_frontier).
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <limits>
 
 #include "starling/graph/dag.h"
 #include "starling/swap/swapper.h"
@@ -72,7 +74,7 @@ void Swapper::retire_update_writes() {
     });
 }
 
-bool Swapper::advance_update(bool wait) {
+bool Swapper::advance_update(bool wait, int upto) {
   if (jobs_.empty()) return false;
   at::NoGradGuard no_grad;
   UpdateTimer timer{stats_};
@@ -100,26 +102,37 @@ bool Swapper::advance_update(bool wait) {
   // A tier that orders its copies on the device (a GPU's) needs no host waits in the stream: a
   // set's reads are queued behind its previous writes, the chunk's kernels behind its reads.
   const bool on_device = tier_->orders_on_device();
-  // Reads for every free set: a set is free once its previous chunk is computed and written.
+  // Reads for every free set: a set is free once its previous chunk is computed and written,
+  // and a parameter starts only when its group is within `upto`.
   while (issued_ < jobs_.size() && issued_ < computed_ + kSets &&
-         (on_device || update_writes_[issued_ % kSets].empty())) {
+         (on_device || update_writes_[issued_ % kSets].empty()) &&
+         (pending_[jobs_[issued_].p] != Pending::kQueued || owner_[jobs_[issued_].p] <= upto)) {
     const size_t j = issued_++;
     if (const auto& earlier = update_writes_[j % kSets]; !earlier.empty())
       tier_->order_copies_after(earlier.back().ticket);  // the latest of the set's writes
     const UpdateJob& job = jobs_[j];
     auto slots = operands(job.p);
     if (pending_[job.p] == Pending::kQueued) {
+      // A weight the forward's window will hold is loaded into place where the budget has room
+      // now, as the window would load it.
+      if (SwapSlot& w = values_[job.p]; w.state == SwapSlot::State::kOut &&
+                                        owner_[job.p] <= update_frontier() && has_room(w.bytes))
+        load(w);
       // Where each operand is now decides how all of its chunks are read: a resident one stays
-      // (busy) and is updated in place, the others go through staging.
+      // (busy) and is updated in place, and so does a loading one (its chunks wait for the load);
+      // the others go through staging.
       for (SwapSlot* s : slots) {
-        settle(*s);
-        s->busy = s->resident();
+        if (s->state != SwapSlot::State::kLoading) settle(*s);
+        s->busy = s->state == SwapSlot::State::kLoading || s->resident();
       }
       pending_[job.p] = Pending::kStreaming;
     }
     for (int op = 0; op < kOperands; ++op) {
       SwapSlot& s = *slots[op];
-      if (s.busy) continue;
+      if (s.busy) {
+        if (s.state == SwapSlot::State::kLoading) update_reads_[j % kSets].push_back(s.io);
+        continue;
+      }
       update_reads_[j % kSets].push_back(
           tier_->read(s.key, static_cast<size_t>(job.begin) * 4, staging(j, op), chunk_bytes(job)));
       stats_.read_bytes += static_cast<int64_t>(align_up(chunk_bytes(job)));
@@ -139,6 +152,8 @@ bool Swapper::advance_update(bool wait) {
       reads.clear();
       const UpdateJob& job = jobs_[j];
       auto slots = operands(job.p);
+      for (SwapSlot* s : slots)
+        if (s->busy) settle(*s);  // a window's load, waited for above: now resident
       const int64_t len = job.end - job.begin;
       std::array<at::Tensor, kOperands> t;
       for (int op = 0; op < kOperands; ++op) {
@@ -195,21 +210,35 @@ bool Swapper::advance_update(bool wait) {
     retire_update_writes();
     return true;
   }
-  jobs_.clear();  // every chunk computed and written
+  if (issued_ < jobs_.size()) return false;  // the rest waits for the forward's window
+  jobs_.clear();                             // every chunk computed and written
   issued_ = computed_ = 0;
   update_coef_.reset();
   return false;
 }
 
+// The stream keeps to the forward's window: the group running and the `depth` after it, whose
+// weights the window loads anyway (the chunks then update them in place: one read serves both,
+// and they are written once, when the forward leaves the group). A stream running further ahead
+// reads and writes those weights through staging, the window reads them again, and its loads
+// queue behind the stream's transfers for groups the forward will not reach for a while. Before
+// the forward starts, the window is the first groups; in a backward nothing holds it back.
+int Swapper::update_frontier() const {
+  if (current_ >= 0 && current_backward_) return std::numeric_limits<int>::max();
+  return std::max(current_, 0) + plan_.depth;
+}
+
 void Swapper::pump_update() {
-  while (advance_update(false)) {
+  while (advance_update(false, update_frontier())) {
   }
 }
 
 void Swapper::finish_params(const std::vector<int>& list) {
+  int upto = update_frontier();
+  for (int p : list) upto = std::max(upto, owner_[p]);
   for (int p : list)
     while (pending_[p] != Pending::kNone)
-      if (!advance_update(true) && pending_[p] != Pending::kNone)
+      if (!advance_update(true, upto) && pending_[p] != Pending::kNone)
         throw std::logic_error("swap: the deferred update lost parameter " + std::to_string(p) +
                                " (state " + std::to_string(static_cast<int>(pending_[p])) +
                                ", writes " + std::to_string(writes_left_[p]) + ", chunks done " +
@@ -219,7 +248,7 @@ void Swapper::finish_params(const std::vector<int>& list) {
 
 void Swapper::finish_update() {
   quiet_pump();
-  while (advance_update(true)) {
+  while (advance_update(true, std::numeric_limits<int>::max())) {
   }
 }
 

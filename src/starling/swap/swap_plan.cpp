@@ -116,6 +116,18 @@ int64_t moving_bytes(const SwapProblem& p, const Grouping& g, const std::set<int
   return b;  // one of the two (weights or gradients)
 }
 
+// Weights of group `i`'s own parameters (those no earlier group reads) that move.
+int64_t owned_moving_bytes(const SwapProblem& p, const Grouping& g, const std::set<int>& pinned,
+                           int i) {
+  int64_t b = 0;
+  for (int q : g.params[i]) {
+    bool earlier = pinned.count(q) > 0;
+    for (int j = 0; j < i && !earlier; ++j) earlier = g.params[j].count(q) > 0;
+    if (!earlier) b += aligned(p.param_bytes[q]);
+  }
+  return b;
+}
+
 // The tier's time: transfers, each placed in the earliest idle stretch after it can start (a
 // prefetch issued early goes ahead of a write that becomes ready later).
 class IoTimeline {
@@ -132,6 +144,24 @@ class IoTimeline {
     }
     busy_.insert(it, {start, start + seconds});
     return start + seconds;
+  }
+  // The same for a transfer that can be cut into pieces (the update's chunks): each idle stretch
+  // after `ready` takes what fits, in order.
+  double fill(double ready, double seconds) {
+    double at = ready;
+    size_t i = 0;
+    while (seconds > 0) {
+      while (i < busy_.size() && busy_[i].second <= at) ++i;
+      if (i < busy_.size() && busy_[i].first <= at) {  // inside a busy stretch: after it
+        at = busy_[i++].second;
+        continue;
+      }
+      const double piece = i < busy_.size() ? std::min(seconds, busy_[i].first - at) : seconds;
+      busy_.insert(busy_.begin() + static_cast<std::ptrdiff_t>(i++), {at, at + piece});
+      seconds -= piece;
+      at += piece;
+    }
+    return at;
   }
   double end() const { return busy_.empty() ? 0 : busy_.back().second; }
 
@@ -161,8 +191,12 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
       seen[q] = true;
       const int64_t b = aligned(p.param_bytes[q]);
       const int64_t moments = kept.count(q) ? 0 : 2 * b;
-      const int64_t in = moments + (pinned.count(q) ? 0 : 2 * b);
-      const int64_t out = moments + (pinned.count(q) ? 0 : b);
+      // A moving weight: overlapped with the forward, the update changes it in place where the
+      // forward's window loads it, and it is written when the forward leaves its group (below);
+      // after the passes, it goes through staging.
+      const int64_t weight = pinned.count(q) || p.overlap_update ? 0 : b;
+      const int64_t in = moments + (pinned.count(q) ? 0 : b) + weight;
+      const int64_t out = moments + weight;
       opt_read += in;
       opt_write += out;
       opt_in[i] += in / r;
@@ -179,7 +213,7 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
     for (int i = 0; i < G; ++i) tasks.push_back({i, false, m});
     for (int i = G - 1; i >= 0; --i) tasks.push_back({i, true, m});
   }
-  std::vector<double> end(tasks.size(), 0);
+  std::vector<double> begin(tasks.size(), 0), end(tasks.size(), 0);
   // A duplex tier (DMA engines each way) reads and writes at once; otherwise both share one.
   IoTimeline reads, own_writes;
   IoTimeline& writes = p.duplex ? own_writes : reads;
@@ -193,13 +227,17 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
       c += t.backward ? p.nodes[n].backward_s : p.nodes[n].forward_s;
     compute += c;
     double ready = 0;
-    if (p.overlap_update && !t.backward && t.micro == 0) {
-      // The update's stream runs from the step's start, one parameter after the other.
+    const bool updating = p.overlap_update && !t.backward && t.micro == 0;
+    if (updating) {
+      // The update's stream runs from the step's start, one parameter after the other, each
+      // group's once the forward has entered the group `depth` before it (the window's reach).
+      const double reach =
+          t.group > plan.depth ? std::max(update_done, begin[k - plan.depth]) : update_done;
       if (p.duplex) {
-        const double in = reads.place(update_done, opt_in[t.group]);
-        update_done = std::max(in, writes.place(update_done, opt_out[t.group]));
+        const double in = reads.fill(reach, opt_in[t.group]);
+        update_done = std::max(in, writes.fill(reach, opt_out[t.group]));
       } else {
-        update_done = reads.place(update_done, opt_in[t.group] + opt_out[t.group]);
+        update_done = reads.fill(reach, opt_in[t.group] + opt_out[t.group]);
       }
       ready = update_done;
       c += opt_compute[t.group];
@@ -213,11 +251,13 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
       const int64_t b = moving_bytes(p, g, pinned, t.group);
       if (!recent) load = b + (t.backward && t.micro > 0 ? b : 0);
       if (t.backward) write = b;
+      if (updating) write = owned_moving_bytes(p, g, pinned, t.group);  // updated in place
     }
     const double window_open =
         k >= static_cast<size_t>(plan.depth + 1) ? end[k - plan.depth - 1] : 0;
     if (load > 0) ready = std::max(ready, reads.place(window_open, load / r));
-    end[k] = std::max(cp_free, ready) + c;
+    begin[k] = std::max(cp_free, ready);
+    end[k] = begin[k] + c;
     cp_free = end[k];
     if (write > 0) writes.place(end[k], write / w);
     read += load;

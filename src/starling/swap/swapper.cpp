@@ -269,6 +269,12 @@ void Swapper::drain_writes() {
   poll_writes();
 }
 
+// Whether `bytes` more fit the budget without evicting anything.
+bool Swapper::has_room(int64_t bytes) {
+  poll_writes();
+  return held_ + reserved_ + static_cast<int64_t>(align_up(bytes)) <= plan_.budget;
+}
+
 // Frees room for `bytes` more: finished writes first, then the slots furthest from use (moments,
 // which only the optimizer reads, then gradients and weights of groups outside the current
 // window), then waiting for writes in flight. With `must` false (a prefetch) it never waits.

@@ -12,10 +12,12 @@
 // The update is deferred: update() takes the norms, fixes the step's learning rate and clipping
 // coefficient, and only starts streaming. The chunks advance, a few at a time, whenever the
 // executor moves to another node (on a CPU also between a node's operators), so the update's
-// transfers run while the next step's forward computes; a group's parameters are finished (at the
-// latest) when a pass enters the group, and everything is finished before anything else reads the
-// state (gather, read_state, the exchange, the next update). The arithmetic is the same elementwise
-// AdamW, so results stay bit-identical.
+// transfers run while the next step's forward computes. It keeps to the forward's window (a group
+// starts once the forward enters the group `depth` before it) and updates the weights the window
+// loads in place; a group's parameters are finished (at the latest) when a pass enters the group,
+// and everything is finished before anything else reads the state (gather, read_state, the
+// exchange, the next update). The arithmetic is the same elementwise AdamW, so results stay
+// bit-identical.
 //
 // A step is: begin_step(n), then per micro-batch begin_micro_batch(m) + the executor's forward and
 // backward + end_pass(), optionally visit_gradients() (an exchange with other replicas), then
@@ -126,15 +128,19 @@ class Swapper final : public graph::NodeObserver {
   void poll_writes();
   void drain_writes();  // waits for every write in flight and frees its buffer
   bool make_room(int64_t bytes, bool must);
+  bool has_room(int64_t bytes);  // fits without evicting anything
   void adopt_grads(int group);
   void track(int64_t delta);
   void fit_pool();            // kept buffers give way to what is held
   void release(SwapSlot& s);  // its buffer goes to the pool; the storage empties
   // The deferred update (swap_optimizer.cpp).
   void start_update(double lr, const at::Tensor& coef);
-  bool advance_update(bool wait);  // one move of the stream; returns whether it moved
-  void pump_update();              // as many moves as need no waiting
-  void quiet_pump();               // no moves between operators until the next node runs
+  // One move of the stream, starting parameters of groups up to `upto` only; returns whether it
+  // moved.
+  bool advance_update(bool wait, int upto);
+  int update_frontier() const;  // the last group the stream may start without a wait
+  void pump_update();           // as many moves as need no waiting
+  void quiet_pump();            // no moves between operators until the next node runs
   void finish_params(const std::vector<int>& params);
   void retire_update_writes();
   void end_passes();          // the step's passes are over: their time goes to the stats
