@@ -116,18 +116,6 @@ int64_t moving_bytes(const SwapProblem& p, const Grouping& g, const std::set<int
   return b;  // one of the two (weights or gradients)
 }
 
-// Weights of group `i`'s own parameters (those no earlier group reads) that move.
-int64_t owned_moving_bytes(const SwapProblem& p, const Grouping& g, const std::set<int>& pinned,
-                           int i) {
-  int64_t b = 0;
-  for (int q : g.params[i]) {
-    bool earlier = pinned.count(q) > 0;
-    for (int j = 0; j < i && !earlier; ++j) earlier = g.params[j].count(q) > 0;
-    if (!earlier) b += aligned(p.param_bytes[q]);
-  }
-  return b;
-}
-
 // The tier's time: transfers, each placed in the earliest idle stretch after it can start (a
 // prefetch issued early goes ahead of a write that becomes ready later).
 class IoTimeline {
@@ -182,6 +170,7 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
   // area, each parameter's share just before its first reader group's forward.
   const double r = p.read_bps, w = p.write_bps;
   std::vector<double> opt_in(G, 0), opt_out(G, 0), opt_compute(G, 0);
+  std::vector<int64_t> own_moving(G, 0);  // moving weights each group reads first
   int64_t opt_read = 0, opt_write = 0, all_bytes = 0;
   for (int64_t b : p.param_bytes) all_bytes += b;
   std::vector<bool> seen(p.param_bytes.size(), false);
@@ -197,6 +186,7 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
       const int64_t weight = pinned.count(q) || p.overlap_update ? 0 : b;
       const int64_t in = moments + (pinned.count(q) ? 0 : b) + weight;
       const int64_t out = moments + weight;
+      if (!pinned.count(q)) own_moving[i] += b;
       opt_read += in;
       opt_write += out;
       opt_in[i] += in / r;
@@ -251,7 +241,7 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
       const int64_t b = moving_bytes(p, g, pinned, t.group);
       if (!recent) load = b + (t.backward && t.micro > 0 ? b : 0);
       if (t.backward) write = b;
-      if (updating) write = owned_moving_bytes(p, g, pinned, t.group);  // updated in place
+      if (updating) write = own_moving[t.group];  // updated in place
     }
     const double window_open =
         k >= static_cast<size_t>(plan.depth + 1) ? end[k - plan.depth - 1] : 0;
