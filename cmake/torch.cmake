@@ -172,8 +172,15 @@ target_compile_definitions(starling_tests PRIVATE
   STARLING_CLI_PATH="$<TARGET_FILE:starling_cli>"
   STARLING_PYTHON="${STARLING_PYTHON}")
 add_dependencies(starling_tests starling_cli)
+# Tests that measure how peers share this machine's cores run alone: a test beside them slows
+# the reference profile they compare against, not only the peers.
+set(STARLING_CORE_SHARING_TESTS "PipelineRunTest.AutoStagesWeigh*")
 gtest_discover_tests(starling_tests DISCOVERY_TIMEOUT 120
+  TEST_FILTER "-${STARLING_CORE_SHARING_TESTS}"
   PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=2")
+gtest_discover_tests(starling_tests DISCOVERY_TIMEOUT 120
+  TEST_FILTER "${STARLING_CORE_SHARING_TESTS}" TEST_LIST starling_core_sharing_tests
+  PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=2" RUN_SERIAL TRUE)
 
 # No binary may take a C++ standard library symbol from libtorch (see add_link_options in
 # CMakeLists.txt).

@@ -6,7 +6,9 @@
 // bit-identical to unswapped ones, and joins and kills work as without swapping.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -49,6 +51,27 @@ std::map<int64_t, double> val_losses(const fs::path& run) {
   for (const auto& m : metrics(run))
     if (m.contains("val_loss")) out[m["step"].get<int64_t>()] = m["val_loss"].get<double>();
   return out;
+}
+
+// A TCP port for a rank that must listen on a port fixed in advance (torchrun's MASTER_PORT). It
+// lies below Linux's ephemeral range (32768 and up by default), where the kernel hands out ports
+// for the other tests' connections and port-0 binds, and nothing listens on it now; `seed`
+// spreads concurrent callers.
+std::string free_fixed_port(int seed) {
+  constexpr int kLow = 20000, kSpan = 12000;
+  for (int tries = 0; tries < kSpan; ++tries) {
+    const int port = kLow + (seed + tries * 7919) % kSpan;
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) break;
+    sockaddr_in at{};
+    at.sin_family = AF_INET;
+    at.sin_port = htons(static_cast<uint16_t>(port));
+    at.sin_addr.s_addr = htonl(INADDR_ANY);
+    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0;
+    ::close(fd);
+    if (free) return std::to_string(port);
+  }
+  throw std::runtime_error("no free TCP port between 20000 and 31999");
 }
 
 fs::path checkpoint_dir(const fs::path& run, int64_t step) {
@@ -700,7 +723,7 @@ TEST_F(SwarmCliTest, StoppedSwarmResumesExactly) {
 
 TEST_F(SwarmCliTest, TorchrunEnvironmentFindsThePeers) {
   write_config("torchrun", "kind = \"diloco\"\nlocal_steps = 4");
-  const std::string port = std::to_string(20000 + ::getpid() % 20000);
+  const std::string port = free_fixed_port(::getpid());
   std::vector<std::string> logs;
   const auto done = run_torchrun_pair("torchrun", port, {"--insecure"}, logs);
   for (int rank = 0; rank < 2; ++rank) {
@@ -738,7 +761,7 @@ TEST_F(SwarmCliTest, GlooGroupTrainsLikeTheSwarm) {
   }
 
   write_config("gloo_torchrun", "kind = \"diloco\"\nlocal_steps = 4");
-  const std::string port = std::to_string(20000 + (::getpid() + 7919) % 20000);
+  const std::string port = free_fixed_port(::getpid() + 7919);
   std::vector<std::string> logs;
   const auto done = run_torchrun_pair("gloo_torchrun", port, {"--set", "net.backend=gloo"}, logs);
   for (int rank = 0; rank < 2; ++rank) {
