@@ -83,6 +83,7 @@ add_library(starling STATIC
   src/starling/swap/swapper.cpp
   src/starling/swap/op_pump.cpp
   src/starling/swap/swap_optimizer.cpp
+  src/starling/swap/swap_rows_first.cpp
   src/starling/swap/swap_runner.cpp
 )
 # liburing: the swap disk tier's asynchronous O_DIRECT transfers.

@@ -155,6 +155,25 @@ TEST(SwapPlan, TheOptimizersTransfersHideBehindTheNextForward) {
   EXPECT_GT(plan_swap(slow).predicted_s, plan.predicted_s) << describe_plan(plan_swap(slow), slow);
 }
 
+// A token table whose lookup's rows go first (swapper.h): its update no longer stands between
+// the backward and the next forward but is spread over the later layers' forwards, where the tier
+// has time to spare, so a step is predicted shorter than with the table updated whole first.
+TEST(SwapPlan, ATableWhoseRowsGoFirstSpreadsItsUpdate) {
+  SwapProblem p = model_problem(12, 16 << 20, 96 << 20);
+  p.nodes[0].rows = {0};  // the embedding reads its table by row; the head reads it whole
+  p.read_bps = 4e9;
+  p.write_bps = 2e9;
+  p.budget = training_state(p) * 3 / 10;
+  SwapProblem whole = p;
+  whole.rows_first = false;
+  const SwapPlan spread = plan_swap(p), first = plan_swap(whole);
+  ASSERT_FALSE(spread.everything_resident);
+  // The table's moments in and out, which the whole update waits for before the first layer.
+  const double table_io = 2.0 * (96 << 20) / p.read_bps + 2.0 * (96 << 20) / p.write_bps;
+  EXPECT_LT(spread.predicted_s, first.predicted_s - 0.5 * table_io)
+      << describe_plan(spread, p) << describe_plan(first, whole);
+}
+
 // Layer groups may be finer than the largest node: with a table as large as GPT-2's (its head a
 // group of its own), small groups of layers leave the room to pin the head, whose weight and
 // gradient then never move, where groups at least the head's size could pin nothing.

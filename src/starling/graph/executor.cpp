@@ -75,6 +75,10 @@ void Executor::notify(int node, Phase phase, bool after) {
   for (NodeObserver* o : observers_) after ? o->after(node, phase) : o->before(node, phase);
 }
 
+void Executor::notify_forward(int node, const std::vector<at::Tensor>& inputs) {
+  for (NodeObserver* o : observers_) o->before_forward(node, inputs);
+}
+
 StageRange Executor::resolve(StageRange range) const {
   const int n = dag_.size();
   if (range.last < 0) range.last = n - 1;
@@ -133,18 +137,19 @@ MicroBatch Executor::forward_stage(const std::vector<at::Tensor>& inputs, StageR
 
   std::optional<AutocastScope> autocast(std::in_place, mb.device_, options_.autocast);
   for (int i = first; i <= last; ++i) {
-    notify(i, Phase::kForward, false);
+    std::vector<at::Tensor> ins =
+        gather_inputs(i, inputs, mb.outputs_, /*as_leaves=*/for_backward && !options_.recompute);
+    notify_forward(i, ins);
     if (!for_backward) {
       at::NoGradGuard no_grad;
-      mb.outputs_[i] = nodes[i].op->forward(
-          gather_inputs(i, inputs, mb.outputs_, /*as_leaves=*/false), params_of(i));
+      mb.outputs_[i] = nodes[i].op->forward(ins, params_of(i));
     } else if (options_.recompute) {
       at::NoGradGuard no_grad;
-      mb.node_inputs_[i] = gather_inputs(i, inputs, mb.outputs_, /*as_leaves=*/false);
+      mb.node_inputs_[i] = std::move(ins);
       mb.outputs_[i] = nodes[i].op->forward(mb.node_inputs_[i], params_of(i));
     } else {
       at::AutoGradMode grad(true);
-      mb.node_inputs_[i] = gather_inputs(i, inputs, mb.outputs_, /*as_leaves=*/true);
+      mb.node_inputs_[i] = std::move(ins);
       mb.outputs_[i] = nodes[i].op->forward(mb.node_inputs_[i], params_of(i));
     }
     notify(i, Phase::kForward, true);
@@ -249,9 +254,9 @@ at::Tensor Executor::forward(const std::vector<at::Tensor>& inputs, int last) {
   AutocastScope autocast(input_device(inputs, {}), options_.autocast);
   std::vector<at::Tensor> outputs(n);
   for (int i = 0; i <= last; ++i) {
-    notify(i, Phase::kForward, false);
-    outputs[i] =
-        nodes[i].op->forward(gather_inputs(i, inputs, outputs, /*as_leaves=*/false), params_of(i));
+    const std::vector<at::Tensor> ins = gather_inputs(i, inputs, outputs, /*as_leaves=*/false);
+    notify_forward(i, ins);
+    outputs[i] = nodes[i].op->forward(ins, params_of(i));
     notify(i, Phase::kForward, true);
     for (const auto& s : nodes[i].inputs)
       if (s.kind == Source::Kind::kNode && last_use[s.index] == i && s.index != last)
@@ -272,8 +277,8 @@ at::Tensor Executor::forward_cached(const std::vector<at::Tensor>& inputs, Decod
   std::vector<at::Tensor> outputs(n);
   int64_t t = -1;
   for (int i = 0; i <= last; ++i) {
-    notify(i, Phase::kForward, false);
     const auto ins = gather_inputs(i, inputs, outputs, /*as_leaves=*/false);
+    notify_forward(i, ins);
     if (t < 0 && !ins.empty() && ins[0].dim() >= 2) t = ins[0].size(1);
     outputs[i] = nodes[i].op->forward_cached(ins, params_of(i), cache.position_,
                                              cache.state_[static_cast<size_t>(i)]);

@@ -48,6 +48,12 @@ class NodeObserver {
  public:
   virtual ~NodeObserver() = default;
   virtual void before(int /*node*/, Phase /*phase*/) {}
+  // Before a node's forward (Phase::kForward, not recomputation), with the inputs it is about to
+  // read, in place of before(): a swapper reads a table lookup's rows from them. The default
+  // hands over to before().
+  virtual void before_forward(int node, const std::vector<at::Tensor>& /*inputs*/) {
+    before(node, Phase::kForward);
+  }
   virtual void after(int /*node*/, Phase /*phase*/) {}
 };
 
@@ -134,6 +140,7 @@ class Executor {
   std::vector<at::Tensor> gather_inputs(int node, const std::vector<at::Tensor>& graph_inputs,
                                         const std::vector<at::Tensor>& outputs, bool as_leaves);
   void notify(int node, Phase phase, bool after);
+  void notify_forward(int node, const std::vector<at::Tensor>& inputs);
   // The node's parameters as the ParamStore holds them now (after the `before` observers ran:
   // one may just have brought them in).
   std::vector<at::Tensor> params_of(int node) const;

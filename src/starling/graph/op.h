@@ -46,6 +46,16 @@ class Op {
     return forward(inputs, params);
   }
 
+  // A parameter of which a forward reads only some rows (a table lookup: the token embedding),
+  // for a swapper that brings just those rows up to date before the node runs and the rest of
+  // the table while later nodes compute. reads_rows(k): whether parameter k (param_names()
+  // order) is such a table, rows of its first dimension; rows_read(k, inputs): the rows this
+  // forward reads from it (1-D int64, any order, repeats allowed).
+  virtual bool reads_rows(size_t /*param*/) const { return false; }
+  virtual at::Tensor rows_read(size_t /*param*/, const std::vector<at::Tensor>& /*inputs*/) const {
+    return {};
+  }
+
   // Forward FLOPs per token at this context length (backward is about twice this).
   virtual double forward_flops_per_token(int64_t seq_len) const = 0;
 

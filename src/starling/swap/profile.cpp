@@ -77,15 +77,22 @@ double optimizer_seconds_per_element(c10::Device device) {
 SwapProblem profile_nodes(graph::OpDag& dag, const graph::ExecutorOptions& options, int64_t batch,
                           int64_t seq_len, c10::Device device) {
   SwapProblem p;
+  p.lookup_tokens = batch * seq_len;
   auto& params = dag.params().params();
   for (const auto& param : params)
     p.param_bytes.push_back(param.value.numel() * static_cast<int64_t>(param.value.element_size()));
   for (const auto& node : dag.nodes()) {
     NodeCost c;
     c.name = node.name;
-    for (const auto& name : node.op->param_names())
+    const auto names = node.op->param_names();
+    for (size_t k = 0; k < names.size(); ++k)
       for (size_t i = 0; i < params.size(); ++i)
-        if (params[i].name == name) c.params.push_back(static_cast<int>(i));
+        if (params[i].name == names[k]) {
+          c.params.push_back(static_cast<int>(i));
+          if (node.op->reads_rows(k) && params[i].value.dim() == 2 &&
+              rows_go_first(params[i].value.size(0), batch * seq_len))
+            c.rows.push_back(static_cast<int>(i));
+        }
     p.nodes.push_back(std::move(c));
   }
   // Token 0 everywhere: the time of every node but the embedding's gather is independent of the

@@ -35,6 +35,10 @@ void add_config_keys(SwapConfig& c, config::Keys& k) {
   k.push_back(bool_key("swap", "overlap_update", &c.overlap_update,
                        "run the optimizer's update behind the next step's forward (true) or on "
                        "its own after the passes (false)"));
+  k.push_back(bool_key("swap", "rows_first", &c.rows_first,
+                       "with the update overlapped on a CPU, update the token embedding's rows the "
+                       "next lookup reads first and the rest of the table while later layers "
+                       "compute (true), or the whole table before the forward starts (false)"));
 }
 
 void check(const SwapConfig& c, const std::string& source) {

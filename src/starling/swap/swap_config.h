@@ -25,6 +25,10 @@ struct SwapConfig {
   // The optimizer's update runs behind the next step's forward (true) or on its own after the
   // passes (false).
   bool overlap_update = true;
+  // With the update overlapped on a CPU: the rows a token lookup reads are updated first, and the
+  // rest of its table while later layers compute (true), or the table whole before the forward
+  // starts (false).
+  bool rows_first = true;
 
   bool enabled() const { return !budget.empty(); }
 };

@@ -52,14 +52,30 @@ void Swapper::start_update(double lr, const at::Tensor& coef) {
     if (grads_[p].tensor.defined()) order.push_back(static_cast<int>(p));
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return owner_[a] < owner_[b]; });
   const int64_t chunk = plan_.everything_resident ? INT64_MAX : plan_.chunk_bytes / 4;
+  bool spread = false;
   for (int p : order) {
     pending_[p] = Pending::kQueued;
     chunks_done_[p] = false;
     writes_left_[p] = 0;
+    patched_rows_[p].clear();
+    rows_first_[p] = spreads(p);
+    spread = spread || rows_first_[p];
     const int64_t n = params[p].value.numel();
-    for (int64_t b = 0; b < n; b += chunk)
-      jobs_.push_back({p, b, std::min(n, b + chunk), b + chunk >= n});
+    const int64_t chunks = (n + chunk - 1) / chunk;
+    // A table updated rows first: its chunks go between the groups after the lookup's window and
+    // its next reader, evenly, each after that group's own parameters (where the stream would
+    // otherwise wait for the forward). The others: in the forward's order, each gated by its group.
+    const int lo = owner_[p] + plan_.depth + 1, groups = spread_end_[p] - lo + 1;
+    for (int64_t i = 0, b = 0; b < n; ++i, b += chunk) {
+      const int gate = rows_first_[p] ? lo + static_cast<int>(i * groups / chunks) : owner_[p];
+      jobs_.push_back({p, b, std::min(n, b + chunk), b + chunk >= n, gate, rows_first_[p]});
+      finish_gate_[p] = gate;
+    }
   }
+  if (spread)
+    std::stable_sort(jobs_.begin(), jobs_.end(), [](const UpdateJob& a, const UpdateJob& b) {
+      return 2 * a.gate + a.spread < 2 * b.gate + b.spread;
+    });
   pump_update();
 }
 
@@ -106,7 +122,8 @@ bool Swapper::advance_update(bool wait, int upto) {
   // and a parameter starts only when its group is within `upto`.
   while (issued_ < jobs_.size() && issued_ < computed_ + kSets &&
          (on_device || update_writes_[issued_ % kSets].empty()) &&
-         (pending_[jobs_[issued_].p] != Pending::kQueued || owner_[jobs_[issued_].p] <= upto)) {
+         (jobs_[issued_].gate <= upto ||
+          (!jobs_[issued_].spread && pending_[jobs_[issued_].p] != Pending::kQueued))) {
     const size_t j = issued_++;
     if (const auto& earlier = update_writes_[j % kSets]; !earlier.empty())
       tier_->order_copies_after(earlier.back().ticket);  // the latest of the set's writes
@@ -115,8 +132,9 @@ bool Swapper::advance_update(bool wait, int upto) {
     if (pending_[job.p] == Pending::kQueued) {
       // A weight the forward's window will hold is loaded into place where the budget has room
       // now, as the window would load it.
-      if (SwapSlot& w = values_[job.p]; w.state == SwapSlot::State::kOut &&
-                                        owner_[job.p] <= update_frontier() && has_room(w.bytes))
+      const int reader = rows_first_[job.p] ? spread_end_[job.p] + 1 : owner_[job.p];
+      if (SwapSlot& w = values_[job.p];
+          w.state == SwapSlot::State::kOut && reader <= update_frontier() && has_room(w.bytes))
         load(w);
       // Where each operand is now decides how all of its chunks are read: a resident one stays
       // (busy) and is updated in place, and so does a loading one (its chunks wait for the load);
@@ -158,13 +176,25 @@ bool Swapper::advance_update(bool wait, int upto) {
       std::array<at::Tensor, kOperands> t;
       for (int op = 0; op < kOperands; ++op) {
         SwapSlot& s = *slots[op];
-        t[op] = s.busy ? s.tensor.view({-1}).narrow(0, job.begin, len)
-                       : at::from_blob(staging(j, op), {len},
-                                       at::TensorOptions(at::kFloat).device(device_));
+        const auto options = at::TensorOptions(at::kFloat).device(device_);
+        if (!s.busy)
+          t[op] = at::from_blob(staging(j, op), {len}, options);
+        else if (rows_first_[job.p])
+          // A table whose lookup has run: its saved weight must not see the chunks' writes (an
+          // aliasing tensor with its own version counter; the lookup read rows already final).
+          t[op] = at::from_blob(static_cast<float*>(storage_data(s.tensor)) + job.begin, {len},
+                                options);
+        else
+          t[op] = s.tensor.view({-1}).narrow(0, job.begin, len);
       }
+      // Rows that went first keep their new weights (their moments come out the same again).
+      const at::Tensor kept =
+          patched_rows_[job.p].empty() ? at::Tensor() : patched_in(job.p, job.begin, job.end);
+      const at::Tensor kept_weights = kept.defined() ? t[kWeight].index_select(0, kept) : kept;
       if (update_coef_.defined()) t[kGrad].mul_(update_coef_);
       optimizer_.update_part(t[kWeight], t[kGrad], t[kMoment1], t[kMoment2], update_lr_,
                              params[job.p].decay, update_steps_);
+      if (kept.defined()) t[kWeight].index_copy_(0, kept, kept_weights);
       for (int op : {kWeight, kMoment1, kMoment2}) {
         SwapSlot& s = *slots[op];
         if (s.busy) {
@@ -187,6 +217,8 @@ bool Swapper::advance_update(bool wait, int upto) {
         g.tensor.reset();
         g.state = SwapSlot::State::kOut;
         norms_[job.p].reset();
+        patched_rows_[job.p].clear();
+        rows_first_[job.p] = false;
         chunks_done_[job.p] = true;
         if (writes_left_[job.p] == 0) {
           pending_[job.p] = Pending::kNone;
@@ -235,7 +267,8 @@ void Swapper::pump_update() {
 
 void Swapper::finish_params(const std::vector<int>& list) {
   int upto = update_frontier();
-  for (int p : list) upto = std::max(upto, owner_[p]);
+  for (int p : list)
+    if (pending_[p] != Pending::kNone) upto = std::max(upto, finish_gate_[p]);
   for (int p : list)
     while (pending_[p] != Pending::kNone)
       if (!advance_update(true, upto) && pending_[p] != Pending::kNone)

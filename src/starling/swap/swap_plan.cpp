@@ -157,6 +157,30 @@ class IoTimeline {
   std::vector<std::pair<double, double>> busy_;  // sorted, disjoint
 };
 
+// The groups over which parameter q's update runs, first reader group `first`: that group alone,
+// or for a table whose rows go first, the groups after the lookup's window up to the one before
+// its next reader (the last group when there is none), where there are any.
+std::pair<int, int> rows_spread(const SwapProblem& p, const Grouping& g, int q, int first,
+                                int depth) {
+  if (!p.rows_first || !p.overlap_update) return {first, first};
+  const SwapGroup& own = g.groups[first];
+  int readers = 0;
+  bool by_row = false;
+  for (int n = own.first; n <= own.last; ++n)
+    if (std::count(p.nodes[n].params.begin(), p.nodes[n].params.end(), q) > 0) {
+      by_row = by_row ||
+               (readers == 0 && std::count(p.nodes[n].rows.begin(), p.nodes[n].rows.end(), q) > 0);
+      ++readers;
+    }
+  if (!by_row || readers != 1) return {first, first};
+  const int G = static_cast<int>(g.groups.size());
+  int hi = G - 1;
+  for (int a = first + 1; a < G && hi == G - 1; ++a)
+    if (g.params[a].count(q)) hi = a - 1;
+  const int lo = first + depth + 1;
+  return lo <= hi ? std::pair{lo, hi} : std::pair{first, first};
+}
+
 // Two streams, compute and I/O: a group's load may start once the group `depth + 1` tasks back has
 // finished computing (its room is free) and the I/O stream is idle; it computes after its load;
 // gradients are written after its backward. The previous step's optimizer update is deferred
@@ -178,6 +202,10 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
     for (int q : g.params[i]) {
       if (seen[q]) continue;
       seen[q] = true;
+      // A table looked up by row whose rows go first: its update is spread evenly over the
+      // groups after the lookup's window, up to its next reader (swapper.h); the rows are left
+      // out (a few hundred of a vocabulary's tens of thousands).
+      const auto [lo, hi] = rows_spread(p, g, q, i, plan.depth);
       const int64_t b = aligned(p.param_bytes[q]);
       const int64_t moments = kept.count(q) ? 0 : 2 * b;
       // A moving weight: overlapped with the forward, the update changes it in place where the
@@ -189,9 +217,13 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
       if (!pinned.count(q)) own_moving[i] += b;
       opt_read += in;
       opt_write += out;
-      opt_in[i] += in / r;
-      opt_out[i] += out / w;
-      opt_compute[i] += p.optimizer_s * p.param_bytes[q] / std::max<int64_t>(all_bytes, 1);
+      const double share = 1.0 / (hi - lo + 1);
+      for (int a = lo; a <= hi; ++a) {
+        opt_in[a] += share * in / r;
+        opt_out[a] += share * out / w;
+        opt_compute[a] +=
+            share * p.optimizer_s * p.param_bytes[q] / std::max<int64_t>(all_bytes, 1);
+      }
     }
   struct Task {
     int group;
@@ -288,6 +320,8 @@ SwapPlan plan_swap(const SwapProblem& p) {
   SwapPlan base;
   base.budget = p.budget;
   base.overlap_update = p.overlap_update;
+  base.rows_first = p.rows_first;
+  base.lookup_tokens = p.lookup_tokens;
   int64_t largest = 0;
   for (int64_t b : p.param_bytes) {
     base.state_bytes += 4 * aligned(b);

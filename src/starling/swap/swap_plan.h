@@ -32,11 +32,16 @@ namespace starling::swap {
 inline constexpr int kStagingSets = 3;
 inline constexpr int kStagingChunks = kStagingSets * 4;
 
+// A lookup of `tokens` tokens reads at most that many rows of its table; a table with at least
+// four times as many rows is updated rows first (swapper.h), a smaller one whole.
+inline bool rows_go_first(int64_t table_rows, int64_t tokens) { return table_rows >= 4 * tokens; }
+
 struct NodeCost {
   std::string name;
   double forward_s = 0;     // forward of one micro-batch
   double backward_s = 0;    // backward of one micro-batch, recomputation included
   std::vector<int> params;  // indices of the parameters it reads
+  std::vector<int> rows;    // of those, tables it reads by row whose rows go first (graph/op.h)
 };
 
 struct SwapProblem {
@@ -52,6 +57,8 @@ struct SwapProblem {
   int depth = -1;              // >= 0: fixed prefetch depth (swap.depth)
   int moment_groups = -1;      // >= 0: groups keeping their moments (swap.moment_groups)
   bool overlap_update = true;  // swap.overlap_update
+  bool rows_first = true;      // swap.rows_first, on a CPU (swapper.h)
+  int64_t lookup_tokens = 0;   // tokens of a micro-batch (train.batch_size x model.seq_len)
 };
 
 struct SwapGroup {
@@ -66,6 +73,8 @@ struct SwapPlan {
   int depth = 0;
   bool everything_resident = false;  // the budget holds the whole state: no swapping
   bool overlap_update = true;        // the update runs behind the next forward (swapper.h)
+  bool rows_first = true;            // a lookup's rows first, its table spread (swapper.h)
+  int64_t lookup_tokens = 0;         // of a micro-batch: which tables go rows first
   int64_t chunk_bytes = 0;           // optimizer staging chunk (per operand)
   int64_t staging_bytes = 0;         // 3 sets of 4 operand chunks
   int64_t state_bytes = 0;           // weights + gradients + moments, aligned as stored

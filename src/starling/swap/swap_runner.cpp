@@ -50,6 +50,7 @@ SwapProblem problem_for(const train::RunConfig& c, graph::OpDag& dag, const std:
   p.depth = static_cast<int>(c.swap.depth);
   p.moment_groups = static_cast<int>(c.swap.moment_groups);
   p.overlap_update = c.swap.overlap_update;
+  p.rows_first = c.swap.rows_first && device.is_cpu();
   int64_t state = 0;
   for (int64_t b : p.param_bytes) state += 4 * b;
   measure_tier(p, c.swap.tier, tier_dir(c), probe_bytes(state), device);
@@ -130,6 +131,8 @@ class SwapStepRunner final : public train::StepRunner {
            train::fmt("%.2f s", st.update_wait_s) +
            (st.pumped > 0 ? "; advanced " + std::to_string(st.pumped) + " times between operators"
                           : std::string()) +
+           (st.rows_first > 0 ? "; looked-up rows first " + std::to_string(st.rows_first) + " times"
+                              : std::string()) +
            ")" +
            (st.exchange_s > 0
                 ? ", exchanges " + train::fmt("%.2f s", st.exchange_s) + " (waiting for the tier " +

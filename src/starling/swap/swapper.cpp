@@ -38,6 +38,27 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
       if (owner_node_[index] < 0) owner_node_[index] = node;
     }
   }
+  // Tables read by row: the lookup is the only reader in its group, and there is room to spread
+  // the table's chunks between the groups after the window and its next reader (swap_rows_first).
+  const int G = static_cast<int>(plan_.groups.size());
+  rows_table_.assign(params.size(), -1);
+  spread_end_.assign(params.size(), G - 1);
+  for (int node = 0; node < n; ++node) {
+    const auto names = dag_.nodes()[node].op->param_names();
+    for (size_t k = 0; k < names.size(); ++k) {
+      int index = 0;
+      while (params[index].name != names[k]) ++index;
+      if (owner_node_[index] == node) {
+        if (dag_.nodes()[node].op->reads_rows(k) && params[index].value.dim() == 2 &&
+            rows_go_first(params[index].value.size(0), plan_.lookup_tokens))
+          rows_table_[index] = static_cast<int>(k);
+      } else if (node_group_[node] == owner_[index]) {
+        rows_table_[index] = -1;  // read whole in the lookup's own group
+      } else {
+        spread_end_[index] = std::min(spread_end_[index], node_group_[node] - 1);
+      }
+    }
+  }
   std::vector<bool> pinned(params.size(), false), kept(params.size(), plan_.everything_resident);
   for (size_t g = 0; g < plan_.groups.size(); ++g) {
     if (plan_.groups[g].pinned)
@@ -110,6 +131,9 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
     grads_.push_back(std::move(g));
   }
   norms_.resize(params.size());
+  finish_gate_.assign(params.size(), 0);
+  rows_first_.assign(params.size(), false);
+  patched_rows_.resize(params.size());
   pending_.assign(params.size(), Pending::kNone);
   writes_left_.assign(params.size(), 0);
   chunks_done_.assign(params.size(), false);
@@ -388,8 +412,13 @@ void Swapper::want(int group, bool backward, bool must) {
 }
 
 void Swapper::enter(int group, bool backward) {
-  // The group reads its parameters' new values.
-  finish_params(group_params_[group]);
+  // The group reads its parameters' new values; a table looked up by row gets the rows it reads
+  // once its weights are resident (below).
+  std::vector<int> finish = group_params_[group];
+  std::erase_if(finish, [&](int p) {
+    return std::any_of(lookup_.begin(), lookup_.end(), [&](const auto& l) { return l.first == p; });
+  });
+  finish_params(finish);
   current_ = group;
   current_backward_ = backward;
   ++epoch_;
@@ -420,6 +449,8 @@ void Swapper::enter(int group, bool backward) {
     settle(values_[p]);
     if (backward && grads_[p].tensor.defined()) settle(grads_[p]);
   }
+  for (const auto& [p, ids] : lookup_) update_rows_first(p, ids);
+  lookup_.clear();
 }
 
 // Gradients autograd just made become slots (aligned storage the tier can write from).
@@ -480,6 +511,25 @@ void Swapper::before(int node, graph::Phase phase) {
     enter(g, backward);
   }
   if (pump_) pump_->arm(true);
+}
+
+void Swapper::before_forward(int node, const std::vector<at::Tensor>& inputs) {
+  lookup_.clear();
+  const int g = node_group_[node];
+  // Entering the table's group at its lookup, before the stream has started the table.
+  if (g != current_ || current_backward_) {
+    auto& params = dag_.params().params();
+    for (int p : group_params_[g])
+      // Once per update: a second lookup (an evaluation's, then the step's) reads other rows.
+      if (owner_node_[p] == node && rows_first_[p] && pending_[p] == Pending::kQueued &&
+          patched_rows_[p].empty())
+        if (at::Tensor ids =
+                dag_.nodes()[node].op->rows_read(static_cast<size_t>(rows_table_[p]), inputs);
+            ids.defined() && params[p].value.dim() == 2)
+          lookup_.emplace_back(p, ids);
+  }
+  before(node, graph::Phase::kForward);
+  lookup_.clear();
 }
 
 void Swapper::after(int, graph::Phase) { quiet_pump(); }

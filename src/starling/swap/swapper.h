@@ -16,8 +16,10 @@
 // starts once the forward enters the group `depth` before it) and updates the weights the window
 // loads in place; a group's parameters are finished (at the latest) when a pass enters the group,
 // and everything is finished before anything else reads the state (gather, read_state, the
-// exchange, the next update). The arithmetic is the same elementwise AdamW, so results stay
-// bit-identical.
+// exchange, the next update). A table the forward reads by row (the token embedding, which the
+// forward reads first) is not finished whole before its lookup: the rows the lookup reads go
+// first, and its other chunks are spread between the later groups (swap_rows_first.cpp). The
+// arithmetic is the same elementwise AdamW, so results stay bit-identical.
 //
 // A step is: begin_step(n), then per micro-batch begin_micro_batch(m) + the executor's forward and
 // backward + end_pass(), optionally visit_gradients() (an exchange with other replicas), then
@@ -61,7 +63,8 @@ struct SwapStats {
   // The optimizer's time counts the update's chunks wherever they ran, much of it inside the
   // next step's passes when the update overlaps them.
   double update_s = 0, update_wait_s = 0;
-  int64_t pumped = 0;  // times the update advanced between a node's operators (op_pump.h)
+  int64_t pumped = 0;      // times the update advanced between a node's operators (op_pump.h)
+  int64_t rows_first = 0;  // updates whose table lookups' rows went first (swap_rows_first.cpp)
   // Exchanges of the gradients with other replicas (visit_gradients), the network's time included.
   double exchange_s = 0, exchange_wait_s = 0;
 };
@@ -75,6 +78,7 @@ class Swapper final : public graph::NodeObserver {
   ~Swapper() override;
 
   void before(int node, graph::Phase phase) override;
+  void before_forward(int node, const std::vector<at::Tensor>& inputs) override;
   void after(int node, graph::Phase phase) override;
 
   // A step of `micro_batches` micro-batches, or of as many as the caller runs when 0 (a strategy
@@ -142,6 +146,16 @@ class Swapper final : public graph::NodeObserver {
   void pump_update();           // as many moves as need no waiting
   void quiet_pump();            // no moves between operators until the next node runs
   void finish_params(const std::vector<int>& params);
+  // A table whose lookup reads some rows (the token embedding), updated rows first: the rows the
+  // lookup reads get their new values before it runs, and the rest of its chunks are spread
+  // through the stream until its next reader (swap_rows_first.cpp).
+  bool spreads(int p) const;
+  void update_rows_first(int p, const at::Tensor& ids);
+  void update_whole_now(int p);
+  at::Tensor slot_rows(SwapSlot& s, const std::vector<int64_t>& rows, int64_t width);
+  // The elements of parameter p's chunk [begin, end) whose rows went first (their offsets from
+  // begin, int64), or an undefined tensor: the chunk leaves their weights as they are.
+  at::Tensor patched_in(int p, int64_t begin, int64_t end) const;
   void retire_update_writes();
   void end_passes();          // the step's passes are over: their time goes to the stats
   void make_gradient(int p);  // a zero gradient for a parameter the passes gave none
@@ -167,7 +181,9 @@ class Swapper final : public graph::NodeObserver {
   struct UpdateJob {
     int p;
     int64_t begin, end;
-    bool last;  // the parameter's last chunk
+    bool last;    // the parameter's last chunk
+    int gate;     // issued once the forward's frontier reaches this group
+    bool spread;  // a chunk of a table updated rows first: gated even once its table streams
   };
   struct UpdateWrite {
     Ticket ticket;
@@ -177,6 +193,13 @@ class Swapper final : public graph::NodeObserver {
   std::vector<int> writes_left_;   // per parameter: its staging writes in flight
   std::vector<bool> chunks_done_;  // per parameter: its last chunk computed
   std::vector<UpdateJob> jobs_;
+  std::vector<int> finish_gate_;  // per parameter: the gate of its last chunk
+  // Tables read by row (rows_table_: the lookup node's parameter index, or -1) and, for each, the
+  // group after which its chunks stop being spread (its next reader's, or the last group).
+  std::vector<int> rows_table_, spread_end_;
+  std::vector<bool> rows_first_;                    // this update spreads it; its rows may go first
+  std::vector<std::vector<int64_t>> patched_rows_;  // rows already updated, kept by the chunks
+  std::vector<std::pair<int, at::Tensor>> lookup_;  // the node about to run: parameter, rows read
   size_t issued_ = 0, computed_ = 0;
   double update_lr_ = 0;
   at::Tensor update_coef_;

@@ -43,6 +43,11 @@ std::vector<std::string> EmbeddingOp::param_names() const {
   return {tok_name_, pos_name_};
 }
 
+at::Tensor EmbeddingOp::rows_read(size_t param, const std::vector<at::Tensor>& inputs) const {
+  if (param != 0 || inputs.empty()) return {};
+  return inputs[0].reshape({-1});
+}
+
 double EmbeddingOp::forward_flops_per_token(int64_t) const {
   return pos_name_.empty() ? 0.0 : static_cast<double>(config_.d_model);
 }

@@ -19,6 +19,9 @@ class EmbeddingOp : public graph::Op {
                             const std::vector<at::Tensor>& params, int64_t start,
                             std::vector<at::Tensor>& state) override;
   std::vector<std::string> param_names() const override;
+  // The token table: the forward reads the tokens' rows only.
+  bool reads_rows(size_t param) const override { return param == 0; }
+  at::Tensor rows_read(size_t param, const std::vector<at::Tensor>& inputs) const override;
   double forward_flops_per_token(int64_t seq_len) const override;
   std::vector<int64_t> output_shape(int64_t batch, int64_t seq_len) const override;
 
