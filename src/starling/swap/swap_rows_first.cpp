@@ -3,9 +3,9 @@
 // embedding, and the next forward starts by reading it: updated whole, its moments' round trip
 // through the tier would stand between every step and the next. A lookup reads only its tokens'
 // rows, though, and AdamW is elementwise: those rows are updated first (their moments read from
-// the tier row by row), the lookup runs, and the rest of the table's chunks are spread through the
-// stream between the later groups, finished before its next reader (GPT-2's tied head). The
-// chunks keep the rows that went first as they are; their moments come out the same again, from
+// the tier in spans around them), the lookup runs, and the rest of the table's chunks are spread
+// through the stream between the later groups, finished before its next reader (GPT-2's tied head).
+// The chunks keep the rows that went first as they are; their moments come out the same again, from
 // the same operands, so the result is bit-identical to the whole update.
 #include <ATen/ATen.h>
 
@@ -96,8 +96,10 @@ void Swapper::update_rows_first(int p, const at::Tensor& ids) {
   track(need);
   const double start = train::now_s(), start_wait = stats_.wait_s;
   const at::Tensor index = at::tensor(rows, at::TensorOptions(at::kLong)).to(device_);
-  at::Tensor w = slot_rows(values_[p], rows, width), g = slot_rows(grads_[p], rows, width),
-             m = slot_rows(exp_avg_[p], rows, width), v = slot_rows(exp_avg_sq_[p], rows, width);
+  at::Tensor w = slot_rows(values_[p], rows, index, width),
+             g = slot_rows(grads_[p], rows, index, width),
+             m = slot_rows(exp_avg_[p], rows, index, width),
+             v = slot_rows(exp_avg_sq_[p], rows, index, width);
   if (update_coef_.defined()) g.mul_(update_coef_);
   optimizer_.update_part(w, g, m, v, update_lr_, params[p].decay, update_steps_);
   value.view({rows_in, width}).index_copy_(0, index, w);
@@ -126,16 +128,15 @@ void Swapper::update_whole_now(int p) {
   finish_params({p});
 }
 
-// The rows of a [rows, width] fp32 slot, as a fresh [n, width] tensor: gathered where the slot
+// The rows of a [rows, width] fp32 slot (`index`: the same rows as a tensor), as a fresh
+// [n, width] tensor: gathered where the slot
 // is resident, otherwise read from the tier in aligned spans around them (close ones merged).
 // The caller holds room for both.
-at::Tensor Swapper::slot_rows(SwapSlot& s, const std::vector<int64_t>& rows, int64_t width) {
+at::Tensor Swapper::slot_rows(SwapSlot& s, const std::vector<int64_t>& rows,
+                              const at::Tensor& index, int64_t width) {
   const auto n = static_cast<int64_t>(rows.size());
   if (s.state == SwapSlot::State::kLoading || s.state == SwapSlot::State::kWriting) settle(s);
-  if (s.resident()) {
-    const at::Tensor index = at::tensor(rows, at::TensorOptions(at::kLong)).to(device_);
-    return s.tensor.view({-1, width}).index_select(0, index);
-  }
+  if (s.resident()) return s.tensor.view({-1, width}).index_select(0, index);
   const size_t row_bytes = static_cast<size_t>(width) * 4;
   size_t total = 0;
   const std::vector<Span> spans = row_spans(rows, row_bytes, align_up(s.bytes), total);

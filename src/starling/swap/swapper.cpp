@@ -518,14 +518,13 @@ void Swapper::before_forward(int node, const std::vector<at::Tensor>& inputs) {
   const int g = node_group_[node];
   // Entering the table's group at its lookup, before the stream has started the table.
   if (g != current_ || current_backward_) {
-    auto& params = dag_.params().params();
     for (int p : group_params_[g])
       // Once per update: a second lookup (an evaluation's, then the step's) reads other rows.
       if (owner_node_[p] == node && rows_first_[p] && pending_[p] == Pending::kQueued &&
           patched_rows_[p].empty())
         if (at::Tensor ids =
                 dag_.nodes()[node].op->rows_read(static_cast<size_t>(rows_table_[p]), inputs);
-            ids.defined() && params[p].value.dim() == 2)
+            ids.defined())
           lookup_.emplace_back(p, ids);
   }
   before(node, graph::Phase::kForward);

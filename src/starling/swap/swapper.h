@@ -152,7 +152,8 @@ class Swapper final : public graph::NodeObserver {
   bool spreads(int p) const;
   void update_rows_first(int p, const at::Tensor& ids);
   void update_whole_now(int p);
-  at::Tensor slot_rows(SwapSlot& s, const std::vector<int64_t>& rows, int64_t width);
+  at::Tensor slot_rows(SwapSlot& s, const std::vector<int64_t>& rows, const at::Tensor& index,
+                       int64_t width);
   // The elements of parameter p's chunk [begin, end) whose rows went first (their offsets from
   // begin, int64), or an undefined tensor: the chunk leaves their weights as they are.
   at::Tensor patched_in(int p, int64_t begin, int64_t end) const;
