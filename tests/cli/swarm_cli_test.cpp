@@ -416,9 +416,9 @@ TEST_F(SwarmCliTest, AtomSurvivesAKilledPeer) {
 }
 
 // atom with peers of unequal speed (CPU quotas): the fast peer contributes more samples to every
-// shared step instead of waiting for the slow one, every step gathers about the target batch
-// (peers that stop at the same moment may each count on the other: at most a micro-batch short),
-// and the replicas stay bit-identical.
+// shared step instead of waiting for the slow one, every step gathers at least the target batch
+// (the peer with the smallest id closes each round on exact counts), and the replicas stay
+// bit-identical.
 TEST_F(SwarmCliTest, AtomFastPeerContributesMore) {
   const fs::path config = write_config("atom_quota", "kind = \"atom\"\ntarget_batch = 32", 24, 1);
   const auto quota = run_cli("train -q --peers 2 --peer-cpus 0.5,0.125 --config " +
@@ -434,7 +434,7 @@ TEST_F(SwarmCliTest, AtomFastPeerContributesMore) {
     uint64_t last = 0;
     for (const auto& m : records) {
       if (!m.contains("net")) continue;
-      EXPECT_GE(m["net"]["swarm_samples"].get<double>(), 32 - 4) << "step " << m["step"];
+      EXPECT_GE(m["net"]["swarm_samples"].get<double>(), 32) << "step " << m["step"];
       last = m["tokens"].get<uint64_t>();
     }
     tokens.push_back(last);

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <memory>
 #include <thread>
 
 #include "../net/test_swarm.h"
@@ -88,6 +90,43 @@ TEST(ProgressBoard, OnePollReadsEveryAnnouncementThatArrived) {
   std::this_thread::sleep_for(500ms);
   const auto v = a.view(0);
   EXPECT_EQ(v.samples, 20) << "one poll read only part of a backlog of 20 announcements";
+}
+
+// Who closes a round (atom.h): a peer sees how many peers heard in the round have a smaller id
+// and still accumulate. Ready ones and those of another round do not count.
+TEST(ProgressBoard, SeesWhichSmallerPeersStillAccumulate) {
+  net::testing::Swarm swarm(3);
+  auto nodes = swarm.start(3);
+  std::vector<std::unique_ptr<ProgressBoard>> boards;
+  for (auto& n : nodes) boards.push_back(std::make_unique<ProgressBoard>(*n));
+  // Order the three by peer id: boards[low] has the smallest.
+  std::vector<size_t> order = {0, 1, 2};
+  std::sort(order.begin(), order.end(),
+            [&](size_t x, size_t y) { return nodes[x]->id() < nodes[y]->id(); });
+  ProgressBoard &low = *boards[order[0]], &mid = *boards[order[1]], &high = *boards[order[2]];
+  for (auto& b : boards) b->begin_round(7);
+  for (auto& b : boards) b->view(0);
+  low.announce(7, 4, 10.0, false);
+  mid.announce(7, 4, 10.0, false);
+  auto v = wait_view(high, 0, [](const auto& v) { return v.heard == 2; });
+  EXPECT_EQ(v.heard, 2);
+  EXPECT_EQ(v.smaller_accumulating, 2);
+  v = wait_view(low, 0, [](const auto& v) { return v.heard == 1; });
+  EXPECT_EQ(v.smaller_accumulating, 0) << "nobody's id is smaller than the smallest";
+  EXPECT_EQ(wait_view(mid, 0, [](const auto& v) { return v.heard == 1; }).smaller_accumulating, 1);
+  // The smallest stops: the middle one now has none below it still accumulating.
+  low.announce(7, 8, 10.0, true);
+  v = wait_view(mid, 0, [](const auto& v) { return v.ready == 1; });
+  EXPECT_EQ(v.smaller_accumulating, 0);
+  v = wait_view(high, 0, [](const auto& v) { return v.ready == 1; });
+  EXPECT_EQ(v.smaller_accumulating, 1);
+  EXPECT_EQ(v.heard, 2);
+  // A peer of an older round is not heard in this one.
+  high.begin_round(8);
+  mid.announce(8, 0, 10.0, false);
+  v = wait_view(high, 0, [](const auto& v) { return v.heard == 1; });
+  EXPECT_EQ(v.heard, 1);
+  EXPECT_EQ(v.smaller_accumulating, 1);
 }
 
 TEST(ProgressBoard, MalformedAnnouncementsAreDropped) {

@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
+#include <thread>
+
 #include "starling/train/metrics.h"
 #include "starling/train/step_runner.h"
 
@@ -27,7 +30,9 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
   board_.begin_round(version_);
   // The others project this peer from the moment they hear it has started, not from their own
   // starts: a peer may begin a round late (a longer checkpoint, evaluation or swap write-back).
-  board_.announce(version_, 0, pace(), false);
+  // A peer that will adopt the swarm's state contributes nothing: it says so at once, as a
+  // ready peer with no samples, so that nobody counts on it.
+  board_.announce(version_, 0, pace(), need_state_);
   runner.begin_accumulation();
   at::Tensor loss_sum;
   int64_t mine = 0, micro = 0;
@@ -41,19 +46,42 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
     mine += batch;
     const double took = now_s() - t0;
     micro_s_ = micro_s_ > 0 ? 0.7 * micro_s_ + 0.3 * took : took;
-    // Stop at the micro-batch boundary nearest to the moment the swarm reaches the target: when
-    // the others will have made up the difference within half of this peer's next micro-batch.
-    // A peer that stopped adds nothing more, so the last peer to stop sees exact counts and
-    // stops only once the target is reached.
-    const ProgressBoard::View others = board_.view(micro_s_ / 2);
-    stop = need_state_  // it will adopt the swarm's state and contributes nothing: stop at once
-           || static_cast<double>(mine) + others.projected >= static_cast<double>(target());
-    board_.announce(version_, mine, pace(), stop);
+    stop = need_state_ || decide_stop(mine);
+    board_.announce(version_, need_state_ ? 0 : mine, pace(), stop);
   }
   local_samples_ = mine;
   micro_batches_ = micro;
   return {.loss = loss_sum / static_cast<double>(micro),
           .tokens = static_cast<uint64_t>(mine * config_.model.seq_len)};
+}
+
+bool Atom::decide_stop(int64_t mine) {
+  const auto target_reached = [&](double others) {
+    return static_cast<double>(mine) + others >= static_cast<double>(target());
+  };
+  // Stop at the micro-batch boundary nearest to the moment the swarm reaches the target: when
+  // the others will have made up the difference within half of this peer's next micro-batch.
+  ProgressBoard::View v = board_.view(micro_s_ / 2);
+  // Announced counts only grow: on them alone the target is certain.
+  if (target_reached(static_cast<double>(v.samples))) return true;
+  if (!target_reached(v.projected)) return false;
+  // On a projection, two peers stopping at the same moment could each count on the other and
+  // leave the step short. So the peer with the smallest id still accumulating never stops on a
+  // projection: every chain of peers stopping on projections ends with one (smaller ids each
+  // time) that stopped on exact counts, and the step gathers the target.
+  if (v.smaller_accumulating > 0) return true;
+  // This peer closes the round. It waits for the others to stop (the exchange would wait for
+  // them anyway), saying it gains nothing meanwhile so that they do not count on it, for at
+  // most one of its micro-batches; then computes another one if the count is still short.
+  board_.announce(version_, mine, 0.0, false);
+  const double until = now_s() + micro_s_;
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    v = board_.view(0);
+    if (target_reached(static_cast<double>(v.samples)) || v.smaller_accumulating > 0) return true;
+  } while (v.ready < v.heard && now_s() < until);
+  ++extra_micro_batches_;
+  return false;
 }
 
 void Atom::gradients_ready(train::Replica& r) {
@@ -88,6 +116,8 @@ train::StrategyReport Atom::report() const {
   rep.figures["samples"] = static_cast<double>(local_samples_);
   rep.figures["micro_batches"] = static_cast<double>(micro_batches_);
   rep.figures["target_batch"] = static_cast<double>(target());
+  if (extra_micro_batches_ > 0)
+    rep.figures["closing_micro_batches"] = static_cast<double>(extra_micro_batches_);
   if (board_.rejected() > 0) rep.figures["rejected"] = static_cast<double>(board_.rejected());
   return rep;
 }

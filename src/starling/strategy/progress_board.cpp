@@ -105,6 +105,8 @@ ProgressBoard::View ProgressBoard::view(double horizon_s) {
     }
     v.samples += l.samples;
     v.ready += l.ready ? 1 : 0;
+    ++v.heard;
+    if (!l.ready && peer < node_.id()) ++v.smaller_accumulating;
     v.projected += static_cast<double>(l.samples) + (l.ready ? 0.0 : l.rate * (until - l.at));
   }
   return v;

@@ -40,7 +40,11 @@ class ProgressBoard {
     int64_t samples = 0;   // the other live members' announced counts for the round
     double projected = 0;  // their counts projected to `horizon_s` from now
     int ready = 0;         // how many of them stopped accumulating
+    int heard = 0;         // how many of them announced in the round
     int live = 0;          // the other live members this peer hears from
+    // Of those heard in the round, how many have a smaller peer id than this one and still
+    // accumulate (atom.h: such a peer, not this one, closes the round on exact counts).
+    int smaller_accumulating = 0;
   };
   // Takes every announcement that has arrived (never blocks) and sums the other live members'
   // progress in the current round.

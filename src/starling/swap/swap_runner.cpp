@@ -81,7 +81,6 @@ class SwapStepRunner final : public train::StepRunner {
   void begin_accumulation() override {
     swapper_->begin_step(0);
     micro_ = 0;
-    open_ended_ = true;
   }
 
   at::Tensor accumulate(double loss_scale) override {
@@ -96,13 +95,9 @@ class SwapStepRunner final : public train::StepRunner {
 
   at::Tensor update(double lr, double max_norm, bool skip) override {
     if (skip) throw std::logic_error("swap: skipped updates (fp16) are not supported");
-    at::Tensor norm = swapper_->update(lr, max_norm);
-    // An open-ended step (atom) does not overlap its update with the next one: with the update
-    // deferred, atom's swarm sometimes closed its last round short of the target batch (cause not
-    // found yet), which it never did with the update completed here.
-    if (open_ended_) swapper_->finish_update();
-    open_ended_ = false;
-    return norm;
+    // The update may still be running when this returns: it completes during the next step's
+    // first forward pass (swapper.h), an open-ended step's (atom) as well.
+    return swapper_->update(lr, max_norm);
   }
 
   void gather() override { swapper_->gather(true); }
@@ -144,8 +139,7 @@ class SwapStepRunner final : public train::StepRunner {
  private:
   train::Session& s_;
   std::unique_ptr<Swapper> swapper_;
-  int64_t micro_ = 0;        // micro-batches of the open-ended step so far
-  bool open_ended_ = false;  // the step running began with begin_accumulation()
+  int64_t micro_ = 0;  // micro-batches of the open-ended step so far
 };
 
 }  // namespace
