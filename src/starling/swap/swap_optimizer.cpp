@@ -1,8 +1,9 @@
 // The swapped optimizer step, deferred (Swapper::start_update and what advances it): every
 // parameter goes through AdamW in chunks, each operand (weight, gradient, two moments) read where
 // it is: in place when resident, otherwise through a staging buffer loaded from the tier and, for
-// the weight and moments, written back. Three sets of staging buffers pipeline the chunks: one
-// computing, the next loading, the previous draining.
+// the weight and moments, written back. kStagingSets sets of staging buffers pipeline the chunks:
+// one computing, the next ones loading, the previous ones draining. Consecutive small chunks of
+// one group (a layer's norms and biases) share a set, side by side in its buffers.
 //
 // The chunks run in the order the next forward reads the parameters, and the swapper advances the
 // stream whenever the executor moves to another node: the update's transfers then overlap the
@@ -27,6 +28,8 @@ namespace {
 constexpr int kSets = kStagingSets;
 enum Operand { kWeight, kGrad, kMoment1, kMoment2, kOperands };
 
+size_t chunk_bytes(int64_t begin, int64_t end) { return static_cast<size_t>(end - begin) * 4; }
+
 // The optimizer's time, wherever its chunks run.
 struct UpdateTimer {
   SwapStats& st;
@@ -45,7 +48,7 @@ void Swapper::start_update(double lr, const at::Tensor& coef) {
   update_coef_ = coef;
   update_steps_ = optimizer_.steps();
   jobs_.clear();
-  issued_ = computed_ = 0;
+  issued_ = computed_ = packs_issued_ = packs_computed_ = 0;
   // The next forward reads the parameters by their first reader's group (unread ones first).
   std::vector<int> order;
   for (size_t p = 0; p < params.size(); ++p)
@@ -81,6 +84,10 @@ void Swapper::start_update(double lr, const at::Tensor& coef) {
 
 // Retires the staging writes that are complete; a parameter whose chunks are all computed is done
 // once its last write is.
+std::array<SwapSlot*, 4> Swapper::update_operands(int p) {
+  return {&values_[p], &grads_[p], &exp_avg_[p], &exp_avg_sq_[p]};
+}
+
 void Swapper::retire_update_writes() {
   for (auto& set : update_writes_)
     std::erase_if(set, [&](const UpdateWrite& w) {
@@ -94,14 +101,6 @@ bool Swapper::advance_update(bool wait, int upto) {
   if (jobs_.empty()) return false;
   at::NoGradGuard no_grad;
   UpdateTimer timer{stats_};
-  auto& params = dag_.params().params();
-  auto operands = [&](int p) {
-    return std::array<SwapSlot*, kOperands>{&values_[p], &grads_[p], &exp_avg_[p], &exp_avg_sq_[p]};
-  };
-  auto staging = [&](size_t j, int op) { return staging_[(j % kSets) * kOperands + op]; };
-  auto chunk_bytes = [](const UpdateJob& job) {
-    return static_cast<size_t>(job.end - job.begin) * 4;
-  };
   auto waited = [&](Ticket t) {
     const double t0 = train::now_s();
     tier_->wait(t);
@@ -118,117 +117,48 @@ bool Swapper::advance_update(bool wait, int upto) {
   // A tier that orders its copies on the device (a GPU's) needs no host waits in the stream: a
   // set's reads are queued behind its previous writes, the chunk's kernels behind its reads.
   const bool on_device = tier_->orders_on_device();
-  // Reads for every free set: a set is free once its previous chunk is computed and written,
-  // and a parameter starts only when its group is within `upto`.
-  while (issued_ < jobs_.size() && issued_ < computed_ + kSets &&
-         (on_device || update_writes_[issued_ % kSets].empty()) &&
-         (jobs_[issued_].gate <= upto ||
-          (!jobs_[issued_].spread && pending_[jobs_[issued_].p] != Pending::kQueued))) {
-    const size_t j = issued_++;
-    if (const auto& earlier = update_writes_[j % kSets]; !earlier.empty())
+  // A job may start once its group is within `upto`, or when its parameter is already streaming.
+  auto startable = [&](size_t j) {
+    return jobs_[j].gate <= upto || (!jobs_[j].spread && pending_[jobs_[j].p] != Pending::kQueued);
+  };
+  // Reads for every free set: a set is free once its previous pack is computed and written. A
+  // pack is the next job and, while they fit in the set's chunk, the small ones after it that
+  // start with it (same group; a spread table's chunks go alone): a layer's norms and biases
+  // would otherwise take a set each, for a few kilobytes, and leave the tier idle meanwhile.
+  while (issued_ < jobs_.size() && packs_issued_ < packs_computed_ + kSets &&
+         (on_device || update_writes_[packs_issued_ % kSets].empty()) && startable(issued_)) {
+    const size_t set = packs_issued_++ % kSets;
+    if (const auto& earlier = update_writes_[set]; !earlier.empty())
       tier_->order_copies_after(earlier.back().ticket);  // the latest of the set's writes
-    const UpdateJob& job = jobs_[j];
-    auto slots = operands(job.p);
-    if (pending_[job.p] == Pending::kQueued) {
-      // A weight the forward's window will hold is loaded into place where the budget has room
-      // now, as the window would load it.
-      const int reader = rows_first_[job.p] ? spread_end_[job.p] + 1 : owner_[job.p];
-      if (SwapSlot& w = values_[job.p];
-          w.state == SwapSlot::State::kOut && reader <= update_frontier() && has_room(w.bytes))
-        load(w);
-      // Where each operand is now decides how all of its chunks are read: a resident one stays
-      // (busy) and is updated in place, and so does a loading one (its chunks wait for the load);
-      // the others go through staging.
-      for (SwapSlot* s : slots) {
-        if (s->state != SwapSlot::State::kLoading) settle(*s);
-        s->busy = s->state == SwapSlot::State::kLoading || s->resident();
-      }
-      pending_[job.p] = Pending::kStreaming;
+    auto staged = [&](size_t j) { return align_up(chunk_bytes(jobs_[j].begin, jobs_[j].end)); };
+    size_t end = issued_ + 1, used = staged(issued_);
+    jobs_[issued_].at = 0;
+    while (end < jobs_.size() && !jobs_[issued_].spread && !jobs_[end].spread &&
+           jobs_[end].gate == jobs_[issued_].gate && startable(end) &&
+           used + staged(end) <= static_cast<size_t>(plan_.chunk_bytes)) {
+      jobs_[end].at = used;
+      used += staged(end++);
     }
-    for (int op = 0; op < kOperands; ++op) {
-      SwapSlot& s = *slots[op];
-      if (s.busy) {
-        if (s.state == SwapSlot::State::kLoading) update_reads_[j % kSets].push_back(s.io);
-        continue;
-      }
-      update_reads_[j % kSets].push_back(
-          tier_->read(s.key, static_cast<size_t>(job.begin) * 4, staging(j, op), chunk_bytes(job)));
-      stats_.read_bytes += static_cast<int64_t>(align_up(chunk_bytes(job)));
-    }
+    pack_jobs_[set] = {issued_, end};
+    ++stats_.update_sets;
+    stats_.update_chunks += static_cast<int64_t>(end - issued_);
+    for (; issued_ < end; ++issued_) issue_update_reads(set, jobs_[issued_]);
     moved = true;
   }
 
-  if (computed_ < issued_) {
-    auto& reads = update_reads_[computed_ % kSets];
-    // A tier that orders the compute after its copies on the device lets the chunk be queued at
+  if (packs_computed_ < packs_issued_) {
+    const size_t set = packs_computed_ % kSets;
+    auto& reads = update_reads_[set];
+    // A tier that orders the compute after its copies on the device lets the pack be queued at
     // once; the others compute it when its reads are in.
     const bool ready = on_device || std::all_of(reads.begin(), reads.end(),
                                                 [&](Ticket t) { return tier_->done(t); });
     if (ready || wait) {
-      const size_t j = computed_++;
+      ++packs_computed_;
       for (Ticket t : reads) ordered(t);
       reads.clear();
-      const UpdateJob& job = jobs_[j];
-      auto slots = operands(job.p);
-      for (SwapSlot* s : slots)
-        if (s->busy) settle(*s);  // a window's load, waited for above: now resident
-      const int64_t len = job.end - job.begin;
-      std::array<at::Tensor, kOperands> t;
-      for (int op = 0; op < kOperands; ++op) {
-        SwapSlot& s = *slots[op];
-        const auto options = at::TensorOptions(at::kFloat).device(device_);
-        if (!s.busy)
-          t[op] = at::from_blob(staging(j, op), {len}, options);
-        else if (rows_first_[job.p])
-          // A table whose lookup has run: its saved weight must not see the chunks' writes (an
-          // aliasing tensor with its own version counter; the lookup read rows already final).
-          t[op] = at::from_blob(static_cast<float*>(storage_data(s.tensor)) + job.begin, {len},
-                                options);
-        else
-          t[op] = s.tensor.view({-1}).narrow(0, job.begin, len);
-      }
-      // Rows that went first keep their new weights (their moments come out the same again).
-      const at::Tensor kept =
-          patched_rows_[job.p].empty() ? at::Tensor() : patched_in(job.p, job.begin, job.end);
-      const at::Tensor kept_weights = kept.defined() ? t[kWeight].index_select(0, kept) : kept;
-      if (update_coef_.defined()) t[kGrad].mul_(update_coef_);
-      optimizer_.update_part(t[kWeight], t[kGrad], t[kMoment1], t[kMoment2], update_lr_,
-                             params[job.p].decay, update_steps_);
-      if (kept.defined()) t[kWeight].index_copy_(0, kept, kept_weights);
-      for (int op : {kWeight, kMoment1, kMoment2}) {
-        SwapSlot& s = *slots[op];
-        if (s.busy) {
-          s.dirty = true;
-          continue;
-        }
-        update_writes_[j % kSets].push_back({tier_->write(s.key, static_cast<size_t>(job.begin) * 4,
-                                                          staging(j, op), chunk_bytes(job)),
-                                             job.p});
-        ++writes_left_[job.p];
-        stats_.write_bytes += static_cast<int64_t>(align_up(chunk_bytes(job)));
-      }
-      if (job.last) {
-        for (SwapSlot* s : slots) s->busy = false;
-        // The gradient is spent: the next step starts without one.
-        SwapSlot& g = grads_[job.p];
-        track(-g.held());
-        if (g.resident()) release(g);
-        params[job.p].value.mutable_grad().reset();
-        g.tensor.reset();
-        g.state = SwapSlot::State::kOut;
-        norms_[job.p].reset();
-        patched_rows_[job.p].clear();
-        rows_first_[job.p] = false;
-        chunks_done_[job.p] = true;
-        if (writes_left_[job.p] == 0) {
-          pending_[job.p] = Pending::kNone;
-        } else if (on_device) {
-          // Its operands' loads may be queued now: on the device they wait for these writes (the
-          // last chunk's, which land after the earlier ones).
-          tier_->order_copies_after(update_writes_[j % kSets].back().ticket);
-          pending_[job.p] = Pending::kNone;
-        }
-      }
+      for (; computed_ < pack_jobs_[set].second; ++computed_)
+        compute_update_job(set, jobs_[computed_], on_device);
       return true;
     }
   }
@@ -236,7 +166,7 @@ bool Swapper::advance_update(bool wait, int upto) {
 
   // Nothing moves without waiting: for the writes that keep the next set busy, or the last ones.
   for (int k = 0; k < kSets; ++k) {
-    auto& set = update_writes_[(issued_ + k) % kSets];
+    auto& set = update_writes_[(packs_issued_ + k) % kSets];
     if (set.empty()) continue;
     waited(set.front().ticket);
     retire_update_writes();
@@ -244,9 +174,107 @@ bool Swapper::advance_update(bool wait, int upto) {
   }
   if (issued_ < jobs_.size()) return false;  // the rest waits for the forward's window
   jobs_.clear();                             // every chunk computed and written
-  issued_ = computed_ = 0;
+  issued_ = computed_ = packs_issued_ = packs_computed_ = 0;
   update_coef_.reset();
   return false;
+}
+
+// Queues the reads of one job's tier-held operands into its set's staging, at the job's place.
+void Swapper::issue_update_reads(size_t set, const UpdateJob& job) {
+  auto slots = update_operands(job.p);
+  if (pending_[job.p] == Pending::kQueued) {
+    // A weight the forward's window will hold is loaded into place where the budget has room
+    // now, as the window would load it.
+    const int reader = rows_first_[job.p] ? spread_end_[job.p] + 1 : owner_[job.p];
+    if (SwapSlot& w = values_[job.p];
+        w.state == SwapSlot::State::kOut && reader <= update_frontier() && has_room(w.bytes))
+      load(w);
+    // Where each operand is now decides how all of its chunks are read: a resident one stays
+    // (busy) and is updated in place, and so does a loading one (its chunks wait for the load);
+    // the others go through staging.
+    for (SwapSlot* s : slots) {
+      if (s->state != SwapSlot::State::kLoading) settle(*s);
+      s->busy = s->state == SwapSlot::State::kLoading || s->resident();
+    }
+    pending_[job.p] = Pending::kStreaming;
+  }
+  for (int op = 0; op < kOperands; ++op) {
+    SwapSlot& s = *slots[op];
+    if (s.busy) {
+      if (s.state == SwapSlot::State::kLoading) update_reads_[set].push_back(s.io);
+      continue;
+    }
+    update_reads_[set].push_back(tier_->read(s.key, static_cast<size_t>(job.begin) * 4,
+                                             staging_[set * kOperands + op] + job.at,
+                                             chunk_bytes(job.begin, job.end)));
+    stats_.read_bytes += static_cast<int64_t>(align_up(chunk_bytes(job.begin, job.end)));
+  }
+}
+
+// AdamW over one job's elements (its reads are in), then the writes of its tier-held operands.
+void Swapper::compute_update_job(size_t set, const UpdateJob& job, bool on_device) {
+  auto& params = dag_.params().params();
+  auto slots = update_operands(job.p);
+  for (SwapSlot* s : slots)
+    if (s->busy) settle(*s);  // a window's load, waited for above: now resident
+  const int64_t len = job.end - job.begin;
+  std::array<at::Tensor, kOperands> t;
+  for (int op = 0; op < kOperands; ++op) {
+    SwapSlot& s = *slots[op];
+    const auto options = at::TensorOptions(at::kFloat).device(device_);
+    if (!s.busy)
+      t[op] = at::from_blob(staging_[set * kOperands + op] + job.at, {len}, options);
+    else if (rows_first_[job.p])
+      // A table whose lookup has run: its saved weight must not see the chunks' writes (an
+      // aliasing tensor with its own version counter; the lookup read rows already final).
+      t[op] =
+          at::from_blob(static_cast<float*>(storage_data(s.tensor)) + job.begin, {len}, options);
+    else
+      t[op] = s.tensor.view({-1}).narrow(0, job.begin, len);
+  }
+  // Rows that went first keep their new weights (their moments come out the same again).
+  const at::Tensor kept =
+      patched_rows_[job.p].empty() ? at::Tensor() : patched_in(job.p, job.begin, job.end);
+  const at::Tensor kept_weights = kept.defined() ? t[kWeight].index_select(0, kept) : kept;
+  if (update_coef_.defined()) t[kGrad].mul_(update_coef_);
+  optimizer_.update_part(t[kWeight], t[kGrad], t[kMoment1], t[kMoment2], update_lr_,
+                         params[job.p].decay, update_steps_);
+  if (kept.defined()) t[kWeight].index_copy_(0, kept, kept_weights);
+  for (int op : {kWeight, kMoment1, kMoment2}) {
+    SwapSlot& s = *slots[op];
+    if (s.busy) {
+      s.dirty = true;
+      continue;
+    }
+    update_writes_[set].push_back(
+        {tier_->write(s.key, static_cast<size_t>(job.begin) * 4,
+                      staging_[set * kOperands + op] + job.at, chunk_bytes(job.begin, job.end)),
+         job.p});
+    ++writes_left_[job.p];
+    stats_.write_bytes += static_cast<int64_t>(align_up(chunk_bytes(job.begin, job.end)));
+  }
+  if (job.last) {
+    for (SwapSlot* s : slots) s->busy = false;
+    // The gradient is spent: the next step starts without one.
+    SwapSlot& g = grads_[job.p];
+    track(-g.held());
+    if (g.resident()) release(g);
+    params[job.p].value.mutable_grad().reset();
+    g.tensor.reset();
+    g.state = SwapSlot::State::kOut;
+    norms_[job.p].reset();
+    patched_rows_[job.p].clear();
+    rows_first_[job.p] = false;
+    chunks_done_[job.p] = true;
+    if (writes_left_[job.p] == 0) {
+      pending_[job.p] = Pending::kNone;
+    } else if (on_device) {
+      // Its operands' loads may be queued now: on the device they wait for these writes (the
+      // last chunk's, which land after the earlier ones).
+      tier_->order_copies_after(update_writes_[set].back().ticket);
+      pending_[job.p] = Pending::kNone;
+    }
+  }
 }
 
 // The stream keeps to the forward's window: the group running and the `depth` after it, whose

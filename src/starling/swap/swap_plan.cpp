@@ -13,7 +13,9 @@ namespace starling::swap {
 namespace {
 
 // Per operand; large enough to keep the device busy, small enough to stay out of the budget's way.
-constexpr int64_t kMaxChunk = int64_t{4} << 20;
+// A chunk is at most half the largest parameter, so the staging area's six sets take no more
+// than three sets of whole parameters would.
+constexpr int64_t kMaxChunk = int64_t{2} << 20;
 constexpr int kMaxDepth = 4;
 
 int64_t aligned(int64_t bytes) {
@@ -340,7 +342,7 @@ SwapPlan plan_swap(const SwapProblem& p) {
     base.predicted_s = base.compute_s;
     return base;
   }
-  base.chunk_bytes = std::min(kMaxChunk, largest);
+  base.chunk_bytes = std::min(kMaxChunk, aligned((largest + 1) / 2));
   base.staging_bytes = kStagingChunks * base.chunk_bytes;
   const int64_t room = p.budget - base.staging_bytes;
 

@@ -25,11 +25,12 @@
 namespace starling::swap {
 
 // The optimizer's staging area: kStagingSets sets of one chunk per operand (weight, gradient, two
-// moments), one computing while the others load or drain. The deferred update advances only
-// when the executor moves between nodes (swapper.h), so the sets in flight are what keeps the
-// tier busy meanwhile (six were not clearly faster on gpt2-124m, and each set raises the
-// smallest feasible budget by four chunks).
-inline constexpr int kStagingSets = 3;
+// moments), one computing while the others load or drain. The deferred update advances only at
+// the pump's visits between operators (swapper.h, op_pump.h), and a set is reloaded only at a
+// visit after its writes are done, so the sets in flight are what keeps the tier busy meanwhile:
+// six sets of chunks of at most 2 MB waited less than three of 4 MB in the same memory
+// (docs/swap.md). Small jobs of one group share a set (swap_optimizer.cpp).
+inline constexpr int kStagingSets = 6;
 inline constexpr int kStagingChunks = kStagingSets * 4;
 
 // A lookup of `tokens` tokens reads at most that many rows of its table; a table with at least
@@ -76,7 +77,7 @@ struct SwapPlan {
   bool rows_first = true;            // a lookup's rows first, its table spread (swapper.h)
   int64_t lookup_tokens = 0;         // of a micro-batch: which tables go rows first
   int64_t chunk_bytes = 0;           // optimizer staging chunk (per operand)
-  int64_t staging_bytes = 0;         // 3 sets of 4 operand chunks
+  int64_t staging_bytes = 0;         // kStagingSets sets of 4 operand chunks
   int64_t state_bytes = 0;           // weights + gradients + moments, aligned as stored
   int64_t budget = 0;
   int64_t peak_bytes = 0;  // the largest resident set the plan allows

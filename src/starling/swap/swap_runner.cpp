@@ -124,6 +124,9 @@ class SwapStepRunner final : public train::StepRunner {
            train::fmt("%.2f s", st.pass_s) + " (waiting " + train::fmt("%.2f s", st.pass_wait_s) +
            "), optimizer " + train::fmt("%.2f s", st.update_s) + " (waiting " +
            train::fmt("%.2f s", st.update_wait_s) +
+           (st.update_sets > 0 ? "; " + std::to_string(st.update_chunks) + " chunks in " +
+                                     std::to_string(st.update_sets) + " staging sets"
+                               : std::string()) +
            (st.pumped > 0 ? "; advanced " + std::to_string(st.pumped) + " times between operators"
                           : std::string()) +
            (st.rows_first > 0 ? "; looked-up rows first " + std::to_string(st.rows_first) + " times"

@@ -63,7 +63,9 @@ struct SwapStats {
   // The optimizer's time counts the update's chunks wherever they ran, much of it inside the
   // next step's passes when the update overlaps them.
   double update_s = 0, update_wait_s = 0;
-  int64_t pumped = 0;      // times the update advanced between a node's operators (op_pump.h)
+  int64_t pumped = 0;  // times the update advanced between a node's operators (op_pump.h)
+  // The update's chunks and the staging sets they filled (small ones of a group share a set).
+  int64_t update_chunks = 0, update_sets = 0;
   int64_t rows_first = 0;  // updates whose table lookups' rows went first (swap_rows_first.cpp)
   // Exchanges of the gradients with other replicas (visit_gradients), the network's time included.
   double exchange_s = 0, exchange_wait_s = 0;
@@ -182,14 +184,20 @@ class Swapper final : public graph::NodeObserver {
   struct UpdateJob {
     int p;
     int64_t begin, end;
-    bool last;    // the parameter's last chunk
-    int gate;     // issued once the forward's frontier reaches this group
-    bool spread;  // a chunk of a table updated rows first: gated even once its table streams
+    bool last;     // the parameter's last chunk
+    int gate;      // issued once the forward's frontier reaches this group
+    bool spread;   // a chunk of a table updated rows first: gated even once its table streams
+    size_t at{0};  // where in its staging set's buffers, once issued (packs share a set)
   };
   struct UpdateWrite {
     Ticket ticket;
     int p;
   };
+  // The stream's parts: a parameter's operands (weight, gradient, two moments); the reads of a
+  // job into its staging set; AdamW over a job whose reads are in, and its writes.
+  std::array<SwapSlot*, 4> update_operands(int p);
+  void issue_update_reads(size_t set, const UpdateJob& job);
+  void compute_update_job(size_t set, const UpdateJob& job, bool on_device);
   std::vector<Pending> pending_;   // per parameter
   std::vector<int> writes_left_;   // per parameter: its staging writes in flight
   std::vector<bool> chunks_done_;  // per parameter: its last chunk computed
@@ -201,7 +209,12 @@ class Swapper final : public graph::NodeObserver {
   std::vector<bool> rows_first_;                    // this update spreads it; its rows may go first
   std::vector<std::vector<int64_t>> patched_rows_;  // rows already updated, kept by the chunks
   std::vector<std::pair<int, at::Tensor>> lookup_;  // the node about to run: parameter, rows read
+  // Jobs issued and computed so far. Consecutive small jobs of one group share a staging set (a
+  // pack): a set holds the jobs [pack_jobs_[s].first, .second), and packs are issued and computed
+  // in order, set after set.
   size_t issued_ = 0, computed_ = 0;
+  size_t packs_issued_ = 0, packs_computed_ = 0;
+  std::array<std::pair<size_t, size_t>, kStagingSets> pack_jobs_{};
   double update_lr_ = 0;
   at::Tensor update_coef_;
   int64_t update_steps_ = 0;
