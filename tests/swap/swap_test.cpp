@@ -223,6 +223,26 @@ TEST(SwapPlan, ADuplexTierOverlapsReadsWithWrites) {
   EXPECT_NE(describe_plan(duplex, p).find("at once"), std::string::npos);
 }
 
+// A tier the compute device addresses (host RAM below a CPU) is updated in place: the
+// optimizer's operands (both moments, the moving gradients) never cross it, so the same plan
+// moves fewer bytes, by at least the moments' round trip, and the step is no longer bound by it.
+TEST(SwapPlan, ATierUpdatedInPlaceMovesNoOptimizerState) {
+  SwapProblem p = model_problem(12, 4 << 20, 4 << 20);
+  p.read_bps = p.write_bps = 1e8;  // the tier bounds the step
+  const int64_t state = training_state(p);
+  p.budget = state / 2;
+  p.group_nodes = 2;
+  p.depth = 1;
+  p.moment_groups = 0;
+  const SwapPlan copied = plan_swap(p);
+  p.in_place = true;
+  const SwapPlan in_place = plan_swap(p);
+  const int64_t moments = state / 2;
+  EXPECT_LE(in_place.read_bytes, copied.read_bytes - moments / 2) << describe_plan(in_place, p);
+  EXPECT_LE(in_place.write_bytes, copied.write_bytes - moments / 2) << describe_plan(in_place, p);
+  EXPECT_LT(in_place.predicted_s, copied.predicted_s) << describe_plan(in_place, p);
+}
+
 TEST(SwapPlan, OverridesAreFollowed) {
   SwapProblem p = model_problem(8, 4 << 20, 4 << 20);
   const int64_t state = training_state(p);

@@ -30,6 +30,8 @@ class HostTier final : public Tier {
   Ticket read(uint64_t key, size_t offset, void* dst, size_t bytes) override;
   void wait(Ticket ticket) override;
   bool done(Ticket ticket) override;
+  // The same RAM as a CPU's compute memory: the optimizer updates its rooms in place.
+  char* in_place(uint64_t key) override { return buffers_.at(key); }
   std::string describe() const override { return "host RAM"; }
   int64_t reserved_bytes() const override { return reserved_; }
 

@@ -148,6 +148,7 @@ void measure_tier(SwapProblem& p, const std::string& kind, const std::filesystem
   p.read_bps = pass(false);
   p.tier = kind;
   p.duplex = tier->duplex();
+  p.in_place = tier->in_place(key) != nullptr;
 }
 
 }  // namespace starling::swap

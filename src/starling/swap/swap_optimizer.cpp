@@ -1,9 +1,11 @@
 // The swapped optimizer step, deferred (Swapper::start_update and what advances it): every
 // parameter goes through AdamW in chunks, each operand (weight, gradient, two moments) read where
 // it is: in place when resident, otherwise through a staging buffer loaded from the tier and, for
-// the weight and moments, written back. kStagingSets sets of staging buffers pipeline the chunks:
-// one computing, the next ones loading, the previous ones draining. Consecutive small chunks of
-// one group (a layer's norms and biases) share a set, side by side in its buffers.
+// the weight and moments, written back; or, where the tier is memory the compute device addresses
+// (host RAM below a CPU), updated where it lies in the tier. kStagingSets sets of staging buffers
+// pipeline the chunks: one computing, the next ones loading, the previous ones draining.
+// Consecutive small chunks of one group (a layer's norms and biases) share a set, side by side in
+// its buffers.
 //
 // The chunks run in the order the next forward reads the parameters, and the swapper advances the
 // stream whenever the executor moves to another node: the update's transfers then overlap the
@@ -186,8 +188,10 @@ void Swapper::issue_update_reads(size_t set, const UpdateJob& job) {
     // A weight the forward's window will hold is loaded into place where the budget has room
     // now, as the window would load it.
     const int reader = rows_first_[job.p] ? spread_end_[job.p] + 1 : owner_[job.p];
-    if (SwapSlot& w = values_[job.p];
-        w.state == SwapSlot::State::kOut && reader <= update_frontier() && has_room(w.bytes))
+    // (A tier updated in place needs no load: the window's own load will bring the new weight.)
+    if (SwapSlot& w = values_[job.p]; w.state == SwapSlot::State::kOut &&
+                                      tier_->in_place(w.key) == nullptr &&
+                                      reader <= update_frontier() && has_room(w.bytes))
       load(w);
     // Where each operand is now decides how all of its chunks are read: a resident one stays
     // (busy) and is updated in place, and so does a loading one (its chunks wait for the load);
@@ -204,6 +208,7 @@ void Swapper::issue_update_reads(size_t set, const UpdateJob& job) {
       if (s.state == SwapSlot::State::kLoading) update_reads_[set].push_back(s.io);
       continue;
     }
+    if (tier_->in_place(s.key) != nullptr) continue;  // updated where it lies
     update_reads_[set].push_back(tier_->read(s.key, static_cast<size_t>(job.begin) * 4,
                                              staging_[set * kOperands + op] + job.at,
                                              chunk_bytes(job.begin, job.end)));
@@ -222,15 +227,19 @@ void Swapper::compute_update_job(size_t set, const UpdateJob& job, bool on_devic
   for (int op = 0; op < kOperands; ++op) {
     SwapSlot& s = *slots[op];
     const auto options = at::TensorOptions(at::kFloat).device(device_);
-    if (!s.busy)
+    if (char* room = s.busy ? nullptr : tier_->in_place(s.key)) {
+      t[op] = at::from_blob(room + static_cast<size_t>(job.begin) * 4, {len}, options);
+      stats_.in_place_bytes += len * 4;
+    } else if (!s.busy) {
       t[op] = at::from_blob(staging_[set * kOperands + op] + job.at, {len}, options);
-    else if (rows_first_[job.p])
+    } else if (rows_first_[job.p]) {
       // A table whose lookup has run: its saved weight must not see the chunks' writes (an
       // aliasing tensor with its own version counter; the lookup read rows already final).
       t[op] =
           at::from_blob(static_cast<float*>(storage_data(s.tensor)) + job.begin, {len}, options);
-    else
+    } else {
       t[op] = s.tensor.view({-1}).narrow(0, job.begin, len);
+    }
   }
   // Rows that went first keep their new weights (their moments come out the same again).
   const at::Tensor kept =
@@ -246,6 +255,7 @@ void Swapper::compute_update_job(size_t set, const UpdateJob& job, bool on_devic
       s.dirty = true;
       continue;
     }
+    if (tier_->in_place(s.key) != nullptr) continue;  // already where it lives
     update_writes_[set].push_back(
         {tier_->write(s.key, static_cast<size_t>(job.begin) * 4,
                       staging_[set * kOperands + op] + job.at, chunk_bytes(job.begin, job.end)),

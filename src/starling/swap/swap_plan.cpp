@@ -214,8 +214,9 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
       // forward's window loads it, and it is written when the forward leaves its group (below);
       // after the passes, it goes through staging.
       const int64_t weight = pinned.count(q) || p.overlap_update ? 0 : b;
-      const int64_t in = moments + (pinned.count(q) ? 0 : b) + weight;
-      const int64_t out = moments + weight;
+      // A tier updated in place moves none of them.
+      const int64_t in = p.in_place ? 0 : moments + (pinned.count(q) ? 0 : b) + weight;
+      const int64_t out = p.in_place ? 0 : moments + weight;
       if (!pinned.count(q)) own_moving[i] += b;
       opt_read += in;
       opt_write += out;

@@ -51,6 +51,7 @@ struct SwapProblem {
   double optimizer_s = 0;              // one AdamW step over all parameters, everything resident
   double read_bps = 0, write_bps = 0;  // the tier's measured bandwidth
   bool duplex = false;                 // reads and writes run at once, each at its bandwidth
+  bool in_place = false;  // the optimizer updates tier-held operands where they lie (tier.h)
   std::string tier = "disk";
   int64_t budget = 0;
   int64_t micro_batches = 1;   // per optimizer step (train.grad_accum)

@@ -127,6 +127,9 @@ class SwapStepRunner final : public train::StepRunner {
            (st.update_sets > 0 ? "; " + std::to_string(st.update_chunks) + " chunks in " +
                                      std::to_string(st.update_sets) + " staging sets"
                                : std::string()) +
+           (st.in_place_bytes > 0 ? "; " + format_bytes(static_cast<double>(st.in_place_bytes)) +
+                                        " updated in place in the tier"
+                                  : std::string()) +
            (st.pumped > 0 ? "; advanced " + std::to_string(st.pumped) + " times between operators"
                           : std::string()) +
            (st.rows_first > 0 ? "; looked-up rows first " + std::to_string(st.rows_first) + " times"

@@ -66,6 +66,8 @@ struct SwapStats {
   int64_t pumped = 0;  // times the update advanced between a node's operators (op_pump.h)
   // The update's chunks and the staging sets they filled (small ones of a group share a set).
   int64_t update_chunks = 0, update_sets = 0;
+  // Bytes of tier-held operands the update read and wrote where they lie (Tier::in_place).
+  int64_t in_place_bytes = 0;
   int64_t rows_first = 0;  // updates whose table lookups' rows went first (swap_rows_first.cpp)
   // Exchanges of the gradients with other replicas (visit_gradients), the network's time included.
   double exchange_s = 0, exchange_wait_s = 0;

@@ -46,6 +46,12 @@ class Tier {
   // otherwise by waiting.
   virtual void order_copies_after(Ticket ticket) { wait(ticket); }
 
+  // The tensor's room itself where the compute device can read and write it without a copy (host
+  // RAM below a CPU), or nullptr. The optimizer then updates a tier-held operand where it lies
+  // (ZeRO-Offload's idea: the step runs where the state lives). Only while no request on the room
+  // is in flight.
+  virtual char* in_place(uint64_t) { return nullptr; }
+
   virtual std::string describe() const = 0;  // "disk /path (O_DIRECT, io_uring)"
   // Whether reads and writes proceed at once, each at its own bandwidth (DMA engines each way),
   // rather than sharing one channel; the planner's time model follows it.
