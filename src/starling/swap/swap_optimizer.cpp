@@ -84,12 +84,12 @@ void Swapper::start_update(double lr, const at::Tensor& coef) {
   pump_update();
 }
 
-// Retires the staging writes that are complete; a parameter whose chunks are all computed is done
-// once its last write is.
 std::array<SwapSlot*, 4> Swapper::update_operands(int p) {
   return {&values_[p], &grads_[p], &exp_avg_[p], &exp_avg_sq_[p]};
 }
 
+// Retires the staging writes that are complete; a parameter whose chunks are all computed is done
+// once its last write is.
 void Swapper::retire_update_writes() {
   for (auto& set : update_writes_)
     std::erase_if(set, [&](const UpdateWrite& w) {
