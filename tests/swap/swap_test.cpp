@@ -2,8 +2,11 @@
 // synthetic model, and both tiers' transfers (the disk tier's bytes must bypass the page cache).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <algorithm>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +16,7 @@
 #include <vector>
 
 #include "starling/common/error.h"
+#include "starling/swap/disk_tier.h"
 #include "starling/swap/pinned_tier.h"
 #include "starling/swap/swap_config.h"
 #include "starling/swap/swap_plan.h"
@@ -85,7 +89,8 @@ TEST(SwapPlan, ATooSmallBudgetNamesTheSmallestFeasibleOne) {
   } catch (const starling::ConfigError& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("smallest feasible budget is"), std::string::npos) << msg;
-    // The head's group holds the 8 MB embedding and its gradient, plus 12 staging chunks of 4 MB.
+    // The head's group holds the 8 MiB embedding and its gradient, plus 24 staging chunks of
+    // 2 MiB.
     EXPECT_NE(msg.find("67.1 MB"), std::string::npos) << msg;
   }
   p.budget = 64 << 20;
@@ -242,6 +247,27 @@ TEST(SwapPlan, ATierUpdatedInPlaceMovesNoOptimizerState) {
   EXPECT_LE(in_place.read_bytes, copied.read_bytes - moments / 2) << describe_plan(in_place, p);
   EXPECT_LE(in_place.write_bytes, copied.write_bytes - moments / 2) << describe_plan(in_place, p);
   EXPECT_LT(in_place.predicted_s, copied.predicted_s) << describe_plan(in_place, p);
+  // Nothing is staged, so the budget keeps no room for it.
+  EXPECT_GT(copied.staging_bytes, 0);
+  EXPECT_EQ(in_place.staging_bytes, 0);
+  EXPECT_NE(describe_plan(in_place, p).find("no staging"), std::string::npos);
+}
+
+// Without staging, the smallest budget is the largest group's weights and gradients alone.
+TEST(SwapPlan, ATierUpdatedInPlaceNeedsNoRoomForStaging) {
+  SwapProblem p = model_problem(4, 4 << 20, 8 << 20);
+  p.in_place = true;
+  p.budget = 16 << 20;  // the embedding and its gradient: 67.1 MB with staging
+  EXPECT_NO_THROW(plan_swap(p));
+  p.budget = 15 << 20;
+  try {
+    plan_swap(p);
+    FAIL() << "planned an infeasible budget";
+  } catch (const starling::ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("smallest feasible budget is 16.8 MB"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("staging"), std::string::npos) << msg;
+  }
 }
 
 TEST(SwapPlan, OverridesAreFollowed) {
@@ -486,6 +512,46 @@ TEST(SwapTier, DiskTransferLargerThanTheRing) {
   EXPECT_EQ(wrong, 0u);
   std::free(buf);
   tier.reset();
+  fs::remove_all(dir);
+}
+
+// The free space is told before anything is written, for a directory not made yet too.
+TEST(SwapTier, DiskRoomIsCheckedBeforeAnythingIsWritten) {
+  const fs::path dir = fs::temp_directory_path() / "starling_tier_room_check" / "not_yet";
+  EXPECT_GT(disk_free_bytes(dir), 0);  // its nearest existing parent's filesystem
+  EXPECT_NO_THROW(check_disk_room(dir, 1 << 20, "a test's state"));
+  try {
+    check_disk_room(dir, int64_t{1} << 60, "a test's state");
+    FAIL() << "an exabyte fitted";
+  } catch (const starling::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(dir.string()), std::string::npos) << msg;
+    EXPECT_NE(msg.find("room there for a test's state ("), std::string::npos) << msg;
+  }
+  EXPECT_FALSE(fs::exists(dir));
+}
+
+// A full disk stops a run where room is reserved, not at a write in mid-step: the file's blocks
+// are allocated then. A file size limit (RLIMIT_FSIZE, in a child process) stands in for a full
+// disk.
+TEST(SwapTier, DiskWithoutRoomRefusesTheReservation) {
+  const fs::path dir = fs::temp_directory_path() / "starling_tier_room_test";
+  auto reserve_past_the_limit = [&] {
+    std::signal(SIGXFSZ, SIG_IGN);  // the limit's signal; the call then fails with EFBIG
+    const rlimit limit{64 << 20, 64 << 20};
+    setrlimit(RLIMIT_FSIZE, &limit);
+    try {
+      auto tier = make_tier("disk", dir);
+      tier->reserve(32 << 20);  // fits
+      tier->reserve(64 << 20);  // past the limit
+    } catch (const starling::Error& e) {
+      std::fputs(e.what(), stderr);
+      std::_Exit(3);
+    }
+    std::_Exit(0);
+  };
+  EXPECT_EXIT(reserve_past_the_limit(), ::testing::ExitedWithCode(3),
+              "swap.dir .*starling_tier_room_test: no room for the swap file");
   fs::remove_all(dir);
 }
 

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <liburing.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <stdexcept>
 
 #include "starling/common/error.h"
+#include "starling/swap/swap_config.h"
 
 namespace starling::swap {
 namespace {
@@ -21,9 +23,30 @@ constexpr unsigned kRingEntries = 64;
 
 std::string errno_text(int err) { return std::strerror(err); }
 
+std::string bytes_text(int64_t bytes) { return format_bytes(static_cast<double>(bytes)); }
+
 }  // namespace
 
-DiskTier::DiskTier(const std::filesystem::path& dir) : ring_(std::make_unique<io_uring>()) {
+int64_t disk_free_bytes(const std::filesystem::path& dir) {
+  std::error_code ec;
+  std::filesystem::path at = std::filesystem::absolute(dir, ec);
+  if (ec) return -1;
+  while (!std::filesystem::exists(at, ec) && at.has_relative_path()) at = at.parent_path();
+  struct statvfs st {};
+  if (::statvfs(at.c_str(), &st) != 0) return -1;
+  return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
+}
+
+void check_disk_room(const std::filesystem::path& dir, int64_t bytes, const std::string& what) {
+  const int64_t free = disk_free_bytes(dir);
+  if (free < 0 || free >= bytes) return;
+  throw Error("swap.dir " + dir.string() + ": " + bytes_text(free) + " free, but the disk tier " +
+              "reserves room there for " + what + " (" + bytes_text(bytes) +
+              "); free some space or point swap.dir at a larger disk");
+}
+
+DiskTier::DiskTier(const std::filesystem::path& dir)
+    : dir_(dir), ring_(std::make_unique<io_uring>()) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   static int serial = 0;
@@ -76,12 +99,25 @@ std::string DiskTier::describe() const {
 
 uint64_t DiskTier::reserve(size_t bytes) {
   const uint64_t key = end_;
-  // Growing the file leaves a hole, which reads as zeros and takes no disk space until written.
-  if (::ftruncate(fd_, static_cast<off_t>(end_ + align_up(bytes))) != 0)
-    throw Error("swap tier " + describe() + ": cannot grow the swap file to " +
-                std::to_string(end_ + align_up(bytes)) + " bytes: " + errno_text(errno));
-  extents_[key] = align_up(bytes);
-  end_ += align_up(bytes);
+  const size_t len = align_up(bytes);
+  // The blocks are allocated now (they still read as zeros), so the disk cannot fill up under a
+  // running step. A filesystem without fallocate gets a hole instead, allocated as it is written.
+  if (len > 0 && ::fallocate(fd_, 0, static_cast<off_t>(end_), static_cast<off_t>(len)) != 0) {
+    const int err = errno;
+    if (err == ENOSPC || err == EDQUOT || err == EFBIG)
+      throw Error("swap.dir " + dir_.string() + ": no room for the swap file (" +
+                  bytes_text(static_cast<int64_t>(end_ + len)) + " reserved with this tensor, " +
+                  bytes_text(disk_free_bytes(dir_)) + " still free: " + errno_text(err) +
+                  "); free some space or point swap.dir at a larger disk");
+    if (err != EOPNOTSUPP && err != ENOSYS)
+      throw Error("swap tier " + describe() +
+                  ": cannot allocate the swap file's room: " + errno_text(err));
+    if (::ftruncate(fd_, static_cast<off_t>(end_ + len)) != 0)
+      throw Error("swap tier " + describe() + ": cannot grow the swap file to " +
+                  std::to_string(end_ + len) + " bytes: " + errno_text(errno));
+  }
+  extents_[key] = len;
+  end_ += len;
   return key;
 }
 

@@ -1,7 +1,9 @@
 // The disk tier: one file under swap.dir, opened with O_DIRECT so swapped bytes really leave RAM
 // (the page cache never holds them) and unlinked at once so nothing is left behind after a crash.
 // Transfers go through io_uring (liburing), split into chunks so several are in flight on the
-// device while the training thread computes. Completions are reaped by whoever waits.
+// device while the training thread computes. Completions are reaped by whoever waits. The file's
+// blocks are allocated as room is reserved (fallocate), so a full disk stops a run at its start,
+// with a message naming swap.dir, rather than at a write hours into training.
 #pragma once
 
 #include <filesystem>
@@ -14,6 +16,14 @@ struct io_uring;
 
 namespace starling::swap {
 
+// Bytes free to an unprivileged writer on the filesystem holding `dir` (or, if it does not exist
+// yet, its nearest existing parent), or -1 when that cannot be told.
+int64_t disk_free_bytes(const std::filesystem::path& dir);
+
+// Error naming `dir` when its filesystem has less than `bytes` free: the disk tier will reserve
+// `bytes` there (`what` says for what, in the message).
+void check_disk_room(const std::filesystem::path& dir, int64_t bytes, const std::string& what);
+
 class DiskTier final : public Tier {
  public:
   // Error naming `dir` when the file cannot be made, the filesystem lacks O_DIRECT, or the kernel
@@ -21,6 +31,7 @@ class DiskTier final : public Tier {
   explicit DiskTier(const std::filesystem::path& dir);
   ~DiskTier() override;
 
+  // Error naming the directory, the room reserved so far and the free space when the disk is full.
   uint64_t reserve(size_t bytes) override;
   Ticket write(uint64_t key, size_t offset, const void* src, size_t bytes) override;
   Ticket read(uint64_t key, size_t offset, void* dst, size_t bytes) override;
@@ -42,7 +53,7 @@ class DiskTier final : public Tier {
   // Handles one completion; blocks for it when `block`. Returns false if none was ready.
   bool reap(bool block);
 
-  std::filesystem::path path_;
+  std::filesystem::path dir_, path_;
   int fd_ = -1;
   std::unique_ptr<io_uring> ring_;
   std::map<uint64_t, size_t> extents_;  // key (file offset) -> reserved bytes

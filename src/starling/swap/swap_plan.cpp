@@ -344,7 +344,9 @@ SwapPlan plan_swap(const SwapProblem& p) {
     return base;
   }
   base.chunk_bytes = std::min(kMaxChunk, aligned((largest + 1) / 2));
-  base.staging_bytes = kStagingChunks * base.chunk_bytes;
+  // A tier updated in place (host RAM below a CPU) is the optimizer's operands' own memory: the
+  // update stages nothing, and the budget keeps no room for it.
+  base.staging_bytes = p.in_place ? 0 : kStagingChunks * base.chunk_bytes;
   const int64_t room = p.budget - base.staging_bytes;
 
   // The smallest budget: the staging area plus the largest single node (or fixed group).
@@ -359,8 +361,10 @@ SwapPlan plan_swap(const SwapProblem& p) {
     throw ConfigError(
         "swap.budget " + format_bytes(static_cast<double>(p.budget)) +
         " cannot hold one layer group's weights and gradients (" +
-        format_bytes(static_cast<double>(need)) + ") plus the optimizer's staging (" +
-        format_bytes(static_cast<double>(base.staging_bytes)) + ")" +
+        format_bytes(static_cast<double>(need)) + ")" +
+        (base.staging_bytes > 0 ? " plus the optimizer's staging (" +
+                                      format_bytes(static_cast<double>(base.staging_bytes)) + ")"
+                                : std::string()) +
         (kept > 0
              ? " and the AdamW moments of swap.moment_groups = " + std::to_string(p.moment_groups) +
                    " groups (" + format_bytes(static_cast<double>(kept)) + ")"
@@ -487,9 +491,9 @@ std::string describe_plan(const SwapPlan& plan, const SwapProblem& p) {
                                               " in compute memory, the rest in the tier";
   std::snprintf(line, sizeof line,
                 "  %zu layer groups, %d pinned in compute memory, prefetch depth %d; %s, "
-                "streamed in %s chunks\n",
+                "%s in %s chunks\n",
                 plan.groups.size(), pinned, plan.depth, moments.c_str(),
-                b(plan.chunk_bytes).c_str());
+                plan.staging_bytes > 0 ? "streamed" : "updated there", b(plan.chunk_bytes).c_str());
   out += line;
   out += "  group  nodes                                    weights+grads  where\n";
   for (size_t i = 0; i < plan.groups.size(); ++i) {
@@ -504,10 +508,13 @@ std::string describe_plan(const SwapPlan& plan, const SwapProblem& p) {
     out += line;
   }
   std::snprintf(line, sizeof line,
-                "  resident at most %s (staging %s); in the tier %s\n"
+                "  resident at most %s (%s); in the tier %s\n"
                 "  per step: compute %.3f s, I/O %.3f s (read %s, write %s), predicted %.3f s "
                 "(%.0f%% of I/O hidden)\n",
-                b(plan.peak_bytes).c_str(), b(plan.staging_bytes).c_str(),
+                b(plan.peak_bytes).c_str(),
+                plan.staging_bytes > 0 || plan.everything_resident
+                    ? ("staging " + b(plan.staging_bytes)).c_str()
+                    : "no staging: the optimizer updates the tier in place",
                 b(plan.state_bytes).c_str(), plan.compute_s, plan.io_s, b(plan.read_bytes).c_str(),
                 b(plan.write_bytes).c_str(), plan.predicted_s, 100 * plan.hidden_share());
   return out + line;

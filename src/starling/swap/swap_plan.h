@@ -6,7 +6,8 @@
 //
 // The memory model (what swapper.h enforces):
 //  - the whole state fits (weights, gradients, two AdamW moments): nothing moves;
-//  - otherwise the optimizer streams every parameter through a small staging area in chunks;
+//  - otherwise the optimizer streams every parameter through a small staging area in chunks
+//    (none for a tier it updates in place: host RAM below a CPU);
 //    groups hold their weights and gradients (pinned groups always, the others only while they
 //    run, plus up to `depth` groups loading ahead and one draining its gradients), and the
 //    moments live in the tier except those of the first groups the plan keeps them for.
@@ -78,7 +79,7 @@ struct SwapPlan {
   bool rows_first = true;            // a lookup's rows first, its table spread (swapper.h)
   int64_t lookup_tokens = 0;         // of a micro-batch: which tables go rows first
   int64_t chunk_bytes = 0;           // optimizer staging chunk (per operand)
-  int64_t staging_bytes = 0;         // kStagingSets sets of 4 operand chunks
+  int64_t staging_bytes = 0;         // kStagingSets sets of 4 operand chunks; 0 when in place
   int64_t state_bytes = 0;           // weights + gradients + moments, aligned as stored
   int64_t budget = 0;
   int64_t peak_bytes = 0;  // the largest resident set the plan allows
@@ -94,8 +95,8 @@ struct SwapPlan {
 };
 
 // The fastest feasible plan. ConfigError when the budget cannot hold even one node's weights and
-// gradients plus the staging area (and the moments of the first `moment_groups` nodes' groups
-// when that is fixed), naming the smallest feasible budget.
+// gradients plus the staging area, if any (and the moments of the first `moment_groups` nodes'
+// groups when that is fixed), naming the smallest feasible budget.
 SwapPlan plan_swap(const SwapProblem& problem);
 
 // The plan as `starling plan swap` prints it: groups, bytes per tier, predicted step time, the

@@ -8,6 +8,7 @@
 #include "starling/common/error.h"
 #include "starling/data/loader.h"
 #include "starling/model/build.h"
+#include "starling/swap/disk_tier.h"
 #include "starling/swap/pinned_tier.h"
 #include "starling/swap/profile.h"
 #include "starling/swap/swap_config.h"
@@ -43,6 +44,14 @@ SwapProblem problem_for(const train::RunConfig& c, graph::OpDag& dag, const std:
   graph::ExecutorOptions options{.recompute = c.train.recompute,
                                  .autocast = train::parse_dtype(c.train.dtype, "train.dtype")};
   const c10::Device device(c.train.device);
+  int64_t state = 0;  // as the tier stores it: four aligned tensors per parameter
+  for (const auto& param : dag.params().params())
+    state += 4 * static_cast<int64_t>(align_up(
+                     static_cast<size_t>(param.value.numel() * param.value.element_size())));
+  // Told before the profile's minute of work and its probe's writes there.
+  if (c.swap.tier == "disk")
+    check_disk_room(tier_dir(c), state,
+                    "the whole training state: weights, gradients and AdamW moments");
   SwapProblem p = profile_nodes(dag, options, c.train.batch_size, c.model.seq_len, device);
   p.budget = parse_bytes(budget, "swap.budget");
   p.micro_batches = c.train.grad_accum;
@@ -51,8 +60,6 @@ SwapProblem problem_for(const train::RunConfig& c, graph::OpDag& dag, const std:
   p.moment_groups = static_cast<int>(c.swap.moment_groups);
   p.overlap_update = c.swap.overlap_update;
   p.rows_first = c.swap.rows_first && device.is_cpu();
-  int64_t state = 0;
-  for (int64_t b : p.param_bytes) state += 4 * b;
   measure_tier(p, c.swap.tier, tier_dir(c), probe_bytes(state), device);
   return p;
 }
@@ -124,9 +131,12 @@ class SwapStepRunner final : public train::StepRunner {
            train::fmt("%.2f s", st.pass_s) + " (waiting " + train::fmt("%.2f s", st.pass_wait_s) +
            "), optimizer " + train::fmt("%.2f s", st.update_s) + " (waiting " +
            train::fmt("%.2f s", st.update_wait_s) +
-           (st.update_sets > 0 ? "; " + std::to_string(st.update_chunks) + " chunks in " +
-                                     std::to_string(st.update_sets) + " staging sets"
-                               : std::string()) +
+           // Without staging (a tier updated in place) the sets are only the batches computed.
+           (st.update_sets > 0
+                ? "; " + std::to_string(st.update_chunks) + " chunks in " +
+                      std::to_string(st.update_sets) +
+                      (swapper_->plan().staging_bytes > 0 ? " staging sets" : " batches")
+                : std::string()) +
            (st.in_place_bytes > 0 ? "; " + format_bytes(static_cast<double>(st.in_place_bytes)) +
                                         " updated in place in the tier"
                                   : std::string()) +

@@ -139,7 +139,11 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
   chunks_done_.assign(params.size(), false);
   for (auto* list : {&values_, &exp_avg_, &exp_avg_sq_})
     for (SwapSlot& s : *list) slot_of_[s.tensor.unsafeGetTensorImpl()] = &s;
-  if (!plan_.everything_resident)
+  // A plan without staging is for a tier the optimizer updates in place (swap_plan.h).
+  if (!plan_.everything_resident && plan_.staging_bytes == 0 && !params.empty() &&
+      tier_->in_place(grads_[0].key) == nullptr)
+    throw std::logic_error("swap: a plan without staging for a tier that is not updated in place");
+  if (plan_.staging_bytes > 0)
     for (int i = 0; i < kStagingChunks; ++i) {
       staging_buffers_.push_back(pool_.take(static_cast<size_t>(plan_.chunk_bytes)));
       staging_.push_back(static_cast<char*>(staging_buffers_.back().get()));
