@@ -4,6 +4,7 @@ unswapped training of the same model, data and seeds, measured in the same run.
 
     /usr/bin/python3 bench/swap/run.py --starling build/starling                # gpt2-124m
     /usr/bin/python3 bench/swap/run.py --preset gpt2-mini --steps 4 --reps 1    # quick look
+    /usr/bin/python3 bench/swap/run.py --set optim.grad_clip=0   # updates inside the backward
     python3 bench/swap/run.py --starling build-cuda/starling --device cuda --batch 8 --seq-len 1024
 
 On a GPU (--device cuda) the budget is GPU memory and the tier is pinned host RAM ("host"); the
@@ -111,6 +112,9 @@ def main():
     ap.add_argument("--text", default="data/brown/text")
     ap.add_argument("--data", default="")
     ap.add_argument("--swap-dir", default="")
+    ap.add_argument("--set", action="append", default=[], dest="extra", metavar="KEY=VALUE",
+                    help="a config setting for every run, unswapped ones too (repeatable), e.g. "
+                         "optim.grad_clip=0")
     args = ap.parse_args()
     if args.tiers is None:
         args.tiers = ["disk", "host"] if args.device == "cpu" else ["host"]
@@ -225,7 +229,7 @@ def run_one(args, out_dir, sets):
            "train.checkpoint_every=0", "--set", "train.sample_at_end=false",
            "--set", "train.threads=0", "--set", f"train.device={args.device}",
            "--set", f"train.dtype={args.dtype}"]
-    for s in sets:
+    for s in list(args.extra) + list(sets):
         cmd += ["--set", s]
     # Peak RSS and page-cache growth over the steady steps: from the first step's record (the
     # planner's profiling and the model's construction come before it) to the last step's (the

@@ -175,6 +175,8 @@ struct Case {
   bool overlap = true;         // swap.overlap_update
   const char* device = "cpu";  // train.device: on "cuda" the tier is pinned host RAM
   int moment_groups = -1;      // swap.moment_groups: groups whose AdamW moments stay resident
+  bool clip = true;            // optim.grad_clip = 1 (the default) or 0, the update then starting
+                               // inside the backward (swapper.h)
 };
 
 class SwapIdentity : public SwapCliTest, public ::testing::WithParamInterface<Case> {};
@@ -188,10 +190,12 @@ TEST_P(SwapIdentity, SwappedTrainingIsBitIdenticalToUnswapped) {
   const std::string name = std::string(c.preset) + (c.recompute ? "_rc" : "") + "_acc" +
                            std::to_string(c.accum) + "_" + c.tier + (c.overlap ? "" : "_after") +
                            "_" + device +
-                           (c.moment_groups >= 0 ? "_m" + std::to_string(c.moment_groups) : "");
+                           (c.moment_groups >= 0 ? "_m" + std::to_string(c.moment_groups) : "") +
+                           (c.clip ? "" : "_noclip");
   const std::string on =
       " --set train.device=" + device +
-      (c.moment_groups >= 0 ? " --set swap.moment_groups=" + std::to_string(c.moment_groups) : "");
+      (c.moment_groups >= 0 ? " --set swap.moment_groups=" + std::to_string(c.moment_groups) : "") +
+      (c.clip ? "" : " --set optim.grad_clip=0");
   const fs::path plain = config(name + "_plain", c.preset, c.recompute, c.accum);
   const fs::path swapped = config(name + "_swap", c.preset, c.recompute, c.accum);
   const std::string budget = smallest_budget(swapped, c.tier, on);
@@ -225,6 +229,10 @@ TEST_P(SwapIdentity, SwappedTrainingIsBitIdenticalToUnswapped) {
   EXPECT_EQ(b.output.find("updated in place in the tier") != std::string::npos,
             std::string(c.tier) == "host" && device == "cpu")
       << b.output;
+  // Without clipping, on a CPU with the update overlapped, chunks ran inside the backward.
+  EXPECT_EQ(std::regex_search(b.output, std::regex("; [1-9][0-9]* chunks inside the backward")),
+            !c.clip && c.overlap && device == "cpu")
+      << b.output;
   if (c.moment_groups > 0) {
     EXPECT_NE(b.output.find("AdamW moments of the first " + std::to_string(c.moment_groups)),
               std::string::npos)
@@ -252,6 +260,9 @@ INSTANTIATE_TEST_SUITE_P(
                       // The first groups' moments kept in compute memory, updated in place.
                       Case{"gpt2-tiny", false, 2, "disk", true, "cpu", 1},
                       Case{"llama-tiny", true, 1, "host", true, "cpu", 2},
+                      // No clipping: each parameter's update starts inside the backward.
+                      Case{"gpt2-tiny", false, 2, "disk", true, "cpu", -1, false},
+                      Case{"llama-tiny", true, 1, "host", true, "cpu", -1, false},
                       // A GPU's memory with pinned host RAM below it (skipped without a GPU).
                       Case{"gpt2-tiny", false, 2, "host", true, "cuda"},
                       Case{"gpt2-tiny", true, 1, "host", false, "cuda"},
@@ -263,7 +274,8 @@ INSTANTIATE_TEST_SUITE_P(
              (info.param.overlap ? "" : "UpdateAfterPasses") +
              (std::string(info.param.device) == "cuda" ? "Cuda" : "") +
              (info.param.moment_groups > 0 ? "Moments" + std::to_string(info.param.moment_groups)
-                                           : "");
+                                           : "") +
+             (info.param.clip ? "" : "NoClip");
     });
 
 // Overlapped with the next forward, the update keeps to the forward's window and changes the

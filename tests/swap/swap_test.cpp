@@ -253,6 +253,21 @@ TEST(SwapPlan, ATierUpdatedInPlaceMovesNoOptimizerState) {
   EXPECT_NE(describe_plan(in_place, p).find("no staging"), std::string::npos);
 }
 
+// Without clipping, the update of every group but the first starts inside the backward, whose
+// longer passes leave the tier idle time, instead of inside the next forward: a step whose
+// forward is tier-bound, though the whole step has room for its transfers, is shorter.
+TEST(SwapPlan, UpdatesStartedInsideTheBackwardShortenATierBoundForward) {
+  SwapProblem p = tier_bound_problem();
+  p.read_bps = p.write_bps = 2e8;
+  const SwapPlan after = plan_swap(p);
+  ASSERT_LT(after.io_s, after.compute_s) << describe_plan(after, p);
+  p.update_in_backward = true;
+  const SwapPlan inside = plan_swap(p);
+  EXPECT_LT(inside.predicted_s, 0.95 * after.predicted_s)
+      << describe_plan(after, p) << describe_plan(inside, p);
+  EXPECT_GE(inside.predicted_s, inside.io_s) << describe_plan(inside, p);
+}
+
 // Without staging, the smallest budget is the largest group's weights and gradients alone.
 TEST(SwapPlan, ATierUpdatedInPlaceNeedsNoRoomForStaging) {
   SwapProblem p = model_problem(4, 4 << 20, 8 << 20);

@@ -39,6 +39,10 @@ void add_config_keys(SwapConfig& c, config::Keys& k) {
                        "with the update overlapped on a CPU, update the token embedding's rows the "
                        "next lookup reads first and the rest of the table while later layers "
                        "compute (true), or the whole table before the forward starts (false)"));
+  k.push_back(bool_key("swap", "update_in_backward", &c.update_in_backward,
+                       "without clipping (optim.grad_clip = 0), with the update overlapped on a "
+                       "CPU: start each parameter's update inside the backward once its gradient "
+                       "is final (true), or after the passes (false)"));
 }
 
 void check(const SwapConfig& c, const std::string& source) {

@@ -29,6 +29,10 @@ struct SwapConfig {
   // rest of its table while later layers compute (true), or the table whole before the forward
   // starts (false).
   bool rows_first = true;
+  // Without clipping (optim.grad_clip = 0) and with the update overlapped on a CPU: each
+  // parameter's update starts inside the backward, once its gradient is final (true), rather
+  // than after the passes (false).
+  bool update_in_backward = true;
 
   bool enabled() const { return !budget.empty(); }
 };

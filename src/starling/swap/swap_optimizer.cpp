@@ -44,18 +44,8 @@ struct UpdateTimer {
 
 }  // namespace
 
-void Swapper::start_update(double lr, const at::Tensor& coef) {
+bool Swapper::queue_jobs(const std::vector<int>& order) {
   auto& params = dag_.params().params();
-  update_lr_ = lr;
-  update_coef_ = coef;
-  update_steps_ = optimizer_.steps();
-  jobs_.clear();
-  issued_ = computed_ = packs_issued_ = packs_computed_ = 0;
-  // The next forward reads the parameters by their first reader's group (unread ones first).
-  std::vector<int> order;
-  for (size_t p = 0; p < params.size(); ++p)
-    if (grads_[p].tensor.defined()) order.push_back(static_cast<int>(p));
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return owner_[a] < owner_[b]; });
   const int64_t chunk = plan_.everything_resident ? INT64_MAX : plan_.chunk_bytes / 4;
   bool spread = false;
   for (int p : order) {
@@ -77,11 +67,76 @@ void Swapper::start_update(double lr, const at::Tensor& coef) {
       finish_gate_[p] = gate;
     }
   }
-  if (spread)
-    std::stable_sort(jobs_.begin(), jobs_.end(), [](const UpdateJob& a, const UpdateJob& b) {
-      return 2 * a.gate + a.spread < 2 * b.gate + b.spread;
-    });
+  return spread;
+}
+
+// Jobs from `from` on in the forward's order: by gate, a spread table's chunk after its gate
+// group's own parameters (stable: a parameter's chunks stay in order).
+void Swapper::order_jobs_by_gate(size_t from) {
+  std::stable_sort(jobs_.begin() + static_cast<std::ptrdiff_t>(from), jobs_.end(),
+                   [](const UpdateJob& a, const UpdateJob& b) {
+                     return 2 * a.gate + a.spread < 2 * b.gate + b.spread;
+                   });
+}
+
+void Swapper::start_update(double lr, const at::Tensor& coef) {
+  auto& params = dag_.params().params();
+  update_lr_ = lr;
+  update_coef_ = coef;
+  update_steps_ = optimizer_.steps();
+  jobs_.clear();
+  issued_ = computed_ = packs_issued_ = packs_computed_ = 0;
+  // The next forward reads the parameters by their first reader's group (unread ones first).
+  std::vector<int> order;
+  for (size_t p = 0; p < params.size(); ++p)
+    if (grads_[p].tensor.defined()) order.push_back(static_cast<int>(p));
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return owner_[a] < owner_[b]; });
+  if (queue_jobs(order)) order_jobs_by_gate(0);
   pump_update();
+}
+
+void Swapper::start_update_in_backward() {
+  finish_update();  // the previous step's, were any of it left
+  optimizer_.begin_step();
+  update_lr_ = expected_lr_;
+  update_coef_.reset();  // no clipping
+  update_steps_ = optimizer_.steps();
+  jobs_.clear();
+  issued_ = computed_ = packs_issued_ = packs_computed_ = 0;
+  // Marks which parameters this update has finished (queue_the_rest).
+  std::fill(chunks_done_.begin(), chunks_done_.end(), false);
+  started_in_backward_ = true;
+}
+
+// The parameters the group reads first have their final gradients once the last micro-batch's
+// backward leaves it. A table updated rows first waits for update(): its rows go first only
+// just before the next lookup.
+void Swapper::queue_final_params(int group) {
+  if (!started_in_backward_) start_update_in_backward();
+  std::vector<int> final;
+  for (int p : group_params_[group])
+    if (owner_[p] == group && grads_[p].tensor.defined() && pending_[p] == Pending::kNone &&
+        !chunks_done_[p] && !spreads(p))
+      final.push_back(p);
+  queue_jobs(final);
+}
+
+// update() after an update started inside the backward: the parameters not queued yet join the
+// stream, and the chunks not issued yet go in the forward's order, after the rest of the
+// parameters already streaming (which hold their resident operands until their last chunk).
+void Swapper::queue_the_rest() {
+  std::vector<int> rest;
+  for (size_t p = 0; p < grads_.size(); ++p)
+    if (grads_[p].tensor.defined() && pending_[p] == Pending::kNone && !chunks_done_[p])
+      rest.push_back(static_cast<int>(p));
+  std::stable_sort(rest.begin(), rest.end(), [&](int a, int b) { return owner_[a] < owner_[b]; });
+  const auto from = jobs_.begin() + static_cast<std::ptrdiff_t>(issued_);
+  const auto queued = std::stable_partition(
+      from, jobs_.end(), [&](const UpdateJob& j) { return pending_[j.p] == Pending::kStreaming; });
+  const auto first_queued = static_cast<size_t>(queued - jobs_.begin());
+  queue_jobs(rest);
+  order_jobs_by_gate(first_queued);
+  started_in_backward_ = false;
 }
 
 std::array<SwapSlot*, 4> Swapper::update_operands(int p) {
@@ -120,8 +175,19 @@ bool Swapper::advance_update(bool wait, int upto) {
   // set's reads are queued behind its previous writes, the chunk's kernels behind its reads.
   const bool on_device = tier_->orders_on_device();
   // A job may start once its group is within `upto`, or when its parameter is already streaming.
+  // In an update started inside the backward, a parameter whose gradient (or weight) is still
+  // being written out, as its group was left, starts once that write is through: its chunks read
+  // it back from the tier rather than hold it in memory.
+  if (started_in_backward_) poll_writes();
+  auto writing = [&](int p) {
+    auto slots = update_operands(p);
+    return std::any_of(slots.begin(), slots.end(),
+                       [](SwapSlot* s) { return s->state == SwapSlot::State::kWriting; });
+  };
   auto startable = [&](size_t j) {
-    return jobs_[j].gate <= upto || (!jobs_[j].spread && pending_[jobs_[j].p] != Pending::kQueued);
+    const UpdateJob& job = jobs_[j];
+    if (pending_[job.p] == Pending::kQueued && started_in_backward_ && writing(job.p)) return false;
+    return job.gate <= upto || (!job.spread && pending_[job.p] != Pending::kQueued);
   };
   // Reads for every free set: a set is free once its previous pack is computed and written. A
   // pack is the next job and, while they fit in the set's chunk, the small ones after it that
@@ -174,6 +240,13 @@ bool Swapper::advance_update(bool wait, int upto) {
     retire_update_writes();
     return true;
   }
+  if (issued_ < jobs_.size() && startable(issued_) == false && started_in_backward_ &&
+      pending_[jobs_[issued_].p] == Pending::kQueued && writing(jobs_[issued_].p)) {
+    for (SwapSlot* s : update_operands(jobs_[issued_].p))
+      if (s->state == SwapSlot::State::kWriting) waited(s->io);
+    poll_writes();
+    return true;
+  }
   if (issued_ < jobs_.size()) return false;  // the rest waits for the forward's window
   jobs_.clear();                             // every chunk computed and written
   issued_ = computed_ = packs_issued_ = packs_computed_ = 0;
@@ -189,7 +262,8 @@ void Swapper::issue_update_reads(size_t set, const UpdateJob& job) {
     // now, as the window would load it.
     const int reader = rows_first_[job.p] ? spread_end_[job.p] + 1 : owner_[job.p];
     // (A tier updated in place needs no load: the window's own load will bring the new weight.)
-    if (SwapSlot& w = values_[job.p]; w.state == SwapSlot::State::kOut &&
+    // (Inside the backward it goes through staging: the window is far.)
+    if (SwapSlot& w = values_[job.p]; w.state == SwapSlot::State::kOut && !started_in_backward_ &&
                                       tier_->in_place(w.key) == nullptr &&
                                       reader <= update_frontier() && has_room(w.bytes))
       load(w);
@@ -246,6 +320,7 @@ void Swapper::compute_update_job(size_t set, const UpdateJob& job, bool on_devic
       patched_rows_[job.p].empty() ? at::Tensor() : patched_in(job.p, job.begin, job.end);
   const at::Tensor kept_weights = kept.defined() ? t[kWeight].index_select(0, kept) : kept;
   if (update_coef_.defined()) t[kGrad].mul_(update_coef_);
+  if (started_in_backward_ && in_step_) ++stats_.backward_chunks;
   optimizer_.update_part(t[kWeight], t[kGrad], t[kMoment1], t[kMoment2], update_lr_,
                          params[job.p].decay, update_steps_);
   if (kept.defined()) t[kWeight].index_copy_(0, kept, kept_weights);
@@ -272,7 +347,8 @@ void Swapper::compute_update_job(size_t set, const UpdateJob& job, bool on_devic
     params[job.p].value.mutable_grad().reset();
     g.tensor.reset();
     g.state = SwapSlot::State::kOut;
-    norms_[job.p].reset();
+    // update() still adds up the norms of an update that started inside the backward.
+    if (!started_in_backward_) norms_[job.p].reset();
     patched_rows_[job.p].clear();
     rows_first_[job.p] = false;
     chunks_done_[job.p] = true;

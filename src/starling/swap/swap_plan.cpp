@@ -196,6 +196,8 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
   // area, each parameter's share just before its first reader group's forward.
   const double r = p.read_bps, w = p.write_bps;
   std::vector<double> opt_in(G, 0), opt_out(G, 0), opt_compute(G, 0);
+  // The same for the parameters whose update starts inside the backward, by their group.
+  std::vector<double> bwd_in(G, 0), bwd_out(G, 0), bwd_compute(G, 0);
   std::vector<int64_t> own_moving(G, 0);  // moving weights each group reads first
   int64_t opt_read = 0, opt_write = 0, all_bytes = 0;
   for (int64_t b : p.param_bytes) all_bytes += b;
@@ -210,22 +212,29 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
       const auto [lo, hi] = rows_spread(p, g, q, i, plan.depth);
       const int64_t b = aligned(p.param_bytes[q]);
       const int64_t moments = kept.count(q) ? 0 : 2 * b;
+      const bool in_backward = p.update_in_backward && i > 0 && lo == i && hi == i;
       // A moving weight: overlapped with the forward, the update changes it in place where the
       // forward's window loads it, and it is written when the forward leaves its group (below);
-      // after the passes, it goes through staging.
-      const int64_t weight = pinned.count(q) || p.overlap_update ? 0 : b;
+      // after the passes or inside the backward, it goes through staging.
+      const int64_t weight = pinned.count(q) || (p.overlap_update && !in_backward) ? 0 : b;
       // A tier updated in place moves none of them.
       const int64_t in = p.in_place ? 0 : moments + (pinned.count(q) ? 0 : b) + weight;
       const int64_t out = p.in_place ? 0 : moments + weight;
-      if (!pinned.count(q)) own_moving[i] += b;
+      if (!pinned.count(q) && !in_backward) own_moving[i] += b;
       opt_read += in;
       opt_write += out;
       const double share = 1.0 / (hi - lo + 1);
+      const double compute = p.optimizer_s * p.param_bytes[q] / std::max<int64_t>(all_bytes, 1);
+      if (in_backward) {
+        bwd_in[i] += in / r;
+        bwd_out[i] += out / w;
+        bwd_compute[i] += compute;
+        continue;
+      }
       for (int a = lo; a <= hi; ++a) {
         opt_in[a] += share * in / r;
         opt_out[a] += share * out / w;
-        opt_compute[a] +=
-            share * p.optimizer_s * p.param_bytes[q] / std::max<int64_t>(all_bytes, 1);
+        opt_compute[a] += share * compute;
       }
     }
   struct Task {
@@ -244,6 +253,13 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
   IoTimeline& writes = p.duplex ? own_writes : reads;
   double cp_free = 0, compute = 0, update_done = 0;
   int64_t read = 0, written = 0;
+  // Updates started inside the backward: when each may start, and its transfers' seconds each
+  // way. They take the tier's idle time once the passes' own transfers are placed, as the
+  // stream's few sets in flight leave the window's loads their turn.
+  struct Deferred {
+    double ready, in, out;
+  };
+  std::vector<Deferred> in_backward;
   for (size_t k = 0; k < tasks.size(); ++k) {
     const Task& t = tasks[k];
     const SwapGroup& grp = g.groups[t.group];
@@ -267,6 +283,8 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
       ready = update_done;
       c += opt_compute[t.group];
     }
+    const bool final_backward = t.backward && t.micro == p.micro_batches - 1;
+    if (final_backward) c += bwd_compute[t.group];  // AdamW between the backward's operators
     // Still resident when it ran within the last depth + 1 tasks.
     bool recent = false;
     for (size_t j = k >= static_cast<size_t>(plan.depth + 1) ? k - plan.depth - 1 : 0; j < k; ++j)
@@ -285,8 +303,18 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
     end[k] = begin[k] + c;
     cp_free = end[k];
     if (write > 0) writes.place(end[k], write / w);
+    if (final_backward && bwd_in[t.group] + bwd_out[t.group] > 0)
+      in_backward.push_back({end[k], bwd_in[t.group], bwd_out[t.group]});
     read += load;
     written += write;
+  }
+  for (const Deferred& d : in_backward) {
+    if (p.duplex) {
+      reads.fill(d.ready, d.in);
+      writes.fill(d.ready, d.out);
+    } else {
+      reads.fill(d.ready, d.in + d.out);
+    }
   }
   plan.compute_s = compute + p.optimizer_s;
   plan.read_bytes = read + opt_read;

@@ -53,6 +53,9 @@ struct SwapProblem {
   double read_bps = 0, write_bps = 0;  // the tier's measured bandwidth
   bool duplex = false;                 // reads and writes run at once, each at its bandwidth
   bool in_place = false;  // the optimizer updates tier-held operands where they lie (tier.h)
+  // Each parameter's update starts inside the last backward once its gradient is final, but for
+  // the first group's and a spread table's (no clipping; swapper.h, expect_update).
+  bool update_in_backward = false;
   std::string tier = "disk";
   int64_t budget = 0;
   int64_t micro_batches = 1;   // per optimizer step (train.grad_accum)

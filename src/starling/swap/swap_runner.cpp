@@ -59,6 +59,10 @@ SwapProblem problem_for(const train::RunConfig& c, graph::OpDag& dag, const std:
   p.depth = static_cast<int>(c.swap.depth);
   p.moment_groups = static_cast<int>(c.swap.moment_groups);
   p.overlap_update = c.swap.overlap_update;
+  // As the swapper does when the trainer announces each step's update (one replica; a
+  // strategy's exchange comes between the passes and the update, and then it starts after them).
+  p.update_in_backward =
+      c.swap.update_in_backward && c.optim.grad_clip == 0 && device.is_cpu() && p.overlap_update;
   p.rows_first = c.swap.rows_first && device.is_cpu();
   measure_tier(p, c.swap.tier, tier_dir(c), probe_bytes(state), device);
   return p;
@@ -99,6 +103,10 @@ class SwapStepRunner final : public train::StepRunner {
   }
 
   void visit_gradients(const GradientVisitor& visit) override { swapper_->visit_gradients(visit); }
+
+  void expect_update(double lr, double max_norm) override {
+    if (s_.config.swap.update_in_backward) swapper_->expect_update(lr, max_norm);
+  }
 
   at::Tensor update(double lr, double max_norm, bool skip) override {
     if (skip) throw std::logic_error("swap: skipped updates (fp16) are not supported");
@@ -144,6 +152,9 @@ class SwapStepRunner final : public train::StepRunner {
                           : std::string()) +
            (st.rows_first > 0 ? "; looked-up rows first " + std::to_string(st.rows_first) + " times"
                               : std::string()) +
+           (st.backward_chunks > 0
+                ? "; " + std::to_string(st.backward_chunks) + " chunks inside the backward"
+                : std::string()) +
            ")" +
            (st.exchange_s > 0
                 ? ", exchanges " + train::fmt("%.2f s", st.exchange_s) + " (waiting for the tier " +

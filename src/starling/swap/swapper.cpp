@@ -493,6 +493,7 @@ void Swapper::leave() {
       for (int p : group_params_[g])
         if (owner_[p] == g && grads_[p].tensor.defined())
           norms_[p] = at::_foreach_norm({grads_[p].tensor}, 2)[0];
+      if (in_backward_) queue_final_params(g);  // streamed from the next visit on
     }
   }
   current_ = -1;
@@ -541,8 +542,16 @@ void Swapper::quiet_pump() {
   if (pump_) pump_->arm(false);
 }
 
+void Swapper::expect_update(double lr, double max_norm) {
+  expected_ =
+      max_norm == 0 && device_.is_cpu() && !plan_.everything_resident && plan_.overlap_update;
+  expected_lr_ = lr;
+}
+
 void Swapper::begin_step(int64_t micro_batches) {
   leave();
+  in_backward_ = expected_ && micro_batches > 0;
+  expected_ = false;
   micro_batches_ = micro_batches;
   in_step_ = true;
   step_start_s_ = now_s();
@@ -593,6 +602,8 @@ void Swapper::make_gradient(int p) {
 }
 
 void Swapper::visit_gradients(const std::function<void(std::span<const int>)>& visit) {
+  if (started_in_backward_)
+    throw std::logic_error("swap: gradients visited in a step whose update was announced");
   at::NoGradGuard no_grad;
   finish_update();
   leave();
@@ -643,13 +654,21 @@ at::Tensor Swapper::update(double lr, double max_norm) {
   at::NoGradGuard no_grad;
   leave();
   end_passes();
-  finish_update();  // the previous step's, were any of it left
+  in_backward_ = false;
+  const bool started = started_in_backward_;
+  if (started && (lr != update_lr_ || max_norm > 0))
+    throw std::logic_error("swap: the update differs from the one announced by expect_update");
+  if (!started) finish_update();  // the previous step's, were any of it left
   at::Tensor total, coef;
   {
     const double start = now_s(), start_wait = stats_.wait_s;
     std::vector<at::Tensor> norms;
     for (size_t p = 0; p < grads_.size(); ++p) {
-      if (!grads_[p].tensor.defined()) continue;
+      if (!grads_[p].tensor.defined()) {
+        // Updated inside the backward already: its gradient is spent, its norm kept.
+        if (started && chunks_done_[p] && norms_[p].defined()) norms.push_back(norms_[p]);
+        continue;
+      }
       if (!norms_[p].defined()) {
         settle(grads_[p]);
         make_room(static_cast<int64_t>(align_up(grads_[p].bytes)), true);
@@ -661,8 +680,13 @@ at::Tensor Swapper::update(double lr, double max_norm) {
     }
     stats_.update_s += now_s() - start;
     stats_.update_wait_s += stats_.wait_s - start_wait;
+    if (started) queue_the_rest();
     if (norms.empty()) return at::zeros({}, at::TensorOptions(at::kFloat).device(device_));
     total = at::stack(norms).norm(2);
+  }
+  if (started) {
+    pump_update();
+    return total;
   }
   if (max_norm > 0) coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
   optimizer_.begin_step();

@@ -21,6 +21,13 @@
 // first, and its other chunks are spread between the later groups (swap_rows_first.cpp). The
 // arithmetic is the same elementwise AdamW, so results stay bit-identical.
 //
+// Without clipping, a step announced by expect_update() starts its update earlier still: a
+// parameter's gradient is final once the last micro-batch's backward has left the group that
+// reads it first, and no global norm is waited for, so its chunks join the stream there and run
+// while the backward goes on (on a CPU, with the update overlapped; a table whose rows go first
+// and the first group's parameters still start after the passes). The next forward then finds
+// most of its groups updated.
+//
 // A step is: begin_step(n), then per micro-batch begin_micro_batch(m) + the executor's forward and
 // backward + end_pass(), optionally visit_gradients() (an exchange with other replicas), then
 // update(). Evaluation forwards work between steps (groups load on demand). gather() makes
@@ -69,6 +76,7 @@ struct SwapStats {
   // Bytes of tier-held operands the update read and wrote where they lie (Tier::in_place).
   int64_t in_place_bytes = 0;
   int64_t rows_first = 0;  // updates whose table lookups' rows went first (swap_rows_first.cpp)
+  int64_t backward_chunks = 0;  // the update's chunks computed inside the backward (expect_update)
   // Exchanges of the gradients with other replicas (visit_gradients), the network's time included.
   double exchange_s = 0, exchange_wait_s = 0;
 };
@@ -85,6 +93,9 @@ class Swapper final : public graph::NodeObserver {
   void before_forward(int node, const std::vector<at::Tensor>& inputs) override;
   void after(int node, graph::Phase phase) override;
 
+  // train::StepRunner::expect_update: the next step's gradients go unchanged into
+  // update(lr, max_norm). Without clipping, the update then starts inside the backward (above).
+  void expect_update(double lr, double max_norm);
   // A step of `micro_batches` micro-batches, or of as many as the caller runs when 0 (a strategy
   // that decides while it accumulates: gradient norms are then taken by visit_gradients() or
   // update()).
@@ -143,6 +154,16 @@ class Swapper final : public graph::NodeObserver {
   void release(SwapSlot& s);  // its buffer goes to the pool; the storage empties
   // The deferred update (swap_optimizer.cpp).
   void start_update(double lr, const at::Tensor& coef);
+  // Appends the chunks of `params` (in that order) to the stream; returns whether a table among
+  // them is spread (rows first), whose chunks then need ordering by gate.
+  bool queue_jobs(const std::vector<int>& params);
+  // The update started inside the backward: its constants, then each group's final parameters
+  // as the backward leaves the group; update() adds the rest and puts the chunks not yet issued
+  // in the forward's order.
+  void start_update_in_backward();
+  void queue_final_params(int group);
+  void queue_the_rest();
+  void order_jobs_by_gate(size_t from);  // the jobs from `from` on, in the forward's order
   // One move of the stream, starting parameters of groups up to `upto` only; returns whether it
   // moved.
   bool advance_update(bool wait, int upto);
@@ -217,6 +238,10 @@ class Swapper final : public graph::NodeObserver {
   size_t issued_ = 0, computed_ = 0;
   size_t packs_issued_ = 0, packs_computed_ = 0;
   std::array<std::pair<size_t, size_t>, kStagingSets> pack_jobs_{};
+  // The update announced for the next step (expect_update), and whether this step's started
+  // inside its backward.
+  bool expected_ = false, in_backward_ = false, started_in_backward_ = false;
+  double expected_lr_ = 0;
   double update_lr_ = 0;
   at::Tensor update_coef_;
   int64_t update_steps_ = 0;

@@ -52,6 +52,11 @@ class StepRunner {
   virtual void begin_accumulation();
   virtual at::Tensor accumulate(double loss_scale);
 
+  // Says, before run(), that the step's gradients will go unchanged into update(lr, max_norm,
+  // false): no exchange, no loss scaling in between. A runner may then start updating each
+  // parameter as soon as its gradient is final. Only for the next run(); ignored by default.
+  virtual void expect_update(double lr, double max_norm) {}
+
   // Clips the step's gradients to a global norm of `max_norm` (0 = off) and, unless `skip`,
   // applies the optimizer with learning rate `lr`. Returns the norm before clipping (0-dim fp32 on
   // the model's device; nothing waits for it).

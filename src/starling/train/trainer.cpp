@@ -126,6 +126,10 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     if (hooks) {
       work = hooks->run_step(runner, replica, loss_scale);
     } else {
+      // Nothing comes between the passes and the update but fp16's loss scaling.
+      if (!fp16)
+        runner.expect_update(learning_rate(c.optim, replica.step, c.train.steps),
+                             c.optim.grad_clip);
       work = {.loss = runner.run(c.train.grad_accum, loss_scale), .tokens = tokens_per_step};
     }
     const at::Tensor& step_loss = work.loss;
