@@ -179,14 +179,15 @@ bool Swapper::advance_update(bool wait, int upto) {
   // being written out, as its group was left, starts once that write is through: its chunks read
   // it back from the tier rather than hold it in memory.
   if (started_in_backward_) poll_writes();
-  auto writing = [&](int p) {
-    auto slots = update_operands(p);
+  auto held_by_write = [&](size_t j) {
+    if (!started_in_backward_ || pending_[jobs_[j].p] != Pending::kQueued) return false;
+    auto slots = update_operands(jobs_[j].p);
     return std::any_of(slots.begin(), slots.end(),
                        [](SwapSlot* s) { return s->state == SwapSlot::State::kWriting; });
   };
   auto startable = [&](size_t j) {
     const UpdateJob& job = jobs_[j];
-    if (pending_[job.p] == Pending::kQueued && started_in_backward_ && writing(job.p)) return false;
+    if (held_by_write(j)) return false;
     return job.gate <= upto || (!job.spread && pending_[job.p] != Pending::kQueued);
   };
   // Reads for every free set: a set is free once its previous pack is computed and written. A
@@ -240,8 +241,7 @@ bool Swapper::advance_update(bool wait, int upto) {
     retire_update_writes();
     return true;
   }
-  if (issued_ < jobs_.size() && startable(issued_) == false && started_in_backward_ &&
-      pending_[jobs_[issued_].p] == Pending::kQueued && writing(jobs_[issued_].p)) {
+  if (issued_ < jobs_.size() && held_by_write(issued_)) {
     for (SwapSlot* s : update_operands(jobs_[issued_].p))
       if (s->state == SwapSlot::State::kWriting) waited(s->io);
     poll_writes();
