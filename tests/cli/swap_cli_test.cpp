@@ -175,8 +175,11 @@ struct Case {
   bool overlap = true;         // swap.overlap_update
   const char* device = "cpu";  // train.device: on "cuda" the tier is pinned host RAM
   int moment_groups = -1;      // swap.moment_groups: groups whose AdamW moments stay resident
-  bool clip = true;            // optim.grad_clip = 1 (the default) or 0, the update then starting
-                               // inside the backward (swapper.h)
+  double clip = 1;  // optim.grad_clip: 1 (the default), or 0, the update then starting inside
+                    // the backward (swapper.h)
+  // swap.speculative_update ("" = the default, "auto"): with clipping on the disk tier, the
+  // update starts inside the backward as a guess, kept or redone.
+  const char* speculate = "";
 };
 
 class SwapIdentity : public SwapCliTest, public ::testing::WithParamInterface<Case> {};
@@ -191,11 +194,12 @@ TEST_P(SwapIdentity, SwappedTrainingIsBitIdenticalToUnswapped) {
                            std::to_string(c.accum) + "_" + c.tier + (c.overlap ? "" : "_after") +
                            "_" + device +
                            (c.moment_groups >= 0 ? "_m" + std::to_string(c.moment_groups) : "") +
-                           (c.clip ? "" : "_noclip");
+                           (c.clip == 1 ? "" : "_clip" + std::to_string(c.clip)) +
+                           (*c.speculate ? std::string("_") + c.speculate : "");
   const std::string on =
       " --set train.device=" + device +
       (c.moment_groups >= 0 ? " --set swap.moment_groups=" + std::to_string(c.moment_groups) : "") +
-      (c.clip ? "" : " --set optim.grad_clip=0");
+      " --set optim.grad_clip=" + std::to_string(c.clip);
   const fs::path plain = config(name + "_plain", c.preset, c.recompute, c.accum);
   const fs::path swapped = config(name + "_swap", c.preset, c.recompute, c.accum);
   const std::string budget = smallest_budget(swapped, c.tier, on);
@@ -206,7 +210,8 @@ TEST_P(SwapIdentity, SwappedTrainingIsBitIdenticalToUnswapped) {
   const auto b =
       run_cli("train --config " + swapped.string() + on + " --set swap.budget=" + budget +
               " --set swap.tier=" + c.tier + " --set swap.dir=" + root_.string() +
-              " --set swap.overlap_update=" + (c.overlap ? "true" : "false"));
+              " --set swap.overlap_update=" + (c.overlap ? "true" : "false") +
+              (*c.speculate ? std::string(" --set swap.speculative_update=") + c.speculate : ""));
   ASSERT_EQ(b.code, 0) << b.output;
 
   // It really swapped, and stayed under the budget.
@@ -229,10 +234,26 @@ TEST_P(SwapIdentity, SwappedTrainingIsBitIdenticalToUnswapped) {
   EXPECT_EQ(b.output.find("updated in place in the tier") != std::string::npos,
             std::string(c.tier) == "host" && device == "cpu")
       << b.output;
-  // Without clipping, on a CPU with the update overlapped, chunks ran inside the backward.
-  EXPECT_EQ(std::regex_search(b.output, std::regex("; [1-9][0-9]* chunks inside the backward")),
-            !c.clip && c.overlap && device == "cpu")
-      << b.output;
+  // Without clipping, on a CPU with the update overlapped, chunks ran inside the backward; with
+  // clipping, only in the steps that guessed (disk only). "always" guesses every step, and these
+  // cases' limits clip some steps (the guess redone) and not others (kept).
+  const bool in_backward =
+      std::regex_search(b.output, std::regex("; [1-9][0-9]* chunks inside the backward"));
+  const bool guessed = std::regex_search(
+      b.output, m,
+      std::regex("; ([0-9]+) updates begun before their clipping was known, ([0-9]+) "
+                 "of them redone"));
+  EXPECT_EQ(in_backward, (c.clip == 0 || guessed) && c.overlap && device == "cpu") << b.output;
+  if (std::string(c.tier) != "disk" || c.clip == 0 || std::string(c.speculate) == "off")
+    EXPECT_FALSE(guessed) << b.output;
+  if (*c.speculate) {
+    ASSERT_TRUE(guessed) << b.output;
+    const int begun = std::stoi(m[1].str()), redone = std::stoi(m[2].str());
+    // "auto" guesses only after an unclipped step, so never in the first.
+    EXPECT_EQ(begun == 6, std::string(c.speculate) == "always") << b.output;
+    EXPECT_GT(redone, 0) << b.output;
+    EXPECT_LT(redone, begun) << b.output;
+  }
   if (c.moment_groups > 0) {
     EXPECT_NE(b.output.find("AdamW moments of the first " + std::to_string(c.moment_groups)),
               std::string::npos)
@@ -261,8 +282,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt2-tiny", false, 2, "disk", true, "cpu", 1},
                       Case{"llama-tiny", true, 1, "host", true, "cpu", 2},
                       // No clipping: each parameter's update starts inside the backward.
-                      Case{"gpt2-tiny", false, 2, "disk", true, "cpu", -1, false},
-                      Case{"llama-tiny", true, 1, "host", true, "cpu", -1, false},
+                      Case{"gpt2-tiny", false, 2, "disk", true, "cpu", -1, 0},
+                      Case{"llama-tiny", true, 1, "host", true, "cpu", -1, 0},
+                      // Clipping, the update guessed inside the backward: kept or redone.
+                      Case{"gpt2-tiny", false, 2, "disk", true, "cpu", -1, 1.6, "always"},
+                      Case{"llama-tiny", true, 1, "disk", true, "cpu", -1, 1.5, "auto"},
                       // A GPU's memory with pinned host RAM below it (skipped without a GPU).
                       Case{"gpt2-tiny", false, 2, "host", true, "cuda"},
                       Case{"gpt2-tiny", true, 1, "host", false, "cuda"},
@@ -275,7 +299,12 @@ INSTANTIATE_TEST_SUITE_P(
              (std::string(info.param.device) == "cuda" ? "Cuda" : "") +
              (info.param.moment_groups > 0 ? "Moments" + std::to_string(info.param.moment_groups)
                                            : "") +
-             (info.param.clip ? "" : "NoClip");
+             (info.param.clip == 0   ? "NoClip"
+              : info.param.clip != 1 ? "Clip" + std::to_string(int(info.param.clip * 10))
+                                     : "") +
+             (std::string(info.param.speculate) == "always" ? "GuessEveryStep"
+              : std::string(info.param.speculate) == "auto" ? "GuessAfterUnclipped"
+                                                            : "");
     });
 
 // Overlapped with the next forward, the update keeps to the forward's window and changes the

@@ -266,6 +266,16 @@ TEST(SwapPlan, UpdatesStartedInsideTheBackwardShortenATierBoundForward) {
   EXPECT_LT(inside.predicted_s, 0.95 * after.predicted_s)
       << describe_plan(after, p) << describe_plan(inside, p);
   EXPECT_GE(inside.predicted_s, inside.io_s) << describe_plan(inside, p);
+  EXPECT_NE(describe_plan(inside, p).find("inside the backward (no clipping)"), std::string::npos);
+  // With clipping the same schedule is a guess (swapper.h); the plan says when it is made.
+  p.speculation = Speculation::kAfterUnclipped;
+  const SwapPlan guess = plan_swap(p);
+  EXPECT_EQ(guess.speculation, Speculation::kAfterUnclipped);
+  EXPECT_DOUBLE_EQ(guess.predicted_s, inside.predicted_s);
+  EXPECT_NE(
+      describe_plan(guess, p).find("after a step that was not clipped, where the tier has room"),
+      std::string::npos)
+      << describe_plan(guess, p);
 }
 
 // Without staging, the smallest budget is the largest group's weights and gradients alone.

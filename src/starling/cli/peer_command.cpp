@@ -138,7 +138,7 @@ void add_peer_command(CLI::App& app) {
     o.train.data_rank = rank;
     o.train.data_world = world;
     o.train.json_events = a->json;
-    if (c.swap.enabled()) o.train.step_runner = swap::swapped_step_runner();
+    if (c.swap.enabled()) o.train.step_runner = swap::swapped_step_runner(false);
     const auto r = strategy::run_peer(c, o);
     if (a->json) {
       rusage usage{};

@@ -39,6 +39,7 @@ class DiskTier final : public Tier {
   bool done(Ticket ticket) override;
   std::string describe() const override;
   int64_t reserved_bytes() const override { return end_; }
+  int64_t free_bytes() const override { return disk_free_bytes(dir_); }
 
  private:
   struct Chunk {

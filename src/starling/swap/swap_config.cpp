@@ -43,6 +43,14 @@ void add_config_keys(SwapConfig& c, config::Keys& k) {
                        "without clipping (optim.grad_clip = 0), with the update overlapped on a "
                        "CPU: start each parameter's update inside the backward once its gradient "
                        "is final (true), or after the passes (false)"));
+  k.push_back(
+      string_key("swap", "speculative_update", &c.speculative_update,
+                 "with clipping, on the disk tier below a CPU: start the update inside "
+                 "the backward as if the step is not clipped, into spare rooms (the state's "
+                 "weights and moments once more on disk), kept when the norm is under "
+                 "optim.grad_clip and redone otherwise. \"auto\" = after an unclipped "
+                 "step, where swap.dir has room; \"always\"; \"off\"",
+                 {"auto", "always", "off"}));
 }
 
 void check(const SwapConfig& c, const std::string& source) {

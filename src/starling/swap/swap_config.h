@@ -33,6 +33,13 @@ struct SwapConfig {
   // parameter's update starts inside the backward, once its gradient is final (true), rather
   // than after the passes (false).
   bool update_in_backward = true;
+  // With clipping (optim.grad_clip > 0) on the disk tier, as update_in_backward does: start the
+  // update inside the backward as if the step will not be clipped, writing the new values to
+  // spare rooms in the tier, and keep them if the global norm turns out under the limit (the
+  // same bits: the clipping coefficient is then exactly 1) or redo the update from the untouched
+  // rooms if it does not. "auto": after a step that was not clipped, when swap.dir has room for
+  // the spare copies; "always": every step; "off".
+  std::string speculative_update = "auto";
 
   bool enabled() const { return !budget.empty(); }
 };

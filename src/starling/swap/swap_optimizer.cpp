@@ -20,6 +20,7 @@
 #include <limits>
 
 #include "starling/graph/dag.h"
+#include "starling/swap/swap_config.h"
 #include "starling/swap/swapper.h"
 #include "starling/train/adamw.h"
 #include "starling/train/metrics.h"
@@ -31,6 +32,9 @@ constexpr int kSets = kStagingSets;
 enum Operand { kWeight, kGrad, kMoment1, kMoment2, kOperands };
 
 size_t chunk_bytes(int64_t begin, int64_t end) { return static_cast<size_t>(end - begin) * 4; }
+
+// The written operands' places among a parameter's spare rooms (Swapper::spare_).
+int spare_index(int op) { return op == kWeight ? 0 : op == kMoment1 ? 1 : 2; }
 
 // The optimizer's time, wherever its chunks run.
 struct UpdateTimer {
@@ -116,9 +120,109 @@ void Swapper::queue_final_params(int group) {
   std::vector<int> final;
   for (int p : group_params_[group])
     if (owner_[p] == group && grads_[p].tensor.defined() && pending_[p] == Pending::kNone &&
-        !chunks_done_[p] && !spreads(p))
+        !chunks_done_[p] && !spreads(p) && (!speculating_ || speculable(p, group)))
       final.push_back(p);
+  if (speculating_)
+    for (int p : final) spec_[p] = true;
   queue_jobs(final);
+}
+
+// A guess must leave the old values untouched: the weight and moments go through staging to the
+// spare rooms, so none of them may be resident, where the chunks would update them in place.
+// The group's weights leave as the backward leaves it, unless the next forward's window wants
+// them (and then they stay resident); moments are resident only after a gather().
+bool Swapper::speculable(int p, int group) const {
+  return has_spare_[p] && !needed_soon(group) && !exp_avg_[p].resident() &&
+         exp_avg_[p].state != SwapSlot::State::kLoading && !exp_avg_sq_[p].resident() &&
+         exp_avg_sq_[p].state != SwapSlot::State::kLoading;
+}
+
+// The spare rooms: reserved when a guess is first made, so a run that never gets under its limit
+// (one from scratch, early on) takes no more of the disk than the state. "auto" makes them only
+// where the disk keeps room for as much again (a checkpoint holds the same weights and moments),
+// and otherwise guesses nothing; "always" was checked for room at the start.
+bool Swapper::reserve_spare_rooms() {
+  if (spares_reserved_) return true;
+  int64_t bytes = 0;
+  for (size_t p = 0; p < has_spare_.size(); ++p)
+    if (has_spare_[p]) bytes += 3 * static_cast<int64_t>(align_up(values_[p].bytes));
+  const int64_t free = tier_->free_bytes();
+  if (plan_.speculation == Speculation::kAfterUnclipped && free >= 0 && free < 2 * bytes) {
+    can_speculate_ = false;
+    stats_.speculation_off =
+        "no update guessed: the tier had " + format_bytes(static_cast<double>(free)) +
+        " free, and its spare rooms take " + format_bytes(static_cast<double>(bytes)) +
+        " with as much again kept free";
+    return false;
+  }
+  for (size_t p = 0; p < has_spare_.size(); ++p)
+    if (has_spare_[p])
+      for (auto& key : spare_[p]) key = tier_->reserve(values_[p].bytes);
+  spares_reserved_ = true;
+  return true;
+}
+
+// The norm is under the limit: the chunks computed so far stand, the ones still to come of a
+// parameter already streaming go on writing to its spare rooms, and a parameter not started yet
+// is updated as any other, in its own rooms.
+void Swapper::keep_speculation() {
+  retire_update_writes();
+  for (size_t p = 0; p < spec_.size(); ++p) {
+    if (!spec_[p]) continue;
+    if (pending_[p] == Pending::kQueued)
+      spec_[p] = false;
+    else if (pending_[p] == Pending::kNone)
+      adopt_spare_rooms(static_cast<int>(p));
+    else
+      kept_[p] = true;  // its rooms change when its last write is through
+  }
+}
+
+// The step is clipped: the chunks issued finish (into the spare rooms, which are then ignored),
+// the rest are dropped, and every guessed parameter is updated again by update() from its own
+// rooms, which nothing has touched. Its gradient is still there.
+void Swapper::redo_speculation() {
+  quiet_pump();
+  jobs_.resize(issued_);
+  while (advance_update(true, std::numeric_limits<int>::max())) {
+  }
+  for (size_t p = 0; p < spec_.size(); ++p) {
+    if (!spec_[p]) continue;
+    spec_[p] = false;
+    pending_[p] = Pending::kNone;
+    chunks_done_[p] = false;
+    writes_left_[p] = 0;
+    for (SwapSlot* slot : update_operands(static_cast<int>(p))) slot->busy = false;
+  }
+  started_in_backward_ = false;
+}
+
+// A kept guess whose writes are all through: the spare rooms hold the parameter's new weight and
+// moments and become its rooms (the old ones are the next guess's spares). A copy of the weight
+// the window loaded meanwhile holds the old values and is dropped; the next load reads the new.
+void Swapper::adopt_spare_rooms(int p) {
+  auto slots = update_operands(p);
+  for (int op : {kWeight, kMoment1, kMoment2}) {
+    SwapSlot& slot = *slots[op];
+    settle(slot);
+    if (slot.resident()) {
+      release(slot);
+      slot.state = SwapSlot::State::kOut;
+      track(-static_cast<int64_t>(align_up(slot.bytes)));
+    }
+    std::swap(slot.key, spare_[p][spare_index(op)]);
+  }
+  spend_gradient(p);
+  spec_[p] = kept_[p] = false;
+}
+
+void Swapper::spend_gradient(int p) {
+  SwapSlot& g = grads_[p];
+  track(-g.held());
+  if (g.resident()) release(g);
+  dag_.params().params()[p].value.mutable_grad().reset();
+  g.tensor.reset();
+  g.state = SwapSlot::State::kOut;
 }
 
 // update() after an update started inside the backward: the parameters not queued yet join the
@@ -149,7 +253,10 @@ void Swapper::retire_update_writes() {
   for (auto& set : update_writes_)
     std::erase_if(set, [&](const UpdateWrite& w) {
       if (!tier_->done(w.ticket)) return false;
-      if (--writes_left_[w.p] == 0 && chunks_done_[w.p]) pending_[w.p] = Pending::kNone;
+      if (--writes_left_[w.p] == 0 && chunks_done_[w.p]) {
+        pending_[w.p] = Pending::kNone;
+        if (kept_[w.p]) adopt_spare_rooms(w.p);
+      }
       return true;
     });
 }
@@ -274,6 +381,19 @@ void Swapper::issue_update_reads(size_t set, const UpdateJob& job) {
       if (s->state != SwapSlot::State::kLoading) settle(*s);
       s->busy = s->state == SwapSlot::State::kLoading || s->resident();
     }
+    // A guess reads the gradient only; the others must come from, and go to, the tier. The
+    // window may have loaded the weight since it was queued: that copy goes (it is clean).
+    if (spec_[job.p])
+      for (int op : {kWeight, kMoment1, kMoment2}) {
+        SwapSlot& slot = *slots[op];
+        slot.busy = false;
+        settle(slot);
+        evict(slot);
+        settle(slot);
+        if (slot.state != SwapSlot::State::kOut)
+          throw std::logic_error("swap: a speculative update met a resident operand of parameter " +
+                                 std::to_string(job.p));
+      }
     pending_[job.p] = Pending::kStreaming;
   }
   for (int op = 0; op < kOperands; ++op) {
@@ -331,8 +451,9 @@ void Swapper::compute_update_job(size_t set, const UpdateJob& job, bool on_devic
       continue;
     }
     if (tier_->in_place(s.key) != nullptr) continue;  // already where it lives
+    const uint64_t room = spec_[job.p] ? spare_[job.p][spare_index(op)] : s.key;
     update_writes_[set].push_back(
-        {tier_->write(s.key, static_cast<size_t>(job.begin) * 4,
+        {tier_->write(room, static_cast<size_t>(job.begin) * 4,
                       staging_[set * kOperands + op] + job.at, chunk_bytes(job.begin, job.end)),
          job.p});
     ++writes_left_[job.p];
@@ -340,13 +461,9 @@ void Swapper::compute_update_job(size_t set, const UpdateJob& job, bool on_devic
   }
   if (job.last) {
     for (SwapSlot* s : slots) s->busy = false;
-    // The gradient is spent: the next step starts without one.
-    SwapSlot& g = grads_[job.p];
-    track(-g.held());
-    if (g.resident()) release(g);
-    params[job.p].value.mutable_grad().reset();
-    g.tensor.reset();
-    g.state = SwapSlot::State::kOut;
+    // The gradient is spent: the next step starts without one. A guess's stays until it is
+    // kept (it is spent then) or redone.
+    if (!spec_[job.p]) spend_gradient(job.p);
     // update() still adds up the norms of an update that started inside the backward.
     if (!started_in_backward_) norms_[job.p].reset();
     patched_rows_[job.p].clear();

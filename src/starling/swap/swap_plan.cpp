@@ -352,6 +352,7 @@ SwapPlan plan_swap(const SwapProblem& p) {
   base.budget = p.budget;
   base.overlap_update = p.overlap_update;
   base.rows_first = p.rows_first;
+  base.speculation = p.speculation;
   base.lookup_tokens = p.lookup_tokens;
   int64_t largest = 0;
   for (int64_t b : p.param_bytes) {
@@ -545,7 +546,17 @@ std::string describe_plan(const SwapPlan& plan, const SwapProblem& p) {
                     : "no staging: the optimizer updates the tier in place",
                 b(plan.state_bytes).c_str(), plan.compute_s, plan.io_s, b(plan.read_bytes).c_str(),
                 b(plan.write_bytes).c_str(), plan.predicted_s, 100 * plan.hidden_share());
-  return out + line;
+  out += line;
+  if (plan.speculation != Speculation::kOff)
+    out += std::string("  the update starts inside the backward ") +
+           (plan.speculation == Speculation::kAlways
+                ? "every step"
+                : "after a step that was not clipped, where the tier has room") +
+           ", into spare rooms in the tier (up to " + b(plan.state_bytes / 4 * 3) +
+           " more), kept if the step is not clipped\n";
+  else if (p.update_in_backward)
+    out += "  the update starts inside the backward (no clipping)\n";
+  return out;
 }
 
 }  // namespace starling::swap

@@ -38,6 +38,9 @@ inline constexpr int kStagingChunks = kStagingSets * 4;
 // four times as many rows is updated rows first (swapper.h), a smaller one whole.
 inline bool rows_go_first(int64_t table_rows, int64_t tokens) { return table_rows >= 4 * tokens; }
 
+// swap.speculative_update (swapper.h): never, after a step that was not clipped, or every step.
+enum class Speculation : uint8_t { kOff, kAfterUnclipped, kAlways };
+
 struct NodeCost {
   std::string name;
   double forward_s = 0;     // forward of one micro-batch
@@ -56,6 +59,8 @@ struct SwapProblem {
   // Each parameter's update starts inside the last backward once its gradient is final, but for
   // the first group's and a spread table's (no clipping; swapper.h, expect_update).
   bool update_in_backward = false;
+  // With clipping: the same, speculatively (swapper.h), on a tier that keeps spare rooms for it.
+  Speculation speculation = Speculation::kOff;
   std::string tier = "disk";
   int64_t budget = 0;
   int64_t micro_batches = 1;   // per optimizer step (train.grad_accum)
@@ -81,9 +86,10 @@ struct SwapPlan {
   bool overlap_update = true;        // the update runs behind the next forward (swapper.h)
   bool rows_first = true;            // a lookup's rows first, its table spread (swapper.h)
   int64_t lookup_tokens = 0;         // of a micro-batch: which tables go rows first
-  int64_t chunk_bytes = 0;           // optimizer staging chunk (per operand)
-  int64_t staging_bytes = 0;         // kStagingSets sets of 4 operand chunks; 0 when in place
-  int64_t state_bytes = 0;           // weights + gradients + moments, aligned as stored
+  Speculation speculation = Speculation::kOff;  // with clipping, the update inside the backward
+  int64_t chunk_bytes = 0;                      // optimizer staging chunk (per operand)
+  int64_t staging_bytes = 0;  // kStagingSets sets of 4 operand chunks; 0 when in place
+  int64_t state_bytes = 0;    // weights + gradients + moments, aligned as stored
   int64_t budget = 0;
   int64_t peak_bytes = 0;  // the largest resident set the plan allows
   double compute_s = 0;    // per step, as if nothing moved

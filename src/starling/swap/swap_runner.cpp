@@ -40,7 +40,10 @@ void check_supported(const train::RunConfig& c) {
         "scaling checks every gradient at once); use \"bf16\" or \"fp32\"");
 }
 
-SwapProblem problem_for(const train::RunConfig& c, graph::OpDag& dag, const std::string& budget) {
+// `announced`: the trainer announces each step's update (one replica; a strategy's exchange comes
+// between the passes and the update, which then starts after them).
+SwapProblem problem_for(const train::RunConfig& c, graph::OpDag& dag, const std::string& budget,
+                        bool announced) {
   graph::ExecutorOptions options{.recompute = c.train.recompute,
                                  .autocast = train::parse_dtype(c.train.dtype, "train.dtype")};
   const c10::Device device(c.train.device);
@@ -52,6 +55,23 @@ SwapProblem problem_for(const train::RunConfig& c, graph::OpDag& dag, const std:
   if (c.swap.tier == "disk")
     check_disk_room(tier_dir(c), state,
                     "the whole training state: weights, gradients and AdamW moments");
+  // With clipping, the update inside the backward is a guess, on the disk tier, whose spare
+  // rooms hold the weights and moments once more (as the tier stores them). "always" needs their
+  // room from the start; "auto" reserves it at its first guess, where there is room then
+  // (Swapper::reserve_spare_rooms).
+  const bool in_backward =
+      announced && c.swap.update_in_backward && device.is_cpu() && c.swap.overlap_update;
+  Speculation speculation = Speculation::kOff;
+  if (in_backward && c.optim.grad_clip > 0 && c.swap.tier == "disk" &&
+      c.swap.speculative_update != "off") {
+    speculation = Speculation::kAfterUnclipped;
+    if (c.swap.speculative_update == "always") {
+      check_disk_room(tier_dir(c), state / 4 * 7,
+                      "the training state and the spare rooms of swap.speculative_update = "
+                      "\"always\" (\"auto\" guesses only where there is room)");
+      speculation = Speculation::kAlways;
+    }
+  }
   SwapProblem p = profile_nodes(dag, options, c.train.batch_size, c.model.seq_len, device);
   p.budget = parse_bytes(budget, "swap.budget");
   p.micro_batches = c.train.grad_accum;
@@ -59,10 +79,9 @@ SwapProblem problem_for(const train::RunConfig& c, graph::OpDag& dag, const std:
   p.depth = static_cast<int>(c.swap.depth);
   p.moment_groups = static_cast<int>(c.swap.moment_groups);
   p.overlap_update = c.swap.overlap_update;
-  // As the swapper does when the trainer announces each step's update (one replica; a
-  // strategy's exchange comes between the passes and the update, and then it starts after them).
   p.update_in_backward =
-      c.swap.update_in_backward && c.optim.grad_clip == 0 && device.is_cpu() && p.overlap_update;
+      in_backward && (c.optim.grad_clip == 0 || speculation != Speculation::kOff);
+  p.speculation = speculation;
   p.rows_first = c.swap.rows_first && device.is_cpu();
   measure_tier(p, c.swap.tier, tier_dir(c), probe_bytes(state), device);
   return p;
@@ -155,7 +174,11 @@ class SwapStepRunner final : public train::StepRunner {
            (st.backward_chunks > 0
                 ? "; " + std::to_string(st.backward_chunks) + " chunks inside the backward"
                 : std::string()) +
-           ")" +
+           (st.speculated > 0 ? "; " + std::to_string(st.speculated) +
+                                    " updates begun before their clipping was known, " +
+                                    std::to_string(st.redone) + " of them redone (clipped)"
+                              : std::string()) +
+           (st.speculation_off.empty() ? std::string() : "; " + st.speculation_off) + ")" +
            (st.exchange_s > 0
                 ? ", exchanges " + train::fmt("%.2f s", st.exchange_s) + " (waiting for the tier " +
                       train::fmt("%.2f s", st.exchange_wait_s) + ")"
@@ -171,33 +194,33 @@ class SwapStepRunner final : public train::StepRunner {
 
 }  // namespace
 
-StepRunnerFactory swapped_step_runner() {
-  return
-      [](train::Session& s, train::ProgressLine& progress) -> std::unique_ptr<train::StepRunner> {
-        const train::RunConfig& c = s.config;
-        check_supported(c);
-        progress.note("swap: profiling the model and the " + c.swap.tier + " tier");
-        SwapProblem problem = problem_for(c, *s.dag, c.swap.budget);
-        SwapPlan plan = plan_swap(problem);
-        std::string text = describe_plan(plan, problem);
-        while (!text.empty() && text.back() == '\n') text.pop_back();
-        progress.log(text);
-        // The profiling pass's blocks (a whole model's gradients and activations) go back before
-        // the state is adopted, and the evicted state's after: either would otherwise stay
-        // cached for the whole run, far over the budget.
-        release_cached_cpu_blocks();
-        auto swapper = std::make_unique<Swapper>(*s.dag, *s.optimizer, std::move(plan),
-                                                 make_tier(c.swap.tier, tier_dir(c), s.device));
-        release_cached_cpu_blocks();
-        return std::make_unique<SwapStepRunner>(s, std::move(swapper));
-      };
+StepRunnerFactory swapped_step_runner(bool one_replica) {
+  return [one_replica](train::Session& s,
+                       train::ProgressLine& progress) -> std::unique_ptr<train::StepRunner> {
+    const train::RunConfig& c = s.config;
+    check_supported(c);
+    progress.note("swap: profiling the model and the " + c.swap.tier + " tier");
+    SwapProblem problem = problem_for(c, *s.dag, c.swap.budget, one_replica);
+    SwapPlan plan = plan_swap(problem);
+    std::string text = describe_plan(plan, problem);
+    while (!text.empty() && text.back() == '\n') text.pop_back();
+    progress.log(text);
+    // The profiling pass's blocks (a whole model's gradients and activations) go back before
+    // the state is adopted, and the evicted state's after: either would otherwise stay
+    // cached for the whole run, far over the budget.
+    release_cached_cpu_blocks();
+    auto swapper = std::make_unique<Swapper>(*s.dag, *s.optimizer, std::move(plan),
+                                             make_tier(c.swap.tier, tier_dir(c), s.device));
+    release_cached_cpu_blocks();
+    return std::make_unique<SwapStepRunner>(s, std::move(swapper));
+  };
 }
 
 std::string plan_swap_for(const train::RunConfig& c, const std::string& budget) {
   setup_cpu_runtime(c.train.threads, c.train.cpu_allocator == "system");
   check_supported(c);
   auto dag = model::build_model(c.model, c.train.seed, c10::Device(c.train.device));
-  const SwapProblem problem = problem_for(c, *dag, budget);
+  const SwapProblem problem = problem_for(c, *dag, budget, true);
   return describe_plan(plan_swap(problem), problem);
 }
 

@@ -23,7 +23,9 @@ using StepRunnerFactory =
 // runner it makes throws ConfigError for what swapping does not support yet (fp16 loss scaling,
 // the disk tier below a GPU). With peers, ddp and atom exchange its gradients a node at a time
 // (StepRunner::visit_gradients); strategies that keep whole-model vectors refuse a [swap] budget.
-StepRunnerFactory swapped_step_runner();
+// `one_replica`: a single trainer, which announces each step's update (StepRunner::expect_update)
+// so that it may start inside the backward; a peer's exchange comes in between.
+StepRunnerFactory swapped_step_runner(bool one_replica);
 
 // `starling plan swap`: builds the config's model, profiles it and the tier, and returns the
 // plan for `budget` (a size such as "2GB") as text. ConfigError for an infeasible budget, naming

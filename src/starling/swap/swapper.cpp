@@ -139,6 +139,17 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
   chunks_done_.assign(params.size(), false);
   for (auto* list : {&values_, &exp_avg_, &exp_avg_sq_})
     for (SwapSlot& s : *list) slot_of_[s.tensor.unsafeGetTensorImpl()] = &s;
+  // A speculative update (on a CPU, where the update is overlapped and the tier is not updated
+  // in place) gives a parameter whose weight and moments may leave compute memory a spare room
+  // for each, at the first guess (reserve_spare_rooms).
+  can_speculate_ = plan_.speculation != Speculation::kOff && device_.is_cpu() &&
+                   !plan_.everything_resident && plan_.overlap_update && !params.empty() &&
+                   tier_->in_place(grads_[0].key) == nullptr;
+  spare_.assign(params.size(), {0, 0, 0});
+  has_spare_.assign(params.size(), false);
+  for (size_t i = 0; i < params.size(); ++i) has_spare_[i] = !pinned[i] && !kept[i];
+  spec_.assign(params.size(), false);
+  kept_.assign(params.size(), false);
   // A plan without staging is for a tier the optimizer updates in place (swap_plan.h).
   if (!plan_.everything_resident && plan_.staging_bytes == 0 && !params.empty() &&
       tier_->in_place(grads_[0].key) == nullptr)
@@ -543,14 +554,20 @@ void Swapper::quiet_pump() {
 }
 
 void Swapper::expect_update(double lr, double max_norm) {
-  expected_ =
-      max_norm == 0 && device_.is_cpu() && !plan_.everything_resident && plan_.overlap_update;
+  const bool speculate = max_norm > 0 && can_speculate_ &&
+                         (plan_.speculation == Speculation::kAlways || last_unclipped_) &&
+                         reserve_spare_rooms();
+  expected_ = (max_norm == 0 || speculate) && device_.is_cpu() && !plan_.everything_resident &&
+              plan_.overlap_update;
   expected_lr_ = lr;
+  expected_max_norm_ = max_norm;
 }
 
 void Swapper::begin_step(int64_t micro_batches) {
   leave();
   in_backward_ = expected_ && micro_batches > 0;
+  speculating_ = in_backward_ && expected_max_norm_ > 0;
+  step_max_norm_ = expected_max_norm_;
   expected_ = false;
   micro_batches_ = micro_batches;
   in_step_ = true;
@@ -656,10 +673,11 @@ at::Tensor Swapper::update(double lr, double max_norm) {
   end_passes();
   in_backward_ = false;
   const bool started = started_in_backward_;
-  if (started && (lr != update_lr_ || max_norm > 0))
+  if (started && (lr != update_lr_ || max_norm != step_max_norm_))
     throw std::logic_error("swap: the update differs from the one announced by expect_update");
   if (!started) finish_update();  // the previous step's, were any of it left
   at::Tensor total, coef;
+  bool any = false;  // gradients to update with
   {
     const double start = now_s(), start_wait = stats_.wait_s;
     std::vector<at::Tensor> norms;
@@ -680,16 +698,35 @@ at::Tensor Swapper::update(double lr, double max_norm) {
     }
     stats_.update_s += now_s() - start;
     stats_.update_wait_s += stats_.wait_s - start_wait;
-    if (started) queue_the_rest();
-    if (norms.empty()) return at::zeros({}, at::TensorOptions(at::kFloat).device(device_));
-    total = at::stack(norms).norm(2);
+    any = !norms.empty();
+    total = norms.empty() ? at::zeros({}, at::TensorOptions(at::kFloat).device(device_))
+                          : at::stack(norms).norm(2);
   }
-  if (started) {
+  // As train::clip_grad_norm computes it; a coefficient of exactly 1 leaves every bit as it is.
+  if (max_norm > 0) {
+    coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+    // (The host reads it only on a CPU, where it is computed already.)
+    if (can_speculate_) last_unclipped_ = coef.item<float>() == 1.0f;
+  }
+  bool redone = false;
+  if (started && speculating_) {
+    ++stats_.speculated;
+    if (last_unclipped_) {
+      keep_speculation();
+    } else {
+      ++stats_.redone;
+      redo_speculation();
+      redone = true;
+    }
+  }
+  speculating_ = false;
+  if (started && !redone) {
+    queue_the_rest();
     pump_update();
     return total;
   }
-  if (max_norm > 0) coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
-  optimizer_.begin_step();
+  if (!any) return total;
+  if (!redone) optimizer_.begin_step();  // a redone update's step was begun in the backward
   start_update(lr, coef);
   // With nothing to move there is nothing to overlap: the update completes here, as it does
   // when swap.overlap_update is off.

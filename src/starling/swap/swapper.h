@@ -28,6 +28,15 @@
 // and the first group's parameters still start after the passes). The next forward then finds
 // most of its groups updated.
 //
+// With clipping, that is a guess: the clipping coefficient is known only once every gradient
+// is. A step that expect_update() announces with a limit on the disk tier may guess that the
+// norm stays under it (swap.speculative_update: every step, or after a step that was not
+// clipped). Its chunks then run inside the backward as above, but write the new weights and
+// moments to spare rooms in the tier, leaving the old ones untouched. update() knows the norm: a
+// coefficient of exactly 1 (multiplying by it changes no bit) keeps the new values, the spare rooms
+// becoming the parameters' rooms; any other drops them and runs the update again, clipped, from
+// the old ones. Either way the results are those of unswapped training.
+//
 // A step is: begin_step(n), then per micro-batch begin_micro_batch(m) + the executor's forward and
 // backward + end_pass(), optionally visit_gradients() (an exchange with other replicas), then
 // update(). Evaluation forwards work between steps (groups load on demand). gather() makes
@@ -41,6 +50,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -77,6 +87,10 @@ struct SwapStats {
   int64_t in_place_bytes = 0;
   int64_t rows_first = 0;  // updates whose table lookups' rows went first (swap_rows_first.cpp)
   int64_t backward_chunks = 0;  // the update's chunks computed inside the backward (expect_update)
+  // Updates begun inside the backward before their clipping was known, and of those the ones
+  // run again because the step was clipped; why none was begun where the plan allowed it.
+  int64_t speculated = 0, redone = 0;
+  std::string speculation_off;
   // Exchanges of the gradients with other replicas (visit_gradients), the network's time included.
   double exchange_s = 0, exchange_wait_s = 0;
 };
@@ -94,7 +108,8 @@ class Swapper final : public graph::NodeObserver {
   void after(int node, graph::Phase phase) override;
 
   // train::StepRunner::expect_update: the next step's gradients go unchanged into
-  // update(lr, max_norm). Without clipping, the update then starts inside the backward (above).
+  // update(lr, max_norm). Without clipping, the update then starts inside the backward (above);
+  // with clipping, where the plan speculates, too.
   void expect_update(double lr, double max_norm);
   // A step of `micro_batches` micro-batches, or of as many as the caller runs when 0 (a strategy
   // that decides while it accumulates: gradient norms are then taken by visit_gradients() or
@@ -164,6 +179,15 @@ class Swapper final : public graph::NodeObserver {
   void queue_final_params(int group);
   void queue_the_rest();
   void order_jobs_by_gate(size_t from);  // the jobs from `from` on, in the forward's order
+  // The speculative update: whether a final parameter of `group` may go (its weight and moments
+  // in the tier, with spare rooms); keeping the step's new values, or dropping them; a kept
+  // parameter's spare rooms becoming its own once all of its writes are through.
+  bool speculable(int p, int group) const;
+  bool reserve_spare_rooms();  // at the first guess; false where the tier lacks the room
+  void keep_speculation();
+  void redo_speculation();
+  void adopt_spare_rooms(int p);
+  void spend_gradient(int p);  // its update is through: the next step starts without one
   // One move of the stream, starting parameters of groups up to `upto` only; returns whether it
   // moved.
   bool advance_update(bool wait, int upto);
@@ -241,7 +265,16 @@ class Swapper final : public graph::NodeObserver {
   // The update announced for the next step (expect_update), and whether this step's started
   // inside its backward.
   bool expected_ = false, in_backward_ = false, started_in_backward_ = false;
-  double expected_lr_ = 0;
+  double expected_lr_ = 0, expected_max_norm_ = 0, step_max_norm_ = 0;
+  // Speculation: whether the plan allows it here and the tier has spare rooms (spare_: a
+  // parameter's weight and moments, or none; reserved at the first guess), whether this step
+  // speculates, which parameters' chunks write to the spare rooms and,
+  // of those, which were kept while still streaming (their rooms change once their writes are
+  // through, possibly in the next step), and whether the last step's norm was under its limit.
+  bool can_speculate_ = false, spares_reserved_ = false, speculating_ = false;
+  bool last_unclipped_ = false;
+  std::vector<std::array<uint64_t, 3>> spare_;
+  std::vector<bool> has_spare_, spec_, kept_;
   double update_lr_ = 0;
   at::Tensor update_coef_;
   int64_t update_steps_ = 0;

@@ -57,6 +57,8 @@ class Tier {
   // rather than sharing one channel; the planner's time model follows it.
   virtual bool duplex() const { return false; }
   virtual int64_t reserved_bytes() const = 0;
+  // Bytes the tier could still reserve, or -1 when it cannot tell (memory).
+  virtual int64_t free_bytes() const { return -1; }
 };
 
 // kind "host" or "disk" (swap.tier); `dir` is the disk tier's directory. Error naming the
