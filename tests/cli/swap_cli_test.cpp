@@ -446,9 +446,14 @@ TEST_F(SwapCliTest, StateLargerThanTheGpuTrainsSwappedAndResumes) {
 // Twice: with every moment in the tier, and with the first group's moments kept in compute
 // memory, where a resumed run adopts them from the checkpoint's mapping and updates them there.
 TEST_F(SwapCliTest, ResumedSwappedRunMatchesAStraightOne) {
-  for (const std::string kept : {"", " --set swap.moment_groups=1"}) {
-    SCOPED_TRACE(kept.empty() ? "moments in the tier" : "first group's moments kept");
-    const std::string tag = kept.empty() ? "" : "_kept";
+  // Also with every update guessed inside the backward, kept in some steps and redone in others.
+  const std::string guessed = " --set optim.grad_clip=1.6 --set swap.speculative_update=always";
+  for (const std::string kept :
+       {std::string(), std::string(" --set swap.moment_groups=1"), guessed}) {
+    SCOPED_TRACE(kept.empty()      ? "moments in the tier"
+                 : kept == guessed ? "every update guessed"
+                                   : "first group's moments kept");
+    const std::string tag = kept.empty() ? "" : kept == guessed ? "_guessed" : "_kept";
     const fs::path straight = config("resume_straight" + tag, "gpt2-tiny", true, 2);
     const fs::path split = config("resume_split" + tag, "gpt2-tiny", true, 2);
     const std::string budget = smallest_budget(straight, "disk", kept);
