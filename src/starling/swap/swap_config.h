@@ -37,8 +37,9 @@ struct SwapConfig {
   // update inside the backward as if the step will not be clipped, writing the new values to
   // spare rooms in the tier, and keep them if the global norm turns out under the limit (the
   // same bits: the clipping coefficient is then exactly 1) or redo the update from the untouched
-  // rooms if it does not. "auto": after a step that was not clipped, when swap.dir has room for
-  // the spare copies; "always": every step; "off".
+  // rooms if it does not. "auto": after a step that was not clipped, reserving the spare rooms at
+  // its first guess where swap.dir then has room for them twice over; "always": every step (the
+  // room checked at the start); "off".
   std::string speculative_update = "auto";
 
   bool enabled() const { return !budget.empty(); }

@@ -205,11 +205,7 @@ void Swapper::adopt_spare_rooms(int p) {
   for (int op : {kWeight, kMoment1, kMoment2}) {
     SwapSlot& slot = *slots[op];
     settle(slot);
-    if (slot.resident()) {
-      release(slot);
-      slot.state = SwapSlot::State::kOut;
-      track(-static_cast<int64_t>(align_up(slot.bytes)));
-    }
+    if (slot.resident()) drop(slot);
     std::swap(slot.key, spare_[p][spare_index(op)]);
   }
   spend_gradient(p);

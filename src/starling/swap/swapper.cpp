@@ -245,12 +245,16 @@ void Swapper::write_through(SwapSlot& s) {
   s.dirty = false;
 }
 
+void Swapper::drop(SwapSlot& s) {
+  release(s);
+  s.state = SwapSlot::State::kOut;
+  track(-static_cast<int64_t>(align_up(s.bytes)));
+}
+
 void Swapper::evict(SwapSlot& s) {
   if (s.state != SwapSlot::State::kResident || s.pinned || s.busy) return;
   if (!s.dirty) {
-    release(s);
-    s.state = SwapSlot::State::kOut;
-    track(-static_cast<int64_t>(align_up(s.bytes)));
+    drop(s);
     return;
   }
   s.io = tier_->write(s.key, 0, storage_data(s.tensor), s.bytes);
@@ -579,11 +583,7 @@ void Swapper::begin_step(int64_t micro_batches) {
     // A gradient the deferred update has not reached yet stays until it has.
     if (!s.tensor.defined() || pending_[p] != Pending::kNone) continue;
     settle(s);
-    track(-s.held());
-    if (s.resident()) release(s);
-    params[p].value.mutable_grad().reset();
-    s.tensor.reset();
-    s.state = SwapSlot::State::kOut;
+    spend_gradient(static_cast<int>(p));
     norms_[p].reset();
   }
   // Down to the budget before anything loads: a gather() (checkpoint, state transfer) left the

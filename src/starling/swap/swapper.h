@@ -167,6 +167,7 @@ class Swapper final : public graph::NodeObserver {
   void track(int64_t delta);
   void fit_pool();            // kept buffers give way to what is held
   void release(SwapSlot& s);  // its buffer goes to the pool; the storage empties
+  void drop(SwapSlot& s);     // a resident slot's bytes are not needed: released, out
   // The deferred update (swap_optimizer.cpp).
   void start_update(double lr, const at::Tensor& coef);
   // Appends the chunks of `params` (in that order) to the stream; returns whether a table among
