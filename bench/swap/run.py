@@ -17,7 +17,9 @@ counted), the ratio to unswapped runs interleaved with the swapped ones (each sw
 follows one of its own; the median of the pairs' ratios), the peak RSS over the steady steps (sampled from
 /proc every 0.1 s between the first and the last step's record) beside the whole run's peak (GNU
 time; it includes building the model in RAM and profiling it, with all weights resident), how much the page cache grew over those steps (/proc/meminfo Cached: O_DIRECT keeps it
-flat), and the planner's predicted step time against the measured one. A budget the planner refuses is reported as such,
+flat), and the planner's predicted step time against the measured one (with clipping and the update
+begun inside the backward as a guess, the mean of the plan's predictions for a guess kept, a guess
+redone and no guess, weighted by the run's own counts). A budget the planner refuses is reported as such,
 with the smallest feasible budget it names. The data is a byte-level corpus made with
 `starling data prepare` from --text (default data/brown/text, made by `make data`).
 """
@@ -147,7 +149,8 @@ def main():
                 "rss_mb": statistics.median(x["rss_mb"] for x in results),
                 "steady_rss_mb": statistics.median(x["steady_rss_mb"] for x in results),
                 "cache_mb": statistics.median(x["cache_mb"] for x in results),
-                "predicted_s": results[0]["predicted_s"],
+                "predicted_s": (statistics.median(x["predicted_s"] for x in results)
+                                if results[0]["predicted_s"] else None),
                 "moved_gb": results[0]["moved_gb"],
                 "optimizer_s": statistics.median(x["optimizer_s"] for x in results),
                 "device_gb": statistics.median(x["device_gb"] for x in results),
@@ -264,6 +267,19 @@ def run_one(args, out_dir, sets):
     subprocess.run(["rm", "-rf", out_dir])
     scale = {"B": 1e-9, "KB": 1e-6, "MB": 1e-3, "GB": 1.0}
     predicted = re.search(r"predicted ([0-9.]+) s", text)
+    predicted_s = float(predicted.group(1)) if predicted else None
+    # With clipping the update may start inside the backward as a guess: the plan predicts a step
+    # whose guess is kept, one whose guess is redone and one without a guess, and the run's report
+    # counts its guesses; the prediction is their mean over the run's steps.
+    guess = re.search(r"predicted ([0-9.]+) s a step when the guess is kept, ([0-9.]+) s when it "
+                      r"is redone, ([0-9.]+) s without a guess", text)
+    if guess and predicted_s is not None:
+        counts = re.search(r"(\d+) updates begun before their clipping was known, (\d+) of them "
+                           r"redone", text)
+        guessed, redone = (int(counts.group(1)), int(counts.group(2))) if counts else (0, 0)
+        kept_s, redone_s, none_s = (float(guess.group(i)) for i in (1, 2, 3))
+        predicted_s = ((guessed - redone) * kept_s + redone * redone_s +
+                       (args.steps - guessed) * none_s) / args.steps
     moved = re.search(r"\(read ([0-9.]+) (B|KB|MB|GB), write ([0-9.]+) (B|KB|MB|GB)\)", text)
     optimizer = re.search(r"optimizer ([0-9.]+) s \(waiting", text)
     maxrss = re.search(r"maxrss_kb (\d+)", text)
@@ -276,7 +292,7 @@ def run_one(args, out_dir, sets):
             "rss_mb": int(maxrss.group(1)) / 1024 if maxrss else 0.0,
             "steady_rss_mb": steady_rss_kb / 1024,
             "cache_mb": grown_mb,
-            "predicted_s": float(predicted.group(1)) if predicted else None,
+            "predicted_s": predicted_s,
             "moved_gb": (float(moved.group(1)) * scale[moved.group(2)],
                          float(moved.group(3)) * scale[moved.group(4)]) if moved else (0.0, 0.0),
             "optimizer_s": float(optimizer.group(1)) / args.steps if optimizer else 0.0,

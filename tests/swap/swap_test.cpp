@@ -276,6 +276,20 @@ TEST(SwapPlan, UpdatesStartedInsideTheBackwardShortenATierBoundForward) {
       describe_plan(guess, p).find("after a step that was not clipped, where the tier has room"),
       std::string::npos)
       << describe_plan(guess, p);
+  // A step not guessed runs as planned without the guess, no faster than that plan; one whose
+  // guess is redone pays that and the guess's wasted transfers besides.
+  EXPECT_GE(guess.unguessed_s, 0.999 * after.predicted_s) << describe_plan(after, p);
+  EXPECT_GT(guess.unguessed_s, guess.predicted_s);
+  EXPECT_GT(guess.redone_s, guess.unguessed_s);
+  char line[160];
+  std::snprintf(line, sizeof line,
+                "predicted %.3f s a step when the guess is kept, %.3f s when it is redone, %.3f s "
+                "without a guess",
+                guess.predicted_s, guess.redone_s, guess.unguessed_s);
+  EXPECT_NE(describe_plan(guess, p).find(line), std::string::npos) << describe_plan(guess, p);
+  // Without a guess there is nothing else to predict.
+  EXPECT_EQ(inside.redone_s, 0);
+  EXPECT_EQ(describe_plan(inside, p).find("when it is redone"), std::string::npos);
 }
 
 // Without staging, the smallest budget is the largest group's weights and gradients alone.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <set>
 
 #include "starling/common/error.h"
@@ -138,20 +139,27 @@ class IoTimeline {
   // The same for a transfer that can be cut into pieces (the update's chunks): each idle stretch
   // after `ready` takes what fits, in order.
   double fill(double ready, double seconds) {
+    return fill_before(ready, seconds, std::numeric_limits<double>::infinity()).first;
+  }
+  // The same, only in the idle stretches before `deadline`: when the last piece ends, and the
+  // seconds left over.
+  std::pair<double, double> fill_before(double ready, double seconds, double deadline) {
     double at = ready;
     size_t i = 0;
-    while (seconds > 0) {
+    while (seconds > 0 && at < deadline) {
       while (i < busy_.size() && busy_[i].second <= at) ++i;
       if (i < busy_.size() && busy_[i].first <= at) {  // inside a busy stretch: after it
         at = busy_[i++].second;
         continue;
       }
-      const double piece = i < busy_.size() ? std::min(seconds, busy_[i].first - at) : seconds;
+      const double gap_end = std::min(deadline, i < busy_.size() ? busy_[i].first : deadline);
+      const double piece = std::min(seconds, gap_end - at);
+      if (piece <= 0) break;
       busy_.insert(busy_.begin() + static_cast<std::ptrdiff_t>(i++), {at, at + piece});
       seconds -= piece;
       at += piece;
     }
-    return at;
+    return {at, std::max(seconds, 0.0)};
   }
   double end() const { return busy_.empty() ? 0 : busy_.back().second; }
 
@@ -188,7 +196,11 @@ std::pair<int, int> rows_spread(const SwapProblem& p, const Grouping& g, int q, 
 // gradients are written after its backward. The previous step's optimizer update is deferred
 // into this step's first forward: the I/O stream starts with it, in the order the forward reads
 // the parameters, and each group computes only once its own parameters' update is through.
-void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
+//
+// `redone`: the updates begun inside the backward as a guess (p.speculation) are redone, the step
+// clipped: the guess's chunks take the tier's idle time until the backward ends, those in flight
+// then drain, and the whole update runs from the next step's start as if nothing was guessed.
+void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan, bool redone = false) {
   const std::set<int> pinned = pinned_params(g);
   const std::set<int> kept = kept_moment_params(g);
   const int G = static_cast<int>(g.groups.size());
@@ -213,24 +225,32 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
       const int64_t b = aligned(p.param_bytes[q]);
       const int64_t moments = kept.count(q) ? 0 : 2 * b;
       const bool in_backward = p.update_in_backward && i > 0 && lo == i && hi == i;
-      // A moving weight: overlapped with the forward, the update changes it in place where the
-      // forward's window loads it, and it is written when the forward leaves its group (below);
-      // after the passes or inside the backward, it goes through staging.
-      const int64_t weight = pinned.count(q) || (p.overlap_update && !in_backward) ? 0 : b;
-      // A tier updated in place moves none of them.
-      const int64_t in = p.in_place ? 0 : moments + (pinned.count(q) ? 0 : b) + weight;
-      const int64_t out = p.in_place ? 0 : moments + weight;
-      if (!pinned.count(q) && !in_backward) own_moving[i] += b;
-      opt_read += in;
-      opt_write += out;
-      const double share = 1.0 / (hi - lo + 1);
+      // Bytes read and written by the update: a moving weight, overlapped with the forward, is
+      // changed in place where the forward's window loads it, and written when the forward
+      // leaves its group (below); after the passes or inside the backward, it goes through
+      // staging. A tier updated in place moves none of them.
+      auto traffic = [&](bool backward) {
+        const int64_t weight = pinned.count(q) || (p.overlap_update && !backward) ? 0 : b;
+        return std::pair<int64_t, int64_t>{
+            p.in_place ? 0 : moments + (pinned.count(q) ? 0 : b) + weight,
+            p.in_place ? 0 : moments + weight};
+      };
       const double compute = p.optimizer_s * p.param_bytes[q] / std::max<int64_t>(all_bytes, 1);
       if (in_backward) {
+        const auto [in, out] = traffic(true);
+        opt_read += in;
+        opt_write += out;
         bwd_in[i] += in / r;
         bwd_out[i] += out / w;
         bwd_compute[i] += compute;
-        continue;
+        // A redone guess's update runs again, from the step's start, as one not guessed.
+        if (!redone) continue;
       }
+      const auto [in, out] = traffic(false);
+      if (!pinned.count(q)) own_moving[i] += b;
+      opt_read += in;
+      opt_write += out;
+      const double share = 1.0 / (hi - lo + 1);
       for (int a = lo; a <= hi; ++a) {
         opt_in[a] += share * in / r;
         opt_out[a] += share * out / w;
@@ -308,12 +328,22 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan) {
     read += load;
     written += write;
   }
-  for (const Deferred& d : in_backward) {
-    if (p.duplex) {
-      reads.fill(d.ready, d.in);
-      writes.fill(d.ready, d.out);
-    } else {
-      reads.fill(d.ready, d.in + d.out);
+  if (redone) {
+    // Speculation is for a tier that reads and writes through one stream (the disk).
+    const double passes_end = cp_free;
+    double left = 0;
+    for (const Deferred& d : in_backward)
+      left += reads.fill_before(d.ready, d.in + d.out, passes_end).second;
+    const double sets = static_cast<double>(kStagingChunks * plan.chunk_bytes);
+    cp_free = std::max(cp_free, reads.fill(passes_end, std::min(left, sets / r + sets / w)));
+  } else {
+    for (const Deferred& d : in_backward) {
+      if (p.duplex) {
+        reads.fill(d.ready, d.in);
+        writes.fill(d.ready, d.out);
+      } else {
+        reads.fill(d.ready, d.in + d.out);
+      }
     }
   }
   plan.compute_s = compute + p.optimizer_s;
@@ -418,6 +448,7 @@ SwapPlan plan_swap(const SwapProblem& p) {
     targets.push_back(room);
   }
   SwapPlan best;
+  Grouping best_grouping;
   bool found = false;
   auto consider = [&](const Grouping& g, int depth, int window) {
     SwapPlan plan = base;
@@ -430,6 +461,7 @@ SwapPlan plan_swap(const SwapProblem& p) {
         (plan.predicted_s <= best.predicted_s * 1.001 && plan.groups.size() < best.groups.size());
     if (better) {
       best = plan;
+      best_grouping = g;
       found = true;
     }
   };
@@ -493,6 +525,17 @@ SwapPlan plan_swap(const SwapProblem& p) {
     }
   }
   if (!found) throw std::logic_error("plan_swap: no plan although one group fits");
+  if (p.speculation != Speculation::kOff && p.update_in_backward) {
+    // The plan is chosen for guesses kept; a clipped step's, or one not guessed, costs more.
+    SwapPlan redone = best;
+    simulate(p, best_grouping, redone, /*redone=*/true);
+    best.redone_s = redone.predicted_s;
+    SwapProblem unguessed = p;
+    unguessed.update_in_backward = false;
+    SwapPlan plain = best;
+    simulate(unguessed, best_grouping, plain);
+    best.unguessed_s = plain.predicted_s;
+  }
   return best;
 }
 
@@ -547,14 +590,21 @@ std::string describe_plan(const SwapPlan& plan, const SwapProblem& p) {
                 b(plan.state_bytes).c_str(), plan.compute_s, plan.io_s, b(plan.read_bytes).c_str(),
                 b(plan.write_bytes).c_str(), plan.predicted_s, 100 * plan.hidden_share());
   out += line;
-  if (plan.speculation != Speculation::kOff)
+  if (plan.speculation != Speculation::kOff) {
     out += std::string("  the update starts inside the backward ") +
            (plan.speculation == Speculation::kAlways
                 ? "every step"
                 : "after a step that was not clipped, where the tier has room") +
            ", into spare rooms in the tier (up to " + b(plan.state_bytes / 4 * 3) +
            " more), kept if the step is not clipped\n";
-  else if (p.update_in_backward)
+    if (plan.redone_s > 0) {
+      std::snprintf(line, sizeof line,
+                    "  predicted %.3f s a step when the guess is kept, %.3f s when it is redone, "
+                    "%.3f s without a guess\n",
+                    plan.predicted_s, plan.redone_s, plan.unguessed_s);
+      out += line;
+    }
+  } else if (p.update_in_backward)
     out += "  the update starts inside the backward (no clipping)\n";
   return out;
 }

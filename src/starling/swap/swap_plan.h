@@ -94,7 +94,10 @@ struct SwapPlan {
   int64_t peak_bytes = 0;  // the largest resident set the plan allows
   double compute_s = 0;    // per step, as if nothing moved
   double io_s = 0;  // per step, the tier's time for what moves (duplex: the longer direction)
-  double predicted_s = 0;                   // per step, loads overlapped with compute
+  double predicted_s = 0;  // per step, loads overlapped with compute
+  // With speculation (and anything swapped): predicted_s is a step whose guess is kept; these
+  // are one whose guess is redone (the step clipped), and one not guessed.
+  double redone_s = 0, unguessed_s = 0;
   int64_t read_bytes = 0, write_bytes = 0;  // per step
 
   // The share of I/O time hidden behind compute, 1 when nothing moves.
