@@ -180,6 +180,9 @@ struct Case {
   // swap.speculative_update ("" = the default, "auto"): with clipping on the disk tier, the
   // update starts inside the backward as a guess, kept or redone.
   const char* speculate = "";
+  // swap.guess_break_even with "auto": "0" guesses after every unclipped step, "0.99" never
+  // (the record's share stays under it), whatever the plan predicts on this machine.
+  const char* break_even = "";
 };
 
 class SwapIdentity : public SwapCliTest, public ::testing::WithParamInterface<Case> {};
@@ -195,7 +198,8 @@ TEST_P(SwapIdentity, SwappedTrainingIsBitIdenticalToUnswapped) {
                            "_" + device +
                            (c.moment_groups >= 0 ? "_m" + std::to_string(c.moment_groups) : "") +
                            (c.clip == 1 ? "" : "_clip" + std::to_string(c.clip)) +
-                           (*c.speculate ? std::string("_") + c.speculate : "");
+                           (*c.speculate ? std::string("_") + c.speculate : "") +
+                           (*c.break_even ? std::string("_") + c.break_even : "");
   const std::string on =
       " --set train.device=" + device +
       (c.moment_groups >= 0 ? " --set swap.moment_groups=" + std::to_string(c.moment_groups) : "") +
@@ -211,7 +215,8 @@ TEST_P(SwapIdentity, SwappedTrainingIsBitIdenticalToUnswapped) {
       run_cli("train --config " + swapped.string() + on + " --set swap.budget=" + budget +
               " --set swap.tier=" + c.tier + " --set swap.dir=" + root_.string() +
               " --set swap.overlap_update=" + (c.overlap ? "true" : "false") +
-              (*c.speculate ? std::string(" --set swap.speculative_update=") + c.speculate : ""));
+              (*c.speculate ? std::string(" --set swap.speculative_update=") + c.speculate : "") +
+              (*c.break_even ? std::string(" --set swap.guess_break_even=") + c.break_even : ""));
   ASSERT_EQ(b.code, 0) << b.output;
 
   // It really swapped, and stayed under the budget.
@@ -244,9 +249,16 @@ TEST_P(SwapIdentity, SwappedTrainingIsBitIdenticalToUnswapped) {
       std::regex("; ([0-9]+) updates begun before their clipping was known, ([0-9]+) "
                  "of them redone"));
   EXPECT_EQ(in_backward, (c.clip == 0 || guessed) && c.overlap && device == "cpu") << b.output;
-  if (std::string(c.tier) != "disk" || c.clip == 0 || std::string(c.speculate) == "off")
+  if (std::string(c.tier) != "disk" || c.clip == 0 || std::string(c.speculate) == "off") {
     EXPECT_FALSE(guessed) << b.output;
-  if (*c.speculate) {
+  }
+  const bool declined =
+      std::regex_search(b.output, std::regex("; [1-9][0-9]* steps after an unclipped one not "
+                                             "guessed \\(break-even share 99%\\)"));
+  EXPECT_EQ(declined, std::string(c.break_even) == "0.99") << b.output;
+  if (declined) {
+    EXPECT_FALSE(guessed) << b.output;
+  } else if (*c.speculate) {
     ASSERT_TRUE(guessed) << b.output;
     const int begun = std::stoi(m[1].str()), redone = std::stoi(m[2].str());
     // "auto" guesses only after an unclipped step, so never in the first.
@@ -286,7 +298,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama-tiny", true, 1, "host", true, "cpu", -1, 0},
                       // Clipping, the update guessed inside the backward: kept or redone.
                       Case{"gpt2-tiny", false, 2, "disk", true, "cpu", -1, 1.6, "always"},
-                      Case{"llama-tiny", true, 1, "disk", true, "cpu", -1, 1.5, "auto"},
+                      Case{"llama-tiny", true, 1, "disk", true, "cpu", -1, 1.5, "auto", "0"},
+                      // "auto" guessing nothing: too few steps kept for its break-even share.
+                      Case{"llama-tiny", true, 1, "disk", true, "cpu", -1, 1.5, "auto", "0.99"},
                       // A GPU's memory with pinned host RAM below it (skipped without a GPU).
                       Case{"gpt2-tiny", false, 2, "host", true, "cuda"},
                       Case{"gpt2-tiny", true, 1, "host", false, "cuda"},
@@ -303,8 +317,10 @@ INSTANTIATE_TEST_SUITE_P(
               : info.param.clip != 1 ? "Clip" + std::to_string(int(info.param.clip * 10))
                                      : "") +
              (std::string(info.param.speculate) == "always" ? "GuessEveryStep"
-              : std::string(info.param.speculate) == "auto" ? "GuessAfterUnclipped"
-                                                            : "");
+              : std::string(info.param.speculate) == "auto"
+                  ? (std::string(info.param.break_even) == "0.99" ? "GuessDeclined"
+                                                                  : "GuessAfterUnclipped")
+                  : "");
     });
 
 // Overlapped with the next forward, the update keeps to the forward's window and changes the
@@ -448,7 +464,7 @@ TEST_F(SwapCliTest, StateLargerThanTheGpuTrainsSwappedAndResumes) {
 TEST_F(SwapCliTest, ResumedSwappedRunMatchesAStraightOne) {
   // Also with every update guessed inside the backward, kept in some steps and redone in others.
   const std::string guessed = " --set optim.grad_clip=1.6 --set swap.speculative_update=always";
-  for (const std::string kept :
+  for (const std::string& kept :
        {std::string(), std::string(" --set swap.moment_groups=1"), guessed}) {
     SCOPED_TRACE(kept.empty()      ? "moments in the tier"
                  : kept == guessed ? "every update guessed"

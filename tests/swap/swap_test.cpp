@@ -287,9 +287,63 @@ TEST(SwapPlan, UpdatesStartedInsideTheBackwardShortenATierBoundForward) {
                 "without a guess",
                 guess.predicted_s, guess.redone_s, guess.unguessed_s);
   EXPECT_NE(describe_plan(guess, p).find(line), std::string::npos) << describe_plan(guess, p);
+  // Guessing pays when the kept share q has q * (unguessed - kept) > (1 - q) * (redone -
+  // unguessed); "auto" says from which share it guesses.
+  EXPECT_NEAR(guess.break_even,
+              (guess.redone_s - guess.unguessed_s) / (guess.redone_s - guess.predicted_s), 1e-12);
+  ASSERT_GT(guess.break_even, 0);
+  ASSERT_LT(guess.break_even, 1);
+  std::snprintf(line, sizeof line, "while more than %.0f%% of the recent steps after one",
+                100 * guess.break_even);
+  EXPECT_NE(describe_plan(guess, p).find(line), std::string::npos) << describe_plan(guess, p);
   // Without a guess there is nothing else to predict.
   EXPECT_EQ(inside.redone_s, 0);
   EXPECT_EQ(describe_plan(inside, p).find("when it is redone"), std::string::npos);
+}
+
+// Where the tier keeps up with the compute, the update is hidden with or without a guess: a kept
+// guess saves nothing, a redone one costs, and "auto" guesses nothing unless told otherwise.
+TEST(SwapPlan, AutoGuessesNothingWhereAKeptGuessSavesLittle) {
+  SwapProblem p = tier_bound_problem();
+  p.read_bps = p.write_bps = 1e12;
+  p.update_in_backward = true;
+  p.speculation = Speculation::kAfterUnclipped;
+  const SwapPlan plan = plan_swap(p);
+  ASSERT_GT(plan.redone_s, 0) << describe_plan(plan, p);
+  EXPECT_LT(plan.unguessed_s - plan.predicted_s, kMinGuessGain * plan.unguessed_s)
+      << describe_plan(plan, p);
+  EXPECT_GE(plan.break_even, 1);
+  EXPECT_NE(describe_plan(plan, p).find("\"auto\" guesses nothing: a kept guess saves under 2%"),
+            std::string::npos)
+      << describe_plan(plan, p);
+  // swap.guess_break_even overrides the planner's share.
+  p.guess_break_even = 0.25;
+  const SwapPlan told = plan_swap(p);
+  EXPECT_EQ(told.break_even, 0.25);
+  EXPECT_NE(describe_plan(told, p).find("more than 25% of the recent steps after one were not "
+                                        "clipped either (swap.guess_break_even)"),
+            std::string::npos)
+      << describe_plan(told, p);
+}
+
+// "auto" counts, over the latest steps after an unclipped one, how many were unclipped too.
+TEST(GuessRecord, GuessesWhileEnoughOfTheLatestStepsWouldHaveKeptTheGuess) {
+  GuessRecord r;
+  EXPECT_DOUBLE_EQ(r.keep_rate(), 0.5);  // nothing counted yet
+  EXPECT_TRUE(r.worth_guessing(0.3));
+  EXPECT_FALSE(r.worth_guessing(0.6));
+  for (int i = 0; i < 3; ++i) r.add(false);
+  EXPECT_DOUBLE_EQ(r.keep_rate(), 1.0 / 5);
+  EXPECT_FALSE(r.worth_guessing(0.3));
+  for (int i = 0; i < GuessRecord::kWindow; ++i) r.add(true);
+  // The old misses have left the window.
+  EXPECT_EQ(r.counted(), GuessRecord::kWindow);
+  EXPECT_EQ(r.kept(), GuessRecord::kWindow);
+  EXPECT_DOUBLE_EQ(r.keep_rate(), (GuessRecord::kWindow + 1.0) / (GuessRecord::kWindow + 2.0));
+  EXPECT_TRUE(r.worth_guessing(0.9));
+  EXPECT_FALSE(r.worth_guessing(1.0));  // a share of 1 or more: never
+  r.add(false);
+  EXPECT_EQ(r.kept(), GuessRecord::kWindow - 1);
 }
 
 // Without staging, the smallest budget is the largest group's weights and gradients alone.

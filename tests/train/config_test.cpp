@@ -377,7 +377,7 @@ std::vector<std::string> all_keys() {
         "join_timeout_s", "collective_timeout_s", "min_peers", "dashboard"}},
       {"swap",
        {"budget", "tier", "dir", "group_nodes", "depth", "moment_groups", "overlap_update",
-        "rows_first", "update_in_backward", "speculative_update"}},
+        "rows_first", "update_in_backward", "speculative_update", "guess_break_even"}},
       {"pipeline",
        {"stages", "profile", "planner", "calibrate_steps", "lab_speeds", "num_stages", "schedule",
         "extra_warmup", "stage", "replicas", "replica", "replacement_wait_s", "compression",

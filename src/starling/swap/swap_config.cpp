@@ -51,12 +51,26 @@ void add_config_keys(SwapConfig& c, config::Keys& k) {
                  "optim.grad_clip and redone otherwise. \"auto\" = after an unclipped "
                  "step, where swap.dir has room; \"always\"; \"off\"",
                  {"auto", "always", "off"}));
+  k.push_back(float_key("swap", "guess_break_even", &c.guess_break_even, -1,
+                        "with swap.speculative_update = \"auto\": guess after an unclipped step "
+                        "while more than this share of the recent steps after one were not "
+                        "clipped either (0 = after every unclipped step, 1 = never); -1 = the "
+                        "planner's break-even, from its predicted steps with a guess kept, "
+                        "redone and none"));
 }
 
 void check(const SwapConfig& c, const std::string& source) {
   if (!c.enabled()) return;
   const int64_t b = parse_bytes(c.budget, source + ": swap.budget");
   if (b <= 0) throw ConfigError(source + ": swap.budget must be more than 0 bytes");
+  if (c.guess_break_even < 0 && c.guess_break_even != -1) {
+    char value[32];
+    std::snprintf(value, sizeof value, "%g", c.guess_break_even);
+    throw ConfigError(source +
+                      ": swap.guess_break_even must be -1 (the planner's) or a share "
+                      "from 0 up, not " +
+                      value);
+  }
 }
 
 int64_t parse_bytes(const std::string& text, const std::string& what) {

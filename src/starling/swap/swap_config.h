@@ -41,6 +41,10 @@ struct SwapConfig {
   // its first guess where swap.dir then has room for them twice over; "always": every step (the
   // room checked at the start); "off".
   std::string speculative_update = "auto";
+  // "auto" guesses after an unclipped step while the share of the recent steps after one that
+  // were not clipped either is above this; -1 = the plan's break-even (swap_plan.h), from its
+  // predictions for a guess kept, a guess redone and no guess.
+  double guess_break_even = -1;
 
   bool enabled() const { return !budget.empty(); }
 };

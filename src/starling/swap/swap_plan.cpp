@@ -363,6 +363,19 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan, bool redo
 
 }  // namespace
 
+void GuessRecord::add(bool kept) {
+  kept_.push_back(kept);
+  if (kept_.size() > kWindow) kept_.erase(kept_.begin());
+}
+
+int GuessRecord::kept() const {
+  return static_cast<int>(std::count(kept_.begin(), kept_.end(), true));
+}
+
+double GuessRecord::keep_rate() const {
+  return (kept() + 1.0) / (static_cast<double>(kept_.size()) + 2.0);
+}
+
 double SwapPlan::hidden_share() const {
   if (io_s <= 0) return 1;
   return std::clamp(1 - (predicted_s - compute_s) / io_s, 0.0, 1.0);
@@ -535,6 +548,13 @@ SwapPlan plan_swap(const SwapProblem& p) {
     SwapPlan plain = best;
     simulate(unguessed, best_grouping, plain);
     best.unguessed_s = plain.predicted_s;
+    // A guess kept saves (unguessed - kept), one redone costs (redone - unguessed): guessing
+    // pays when the kept share q has q * save > (1 - q) * cost.
+    const double save = best.unguessed_s - best.predicted_s;
+    const double cost = std::max(0.0, best.redone_s - best.unguessed_s);
+    best.break_even = p.guess_break_even >= 0                   ? p.guess_break_even
+                      : save < kMinGuessGain * best.unguessed_s ? 2.0
+                                                                : cost / (save + cost);
   }
   return best;
 }
@@ -603,6 +623,23 @@ std::string describe_plan(const SwapPlan& plan, const SwapProblem& p) {
                     "%.3f s without a guess\n",
                     plan.predicted_s, plan.redone_s, plan.unguessed_s);
       out += line;
+      if (plan.speculation == Speculation::kAfterUnclipped) {
+        if (plan.break_even >= 1 && p.guess_break_even >= 0)
+          std::snprintf(line, sizeof line,
+                        "  \"auto\" guesses nothing: swap.guess_break_even is 1 or more\n");
+        else if (plan.break_even >= 1)
+          std::snprintf(line, sizeof line,
+                        "  \"auto\" guesses nothing: a kept guess saves under %.0f%% of a step "
+                        "without one\n",
+                        100 * kMinGuessGain);
+        else
+          std::snprintf(line, sizeof line,
+                        "  \"auto\" guesses after an unclipped step while more than %.0f%% of the "
+                        "recent steps after one were not clipped either%s\n",
+                        100 * plan.break_even,
+                        p.guess_break_even >= 0 ? " (swap.guess_break_even)" : "");
+        out += line;
+      }
     }
   } else if (p.update_in_backward)
     out += "  the update starts inside the backward (no clipping)\n";

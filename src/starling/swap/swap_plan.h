@@ -38,8 +38,31 @@ inline constexpr int kStagingChunks = kStagingSets * 4;
 // four times as many rows is updated rows first (swapper.h), a smaller one whole.
 inline bool rows_go_first(int64_t table_rows, int64_t tokens) { return table_rows >= 4 * tokens; }
 
-// swap.speculative_update (swapper.h): never, after a step that was not clipped, or every step.
+// swap.speculative_update (swapper.h): never, after a step that was not clipped ("auto": while
+// guesses there pay, GuessRecord below), or every step.
 enum class Speculation : uint8_t { kOff, kAfterUnclipped, kAlways };
+
+// A kept guess must save at least this share of a step without one for "auto" to guess at all:
+// the plan's predictions are not finer than that, and a redone guess costs more than it saves.
+inline constexpr double kMinGuessGain = 0.02;
+
+// "auto"'s record of the steps that followed an unclipped step: whether each was unclipped too,
+// so that a guess there was (or would have been) kept. Every such step counts, guessed or not:
+// the norm is known at the update either way.
+class GuessRecord {
+ public:
+  static constexpr int kWindow = 16;  // the latest steps counted: the norm drifts as training goes
+  void add(bool kept);
+  // (kept + 1) / (counted + 2): a half before anything is counted, never exactly 0 or 1.
+  double keep_rate() const;
+  // Guessing pays when more guesses are kept than the plan's break-even share.
+  bool worth_guessing(double break_even) const { return keep_rate() > break_even; }
+  int counted() const { return static_cast<int>(kept_.size()); }
+  int kept() const;
+
+ private:
+  std::vector<bool> kept_;  // oldest first, at most kWindow
+};
 
 struct NodeCost {
   std::string name;
@@ -63,13 +86,14 @@ struct SwapProblem {
   Speculation speculation = Speculation::kOff;
   std::string tier = "disk";
   int64_t budget = 0;
-  int64_t micro_batches = 1;   // per optimizer step (train.grad_accum)
-  int64_t group_nodes = 0;     // > 0: fixed grouping (swap.group_nodes)
-  int depth = -1;              // >= 0: fixed prefetch depth (swap.depth)
-  int moment_groups = -1;      // >= 0: groups keeping their moments (swap.moment_groups)
-  bool overlap_update = true;  // swap.overlap_update
-  bool rows_first = true;      // swap.rows_first, on a CPU (swapper.h)
-  int64_t lookup_tokens = 0;   // tokens of a micro-batch (train.batch_size x model.seq_len)
+  int64_t micro_batches = 1;     // per optimizer step (train.grad_accum)
+  int64_t group_nodes = 0;       // > 0: fixed grouping (swap.group_nodes)
+  int depth = -1;                // >= 0: fixed prefetch depth (swap.depth)
+  int moment_groups = -1;        // >= 0: groups keeping their moments (swap.moment_groups)
+  bool overlap_update = true;    // swap.overlap_update
+  bool rows_first = true;        // swap.rows_first, on a CPU (swapper.h)
+  int64_t lookup_tokens = 0;     // tokens of a micro-batch (train.batch_size x model.seq_len)
+  double guess_break_even = -1;  // >= 0: fixed (swap.guess_break_even); -1: from the predictions
 };
 
 struct SwapGroup {
@@ -98,6 +122,10 @@ struct SwapPlan {
   // With speculation (and anything swapped): predicted_s is a step whose guess is kept; these
   // are one whose guess is redone (the step clipped), and one not guessed.
   double redone_s = 0, unguessed_s = 0;
+  // With speculation: the share of guesses that must be kept for guessing to beat not guessing,
+  // (redone - unguessed) / (redone - kept); above 1 (never) when a kept guess saves less than
+  // kMinGuessGain of a step without one (a step bound by compute hides its update anyway).
+  double break_even = 0;
   int64_t read_bytes = 0, write_bytes = 0;  // per step
 
   // The share of I/O time hidden behind compute, 1 when nothing moves.

@@ -82,6 +82,7 @@ SwapProblem problem_for(const train::RunConfig& c, graph::OpDag& dag, const std:
   p.update_in_backward =
       in_backward && (c.optim.grad_clip == 0 || speculation != Speculation::kOff);
   p.speculation = speculation;
+  p.guess_break_even = c.swap.guess_break_even;
   p.rows_first = c.swap.rows_first && device.is_cpu();
   measure_tier(p, c.swap.tier, tier_dir(c), probe_bytes(state), device);
   return p;
@@ -178,6 +179,15 @@ class SwapStepRunner final : public train::StepRunner {
                                     " updates begun before their clipping was known, " +
                                     std::to_string(st.redone) + " of them redone (clipped)"
                               : std::string()) +
+           (st.declined > 0
+                ? "; " + std::to_string(st.declined) +
+                      " steps after an unclipped one not guessed (" +
+                      (swapper_->plan().break_even >= 1
+                           ? std::string("a guess does not pay here: swap plan above")
+                           : "break-even share " +
+                                 train::fmt("%.0f%%", 100 * swapper_->plan().break_even)) +
+                      ")"
+                : std::string()) +
            (st.speculation_off.empty() ? std::string() : "; " + st.speculation_off) + ")" +
            (st.exchange_s > 0
                 ? ", exchanges " + train::fmt("%.2f s", st.exchange_s) + " (waiting for the tier " +

@@ -558,9 +558,12 @@ void Swapper::quiet_pump() {
 }
 
 void Swapper::expect_update(double lr, double max_norm) {
-  const bool speculate = max_norm > 0 && can_speculate_ &&
-                         (plan_.speculation == Speculation::kAlways || last_unclipped_) &&
-                         reserve_spare_rooms();
+  bool worth = plan_.speculation == Speculation::kAlways;
+  if (!worth && max_norm > 0 && can_speculate_ && last_unclipped_) {
+    worth = guesses_.worth_guessing(plan_.break_even);
+    if (!worth) ++stats_.declined;
+  }
+  const bool speculate = max_norm > 0 && can_speculate_ && worth && reserve_spare_rooms();
   expected_ = (max_norm == 0 || speculate) && device_.is_cpu() && !plan_.everything_resident &&
               plan_.overlap_update;
   expected_lr_ = lr;
@@ -706,7 +709,11 @@ at::Tensor Swapper::update(double lr, double max_norm) {
   if (max_norm > 0) {
     coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
     // (The host reads it only on a CPU, where it is computed already.)
-    if (can_speculate_) last_unclipped_ = coef.item<float>() == 1.0f;
+    if (can_speculate_) {
+      const bool unclipped = coef.item<float>() == 1.0f;
+      if (last_unclipped_) guesses_.add(unclipped);  // a guess here is (or would be) kept
+      last_unclipped_ = unclipped;
+    }
   }
   bool redone = false;
   if (started && speculating_) {

@@ -31,11 +31,12 @@
 // With clipping, that is a guess: the clipping coefficient is known only once every gradient
 // is. A step that expect_update() announces with a limit on the disk tier may guess that the
 // norm stays under it (swap.speculative_update: every step, or after a step that was not
-// clipped). Its chunks then run inside the backward as above, but write the new weights and
-// moments to spare rooms in the tier, leaving the old ones untouched. update() knows the norm: a
-// coefficient of exactly 1 (multiplying by it changes no bit) keeps the new values, the spare rooms
-// becoming the parameters' rooms; any other drops them and runs the update again, clipped, from
-// the old ones. Either way the results are those of unswapped training.
+// clipped while such guesses have paid lately: GuessRecord against the plan's break-even). Its
+// chunks then run inside the backward as above, but write the new weights and moments to spare
+// rooms in the tier, leaving the old ones untouched. update() knows the norm: a coefficient of
+// exactly 1 (multiplying by it changes no bit) keeps the new values, the spare rooms becoming the
+// parameters' rooms; any other drops them and runs the update again, clipped, from the old ones.
+// Either way the results are those of unswapped training.
 //
 // A step is: begin_step(n), then per micro-batch begin_micro_batch(m) + the executor's forward and
 // backward + end_pass(), optionally visit_gradients() (an exchange with other replicas), then
@@ -91,6 +92,9 @@ struct SwapStats {
   // run again because the step was clipped; why none was begun where the plan allowed it.
   int64_t speculated = 0, redone = 0;
   std::string speculation_off;
+  // Steps after an unclipped one that "auto" did not guess: too few guesses kept lately
+  // (GuessRecord, against the plan's break-even).
+  int64_t declined = 0;
   // Exchanges of the gradients with other replicas (visit_gradients), the network's time included.
   double exchange_s = 0, exchange_wait_s = 0;
 };
@@ -274,6 +278,7 @@ class Swapper final : public graph::NodeObserver {
   // through, possibly in the next step), and whether the last step's norm was under its limit.
   bool can_speculate_ = false, spares_reserved_ = false, speculating_ = false;
   bool last_unclipped_ = false;
+  GuessRecord guesses_;  // "auto": how often an unclipped step was followed by another
   std::vector<std::array<uint64_t, 3>> spare_;
   std::vector<bool> has_spare_, spec_, kept_;
   double update_lr_ = 0;
