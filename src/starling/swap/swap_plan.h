@@ -43,7 +43,8 @@ inline bool rows_go_first(int64_t table_rows, int64_t tokens) { return table_row
 enum class Speculation : uint8_t { kOff, kAfterUnclipped, kAlways };
 
 // A kept guess must save at least this share of a step without one for "auto" to guess at all:
-// the plan's predictions are not finer than that, and a redone guess costs more than it saves.
+// the plan's predictions are not finer than that, and a guess costs spare rooms on disk and,
+// when redone, time.
 inline constexpr double kMinGuessGain = 0.02;
 
 // "auto"'s record of the steps that followed an unclipped step: whether each was unclipped too,
