@@ -121,6 +121,17 @@ endif()
 # libtorch's headers cost ~15 s per translation unit on these machines; one precompiled header
 # shared by every torch target brings that to a couple of seconds.
 target_precompile_headers(starling PRIVATE src/starling/common/torch_pch.h)
+# Each translation unit still instantiates and compiles the libtorch templates it uses, about
+# ten seconds of the ~15 most of these files take. Compiled eight to a batch (CMake's unity
+# builds) that work is done once per batch: the torch targets build in less than half the time
+# on two cores. A change to one file recompiles its batch; -DSTARLING_UNITY_BUILD=OFF compiles
+# every file alone. The lighter targets gain nothing from batches and compile file by file.
+option(STARLING_UNITY_BUILD "Compile the libtorch targets' sources in batches" ON)
+function(starling_unity_build target)
+  set_target_properties(${target} PROPERTIES UNITY_BUILD ${STARLING_UNITY_BUILD}
+                                             UNITY_BUILD_BATCH_SIZE 8)
+endfunction()
+starling_unity_build(starling)
 
 add_executable(starling_cli
   src/starling/cli/main.cpp
@@ -139,6 +150,7 @@ add_executable(starling_cli
   src/starling/cli/plan_command.cpp
 )
 set_target_properties(starling_cli PROPERTIES OUTPUT_NAME starling)
+starling_unity_build(starling_cli)
 target_link_libraries(starling_cli PRIVATE starling starling_netlab CLI11::CLI11)
 
 add_executable(starling_tests
@@ -168,6 +180,7 @@ add_executable(starling_tests
 )
 target_link_libraries(starling_tests PRIVATE starling starling_netlab GTest::gtest_main)
 target_precompile_headers(starling_tests REUSE_FROM starling)
+starling_unity_build(starling_tests)
 target_compile_definitions(starling_tests PRIVATE
   STARLING_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
   STARLING_CLI_PATH="$<TARGET_FILE:starling_cli>"

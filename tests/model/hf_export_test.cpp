@@ -17,6 +17,7 @@
 #include <random>
 
 #include "../cli/run_cli.h"
+#include "../support/python_oracle.h"
 #include "starling/common/error.h"
 #include "starling/common/safetensors.h"
 #include "starling/graph/executor.h"
@@ -28,19 +29,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool python_has_torch() {
-  static const bool ok = std::system(STARLING_PYTHON " -c 'import torch' >/dev/null 2>&1") == 0;
-  return ok;
-}
+using testing::python_has_torch;
 
-struct Case {
+struct ExportCase {
   const char* name;
   const char* preset;
   int64_t n_kv_head;
   bool tied;
 };
 
-model::ModelConfig config_of(const Case& c) {
+model::ModelConfig config_of(const ExportCase& c) {
   auto m = model::preset(c.preset);
   m.n_layer = 2;
   m.d_model = 64;
@@ -61,7 +59,7 @@ std::unique_ptr<graph::OpDag> perturbed_model(const model::ModelConfig& m, uint6
   return dag;
 }
 
-class HfExport : public ::testing::TestWithParam<Case> {
+class HfExport : public ::testing::TestWithParam<ExportCase> {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("starling-hf-export-" + std::string(GetParam().name) + "-" +
@@ -123,9 +121,9 @@ TEST_P(HfExport, ImportingTheExportGivesBackEveryParameterBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, HfExport,
-                         ::testing::Values(Case{"gpt2", "gpt2-tiny", 0, true},
-                                           Case{"llama_gqa", "llama-tiny", 2, false},
-                                           Case{"llama_tied", "llama-tiny", 0, true}),
+                         ::testing::Values(ExportCase{"gpt2", "gpt2-tiny", 0, true},
+                                           ExportCase{"llama_gqa", "llama-tiny", 2, false},
+                                           ExportCase{"llama_tied", "llama-tiny", 0, true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // The wrong architecture or an untied head for a file names the tensor that does not fit.

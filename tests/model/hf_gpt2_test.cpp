@@ -17,6 +17,7 @@
 #include <sstream>
 #include <string>
 
+#include "../support/python_oracle.h"
 #include "starling/common/error.h"
 #include "starling/common/safetensors.h"
 #include "starling/graph/executor.h"
@@ -28,18 +29,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr double kLossTol = 1e-5;
-
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  return out + "'";
-}
-
-bool python_has_torch() {
-  static const bool ok = std::system(STARLING_PYTHON " -c 'import torch' >/dev/null 2>&1") == 0;
-  return ok;
-}
+using testing::kLossTol;
+using testing::python_has_torch;
+using testing::read_text;
+using testing::shell_quote;
 
 // The fixture's shape: --n-layer 2 --n-head 4 --d-model 64 --vocab-size 256 --n-positions 32.
 model::ModelConfig fixture_config(int64_t seq_len = 32) {
@@ -54,13 +47,6 @@ model::ModelConfig fixture_config(int64_t seq_len = 32) {
   c.norm_eps = 1e-5;
   c.tie_embeddings = true;
   return c;
-}
-
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 constexpr const char* kFixtureArgs =

@@ -18,6 +18,8 @@
 #include <sstream>
 #include <string>
 
+#include "../data/test_util.h"
+#include "../support/python_oracle.h"
 #include "starling/common/safetensors.h"
 #include "starling/graph/executor.h"
 #include "starling/model/build.h"
@@ -27,49 +29,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr double kLossTol = 1e-5;
+using data::testing::TempDir;
+using testing::kLossTol;
+using testing::python_has_torch;
+using testing::read_text;
+using testing::shell_quote;
+
 constexpr double kGradRtol = 1e-4, kGradAtol = 1e-6;
-
-// A fresh directory under the system temp dir, removed with its contents on destruction.
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    path_ = fs::temp_directory_path() / ("starling-oracle-test-" + std::to_string(::getpid()) +
-                                         "-" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-
- private:
-  fs::path path_;
-};
-
-// Single-quoted for /bin/sh: temp paths are ours, but a quote in TMPDIR must not break the call.
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  return out + "'";
-}
-
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-bool python_has_torch() {
-  static const bool ok = std::system(STARLING_PYTHON " -c 'import torch' >/dev/null 2>&1") == 0;
-  return ok;
-}
 
 // The fields oracle_grads.py requires: ModelConfig's, by the names config.h gives them.
 nlohmann::json config_json(const model::ModelConfig& c) {
