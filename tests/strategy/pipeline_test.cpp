@@ -1334,8 +1334,11 @@ TEST_F(PipelineRunTest, AReplacementTakesOverADeadStageFromItsCounterpart) {
   const fs::path cfg = config("replace", "gpt2-tiny", 2, false);
   const fs::path run = root_ / "run_replace";
   const fs::path log = root_ / "replace.log";
+  // 1500 steps: the healthy replica trains on for some 15 s after the kill on a fast machine
+  // (about 100 steps a second), three times what the replacement takes to be admitted there;
+  // on a slow one both take proportionally longer.
   const std::string settings =
-      " --set pipeline.num_stages=2 --set strategy.kind=ddp --set train.steps=3000 --set "
+      " --set pipeline.num_stages=2 --set strategy.kind=ddp --set train.steps=1500 --set "
       "train.log_every=10 --set train.eval_every=0 --set train.checkpoint_every=1000 --set "
       "net.peer_timeout_ms=2000 --set pipeline.replacement_wait_s=120";
   const pid_t launcher = launch("--config " + cfg.string() + " --peers 4" + settings, log);
@@ -1385,7 +1388,7 @@ TEST_F(PipelineRunTest, AReplacementTakesOverADeadStageFromItsCounterpart) {
   // Every stage of both replicas finished, and the replicas hold the same weights.
   for (const int s : {0, 1}) {
     const auto path = [&](int peer) {
-      return run / ("peer-" + std::to_string(peer)) / "checkpoints" / "step_00003000" /
+      return run / ("peer-" + std::to_string(peer)) / "checkpoints" / "step_00001500" /
              "model.safetensors";
     };
     ASSERT_TRUE(fs::exists(path(s)) && fs::exists(path(s + 2)))
