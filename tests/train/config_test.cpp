@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "starling/common/error.h"
+#include "starling/train/metrics.h"
 #include "starling/train/schedule.h"
 
 namespace starling::train {
@@ -429,6 +430,12 @@ OptimConfig optim(const char* schedule) {
   o.warmup_steps = 10;
   o.schedule = schedule;
   return o;
+}
+
+TEST(Fmt, FormatsLinesOfAnyLength) {
+  EXPECT_EQ(fmt("%.1f MB", 12.34), "12.3 MB");
+  const std::string tail(300, 'x');
+  EXPECT_EQ(fmt(("peak %.2f GiB " + tail).c_str(), 1.5), "peak 1.50 GiB " + tail);
 }
 
 TEST(LearningRate, LinearWarmupToPeak) {

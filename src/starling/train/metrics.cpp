@@ -85,8 +85,13 @@ std::string format_duration(double seconds) {
 
 std::string fmt(const char* format, double value) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, format, value);
-  return buf;
+  const int n = std::snprintf(buf, sizeof buf, format, value);
+  if (n < 0) return std::string();
+  if (static_cast<size_t>(n) < sizeof buf) return std::string(buf, static_cast<size_t>(n));
+  // A longer line (a sentence around the number): formatted again at its full length.
+  std::string out(static_cast<size_t>(n), '\0');
+  std::snprintf(out.data(), out.size() + 1, format, value);
+  return out;
 }
 
 double now_s() {

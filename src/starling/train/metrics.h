@@ -43,7 +43,7 @@ class ProgressLine {
 // "1h02m", "3m05s", "12s".
 std::string format_duration(double seconds);
 
-// printf-style formatting of one number, for progress lines: fmt("%.1f MB", 12.34).
+// printf-style formatting of one number, for progress lines: fmt("%.1f MB", 12.34). Any length.
 std::string fmt(const char* format, double value);
 
 // Seconds on the monotonic clock, for measuring intervals.
