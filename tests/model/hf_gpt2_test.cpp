@@ -17,6 +17,7 @@
 #include <sstream>
 #include <string>
 
+#include "../cli/run_files.h"
 #include "../support/python_oracle.h"
 #include "starling/common/error.h"
 #include "starling/common/safetensors.h"
@@ -31,7 +32,7 @@ namespace fs = std::filesystem;
 
 using testing::kLossTol;
 using testing::python_has_torch;
-using testing::read_text;
+using testing::read_file;
 using testing::shell_quote;
 
 // The fixture's shape: --n-layer 2 --n-head 4 --d-model 64 --vocab-size 256 --n-positions 32.
@@ -60,7 +61,7 @@ constexpr const char* kFixtureArgs =
 fs::path fixture_dir(bool* no_torch, std::string* log) {
   const fs::path script = fs::path(STARLING_SOURCE_DIR) / "python" / "hf_gpt2_fixture.py";
   const std::string key =
-      read_text(script) + read_text(script.parent_path() / "safetensors_lite.py") + kFixtureArgs;
+      read_file(script) + read_file(script.parent_path() / "safetensors_lite.py") + kFixtureArgs;
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016zx", std::hash<std::string>{}(key));
   const fs::path cache = fs::path(STARLING_CLI_PATH).parent_path() / "test-fixtures";
@@ -74,7 +75,7 @@ fs::path fixture_dir(bool* no_torch, std::string* log) {
                           shell_quote(tmp.string()) + kFixtureArgs + " > " +
                           shell_quote(log_file.string()) + " 2>&1";
   const int status = std::system(cmd.c_str());
-  *log = read_text(log_file);
+  *log = read_file(log_file);
   std::error_code ec;
   fs::remove(log_file, ec);
   if (status != 0 || !fs::exists(tmp / "expected.safetensors")) {

@@ -18,6 +18,7 @@
 #include <sstream>
 #include <string>
 
+#include "../cli/run_files.h"
 #include "../data/test_util.h"
 #include "../support/python_oracle.h"
 #include "starling/common/safetensors.h"
@@ -32,7 +33,7 @@ namespace fs = std::filesystem;
 using data::testing::TempDir;
 using testing::kLossTol;
 using testing::python_has_torch;
-using testing::read_text;
+using testing::read_file;
 using testing::shell_quote;
 
 constexpr double kGradRtol = 1e-4, kGradAtol = 1e-6;
@@ -115,7 +116,7 @@ OracleRun run_oracle(const model::ModelConfig& c) {
                           shell_quote(dir / "config.json") + " --out " +
                           shell_quote(dir / "oracle.safetensors") + " 2> " +
                           shell_quote(dir / "oracle.log");
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd << "\n" << read_text(dir / "oracle.log");
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd << "\n" << read_file(dir / "oracle.log");
   r.oracle = read_safetensors(dir / "oracle.safetensors");
   return r;
 }

@@ -1,12 +1,10 @@
 // Helpers shared by the tests that compare Starling's model math with PyTorch's (Debian's
-// python3-torch, run through STARLING_PYTHON): whether that Python has torch, quoting for the
-// shell that runs it, and reading back what it wrote.
+// python3-torch, run through STARLING_PYTHON): whether that Python has torch, and quoting for the
+// shell that runs it. What it wrote is read back with testing::read_file (../cli/run_files.h).
 #pragma once
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 namespace starling::testing {
@@ -19,13 +17,6 @@ inline std::string shell_quote(const std::string& s) {
   std::string out = "'";
   for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
   return out + "'";
-}
-
-inline std::string read_text(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // Tests that need the oracle skip without it; asked once per process.
