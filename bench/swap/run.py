@@ -92,9 +92,13 @@ def children(pid):
 
 
 def steady(metrics_path):
-    """The median tokens/s of every step but the first (which profiles and warms up)."""
+    """The median tokens/s of every step but the first (which profiles and warms up), and the
+    range of those steps' times as a share of their median: how much the machine itself drifted
+    within the run, the scale against which a prediction's error can be read."""
     rows = [json.loads(l) for l in open(metrics_path) if '"tokens_per_s"' in l]
-    return statistics.median(r["tokens_per_s"] for r in rows if r["step"] > 1)
+    rates = [r["tokens_per_s"] for r in rows if r["step"] > 1]
+    times = [1 / r for r in rates]
+    return statistics.median(rates), (max(times) - min(times)) / statistics.median(times)
 
 
 def main():
@@ -146,6 +150,7 @@ def main():
         return {"tokens_per_s": statistics.median(x["tokens_per_s"] for x in results),
                 "ratio": statistics.median(ratios) if ratios else None,
                 "step_s": statistics.median(x["step_s"] for x in results),
+                "spread": statistics.median(x["spread"] for x in results),
                 "rss_mb": statistics.median(x["rss_mb"] for x in results),
                 "steady_rss_mb": statistics.median(x["steady_rss_mb"] for x in results),
                 "cache_mb": statistics.median(x["cache_mb"] for x in results),
@@ -170,7 +175,8 @@ def main():
     if gpu:
         print(f"unswapped: device memory peak over the steps {base['device_gb']:.2f} GiB "
               f"(activations included)")
-    print(f"unswapped: {base['tokens_per_s']:.0f} tokens/s, {base['step_s']:.2f} s/step, "
+    print(f"unswapped: {base['tokens_per_s']:.0f} tokens/s, {base['step_s']:.2f} s/step "
+          f"(steady steps' range {base['spread']:.0%} of their median), "
           f"RSS over the steps {base['steady_rss_mb']:.0f} MB (peak of the run "
           f"{base['rss_mb']:.0f} MB), page cache grown by {base['cache_mb']:.0f} MB")
     if write_bw:
@@ -181,13 +187,15 @@ def main():
           "can be")
     print("opt: seconds per step in the optimizer (AdamW streamed through the tier; swapped, most of it"
           " overlaps the next step's forward)")
+    print("range: the steady steps' slowest minus fastest time, as a share of their median (the "
+          "machine's own drift within a run, against which the prediction's error can be read)")
     print("RSS: peak over the steady steps (the whole run's peak, with model construction and "
           "the final checkpoint, in brackets); cache: page-cache growth over the steps")
     if gpu:
         print("dev GiB: device memory peak over the steps (the budget's state, activations, "
               "autocast's copies)")
     print(f"{'tier':5} {'budget':>10} {'tokens/s':>9} {'ratio':>6} {'s/step':>7} "
-          f"{'limit':>6} {'predicted':>9} {'opt':>5} {'RSS MB':>14} {'cache MB':>8}"
+          f"{'limit':>6} {'predicted':>9} {'range':>5} {'opt':>5} {'RSS MB':>14} {'cache MB':>8}"
           + (f" {'dev GiB':>7}" if gpu else ""))
     for tier in args.tiers:
         for f in args.fractions:
@@ -210,7 +218,7 @@ def main():
                 io_s = 0
             limit = max(base["step_s"], io_s)
             print(f"{tier:5} {f:>9.0%} {res['tokens_per_s']:>9.0f} {ratio:>6.2f} "
-                  f"{res['step_s']:>7.2f} {limit:>6.2f} {pred:>9} {res['optimizer_s']:>5.2f} {rss:>14} "
+                  f"{res['step_s']:>7.2f} {limit:>6.2f} {pred:>9} {res['spread']:>5.0%} {res['optimizer_s']:>5.2f} {rss:>14} "
                   f"{res['cache_mb']:>8.0f}" + (f" {res['device_gb']:>7.2f}" if gpu else ""))
     if plain_runs:
         print(f"unswapped runs paired with the rows: median "
@@ -262,7 +270,7 @@ def run_one(args, out_dir, sets):
         if m:
             return {"refused": m.group(1)}
         sys.exit(f"starling train failed:\n{text}")
-    tokens_per_s = steady(os.path.join(out_dir, "metrics.jsonl"))
+    tokens_per_s, spread = steady(os.path.join(out_dir, "metrics.jsonl"))
     step_s = args.batch * args.seq_len / tokens_per_s
     subprocess.run(["rm", "-rf", out_dir])
     scale = {"B": 1e-9, "KB": 1e-6, "MB": 1e-3, "GB": 1.0}
@@ -285,10 +293,10 @@ def run_one(args, out_dir, sets):
     maxrss = re.search(r"maxrss_kb (\d+)", text)
     device_peak = re.search(r"device memory peak over the steps ([0-9.]+) GiB", text)
     # The planner's own measurement of the tier: "tier host (read 25.1 GB/s, write 24.0 GB/s)",
-    # with ", at once" where loads and stores overlap (pinned RAM below a GPU).
-    bw = re.search(r"\(read ([0-9.]+) (B|KB|MB|GB)/s, write ([0-9.]+) (B|KB|MB|GB)/s(?:, at once)?\)",
+    # with ", at once" where loads and stores overlap (pinned RAM below a GPU), or how it copies.
+    bw = re.search(r"\(read ([0-9.]+) (B|KB|MB|GB)/s, write ([0-9.]+) (B|KB|MB|GB)/s(?:, [a-z ]+)?\)",
                    text)
-    return {"tokens_per_s": tokens_per_s, "step_s": step_s,
+    return {"tokens_per_s": tokens_per_s, "step_s": step_s, "spread": spread,
             "rss_mb": int(maxrss.group(1)) / 1024 if maxrss else 0.0,
             "steady_rss_mb": steady_rss_kb / 1024,
             "cache_mb": grown_mb,

@@ -936,7 +936,9 @@ void split_and_heal(const fs::path& root, const fs::path& config, int minority,
     EXPECT_EQ(dropped[i], dropped[0]) << "peer " << i << "\n" << logs;
   for (int i = kPeers - minority; i < kPeers; ++i)
     EXPECT_NE(dropped[i], dropped[0]) << "peer " << i << " is on the other side\n" << logs;
-  if (minority * 2 < kPeers) EXPECT_TRUE(dropped[kPeers - 1]) << logs;
+  if (minority * 2 < kPeers) {
+    EXPECT_TRUE(dropped[kPeers - 1]) << logs;
+  }
 }
 
 // 3 + 1, for longer than ten timeouts, with ddp: the lone peer, waiting for no one, takes

@@ -277,11 +277,12 @@ TEST(PipelineAutoPeer, ReportsBecomeTheSwarmsCostTable) {
 TEST(AutoPipeline, RepricedAtMeasuredSpeedsKeepsItsPlaces) {
   starling::sched::CostTable t;
   for (int i = 0; i < 8; ++i)
-    t.nodes.push_back({.name = "n" + std::to_string(i),
+    t.nodes.push_back({.name = std::string("n").append(std::to_string(i)),
                        .compute_s = 0.1,
                        .param_bytes = 4000,
                        .cut_bytes = 1000});
-  for (int d = 0; d < 4; ++d) t.devices.push_back({.name = "d" + std::to_string(d), .speed = 1});
+  for (int d = 0; d < 4; ++d)
+    t.devices.push_back({.name = std::string("d").append(std::to_string(d)), .speed = 1});
   t.links.assign(4, std::vector<starling::sched::LinkCost>(4, {.bytes_per_s = 1e9}));
   t.micro_batches = 4;
   starling::train::RunConfig config;
@@ -330,8 +331,10 @@ TEST(AutoPipeline, RepricedAtMeasuredSpeedsKeepsItsPlaces) {
 TEST(PlanTrials, AMovedPlanIsTriedAndTheFasterTriedOneKept) {
   starling::sched::CostTable t;
   for (int i = 0; i < 8; ++i)
-    t.nodes.push_back({.name = "n" + std::to_string(i), .compute_s = 0.1, .cut_bytes = 1000});
-  for (int d = 0; d < 2; ++d) t.devices.push_back({.name = "d" + std::to_string(d), .speed = 1});
+    t.nodes.push_back(
+        {.name = std::string("n").append(std::to_string(i)), .compute_s = 0.1, .cut_bytes = 1000});
+  for (int d = 0; d < 2; ++d)
+    t.devices.push_back({.name = std::string("d").append(std::to_string(d)), .speed = 1});
   t.links.assign(2, std::vector<starling::sched::LinkCost>(2, {.bytes_per_s = 1e9}));
   t.micro_batches = 4;
   starling::train::RunConfig config;

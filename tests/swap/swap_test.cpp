@@ -253,6 +253,39 @@ TEST(SwapPlan, ATierUpdatedInPlaceMovesNoOptimizerState) {
   EXPECT_NE(describe_plan(in_place, p).find("no staging"), std::string::npos);
 }
 
+// Host RAM below a CPU whose threads fill its cores: the copies take the cores from the
+// computation, so a plan's step is its compute plus every copy, nothing hidden, and the planner
+// moves fewer bytes for it than where the copies overlap.
+TEST(SwapPlan, CopiesMadeByTheComputesCoresAddToItsTime) {
+  SwapProblem p = model_problem(12, 4 << 20, 4 << 20);
+  for (auto& n : p.nodes) n.forward_s *= 10, n.backward_s *= 10;  // loads would hide
+  p.read_bps = p.write_bps = 1e9;
+  p.tier = "host";
+  p.in_place = true;
+  p.budget = training_state(p) * 4 / 10;
+  const SwapPlan overlapped = plan_swap(p);
+  ASSERT_GT(overlapped.io_s, 0) << describe_plan(overlapped, p);
+  EXPECT_GT(overlapped.hidden_share(), 0.5) << describe_plan(overlapped, p);  // but the first load
+  p.copies_take_compute = true;
+  const SwapPlan serial = plan_swap(p);
+  ASSERT_GT(serial.io_s, 0) << describe_plan(serial, p);
+  EXPECT_NEAR(serial.predicted_s, serial.compute_s + serial.io_s, 1e-9) << describe_plan(serial, p);
+  EXPECT_NEAR(serial.hidden_share(), 0, 1e-9);
+  EXPECT_LE(serial.read_bytes + serial.write_bytes, overlapped.read_bytes + overlapped.write_bytes)
+      << describe_plan(serial, p) << describe_plan(overlapped, p);
+  EXPECT_NE(describe_plan(serial, p).find("copied by the cores that compute"), std::string::npos);
+  // The same grouping's step, copies overlapped, is the shorter one.
+  SwapProblem fixed = p;
+  fixed.group_nodes = 2;
+  fixed.depth = 1;
+  const SwapPlan fixed_serial = plan_swap(fixed);
+  fixed.copies_take_compute = false;
+  const SwapPlan fixed_overlapped = plan_swap(fixed);
+  ASSERT_EQ(fixed_serial.read_bytes, fixed_overlapped.read_bytes);
+  EXPECT_GT(fixed_serial.predicted_s, fixed_overlapped.predicted_s + 0.5 * fixed_serial.io_s)
+      << describe_plan(fixed_serial, fixed) << describe_plan(fixed_overlapped, fixed);
+}
+
 // Without clipping, the update of every group but the first starts inside the backward, whose
 // longer passes leave the tier idle time, instead of inside the next forward: a step whose
 // forward is tier-bound, though the whole step has room for its transfers, is shorter.

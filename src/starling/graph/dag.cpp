@@ -62,10 +62,14 @@ std::string OpDag::describe(int64_t batch, int64_t seq_len) const {
     std::string ins, shape;
     for (const auto& s : n.inputs) {
       if (!ins.empty()) ins += ",";
-      ins += s.kind == Source::Kind::kNode ? "#" + std::to_string(s.index) : graph_inputs_[s.index];
+      // Appended piece by piece: GCC 12 warns falsely on "#" + std::string (-Wstringop-overflow).
+      if (s.kind == Source::Kind::kNode)
+        ins.append("#").append(std::to_string(s.index));
+      else
+        ins += graph_inputs_[s.index];
     }
     for (auto d : n.op->output_shape(batch, seq_len))
-      shape += (shape.empty() ? "[" : "x") + std::to_string(d);
+      shape.append(shape.empty() ? "[" : "x").append(std::to_string(d));
     shape += shape.empty() ? "[]" : "]";
     std::snprintf(line, sizeof line, "%-4d %-18s %-10s %-22s %-18s %12.3f %12.3f\n", i,
                   n.name.c_str(), n.op->kind().c_str(), ins.c_str(), shape.c_str(),

@@ -33,6 +33,7 @@ class HostTier final : public Tier {
   // The same RAM as a CPU's compute memory: the optimizer updates its rooms in place.
   char* in_place(uint64_t key) override { return buffers_.at(key); }
   std::string describe() const override { return "host RAM"; }
+  bool copies_on_cpu() const override { return true; }
   int64_t reserved_bytes() const override { return reserved_; }
 
  private:

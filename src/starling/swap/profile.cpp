@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "starling/common/cpu_runtime.h"
 #include "starling/common/device.h"
 #include "starling/graph/dag.h"
 #include "starling/graph/executor.h"
@@ -148,6 +149,9 @@ void measure_tier(SwapProblem& p, const std::string& kind, const std::filesystem
   p.read_bps = pass(false);
   p.tier = kind;
   p.duplex = tier->duplex();
+  // A computation whose threads leave a core free could copy there; one that fills them cannot.
+  p.copies_take_compute =
+      tier->copies_on_cpu() && device.is_cpu() && at::get_num_threads() >= physical_cores();
   p.in_place = tier->in_place(key) != nullptr;
 }
 

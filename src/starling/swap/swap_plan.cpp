@@ -196,6 +196,8 @@ std::pair<int, int> rows_spread(const SwapProblem& p, const Grouping& g, int q, 
 // gradients are written after its backward. The previous step's optimizer update is deferred
 // into this step's first forward: the I/O stream starts with it, in the order the forward reads
 // the parameters, and each group computes only once its own parameters' update is through.
+// Copies made by the cores that compute (p.copies_take_compute) are no stream of their own: each
+// lengthens the task it serves.
 //
 // `redone`: the updates begun inside the backward as a guess (p.speculation) are redone, the step
 // clipped: the guess's chunks take the tier's idle time until the backward ends, those in flight
@@ -294,7 +296,9 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan, bool redo
       // group's once the forward has entered the group `depth` before it (the window's reach).
       const double reach =
           t.group > plan.depth ? std::max(update_done, begin[k - plan.depth]) : update_done;
-      if (p.duplex) {
+      if (p.copies_take_compute) {
+        c += opt_in[t.group] + opt_out[t.group];
+      } else if (p.duplex) {
         const double in = reads.fill(reach, opt_in[t.group]);
         update_done = std::max(in, writes.fill(reach, opt_out[t.group]));
       } else {
@@ -305,6 +309,7 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan, bool redo
     }
     const bool final_backward = t.backward && t.micro == p.micro_batches - 1;
     if (final_backward) c += bwd_compute[t.group];  // AdamW between the backward's operators
+    if (final_backward && p.copies_take_compute) c += bwd_in[t.group] + bwd_out[t.group];
     // Still resident when it ran within the last depth + 1 tasks.
     bool recent = false;
     for (size_t j = k >= static_cast<size_t>(plan.depth + 1) ? k - plan.depth - 1 : 0; j < k; ++j)
@@ -318,12 +323,17 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan, bool redo
     }
     const double window_open =
         k >= static_cast<size_t>(plan.depth + 1) ? end[k - plan.depth - 1] : 0;
-    if (load > 0) ready = std::max(ready, reads.place(window_open, load / r));
+    if (p.copies_take_compute) {
+      // The cores that compute make the copies too: each takes its length from the passes.
+      c += load / r + write / w;
+    } else {
+      if (load > 0) ready = std::max(ready, reads.place(window_open, load / r));
+    }
     begin[k] = std::max(cp_free, ready);
     end[k] = begin[k] + c;
     cp_free = end[k];
-    if (write > 0) writes.place(end[k], write / w);
-    if (final_backward && bwd_in[t.group] + bwd_out[t.group] > 0)
+    if (write > 0 && !p.copies_take_compute) writes.place(end[k], write / w);
+    if (final_backward && !p.copies_take_compute && bwd_in[t.group] + bwd_out[t.group] > 0)
       in_backward.push_back({end[k], bwd_in[t.group], bwd_out[t.group]});
     read += load;
     written += write;
@@ -357,7 +367,8 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan, bool redo
     double opt_in_s = 0, opt_out_s = 0;
     for (int i = 0; i < G; ++i) opt_in_s += opt_in[i], opt_out_s += opt_out[i];
     const double opt_s = p.duplex ? std::max(opt_in_s, opt_out_s) : opt_in_s + opt_out_s;
-    plan.predicted_s += std::max(p.optimizer_s, opt_s);
+    plan.predicted_s +=
+        p.copies_take_compute ? p.optimizer_s + opt_s : std::max(p.optimizer_s, opt_s);
   }
 }
 
@@ -568,7 +579,10 @@ std::string describe_plan(const SwapPlan& plan, const SwapProblem& p) {
                 "write %s/s%s)\n",
                 b(plan.budget).c_str(), b(plan.state_bytes).c_str(),
                 100.0 * plan.budget / plan.state_bytes, p.tier.c_str(), b(p.read_bps).c_str(),
-                b(p.write_bps).c_str(), p.duplex ? ", at once" : "");
+                b(p.write_bps).c_str(),
+                p.duplex                ? ", at once"
+                : p.copies_take_compute ? ", copied by the cores that compute"
+                                        : "");
   out += line;
   if (plan.everything_resident) {
     std::snprintf(line, sizeof line, "  the whole state fits: nothing is swapped; step %.3f s\n",

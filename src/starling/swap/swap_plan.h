@@ -80,6 +80,10 @@ struct SwapProblem {
   double read_bps = 0, write_bps = 0;  // the tier's measured bandwidth
   bool duplex = false;                 // reads and writes run at once, each at its bandwidth
   bool in_place = false;  // the optimizer updates tier-held operands where they lie (tier.h)
+  // The tier's copies run on the cores the computation fills (host RAM below a CPU whose threads
+  // take every core; tier.h, copies_on_cpu): a copy stalls the computation's parallel regions
+  // for its length, so it adds to the compute stream instead of overlapping it.
+  bool copies_take_compute = false;
   // Each parameter's update starts inside the last backward once its gradient is final, but for
   // the first group's and a spread table's (no clipping; swapper.h, expect_update).
   bool update_in_backward = false;

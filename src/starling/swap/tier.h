@@ -56,6 +56,10 @@ class Tier {
   // Whether reads and writes proceed at once, each at its own bandwidth (DMA engines each way),
   // rather than sharing one channel; the planner's time model follows it.
   virtual bool duplex() const { return false; }
+  // Whether the CPU's own cores make the copies (memcpy by a thread) rather than a DMA engine:
+  // below a computation on the same cores, every copy takes time from it (the planner adds the
+  // copies to the compute instead of overlapping them).
+  virtual bool copies_on_cpu() const { return false; }
   virtual int64_t reserved_bytes() const = 0;
   // Bytes the tier could still reserve, or -1 when it cannot tell (memory).
   virtual int64_t free_bytes() const { return -1; }
