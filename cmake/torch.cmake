@@ -48,6 +48,7 @@ add_library(starling STATIC
   src/starling/strategy/flat.cpp
   src/starling/strategy/staging.cpp
   src/starling/strategy/state_tensors.cpp
+  src/starling/strategy/state_stream.cpp
   src/starling/strategy/data_redeal.cpp
   src/starling/strategy/swarm_strategy.cpp
   src/starling/strategy/robust_aggregate.cpp
@@ -171,6 +172,7 @@ add_executable(starling_tests
   tests/strategy/data_redeal_test.cpp
   tests/strategy/progress_board_test.cpp
   tests/strategy/robust_aggregate_test.cpp
+  tests/strategy/state_stream_test.cpp
   tests/strategy/pipeline_test.cpp
   tests/train/precision_test.cpp
   tests/train/cuda_test.cpp

@@ -582,43 +582,77 @@ TEST_F(SwarmCliTest, SwappedPeersTrainLikeUnswappedOnes) {
 
 // A swapped peer joins a running swarm of swapped atom peers: the running ones bring their whole
 // state in for the transfer and write the adopted values back to their tiers.
+// The joiner's state comes in pieces (strategy.transfer_piece), a tensor at a time: the sender
+// reads its evicted tensors from its tier, the joiner writes them into its own, and the peer
+// that already holds the sender's state keeps it. When the sender dies midway (the joiner then
+// holds part of its state), the next agreement sends the whole state again from the other peer.
 TEST_F(SwarmCliTest, SwappedSwarmTakesAJoiner) {
-  write_config("swap_join", "kind = \"atom\"\ntarget_batch = 16", 120, 20);
-  fs::create_directories(run_dir("swap_join"));
-  const auto log = [&](int i) { return run_dir("swap_join") / ("p" + std::to_string(i) + ".log"); };
-  const auto extra = as_argv(swapped());
-  std::vector<Process> peers;
-  peers.emplace_back(peer_argv("swap_join", 0, 3, "", 2, extra), log(0).string());
-  auto listening = wait_event(
-      peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
-  ASSERT_TRUE(listening);
-  const std::string entry = (*listening)["endpoint"];
-  peers.emplace_back(peer_argv("swap_join", 1, 3, entry, 2, extra), log(1).string());
-  ASSERT_TRUE(wait_event(
-      peers[1], [](const json& j) { return j["event"] == "step" && j["step"] >= 20; }, 60s))
-      << read_file(log(1));
-  peers.emplace_back(peer_argv("swap_join", 2, 3, entry, 1, extra), log(2).string());
-  for (int i = 0; i < 3; ++i) {
-    auto done = wait_event(
-        peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
-    ASSERT_TRUE(done) << "peer " << i << ": " << read_file(log(i));
-    EXPECT_EQ((*done)["net"]["peers"], 3);
-    // The last step's exchange went through: the swarm trains on after the join.
-    EXPECT_GE((*done)["net"]["swarm_samples"].get<double>(), 16) << read_file(log(i));
+  for (const bool sender_dies : {false, true}) {
+    SCOPED_TRACE(sender_dies ? "the sender dies midway" : "a whole transfer");
+    const std::string name = sender_dies ? "swap_join_torn" : "swap_join";
+    write_config(name, "kind = \"atom\"\ntarget_batch = 16\ntransfer_piece = \"16KB\"", 120, 20);
+    fs::create_directories(run_dir(name));
+    const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+    const auto extra = as_argv(swapped());
+    std::vector<Process> peers;
+    std::vector<std::string> first = peer_argv(name, 0, 3, "", 2, extra);
+    // Peer 0, the longest-standing, sends both transfers (to peer 1 at the start, to the joiner).
+    if (sender_dies)
+      first.insert(first.begin(), {"/usr/bin/env", "STARLING_FAULT_DIE_IN_TRANSFER=2:3"});
+    peers.emplace_back(first, log(0).string());
+    auto listening = wait_event(
+        peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
+    ASSERT_TRUE(listening);
+    const std::string entry = (*listening)["endpoint"];
+    peers.emplace_back(peer_argv(name, 1, 3, entry, 2, extra), log(1).string());
+    ASSERT_TRUE(wait_event(
+        peers[1], [](const json& j) { return j["event"] == "step" && j["step"] >= 20; }, 60s))
+        << read_file(log(1));
+    peers.emplace_back(peer_argv(name, 2, 3, entry, 1, extra), log(2).string());
+    for (int i = sender_dies ? 1 : 0; i < 3; ++i) {
+      auto done = wait_event(
+          peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
+      ASSERT_TRUE(done) << "peer " << i << ": " << read_file(log(i));
+      EXPECT_EQ((*done)["net"]["peers"], sender_dies ? 2 : 3);
+      // The last step's exchange went through: the swarm trains on after the join.
+      EXPECT_GE((*done)["net"]["swarm_samples"].get<double>(), 16) << read_file(log(i));
+    }
+    const std::string joiner = read_file(log(2));
+    EXPECT_NE(joiner.find("adopting the swarm's state"), std::string::npos) << joiner;
+    const std::regex adopted(
+        "state transfer: adopted ([0-9.]+) (KB|MB) of \\1 \\2 in ([0-9]+) of \\3 piece\\(s\\)");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(joiner, m, adopted)) << joiner;
+    EXPECT_GT(std::stoi(m[3]), 4) << m[0];
+    const std::string size = m[1].str() + " " + m[2].str();
+    const std::string whole = size + " of " + size + " in " + m[3].str() + " of";
+    const std::string old = read_file(log(0)) + read_file(log(1));
+    // The joiner's state came from one of the others while the other kept its own (the same
+    // state), each in as many pieces; after the break, from peer 1.
+    EXPECT_NE(old.find("state transfer: sent " + whole), std::string::npos) << old;
+    if (sender_dies) {
+      EXPECT_NE(old.find("fault injection: dying after 3 piece(s)"), std::string::npos) << old;
+      EXPECT_NE(read_file(log(1)).find("state transfer: sent " + whole), std::string::npos)
+          << read_file(log(1));
+    } else {
+      EXPECT_NE(old.find("state transfer: received (this peer's own kept) " + whole),
+                std::string::npos)
+          << old;
+      // One transfer repairs the step the join interrupted; not one per step from then on.
+      const std::string first_log = read_file(log(0));
+      size_t transfers = 0;
+      for (size_t at = first_log.find("adopting"); at != std::string::npos;
+           at = first_log.find("adopting", at + 1))
+        ++transfers;
+      EXPECT_LE(transfers, 3u) << first_log;
+    }
+    const std::string model = final_model(run_dir(name) / "peer-1", 120);
+    ASSERT_FALSE(model.empty());
+    if (!sender_dies) {
+      EXPECT_TRUE(final_model(run_dir(name) / "peer-0", 120) == model);
+    }
+    EXPECT_TRUE(final_model(run_dir(name) / "peer-2", 120) == model);
   }
-  EXPECT_NE(read_file(log(2)).find("adopting the swarm's state"), std::string::npos)
-      << read_file(log(2));
-  // One transfer repairs the step the join interrupted; not one per step from then on.
-  const std::string first = read_file(log(0));
-  size_t transfers = 0;
-  for (size_t at = first.find("adopting"); at != std::string::npos;
-       at = first.find("adopting", at + 1))
-    ++transfers;
-  EXPECT_LE(transfers, 3u) << first;
-  const std::string model = final_model(run_dir("swap_join") / "peer-0", 120);
-  ASSERT_FALSE(model.empty());
-  EXPECT_TRUE(final_model(run_dir("swap_join") / "peer-1", 120) == model);
-  EXPECT_TRUE(final_model(run_dir("swap_join") / "peer-2", 120) == model);
 }
 
 TEST_F(SwarmCliTest, SwappedAtomSurvivesAKilledPeer) {

@@ -70,41 +70,18 @@ bool Ddp::step_done(train::Replica&, bool) {
   return true;
 }
 
-namespace {
-
-// The AdamW moments of the parameters `flat` covers, in its order: every first moment, then every
-// second. The tensors share the optimizer's storage.
-std::vector<at::Tensor> moments(train::Replica& r, const Flat& flat) {
-  std::unordered_map<std::string, at::Tensor> state;
-  for (auto& [name, t] : r.optimizer.state()) state.emplace(name, t);
+std::vector<at::Tensor> Ddp::state_tensors(train::Replica& r) {
+  // The weights, then every first moment, then every second, in flat_'s order: the tensors
+  // themselves, which a swapping runner recognizes (StepRunner::read_state, write_state).
+  std::unordered_map<std::string, at::Tensor> moments;
+  for (auto& [name, t] : r.optimizer.state()) moments.emplace(name, t);
   std::vector<at::Tensor> out;
+  const auto& params = r.params.params();
+  for (const int i : flat_->indices()) out.push_back(params[static_cast<size_t>(i)].value);
   for (const char* prefix : {"exp_avg.", "exp_avg_sq."})
-    for (const int i : flat.indices())
-      out.push_back(state.at(prefix + r.params.params()[static_cast<size_t>(i)].name));
+    for (const int i : flat_->indices())
+      out.push_back(moments.at(prefix + params[static_cast<size_t>(i)].name));
   return out;
-}
-
-}  // namespace
-
-void Ddp::pack_state(train::Replica& r, at::Tensor& out) {
-  const int64_t n = flat_->numel();
-  at::Tensor part = out.narrow(0, 0, n);
-  flat_->gather(part);
-  int64_t offset = n;
-  for (const at::Tensor& t : moments(r, *flat_)) {
-    out.narrow(0, offset, t.numel()).copy_(t.reshape({t.numel()}));
-    offset += t.numel();
-  }
-}
-
-void Ddp::unpack_state(train::Replica& r, const at::Tensor& in) {
-  const int64_t n = flat_->numel();
-  flat_->scatter(in.narrow(0, 0, n));
-  int64_t offset = n;
-  for (at::Tensor& t : moments(r, *flat_)) {
-    t.copy_(in.narrow(0, offset, t.numel()).view(t.sizes()));
-    offset += t.numel();
-  }
 }
 
 nlohmann::json Ddp::checkpoint_state(std::vector<std::pair<std::string, at::Tensor>>&) {

@@ -21,9 +21,7 @@ class Ddp : public SwarmStrategy {
 
  protected:
   void allocate(train::Replica& r) override;
-  int64_t state_numel() const override { return 3 * flat_->numel(); }
-  void pack_state(train::Replica& r, at::Tensor& out) override;
-  void unpack_state(train::Replica& r, const at::Tensor& in) override;
+  std::vector<at::Tensor> state_tensors(train::Replica& r) override;
   void restore(train::Replica&, const nlohmann::json&, const SafetensorsFile&) override {}
 
  protected:

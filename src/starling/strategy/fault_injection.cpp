@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "starling/common/error.h"
@@ -46,6 +47,21 @@ void UpdatePoison::apply(at::Tensor& update) const {
     update.fill_(std::numeric_limits<float>::quiet_NaN());
   else
     update.mul_(scale);
+}
+
+std::optional<TransferDeath> die_in_transfer_from_env() {
+  const char* v = std::getenv("STARLING_FAULT_DIE_IN_TRANSFER");
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  TransferDeath d;
+  char* colon = nullptr;
+  char* end = nullptr;
+  d.transfer = std::strtoll(v, &colon, 10);
+  if (colon != v && *colon == ':' && colon[1] != '\0') d.pieces = std::strtoll(colon + 1, &end, 10);
+  if (end == nullptr || end != v + std::strlen(v) || d.transfer < 1 || d.pieces < 0)
+    throw ConfigError(std::string("STARLING_FAULT_DIE_IN_TRANSFER = \"") + v +
+                      "\": expected N:K, the N-th transfer this peer sends (from 1) and the "
+                      "pieces it sends before it dies (0 or more)");
+  return d;
 }
 
 }  // namespace starling::strategy

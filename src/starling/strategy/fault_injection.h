@@ -7,6 +7,9 @@
 //                                   (a sender that skips it: the others reject it and name it)
 //   STARLING_FAULT_POISON=nan:own   NaN in every round update before this peer's own check (a
 //                                   fault in its computation: it withholds the update itself)
+//   STARLING_FAULT_DIE_IN_TRANSFER=N:K   in the N-th state transfer this peer sends to others
+//                                   (from 1), it kills itself (SIGKILL) after K pieces, so its
+//                                   receivers hold part of its state
 //
 // Unset (the normal case), nothing changes. A malformed value is a ConfigError naming it, raised
 // before the peer joins anyone (strategy::check_peer). Torch-free but for apply().
@@ -32,5 +35,14 @@ struct UpdatePoison {
   std::string describe() const;  // "scaled by -10", "NaN", "NaN from its own computation"
   void apply(at::Tensor& update) const;
 };
+
+struct TransferDeath {
+  long long transfer = 1;  // the transfer this peer sends to others, counted from 1
+  long long pieces = 0;    // the pieces it sends before it dies
+};
+
+// STARLING_FAULT_DIE_IN_TRANSFER; nullopt when unset or empty. ConfigError naming the value
+// unless it is "N:K" with whole numbers N >= 1 and K >= 0.
+std::optional<TransferDeath> die_in_transfer_from_env();
 
 }  // namespace starling::strategy

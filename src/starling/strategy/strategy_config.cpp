@@ -5,6 +5,7 @@
 #include "starling/common/error.h"
 #include "starling/config/config_keys.h"
 #include "starling/strategy/fault_injection.h"
+#include "starling/swap/swap_config.h"
 
 namespace starling::strategy {
 
@@ -94,6 +95,16 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
                        "so a departed peer's share is still read and none is read twice (ddp, "
                        "localsgd, diloco, co2; atom's peers read at their own pace and keep "
                        "their shares); false: each peer keeps the share it started with"));
+  k.push_back(string_key("strategy", "transfer_piece", &st.transfer_piece,
+                         "the largest piece of a state transfer (a joiner adopting the swarm's "
+                         "weights and AdamW moments), such as \"64MB\" (at least 4KB): each "
+                         "piece is read and written a tensor at a time, so no peer holds the "
+                         "state twice and a swapped replica's stays in its tier; the sending "
+                         "peer's setting holds"));
+}
+
+int64_t transfer_piece_bytes(const StrategyConfig& c) {
+  return swap::parse_bytes(c.transfer_piece, "strategy.transfer_piece");
 }
 
 int64_t co2_overlap_steps(const StrategyConfig& c, bool pipeline_stage) {
@@ -103,6 +114,9 @@ int64_t co2_overlap_steps(const StrategyConfig& c, bool pipeline_stage) {
 }
 
 void check(const StrategyConfig& c, const std::string& source) {
+  if (swap::parse_bytes(c.transfer_piece, source + ": strategy.transfer_piece") < 4096)
+    throw ConfigError(source + ": strategy.transfer_piece (\"" + c.transfer_piece +
+                      "\") must be at least 4KB");
   if (c.outer_momentum >= 1) throw ConfigError(source + ": strategy.outer_momentum must be < 1");
   if (c.overlap_steps > c.local_steps)
     throw ConfigError(source + ": strategy.overlap_steps (" + std::to_string(c.overlap_steps) +
@@ -132,6 +146,7 @@ void check_peer(const StrategyConfig& c, bool swapped, const std::string& net_ba
                     "not with ") +
         (swapped ? "swap.budget" : "strategy.zero"));
   UpdatePoison::from_env();  // a malformed STARLING_FAULT_POISON is refused here, not mid-run
+  die_in_transfer_from_env();
   // The robust aggregate gathers whole updates in host memory, on Starling's swarm (whose rings
   // are ordered by peer id); atom's updates are sums weighted by unequal sample counts, and co2's
   // overlap the next round in a ring.

@@ -49,7 +49,14 @@ struct StrategyConfig {
   // windows are dealt again among the peers present, so a departed peer's share is still read
   // (ddp, localsgd, diloco, co2; data/loader.h). false: each peer keeps the share it started with.
   bool redeal_data = true;
+  // A state transfer (a joiner adopting the swarm's state) travels in pieces of at most this
+  // many bytes, each read and written a tensor at a time, so no peer holds the whole state twice
+  // and a swapped replica's state stays in its tier. The root's setting holds for a transfer.
+  std::string transfer_piece = "64MB";
 };
+
+// strategy.transfer_piece in bytes (checked by check()).
+int64_t transfer_piece_bytes(const StrategyConfig& c);
 
 // co2's overlap_steps in effect: the configured value, or for -1 on rounds of at least 8 steps of
 // a whole model without zero, -1 again: adaptive, chosen each round from how long the exchanges

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <csignal>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -14,12 +15,15 @@
 #include "starling/net/crc32c.h"
 #include "starling/strategy/data_redeal.h"
 #include "starling/strategy/robust_aggregate.h"
+#include "starling/strategy/state_stream.h"
+#include "starling/swap/swap_config.h"
 #include "starling/train/metrics.h"
 #include "starling/train/step_runner.h"
 
 namespace starling::strategy {
 namespace {
 
+using train::fmt;
 using train::now_s;
 
 // Steps and versions travel as floats: split into two exact 20-bit halves.
@@ -57,10 +61,15 @@ SwarmStrategy::SwarmStrategy(const train::RunConfig& config, net::Collectives& n
     : config_(config),
       net_(net),
       precision_(parse_precision(config.strategy.precision)),
-      poison_(UpdatePoison::from_env()) {
+      poison_(UpdatePoison::from_env()),
+      die_in_transfer_(die_in_transfer_from_env()) {
   if (poison_)
     log("fault injection: every round update this peer sends is " + poison_->describe() +
         " (STARLING_FAULT_POISON)");
+  if (die_in_transfer_)
+    log("fault injection: this peer dies after sending " +
+        std::to_string(die_in_transfer_->pieces) + " piece(s) of state transfer " +
+        std::to_string(die_in_transfer_->transfer) + " (STARLING_FAULT_DIE_IN_TRANSFER)");
 }
 
 c10::Device SwarmStrategy::net_device() const {
@@ -286,6 +295,94 @@ std::optional<net::PeerId> SwarmStrategy::choose_root(const train::Replica& r, c
   return net_.longest_standing(best);
 }
 
+int64_t SwarmStrategy::state_numel() const {
+  throw std::logic_error("a strategy lists its state tensors or packs its state itself");
+}
+void SwarmStrategy::pack_state(train::Replica&, at::Tensor&) { state_numel(); }
+void SwarmStrategy::unpack_state(train::Replica&, const at::Tensor&) { state_numel(); }
+
+bool SwarmStrategy::transfer_state(train::Replica& r, const Agreement& a, net::PeerId root,
+                                   int64_t piece_numel, bool keep_own) {
+  const bool sending = root == net_.self();
+  // A peer alone in the round (one that starts first, or the last left) sends to no one: reading
+  // its whole state (from its tier, when swapped) would be for nothing.
+  if (sending && a.ring.size() == 1) return true;
+  net::CollectiveOptions o = options(net::WirePrecision::fp32);
+  o.root = root;
+  std::vector<at::Tensor> tensors = state_tensors(r);
+  if (tensors.empty()) {
+    at::Tensor state =
+        at::zeros({state_numel()}, at::TensorOptions().dtype(at::kFloat).device(net_device()));
+    if (sending) pack_state(r, state);
+    if (!wait(net_.broadcast(as_span(state), o), "state transfer", &a.ring)) return false;
+    unpack_state(r, state);
+    return true;
+  }
+  StateStream stream(std::move(tensors), piece_numel);
+  at::Tensor buffer = at::empty({std::min(stream.piece_numel(), stream.numel())},
+                                at::TensorOptions().dtype(at::kFloat).device(net_device()));
+  const auto read = [&r](const at::Tensor& t) {
+    return r.runner != nullptr ? r.runner->read_state(t) : t;
+  };
+  bool wrote = false;  // some of this peer's own state is the root's now
+  const auto write = [&r, &wrote](const at::Tensor& t, const at::Tensor& values) {
+    wrote = true;
+    if (r.runner != nullptr) {
+      r.runner->write_state(t, values);
+    } else {
+      at::NoGradGuard no_grad;
+      t.copy_(values);
+    }
+  };
+  const bool writing = !sending && !keep_own;
+  if (sending) ++transfers_sent_;
+  const double total = static_cast<double>(stream.numel()) * sizeof(float);
+  const double t0 = now_s();
+  double reported = t0;
+  int64_t done = 0;  // pieces through
+  // A long transfer (a large model, a slow link) says how far it got every half minute.
+  const auto progress = [&](const char* verb) {
+    const double moved =
+        std::min(total, static_cast<double>(done) * static_cast<double>(stream.piece_numel()) *
+                            sizeof(float));
+    const double s = now_s() - t0;
+    return std::string("state transfer: ") + verb + " " + swap::format_bytes(moved) + " of " +
+           swap::format_bytes(total) + " in " + std::to_string(done) + " of " +
+           std::to_string(stream.pieces()) + " piece(s), " + fmt("%.1f", s) + " s (" +
+           swap::format_bytes(s > 0 ? moved / s : 0) + "/s)";
+  };
+  const char* verb = sending ? "sent" : writing ? "adopted" : "received (this peer's own kept)";
+  for (int64_t k = 0; k < stream.pieces(); ++k) {
+    at::Tensor part = buffer.narrow(0, 0, stream.numel_of(k));
+    if (sending && die_in_transfer_ && die_in_transfer_->transfer == transfers_sent_ &&
+        die_in_transfer_->pieces == k) {
+      log("fault injection: dying after " + std::to_string(k) + " piece(s) of the transfer");
+      std::raise(SIGKILL);
+    }
+    if (sending) stream.read_next(part, read);
+    if (!wait(net_.broadcast(as_span(part), o), "state transfer", &a.ring)) {
+      if (wrote && holds_state_) {
+        // Part of this peer's own state is now the root's: it holds neither, so it no longer
+        // votes for its history nor may be chosen to send it.
+        holds_state_ = false;
+        log("the state transfer broke off after " + std::to_string(k) + " of " +
+            std::to_string(stream.pieces()) +
+            " pieces: this peer's state is partly the root's, so it counts as holding none "
+            "until a transfer completes");
+      }
+      return false;
+    }
+    if (writing) stream.write_next(part, write);
+    ++done;
+    if (now_s() - reported >= 30 && k + 1 < stream.pieces()) {
+      reported = now_s();
+      log(progress(verb));
+    }
+  }
+  log(progress(verb));
+  return true;
+}
+
 data::TokenLoader* SwarmStrategy::dealt_loader(train::Replica& r) const {
   if (!config_.strategy.redeal_data || !lockstep_data() || r.runner == nullptr) return nullptr;
   return r.runner->dealt_loader();
@@ -393,32 +490,31 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
       need_state_ = true;
       continue;
     }
-    // A swapping runner keeps weights and moments in its tier: all of them come in for the
-    // transfer (as for a checkpoint), and go back out with the adopted values.
-    if (r.runner != nullptr) r.runner->gather();
-    at::Tensor state = at::zeros({kHeader + state_numel()},
-                                 at::TensorOptions().dtype(at::kFloat).device(net_device()));
     at::Tensor header = at::zeros({kHeader}, at::kFloat);
+    const int64_t piece_numel = std::max<int64_t>(
+        1, transfer_piece_bytes(config_.strategy) / static_cast<int64_t>(sizeof(float)));
     if (*root == net_.self()) {
-      put_int(header.data_ptr<float>(), r.step);
-      put_int(header.data_ptr<float>() + 2, version_);
-      put_int(header.data_ptr<float>() + 4, work_);
-      put_lineage(header.data_ptr<float>() + 6, lineage_);
-      state.narrow(0, 0, kHeader).copy_(header);
-      at::Tensor body = state.narrow(0, kHeader, state_numel());  // a view: packed in place
-      pack_state(r, body);
+      float* h = header.data_ptr<float>();
+      put_int(h, r.step);
+      put_int(h + 2, version_);
+      put_int(h + 4, work_);
+      put_lineage(h + 6, lineage_);
+      put_int(h + 8, piece_numel);
     }
+    at::Tensor sent = header.to(net_device());
     net::CollectiveOptions o = options(net::WirePrecision::fp32);
     o.root = *root;
-    if (!wait(net_.broadcast(as_span(state), o), "state transfer", &a.ring)) {
+    if (!wait(net_.broadcast(as_span(sent), o), "state transfer", &a.ring)) {
       need_state_ = true;
       continue;
     }
-    header.copy_(state.narrow(0, 0, kHeader));
-    const int64_t root_step = get_int(header.data_ptr<float>());
-    const int64_t root_version = get_int(header.data_ptr<float>() + 2);
-    const int64_t root_work = get_int(header.data_ptr<float>() + 4);
-    const uint32_t root_lineage = get_lineage(header.data_ptr<float>() + 6);
+    if (!sent.is_same(header)) header.copy_(sent);
+    const float* h = header.data_ptr<float>();
+    const int64_t root_step = get_int(h);
+    const int64_t root_version = get_int(h + 2);
+    const int64_t root_work = get_int(h + 4);
+    const uint32_t root_lineage = get_lineage(h + 6);
+    const int64_t root_piece = get_int(h + 8);
     // Progress counts only if it was made from the same shared state the root holds.
     const bool same_history = lineage_ == root_lineage;
     a.contribute = !need_state_ && same_history && version_ == root_version && r.step == root_step;
@@ -435,6 +531,12 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
                                "participants, then with more training, wins, so this peer's own "
                                "progress apart from it is dropped"
                          : ""));
+    // The root's state is this peer's exactly when it has the same history, round and step
+    // (collectives give every peer the same bits), so such a peer keeps its own.
+    if (!transfer_state(r, a, *root, root_piece, a.contribute)) {
+      need_state_ = true;
+      continue;
+    }
     const bool moved = r.step != root_step;
     r.step = root_step;
     r.optimizer.set_steps(root_step);
@@ -442,11 +544,7 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     work_ = root_work;
     lineage_ = root_lineage;
     holds_state_ = true;
-    unpack_state(r, state.narrow(0, kHeader, state_numel()));
-    if (r.runner != nullptr) {
-      r.runner->state_replaced();
-      if (moved) r.runner->align(root_step);
-    }
+    if (r.runner != nullptr && moved) r.runner->align(root_step);
     need_state_ = false;
     a.synced = true;
     // Agree on who contributes: one more tiny sum.

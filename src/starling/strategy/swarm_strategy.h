@@ -77,11 +77,18 @@ class SwarmStrategy : public train::StepHooks {
  protected:
   // Allocates the strategy's buffers for the model (flat_ is set); called once, in start().
   virtual void allocate(train::Replica& r) = 0;
-  // The shared state a joiner adopts, as one float vector: state_numel() elements that
-  // pack_state() writes on the root and unpack_state() reads on every peer.
-  virtual int64_t state_numel() const = 0;
-  virtual void pack_state(train::Replica& r, at::Tensor& out) = 0;
-  virtual void unpack_state(train::Replica& r, const at::Tensor& in) = 0;
+  // The shared state a joiner adopts, as the tensors that hold it (in their order; sharing the
+  // replica's and optimizer's storage): the transfer streams them in pieces of
+  // strategy.transfer_piece (state_stream.h), reading and writing through the step runner, so
+  // a swapped replica's state stays in its tier. A peer whose state is the root's already
+  // (same history, round and step) writes nothing. Empty (the default): the state is one float
+  // vector of state_numel() elements, which pack_state() writes on the root and unpack_state()
+  // reads on every peer (strategies whose state lies in their own buffers, beside an unswapped
+  // replica); those three are then overridden.
+  virtual std::vector<at::Tensor> state_tensors(train::Replica&) { return {}; }
+  virtual int64_t state_numel() const;
+  virtual void pack_state(train::Replica& r, at::Tensor& out);
+  virtual void unpack_state(train::Replica& r, const at::Tensor& in);
   // Whether this peer holds the previous round's average (co2 only).
   virtual bool has_previous() const { return false; }
   // Restores strategy tensors from a checkpoint (the strategy's own "strategy." names).
@@ -178,14 +185,22 @@ class SwarmStrategy : public train::StepHooks {
   // The peer whose shared state a transfer sends (an all-gather of every participant's round,
   // step and need of state); nullopt (logged) if that exchange failed.
   std::optional<net::PeerId> choose_root(const train::Replica& r, const Agreement& a);
+  // The root's state after the header: `piece_numel` elements at a time (state_tensors), or as
+  // one vector. `keep_own`: this peer's state is the root's already and stays as it is. False
+  // (logged) if the transfer failed; a peer that had written part of a state of its own by then
+  // holds neither its own nor the root's (holds_state_ turns false).
+  bool transfer_state(train::Replica& r, const Agreement& a, net::PeerId root, int64_t piece_numel,
+                      bool keep_own);
   // `sending`: this peer's row counts (it contributes, and its update is finite).
   bool trimmed_mean_all_reduce(at::Tensor& host, const Agreement& a, bool sending,
                                net::WirePrecision precision, const char* what);
 
-  std::vector<net::PeerId> group_;      // empty: the whole swarm
-  std::optional<UpdatePoison> poison_;  // STARLING_FAULT_POISON (fault_injection.h)
-  at::Tensor gathered_;                 // trimmed_mean: every peer's update and flag
-  int64_t fingerprint_round_ = -1;      // note_round(): the round and its state's CRC-32C
+  std::vector<net::PeerId> group_;                // empty: the whole swarm
+  std::optional<UpdatePoison> poison_;            // STARLING_FAULT_POISON (fault_injection.h)
+  std::optional<TransferDeath> die_in_transfer_;  // STARLING_FAULT_DIE_IN_TRANSFER
+  long long transfers_sent_ = 0;                  // state transfers sent to other peers
+  at::Tensor gathered_;                           // trimmed_mean: every peer's update and flag
+  int64_t fingerprint_round_ = -1;                // note_round(): the round and its state's CRC-32C
   uint32_t fingerprint_ = 0;
   uint32_t fingerprint_lineage_ = 0;  // the lineage of fingerprint_round_'s state
   train::StepRunner* runner_ = nullptr;
@@ -201,9 +216,9 @@ class SwarmStrategy : public train::StepHooks {
   void redeal(data::TokenLoader& loader, const Agreement& a,
               const std::array<double, kRedealNotes>& shares);
 
-  // Header fields packed before the strategy's state in a transfer: step, version, work (two
-  // floats each) and the lineage (two 16-bit halves).
-  static constexpr int64_t kHeader = 8;
+  // A transfer's header, broadcast before the state: step, version, work (two floats each), the
+  // lineage (two 16-bit halves) and the elements of a piece (two floats).
+  static constexpr int64_t kHeader = 10;
 };
 
 // Reads strategy.precision.

@@ -130,7 +130,7 @@ void Swapper::queue_final_params(int group) {
 // A guess must leave the old values untouched: the weight and moments go through staging to the
 // spare rooms, so none of them may be resident, where the chunks would update them in place.
 // The group's weights leave as the backward leaves it, unless the next forward's window wants
-// them (and then they stay resident); moments are resident only after a gather().
+// them (and then they stay resident); moments are resident only where the plan keeps them.
 bool Swapper::speculable(int p, int group) const {
   return has_spare_[p] && !needed_soon(group) && !exp_avg_[p].resident() &&
          exp_avg_[p].state != SwapSlot::State::kLoading && !exp_avg_sq_[p].resident() &&

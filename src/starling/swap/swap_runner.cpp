@@ -135,9 +135,11 @@ class SwapStepRunner final : public train::StepRunner {
     return swapper_->update(lr, max_norm);
   }
 
-  void gather() override { swapper_->gather(true); }
-  void gather_weights() override { swapper_->gather(false); }
+  void gather_weights() override { swapper_->gather_weights(); }
   at::Tensor read_state(const at::Tensor& t) override { return swapper_->read_state(t); }
+  void write_state(const at::Tensor& t, const at::Tensor& values) override {
+    swapper_->write_state(t, values);
+  }
 
   // Outside the budget, on a CPU: freed activation and gradient blocks the CPU allocator keeps
   // for the next step (common/cpu_runtime.h), most of the resident set's overhead. (A GPU run's
@@ -147,7 +149,6 @@ class SwapStepRunner final : public train::StepRunner {
     return "; CPU allocator cache " +
            format_bytes(static_cast<double>(caching_cpu_allocator_stats().cached_bytes));
   }
-  void state_replaced() override { swapper_->state_replaced(); }
   data::TokenLoader* dealt_loader() override { return s_.loader.get(); }
 
   std::string report() const override {

@@ -206,8 +206,8 @@ Swapper::~Swapper() {
   // The staging buffers go with the members.
 }
 
-// The peak grows with what is brought in, not with what leaves: after a gather() (whose whole
-// state the peak leaves out) the resident set shrinks back to the budget through here.
+// The peak grows with what is brought in, not with what leaves: after a gather_weights() (whose
+// weights the peak leaves out) the resident set shrinks back to the budget through here.
 void Swapper::track(int64_t delta) {
   held_ += delta;
   if (delta <= 0) return;
@@ -231,18 +231,22 @@ void Swapper::release(SwapSlot& s) {
 
 // ---- slots ----
 
-void Swapper::write_through(SwapSlot& s) {
-  at::DataPtr buffer = pool_.take(s.bytes);
-  copy_bytes(device_, buffer.get(), s.tensor.data_ptr(), s.bytes);
-  free_storage(s.tensor);  // the original bytes go (a mapping's pages, to the page cache)
+void Swapper::store(SwapSlot& s, at::DataPtr buffer) {
   const double t0 = now_s();
   tier_->wait(tier_->write(s.key, 0, buffer.get(), s.bytes));
   stats_.wait_s += now_s() - t0;
   stats_.write_bytes += static_cast<int64_t>(align_up(s.bytes));
   pool_.give(std::move(buffer), s.bytes);
   fit_pool();
-  s.state = SwapSlot::State::kOut;
   s.dirty = false;
+}
+
+void Swapper::write_through(SwapSlot& s) {
+  at::DataPtr buffer = pool_.take(s.bytes);
+  copy_bytes(device_, buffer.get(), s.tensor.data_ptr(), s.bytes);
+  free_storage(s.tensor);  // the original bytes go (a mapping's pages, to the page cache)
+  store(s, std::move(buffer));
+  s.state = SwapSlot::State::kOut;
 }
 
 void Swapper::drop(SwapSlot& s) {
@@ -589,8 +593,8 @@ void Swapper::begin_step(int64_t micro_batches) {
     spend_gradient(static_cast<int>(p));
     norms_[p].reset();
   }
-  // Down to the budget before anything loads: a gather() (checkpoint, state transfer) left the
-  // whole state resident, and the step's peak must not count it.
+  // Down to the budget before anything loads: a gather_weights() (a sample) left every weight
+  // resident, and the step's peak must not count it.
   ++epoch_;
   make_room(0, true);
 }
@@ -741,20 +745,16 @@ at::Tensor Swapper::update(double lr, double max_norm) {
   return total;
 }
 
-void Swapper::gather(bool moments) {
-  // A sample or a state transfer briefly holds the whole state; the peak reports the steps.
+void Swapper::gather_weights() {
+  // A sample briefly holds every weight; the peak reports the steps.
   const int64_t peak = stats_.peak_resident;
   finish_update();
   leave();
-  std::vector<std::vector<SwapSlot>*> lists = {&values_};
-  if (moments) lists.insert(lists.end(), {&exp_avg_, &exp_avg_sq_});
-  for (auto* list : lists)
-    for (SwapSlot& s : *list) {
-      settle(s);
-      load(s);
-    }
-  for (auto* list : lists)
-    for (SwapSlot& s : *list) settle(s);
+  for (SwapSlot& s : values_) {
+    settle(s);
+    load(s);
+  }
+  for (SwapSlot& s : values_) settle(s);
   stats_.peak_resident = peak;
 }
 
@@ -783,13 +783,26 @@ at::Tensor Swapper::read_state(const at::Tensor& t) {
   return copy;
 }
 
-void Swapper::state_replaced() {
+void Swapper::write_state(const at::Tensor& t, const at::Tensor& values) {
+  at::NoGradGuard no_grad;
+  const auto it = slot_of_.find(t.unsafeGetTensorImpl());
+  if (it == slot_of_.end()) {
+    t.copy_(values.reshape(t.sizes()));
+    return;
+  }
   finish_update();
-  for (auto* list : {&values_, &exp_avg_, &exp_avg_sq_})
-    for (SwapSlot& s : *list) {
-      if (!s.resident()) throw std::logic_error("swap: state replaced without gather()");
-      s.dirty = true;
-    }
+  SwapSlot& s = *it->second;
+  settle(s);  // a load lands, a write completes: the slot is resident or out
+  if (s.resident()) {
+    t.copy_(values.reshape(t.sizes()));
+    s.dirty = true;
+    return;
+  }
+  // Out: the tier's room takes the new bytes, and the slot stays out, so a transfer of the whole
+  // state holds no more than one tensor of it.
+  at::DataPtr buffer = pool_.take(s.bytes);
+  at::from_blob(buffer.get(), t.sizes(), t.options()).copy_(values.reshape(t.sizes()));
+  store(s, std::move(buffer));
 }
 
 }  // namespace starling::swap

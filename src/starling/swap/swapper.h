@@ -15,11 +15,12 @@
 // transfers run while the next step's forward computes. It keeps to the forward's window (a group
 // starts once the forward enters the group `depth` before it) and updates the weights the window
 // loads in place; a group's parameters are finished (at the latest) when a pass enters the group,
-// and everything is finished before anything else reads the state (gather, read_state, the
-// exchange, the next update). A table the forward reads by row (the token embedding, which the
-// forward reads first) is not finished whole before its lookup: the rows the lookup reads go
-// first, and its other chunks are spread between the later groups (swap_rows_first.cpp). The
-// arithmetic is the same elementwise AdamW, so results stay bit-identical.
+// and everything is finished before anything else reads or writes the state (gather_weights,
+// read_state, write_state, the exchange, the next update). A table the forward reads by row (the
+// token embedding, which the forward reads first) is not finished whole before its lookup: the rows
+// the lookup reads go first, and its other chunks are spread between the later groups
+// (swap_rows_first.cpp). The arithmetic is the same elementwise AdamW, so results stay
+// bit-identical.
 //
 // Without clipping, a step announced by expect_update() starts its update earlier still: a
 // parameter's gradient is final once the last micro-batch's backward has left the group that
@@ -40,9 +41,10 @@
 //
 // A step is: begin_step(n), then per micro-batch begin_micro_batch(m) + the executor's forward and
 // backward + end_pass(), optionally visit_gradients() (an exchange with other replicas), then
-// update(). Evaluation forwards work between steps (groups load on demand). gather() makes
-// weights and moments resident for a checkpoint, sampling or a state transfer (after which
-// state_replaced() says they were overwritten); the next step evicts down to the budget again.
+// update(). Evaluation forwards work between steps (groups load on demand). gather_weights() makes
+// the weights resident for sampling; the next step evicts down to the budget again. A checkpoint
+// or a state transfer between replicas reads and writes the state a tensor at a time
+// (read_state, write_state), never holding it all.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -133,14 +135,15 @@ class Swapper final : public graph::NodeObserver {
   // Completes the deferred update: every weight and moment holds its new value (in memory or in
   // the tier) afterwards.
   void finish_update();
-  // Makes the weights (and with `moments` AdamW's moments) resident.
-  void gather(bool moments);
+  // Makes the weights resident.
+  void gather_weights();
   // train::StepRunner::read_state: a resident slot's tensor as it is; an evicted one's bytes read
   // from the tier into a temporary tensor; any other tensor unchanged.
   at::Tensor read_state(const at::Tensor& t);
-  // After gather(), weights and moments were overwritten: they are written to the tier when
-  // evicted instead of dropped.
-  void state_replaced();
+  // train::StepRunner::write_state: a resident slot takes the values (written to the tier when
+  // evicted); an evicted one's room in the tier is overwritten through a buffer of its size, and
+  // it stays out; any other tensor is copied into.
+  void write_state(const at::Tensor& t, const at::Tensor& values);
 
   const SwapPlan& plan() const { return plan_; }
   const SwapStats& stats() const { return stats_; }
@@ -162,7 +165,9 @@ class Swapper final : public graph::NodeObserver {
   void evict(SwapSlot& s);
   void load(SwapSlot& s);
   void write_through(SwapSlot& s);  // resident to out, synchronously, through a pool buffer
-  void settle(SwapSlot& s);         // waits for its transfer; resident or out afterwards
+  // Writes a pool buffer holding the slot's bytes to its room, waits, and keeps the buffer.
+  void store(SwapSlot& s, at::DataPtr buffer);
+  void settle(SwapSlot& s);  // waits for its transfer; resident or out afterwards
   void poll_writes();
   void drain_writes();  // waits for every write in flight and frees its buffer
   bool make_room(int64_t bytes, bool must);

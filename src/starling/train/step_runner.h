@@ -86,18 +86,17 @@ class StepRunner {
   // part calls it at the same point.
   virtual void sum_over_model(at::Tensor& /*t*/) {}
 
-  // Makes every weight and optimizer tensor readable in full (before a state transfer between
-  // replicas); a runner that keeps state elsewhere brings it in here.
-  virtual void gather() {}
-  // gather() for the weights only (sampling needs no optimizer state).
+  // Makes every weight readable in full (sampling); a runner that keeps weights elsewhere brings
+  // them in here.
   virtual void gather_weights() {}
-  // The values of one weight or optimizer tensor, for a checkpoint that writes them one at a
-  // time (SaveOptions::read_state): `t` itself, or, where the runner keeps it elsewhere, a
-  // temporary copy of the same shape. Any other tensor comes back as it is.
+  // The values of one weight or optimizer tensor, for a checkpoint or a state transfer that reads
+  // them one at a time (SaveOptions::read_state): `t` itself, or, where the runner keeps it
+  // elsewhere, a temporary copy of the same shape. Any other tensor comes back as it is.
   virtual at::Tensor read_state(const at::Tensor& t) { return t; }
-  // After gather(), the weights and optimizer moments were overwritten (the replica adopted the
-  // swarm's state): a runner that keeps copies of them elsewhere must take the new values.
-  virtual void state_replaced() {}
+  // Gives one weight or optimizer tensor new values (`values`: as many elements, any shape, any
+  // device), for a state transfer that writes them one at a time: copied into `t`, or where the
+  // runner keeps it elsewhere, stored there without bringing the rest of the state in.
+  virtual void write_state(const at::Tensor& t, const at::Tensor& values);
   // The replica adopted the swarm's step `step` (a joiner, or a peer that fell behind): a runner
   // whose peers must draw the same batches as it does (a pipeline's stages) moves its loader to
   // where a run that started at step 0 is before drawing step `step`'s micro-batches.

@@ -1,0 +1,69 @@
+#include "starling/strategy/state_stream.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace starling::strategy {
+
+StateStream::StateStream(std::vector<at::Tensor> tensors, int64_t piece_numel)
+    : tensors_(std::move(tensors)), piece_(piece_numel) {
+  if (piece_ < 1) throw std::invalid_argument("StateStream: a piece holds at least one element");
+  for (const at::Tensor& t : tensors_) numel_ += t.numel();
+  pieces_ = std::max<int64_t>(1, (numel_ + piece_ - 1) / piece_);
+}
+
+int64_t StateStream::numel_of(int64_t k) const {
+  if (k < 0 || k >= pieces_)
+    throw std::logic_error("StateStream: piece " + std::to_string(k) + " of " +
+                           std::to_string(pieces_));
+  return std::min(piece_, numel_ - k * piece_);
+}
+
+void StateStream::walk(
+    int64_t n, const std::function<void(const at::Tensor&, int64_t, int64_t, int64_t)>& span) {
+  at::NoGradGuard no_grad;  // a weight read or written as it is requires its gradient
+  for (int64_t filled = 0; filled < n;) {
+    const at::Tensor& t = tensors_[tensor_];
+    const int64_t take = std::min(n - filled, t.numel() - offset_);
+    if (take > 0) {
+      span(t, offset_, filled, take);
+      filled += take;
+      offset_ += take;
+    }
+    if (offset_ == t.numel()) {  // the tensor is through (or empty)
+      ++tensor_;
+      offset_ = 0;
+      open_.reset();
+    }
+  }
+  ++next_;
+}
+
+void StateStream::read_next(at::Tensor& part, const Reader& read) {
+  const int64_t n = numel_of(next_);
+  if (part.numel() != n) throw std::logic_error("StateStream::read_next: wrong piece size");
+  walk(n, [&](const at::Tensor& t, int64_t offset, int64_t at, int64_t take) {
+    if (!open_.defined()) open_ = read(t).reshape({-1});
+    part.narrow(0, at, take).copy_(open_.narrow(0, offset, take));
+  });
+}
+
+void StateStream::write_next(const at::Tensor& part, const Writer& write) {
+  const int64_t n = numel_of(next_);
+  if (part.numel() != n) throw std::logic_error("StateStream::write_next: wrong piece size");
+  walk(n, [&](const at::Tensor& t, int64_t offset, int64_t at, int64_t take) {
+    const at::Tensor from = part.narrow(0, at, take);
+    if (offset == 0 && take == t.numel()) {
+      write(t, from.view(t.sizes()));  // whole in this piece: no assembly
+      return;
+    }
+    if (!open_.defined()) open_ = at::empty({t.numel()}, part.options());
+    open_.narrow(0, offset, take).copy_(from);
+    if (offset + take == t.numel()) write(t, open_.view(t.sizes()));
+  });
+}
+
+}  // namespace starling::strategy

@@ -1,0 +1,85 @@
+#include "starling/strategy/state_stream.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace starling::strategy {
+namespace {
+
+// Tensors of several shapes, one of them empty, with distinct values.
+std::vector<at::Tensor> some_state(float base) {
+  std::vector<at::Tensor> out;
+  for (const auto& shape : std::vector<std::vector<int64_t>>{{7, 3}, {5}, {0}, {40}, {2, 2, 2}})
+    out.push_back(
+        at::arange(base, base + static_cast<float>(c10::multiply_integers(shape)), at::kFloat)
+            .reshape(shape));
+  return out;
+}
+
+at::Tensor flat(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> pieces;
+  for (const at::Tensor& t : ts) pieces.push_back(t.reshape({-1}));
+  return at::cat(pieces);
+}
+
+// Whatever the piece size (smaller than a tensor, larger than all of them), the pieces follow
+// the tensors' elements in order, the receiver's tensors end equal to the sender's, each written
+// once, whole, and the sender reads each tensor once.
+TEST(StateStream, PiecesCarryTheTensorsInOrderWhateverTheirSize) {
+  const std::vector<at::Tensor> sent = some_state(1000);
+  const at::Tensor expected = flat(sent);
+  for (const int64_t piece : {1, 4, 21, 22, 64, 1000}) {
+    SCOPED_TRACE("piece " + std::to_string(piece));
+    StateStream out(sent, piece);
+    std::vector<at::Tensor> kept = some_state(0);
+    StateStream in(kept, piece);
+    ASSERT_EQ(out.numel(), expected.numel());
+    ASSERT_EQ(out.pieces(), (expected.numel() + piece - 1) / piece);
+    int reads = 0, writes = 0;
+    std::vector<at::Tensor> wire;
+    for (int64_t k = 0; k < out.pieces(); ++k) {
+      at::Tensor part = at::full({out.numel_of(k)}, -1.f);
+      out.read_next(part, [&](const at::Tensor& t) {
+        ++reads;
+        return t;
+      });
+      wire.push_back(part);
+      in.write_next(part, [&](const at::Tensor& t, const at::Tensor& values) {
+        ++writes;
+        EXPECT_EQ(values.sizes(), t.sizes());
+        t.copy_(values);
+      });
+    }
+    EXPECT_TRUE(at::equal(at::cat(wire), expected));
+    EXPECT_TRUE(at::equal(flat(kept), expected));
+    EXPECT_EQ(reads, 4);  // the empty tensor is never read nor written
+    EXPECT_EQ(writes, 4);
+  }
+}
+
+// A receiver that fails midway has written whole tensors only: those complete before the break
+// hold the sender's values, the rest their own.
+TEST(StateStream, AReceiverWritesOnlyWholeTensors) {
+  const std::vector<at::Tensor> sent = some_state(1000);
+  std::vector<at::Tensor> kept = some_state(0);
+  StateStream out(sent, 10), in(kept, 10);
+  for (int k = 0; k < 2; ++k) {  // 20 elements: the 21-element first tensor is not complete
+    at::Tensor part = at::empty({out.numel_of(k)});
+    out.read_next(part, [](const at::Tensor& t) { return t; });
+    in.write_next(part, [](const at::Tensor& t, const at::Tensor& v) { t.copy_(v); });
+  }
+  EXPECT_TRUE(at::equal(kept[0], some_state(0)[0]));
+  at::Tensor part = at::empty({out.numel_of(2)});
+  out.read_next(part, [](const at::Tensor& t) { return t; });
+  in.write_next(part, [](const at::Tensor& t, const at::Tensor& v) { t.copy_(v); });
+  // 30 elements: the first two tensors (21 + 5) are the sender's; the 40-element one that began
+  // in this piece is still this peer's own.
+  EXPECT_TRUE(at::equal(kept[0], sent[0]));
+  EXPECT_TRUE(at::equal(kept[1], sent[1]));
+  EXPECT_TRUE(at::equal(kept[3], some_state(0)[3]));
+}
+
+}  // namespace
+}  // namespace starling::strategy
