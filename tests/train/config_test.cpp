@@ -235,6 +235,14 @@ TEST(RunConfig, StrategyAndNetTables) {
                {"strategy.overlap_steps < strategy.local_steps", "strategy.zero"});
   expect_error("[data]\ndir = \"d\"\n[net]\nheartbeat_ms = 900\npeer_timeout_ms = 800\n",
                {"net.peer_timeout_ms (800) must exceed net.heartbeat_ms (900)"});
+  expect_error("[data]\ndir = \"d\"\n[strategy]\ntransfer_piece = \"1KB\"\n",
+               {"run.toml", "strategy.transfer_piece (\"1KB\") must be at least 4KB"});
+  expect_error("[data]\ndir = \"d\"\n[strategy]\ntransfer_piece = \"lots\"\n",
+               {"run.toml", "strategy.transfer_piece", "lots"});
+  EXPECT_EQ(strategy::transfer_piece_bytes(
+                parse_run_config("[data]\ndir = \"d\"\n", "run.toml", {"strategy.transfer_piece=\"1MiB\""})
+                    .strategy),
+            1 << 20);
 }
 
 TEST(RunConfigErrors, WrongType) {
@@ -371,7 +379,7 @@ std::vector<std::string> all_keys() {
       {"strategy",
        {"kind", "local_steps", "outer_lr", "outer_momentum", "outer_nesterov", "staleness_penalty",
         "clip", "clip_threshold", "final_step", "zero", "overlap_steps", "target_batch",
-        "precision", "aggregation", "trim", "fingerprint", "redeal_data"}},
+        "precision", "aggregation", "trim", "fingerprint", "redeal_data", "transfer_piece"}},
       {"net",
        {"backend", "rank", "world_size", "store", "interface", "name", "listen", "advertise",
         "join", "key", "allow", "insecure", "direct_data", "heartbeat_ms", "peer_timeout_ms",

@@ -31,8 +31,11 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
   // The others project this peer from the moment they hear it has started, not from their own
   // starts: a peer may begin a round late (a longer checkpoint, evaluation or swap write-back).
   // A peer that will adopt the swarm's state contributes nothing: it says so at once, as a
-  // ready peer with no samples, so that nobody counts on it.
-  board_.announce(version_, 0, pace(), need_state_);
+  // ready peer with no samples, so that nobody counts on it. So does one whose first exchange
+  // is the others' already agreed one (joined_round_): it computes one micro-batch, whose
+  // gradients it does not send.
+  const bool spectator = need_state_ || joined_round_.has_value();
+  board_.announce(version_, 0, pace(), spectator);
   runner.begin_accumulation();
   at::Tensor loss_sum;
   int64_t mine = 0, micro = 0;
@@ -46,8 +49,8 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
     mine += batch;
     const double took = now_s() - t0;
     micro_s_ = micro_s_ > 0 ? 0.7 * micro_s_ + 0.3 * took : took;
-    stop = need_state_ || decide_stop(mine);
-    board_.announce(version_, need_state_ ? 0 : mine, pace(), stop);
+    stop = spectator || decide_stop(mine);
+    board_.announce(version_, spectator ? 0 : mine, pace(), stop);
   }
   local_samples_ = mine;
   micro_batches_ = micro;
@@ -85,7 +88,7 @@ bool Atom::decide_stop(int64_t mine) {
 }
 
 void Atom::gradients_ready(train::Replica& r) {
-  const Agreement a = agree(r);
+  const Agreement a = exchange_agreement(r);
   // A peer that just adopted the swarm's parameters computed its gradients on other ones.
   const int64_t counted = a.contribute ? local_samples_ : 0;
   // The sample counts travel in fp32, whatever the gradients' wire precision: launched first,

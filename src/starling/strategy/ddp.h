@@ -5,7 +5,9 @@
 // replica exchanges them within its memory budget.
 #pragma once
 
+#include <array>
 #include <functional>
+#include <optional>
 
 #include "starling/strategy/swarm_strategy.h"
 
@@ -22,6 +24,19 @@ class Ddp : public SwarmStrategy {
  protected:
   void allocate(train::Replica& r) override;
   std::vector<at::Tensor> state_tensors(train::Replica& r) override;
+  // Whether this peer's agreement is the one before a gradient exchange (see joined_round_).
+  std::array<float, kAgreementNotes> round_notes() const override;
+  void started(const Agreement& a) override;
+  // The agreement of this step's exchange: the opening one where it belongs to the others'
+  // exchange (joined_round_), otherwise a new one.
+  Agreement exchange_agreement(train::Replica& r);
+  // This peer adopted the swarm's state in an agreement that the other participants held before
+  // their gradient exchange (a joiner's opening agreement in start(), theirs in
+  // gradients_ready): they go on to that exchange at once. Rather than call an agreement of its
+  // own into it (which would fail it, and the others' step with it, and cost a second
+  // transfer), this peer takes part in that exchange at its first gradients_ready, sending
+  // nothing (it computed on other parameters), and takes the same update as the others.
+  std::optional<Agreement> joined_round_;
   void restore(train::Replica&, const nlohmann::json&, const SafetensorsFile&) override {}
 
  protected:
@@ -37,6 +52,7 @@ class Ddp : public SwarmStrategy {
                          const std::function<double()>& divisor);
 
   std::optional<Staging> grads_;  // the largest piece's gradients, as the network sends them
+  bool exchanging_ = false;       // inside gradients_ready's agreement
 };
 
 }  // namespace starling::strategy
