@@ -5,6 +5,8 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +15,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "starling/common/error.h"
@@ -636,6 +639,50 @@ TEST(SwapTier, DiskTransferLargerThanTheRing) {
   size_t wrong = 0;
   for (size_t i = 0; i < kBytes / 4; ++i) wrong += buf[i] != static_cast<uint32_t>(i);
   EXPECT_EQ(wrong, 0u);
+  std::free(buf);
+  tier.reset();
+  fs::remove_all(dir);
+}
+
+// A signal handled while the training thread waits for the disk (SIGINT asks a run to stop at the
+// next step) does not fail the transfer: the wait goes on.
+TEST(SwapTier, DiskWaitsThroughSignals) {
+  struct sigaction quiet = {}, before = {};
+  quiet.sa_handler = [](int) {};
+  sigemptyset(&quiet.sa_mask);
+  quiet.sa_flags = 0;  // no SA_RESTART: a blocked wait returns EINTR
+  ASSERT_EQ(sigaction(SIGUSR1, &quiet, &before), 0);
+  constexpr size_t kBytes = size_t{256} << 20;
+  const fs::path dir = fs::temp_directory_path() / "starling_tier_signal_test";
+  auto tier = make_tier("disk", dir);
+  const uint64_t key = tier->reserve(kBytes);
+  auto* buf = static_cast<uint32_t*>(std::aligned_alloc(kSwapAlign, kBytes));
+  for (size_t i = 0; i < kBytes / 4; ++i) buf[i] = static_cast<uint32_t>(i * 7);
+  const pthread_t waiter = pthread_self();
+  std::atomic<bool> done{false};
+  std::atomic<int> sent{0};
+  std::thread signaller([&] {
+    while (!done) {
+      pthread_kill(waiter, SIGUSR1);
+      ++sent;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  for (int round = 0; round < 4; ++round) try {
+      tier->wait(tier->write(key, 0, buf, kBytes));
+      std::memset(buf, 0, kBytes);
+      tier->wait(tier->read(key, 0, buf, kBytes));
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "round " << round << ": " << e.what();
+      break;  // the ring's requests are astray: go no further
+    }
+  done = true;
+  signaller.join();
+  sigaction(SIGUSR1, &before, nullptr);
+  size_t wrong = 0;
+  for (size_t i = 0; i < kBytes / 4; ++i) wrong += buf[i] != static_cast<uint32_t>(i * 7);
+  EXPECT_EQ(wrong, 0u);
+  EXPECT_GT(sent.load(), 10);
   std::free(buf);
   tier.reset();
   fs::remove_all(dir);

@@ -239,9 +239,9 @@ TEST(RunConfig, StrategyAndNetTables) {
                {"run.toml", "strategy.transfer_piece (\"1KB\") must be at least 4KB"});
   expect_error("[data]\ndir = \"d\"\n[strategy]\ntransfer_piece = \"lots\"\n",
                {"run.toml", "strategy.transfer_piece", "lots"});
-  EXPECT_EQ(strategy::transfer_piece_bytes(
-                parse_run_config("[data]\ndir = \"d\"\n", "run.toml", {"strategy.transfer_piece=\"1MiB\""})
-                    .strategy),
+  EXPECT_EQ(strategy::transfer_piece_bytes(parse_run_config("[data]\ndir = \"d\"\n", "run.toml",
+                                                            {"strategy.transfer_piece=\"1MiB\""})
+                                               .strategy),
             1 << 20);
 }
 

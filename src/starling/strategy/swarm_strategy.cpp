@@ -515,6 +515,12 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     const int64_t root_work = get_int(h + 4);
     const uint32_t root_lineage = get_lineage(h + 6);
     const int64_t root_piece = get_int(h + 8);
+    if (root_piece < 1024) {  // strategy.transfer_piece is at least 4 KB
+      log("the state transfer's header from peer " + net_.describe(*root) + " names pieces of " +
+          std::to_string(root_piece) + " elements (at least 1024 expected); this peer ignores it");
+      need_state_ = true;
+      continue;
+    }
     // Progress counts only if it was made from the same shared state the root holds.
     const bool same_history = lineage_ == root_lineage;
     a.contribute = !need_state_ && same_history && version_ == root_version && r.step == root_step;

@@ -172,7 +172,12 @@ void DiskTier::queue(const Chunk& chunk) {
 
 bool DiskTier::reap(bool block) {
   io_uring_cqe* cqe = nullptr;
-  const int r = block ? io_uring_wait_cqe(ring_.get(), &cqe) : io_uring_peek_cqe(ring_.get(), &cqe);
+  // A signal handled while waiting (SIGINT, which stops a run gracefully at the next step; the
+  // profiler's timer) interrupts the wait, not the transfers: wait again.
+  int r = 0;
+  do {
+    r = block ? io_uring_wait_cqe(ring_.get(), &cqe) : io_uring_peek_cqe(ring_.get(), &cqe);
+  } while (r == -EINTR);
   if (r == -EAGAIN || (!block && cqe == nullptr)) return false;
   if (r < 0) throw Error("swap tier " + describe() + ": io_uring wait failed: " + errno_text(-r));
   const uint64_t id = io_uring_cqe_get_data64(cqe);
@@ -182,6 +187,11 @@ bool DiskTier::reap(bool block) {
   auto node = chunks_.extract(id);
   if (node.empty()) throw std::logic_error("DiskTier: a completion for no request");
   Chunk c = node.mapped();
+  if (res == -EINTR || res == -EAGAIN) {  // interrupted before it moved a byte: queued again
+    queue(c);
+    io_uring_submit(ring_.get());
+    return true;
+  }
   if (res < 0)
     throw Error("swap tier " + describe() + ": " + (c.write ? "write" : "read") + " of " +
                 std::to_string(c.bytes) + " bytes at offset " + std::to_string(c.offset) +
