@@ -38,8 +38,6 @@ class StateStream {
   // its last element has arrived (with a tensor of its shape).
   void write_next(const at::Tensor& part, const Writer& write);
 
-  int64_t done() const { return next_; }  // pieces read or written so far
-
  private:
   // Walks the next piece's `n` elements: `span(tensor, offset in it, offset in the piece, count)`
   // for each run of them in one tensor, in order; then moves on to the piece after.

@@ -327,12 +327,10 @@ bool SwarmStrategy::transfer_state(train::Replica& r, const Agreement& a, net::P
   bool wrote = false;  // some of this peer's own state is the root's now
   const auto write = [&r, &wrote](const at::Tensor& t, const at::Tensor& values) {
     wrote = true;
-    if (r.runner != nullptr) {
+    if (r.runner != nullptr)
       r.runner->write_state(t, values);
-    } else {
-      at::NoGradGuard no_grad;
-      t.copy_(values);
-    }
+    else
+      train::copy_state(t, values);
   };
   const bool writing = !sending && !keep_own;
   if (sending) ++transfers_sent_;

@@ -12,6 +12,7 @@
 #include "starling/swap/swap_config.h"
 #include "starling/train/adamw.h"
 #include "starling/train/metrics.h"
+#include "starling/train/step_runner.h"
 
 namespace starling::swap {
 
@@ -784,17 +785,16 @@ at::Tensor Swapper::read_state(const at::Tensor& t) {
 }
 
 void Swapper::write_state(const at::Tensor& t, const at::Tensor& values) {
-  at::NoGradGuard no_grad;
   const auto it = slot_of_.find(t.unsafeGetTensorImpl());
   if (it == slot_of_.end()) {
-    t.copy_(values.reshape(t.sizes()));
+    train::copy_state(t, values);
     return;
   }
   finish_update();
   SwapSlot& s = *it->second;
   settle(s);  // a load lands, a write completes: the slot is resident or out
   if (s.resident()) {
-    t.copy_(values.reshape(t.sizes()));
+    train::copy_state(t, values);
     s.dirty = true;
     return;
   }

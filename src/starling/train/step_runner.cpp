@@ -33,8 +33,8 @@ at::Tensor StepRunner::accumulate(double) {
   return {};
 }
 
-void StepRunner::write_state(const at::Tensor& t, const at::Tensor& values) {
-  at::NoGradGuard no_grad;  // a weight is a leaf that requires its gradient
+void copy_state(const at::Tensor& t, const at::Tensor& values) {
+  at::NoGradGuard no_grad;
   t.copy_(values.reshape(t.sizes()));
 }
 

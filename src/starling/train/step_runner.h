@@ -34,6 +34,10 @@ class AdamW;
 
 namespace starling::train {
 
+// t <- values (as many elements, any shape or device), outside autograd: a weight is a leaf that
+// requires its gradient. What StepRunner::write_state does for a tensor kept in memory.
+void copy_state(const at::Tensor& t, const at::Tensor& values);
+
 class StepRunner {
  public:
   virtual ~StepRunner() = default;
@@ -96,7 +100,7 @@ class StepRunner {
   // Gives one weight or optimizer tensor new values (`values`: as many elements, any shape, any
   // device), for a state transfer that writes them one at a time: copied into `t`, or where the
   // runner keeps it elsewhere, stored there without bringing the rest of the state in.
-  virtual void write_state(const at::Tensor& t, const at::Tensor& values);
+  virtual void write_state(const at::Tensor& t, const at::Tensor& values) { copy_state(t, values); }
   // The replica adopted the swarm's step `step` (a joiner, or a peer that fell behind): a runner
   // whose peers must draw the same batches as it does (a pipeline's stages) moves its loader to
   // where a run that started at step 0 is before drawing step `step`'s micro-batches.
