@@ -202,3 +202,72 @@ TEST(NodeGroupTest, OneTagRunsItsOperationsInLaunchOrder) {
   EXPECT_EQ(a, std::vector<float>(1000, 8.0f));
   EXPECT_EQ(b, a);
 }
+
+// A round's exchange runs over the round's participants (strategy/swarm_strategy.h): a peer that
+// joins between the round's agreement and its exchange calls its opening agreement (over the
+// whole swarm, on the same tag) meanwhile. The exchange does not wait for it nor fail, and its
+// agreement runs with the others' next one.
+TEST(NodeGroupTest, ANewcomerWaitsWhileARoundsGroupRunsOnItsTag) {
+  Swarm swarm(3);
+  auto nodes = swarm.start(2);
+  std::vector<float> a(100, 1.0f), b(100, 2.0f);
+  {
+    auto wa = nodes[0]->all_reduce(a, on({}));
+    auto wb = nodes[1]->all_reduce(b, on({}));
+    wa.wait();
+    wb.wait();
+  }
+  const std::vector<net::PeerId> round = {nodes[0]->id(), nodes[1]->id()};
+  nodes.push_back(std::make_unique<net::Node>(swarm.options(2, nodes[0]->endpoint())));
+  ASSERT_TRUE(nodes[0]->wait_for_members(3, 10s));
+  std::vector<float> joiner(7, 4.0f), x(7, 1.0f), y(7, 2.0f);
+  auto wj = nodes[2]->all_reduce(joiner, on({}));  // its opening agreement
+  std::this_thread::sleep_for(500ms);              // its readiness reaches the coordinator
+  std::vector<float> ga(30011, 1.0f), gb(30011, 2.0f);
+  auto wa = nodes[0]->all_reduce(ga, on(round));
+  auto wb = nodes[1]->all_reduce(gb, on(round));
+  ASSERT_TRUE(wa.wait_for(5s)) << "the round's exchange waited for the newcomer";
+  EXPECT_EQ(wa.wait().ring.size(), 2u);
+  wb.wait();
+  EXPECT_EQ(ga, std::vector<float>(30011, 3.0f));
+  EXPECT_FALSE(wj.test()) << "the newcomer's agreement ran without the others";
+  auto wx = nodes[0]->all_reduce(x, on({}));
+  auto wy = nodes[1]->all_reduce(y, on({}));
+  EXPECT_EQ(wj.wait().ring.size(), 3u);
+  wx.wait();
+  wy.wait();
+  EXPECT_EQ(joiner, std::vector<float>(7, 7.0f));
+  EXPECT_EQ(x, joiner);
+}
+
+// A member of the round's group that calls a collective over the whole swarm on the same tag
+// instead (a peer restarted under its key between the round's agreement and its exchange): each
+// would wait for the other until the collective timeout, so the coordinator refuses the
+// narrower one at once, and the wider one runs when the others call it.
+TEST(NodeGroupTest, AGroupWaitingForAPeerBusyOnAWiderCollectiveGivesWay) {
+  Swarm swarm(3);
+  auto nodes = swarm.start(3);
+  const std::vector<net::PeerId> round = {nodes[0]->id(), nodes[1]->id(), nodes[2]->id()};
+  std::vector<float> wide(7, 4.0f), x(7, 1.0f), y(7, 2.0f);
+  auto wc = nodes[2]->all_reduce(wide, on({}));
+  std::this_thread::sleep_for(500ms);
+  std::vector<float> ga(100, 1.0f), gb(100, 2.0f);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto wa = nodes[0]->all_reduce(ga, on(round));
+  auto wb = nodes[1]->all_reduce(gb, on(round));
+  for (auto* w : {&wa, &wb}) {
+    try {
+      w->wait();
+      ADD_FAILURE() << "the group's collective ran without a member";
+    } catch (const starling::NetError& e) {
+      EXPECT_NE(std::string(e.what()).find("waits on this tag for"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s) << "refused only at the timeout";
+  auto wx = nodes[0]->all_reduce(x, on({}));
+  auto wy = nodes[1]->all_reduce(y, on({}));
+  EXPECT_EQ(wc.wait().ring.size(), 3u);
+  wx.wait();
+  wy.wait();
+  EXPECT_EQ(wide, std::vector<float>(7, 7.0f));
+}

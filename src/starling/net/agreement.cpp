@@ -27,6 +27,15 @@ uint64_t unsigned_field(const json& body, const char* field) {
   return body[field].get<uint64_t>();
 }
 
+// Whether a collective over `group` is over a strictly narrower set of peers than one over
+// `wider` (an empty group is the whole swarm). Both sorted.
+bool narrower(const std::vector<PeerId>& group, const std::vector<PeerId>& wider) {
+  if (group.empty()) return false;
+  if (wider.empty()) return true;
+  return group.size() < wider.size() &&
+         std::includes(wider.begin(), wider.end(), group.begin(), group.end());
+}
+
 }  // namespace
 
 // --- Request -----------------------------------------------------------------------------------
@@ -271,6 +280,12 @@ void Agreement::accept_ready(PeerId from, uint64_t attempt, Request request) {
   // Readiness is repeated until answered; a repeat of an attempt already started is stale.
   if (auto it = started_.find({from, tag}); it != started_.end() && attempt <= it->second) return;
   GroupKey key{tag, request.options.group};
+  // A participant announces one operation per tag at a time: a newer readiness on this tag
+  // over another group replaces an older one (whose withdrawal may have been lost).
+  for (auto& [other, ready] : readies_)
+    if (other.first == tag && other != key)
+      if (auto it = ready.find(from); it != ready.end() && it->second.attempt < attempt)
+        ready.erase(it);
   readies_[key].insert_or_assign(from, ReadyFrom{attempt, std::move(request)});
   // A member calling collectives takes part in them from now on, whatever the gossip about it
   // says yet: the next operation waits for it rather than running without it.
@@ -315,12 +330,24 @@ void Agreement::coordinate(const GroupKey& key) {
       it = table_.members.is_alive(it->first) ? std::next(it) : ready.erase(it);
     expected = table_.members.participants(group);
   }
-  for (PeerId id : expected)
-    if (!ready.count(id)) return;  // someone has not called the collective yet
+  std::string refusal;
+  for (PeerId id : expected) {
+    if (ready.count(id)) continue;
+    // Someone has not called the collective yet. If it waits on this tag for a collective over
+    // a wider group (a round's exchange meets a newcomer's or a restarted peer's opening
+    // agreement), each waits for the other: that one needs the peers waiting here, and this
+    // one waits for it until the collective timeout. The narrower gives way, at once.
+    for (const auto& [other, waiting] : readies_)
+      if (other.first == key.first && narrower(group, other.second) && waiting.count(id))
+        refusal = "peer " + table_.who(id) + " waits on this tag for " +
+                  waiting.at(id).request.describe() +
+                  ", which needs the peers that called this one";
+    if (refusal.empty() || ready.empty()) return;
+    break;
+  }
   std::vector<PeerId> participants;
   for (const auto& [id, r] : ready) participants.push_back(id);
   const Request& first = ready.begin()->second.request;
-  std::string refusal;
   for (const auto& [id, r] : ready) {
     if (!r.request.same_as(first))
       refusal = "peers disagree: " + table_.who(ready.begin()->first) + " called " +

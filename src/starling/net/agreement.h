@@ -14,6 +14,12 @@
 // are independent, so several collectives can be in flight at once. Readiness is repeated every
 // heartbeat until answered: a lost message, a coordinator that died before answering, or one that
 // briefly took us for dead costs one heartbeat, not the collective timeout.
+//
+// Collectives on one tag over different groups meet when a peer announces one over a wider group
+// (the whole swarm, say) while the others run a narrower one that counts it (a round's exchange
+// over the round's participants, which a restarted peer belongs to): each would wait for the
+// other until the timeout, so the coordinator refuses the narrower at once. A peer outside the
+// narrower group (a newcomer) holds nothing up: its call waits for the others' next one.
 #pragma once
 
 #include <chrono>

@@ -92,14 +92,12 @@ void Atom::gradients_ready(train::Replica& r) {
   // A peer that just adopted the swarm's parameters computed its gradients on other ones.
   const int64_t counted = a.contribute ? local_samples_ : 0;
   // The sample counts travel in fp32, whatever the gradients' wire precision: launched first,
-  // waited for after the first piece of gradients. They share the gradients' tag: a peer that
-  // just joined (its agreement was in start(), the others' in this exchange) calls the next
-  // agreement on that tag, so every one of these collectives is refused at once instead of
-  // waiting for a peer that never calls it.
+  // waited for after the first piece of gradients. Like the gradients, they go over the round's
+  // participants only: a peer that becomes a member after this agreement waits for the next.
   at::Tensor count = at::full({1}, static_cast<float>(counted), at::kFloat);
   std::optional<net::Work> counting;
   if (a.contributors > 0)
-    counting = net_.all_reduce(as_span(count), options(net::WirePrecision::fp32));
+    counting = net_.all_reduce(as_span(count), options(net::WirePrecision::fp32, a.ring));
   swarm_samples_ = 0;
   const bool ok = average_gradients(r, a, [&] {
     if (!counting || !wait(*counting, "sample count all-reduce", &a.ring)) return 0.0;

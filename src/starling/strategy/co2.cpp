@@ -97,16 +97,16 @@ void Co2::started(const Agreement& a) {
   if (zero() && (a.synced || a.ring != ring_)) set_shard(a.ring);
   ring_ = a.ring;
   // Joining a running swarm at its round boundary: the others launch an exchange now and apply
-  // it a few steps into the round, so this peer takes part (sending zeros). (A peer admitted at
-  // the end of the others' agreement meets their exchange with its own opening agreement
-  // instead: that exchange is refused, and the anchor stays until the next round.)
+  // it a few steps into the round, so this peer takes part (sending zeros). (A peer that becomes
+  // a member after the others' agreement is not in that exchange, which runs over the round's
+  // participants: its opening agreement waits for their next one.)
   if (early() && a.notes[2] > 0) launch_early(a);
 }
 
 at::Tensor Co2::sum_over_shards(const at::Tensor& local) {
   if (!zero()) return local;
   at::Tensor v = local.detach().to(net_device(), at::kFloat).reshape({1}).contiguous();
-  if (!all_reduce(v, net::WirePrecision::fp32, "norm all-reduce"))
+  if (!all_reduce(v, net::WirePrecision::fp32, "norm all-reduce", &ring_))
     return at::full({}, std::nan(""), local.options());
   return v.reshape({}).to(local.device());
 }
@@ -121,7 +121,7 @@ void Co2::advance() {
     landed_s_ = train::now_s();
   if (pending_launch_ && exchange_->download_done()) {
     pending_launch_ = false;
-    net::CollectiveOptions o = options(precision_);
+    net::CollectiveOptions o = options(precision_, in_flight_ring_);
     std::span<float> data = as_span(exchange_->host());
     in_flight_ = zero() ? net_.reduce_scatter(data, o) : net_.all_reduce(data, o);
     has_in_flight_ = true;
@@ -212,8 +212,8 @@ bool Co2::gather_anchor() {
   exchange_->device().narrow(0, shard_begin_, n).copy_(anchor_);
   exchange_->download(shard_begin_, n);
   exchange_->wait_download();
-  if (!wait(net_.all_gather(as_span(exchange_->host()), options(net::WirePrecision::fp32)),
-            "all-gather of the anchor"))
+  if (!wait(net_.all_gather(as_span(exchange_->host()), options(net::WirePrecision::fp32, ring_)),
+            "all-gather of the anchor", &ring_))
     return false;
   exchange_->upload();
   exchange_->use_upload();

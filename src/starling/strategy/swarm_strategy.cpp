@@ -85,6 +85,13 @@ net::CollectiveOptions SwarmStrategy::options(net::WirePrecision precision) cons
   return o;
 }
 
+net::CollectiveOptions SwarmStrategy::options(net::WirePrecision precision,
+                                              const std::vector<net::PeerId>& ring) const {
+  net::CollectiveOptions o = options(precision);
+  if (net_.elastic()) o.group = ring;  // a c10d group takes its whole group only
+  return o;
+}
+
 at::Tensor SwarmStrategy::counted(const at::Tensor& part, int64_t begin) const {
   return part.narrow(0, 0, std::clamp<int64_t>(counted_numel_ - begin, 0, part.numel()));
 }
@@ -134,7 +141,9 @@ std::optional<net::CollectiveResult> SwarmStrategy::wait_result(
 
 bool SwarmStrategy::all_reduce(at::Tensor& flat, net::WirePrecision precision, const char* what,
                                const std::vector<net::PeerId>* ring) {
-  return wait(net_.all_reduce(as_span(flat), options(precision)), what, ring);
+  return wait(net_.all_reduce(as_span(flat),
+                              ring != nullptr ? options(precision, *ring) : options(precision)),
+              what, ring);
 }
 
 bool SwarmStrategy::all_reduce(Staging& staged, net::WirePrecision precision, const char* what) {
@@ -184,7 +193,7 @@ bool SwarmStrategy::aggregate(Staging& staged, int64_t n, const Agreement& a,
   } else {
     // fp16's loss scaling finds an overflow by the non-finite sum every peer sees, and skips
     // the step everywhere; elsewhere a non-finite update is a fault, rejected where it enters.
-    net::CollectiveOptions o = options(precision);
+    net::CollectiveOptions o = options(precision, a.ring);
     o.reject_non_finite = config_.train.dtype != "fp16";
     ok = wait(net_.all_reduce(as_span(host), o), what, &a.ring);
   }
@@ -207,7 +216,7 @@ bool SwarmStrategy::trimmed_mean_all_reduce(at::Tensor& host, const Agreement& a
   at::Tensor mine = gathered_.narrow(0, position * m, m);
   mine.narrow(0, 0, n).copy_(host);
   mine[n] = sending ? 1.f : 0.f;
-  if (!wait(net_.all_gather(as_span(gathered_), options(precision)), what, &a.ring))
+  if (!wait(net_.all_gather(as_span(gathered_), options(precision, a.ring)), what, &a.ring))
     return false;  // no average this round
   const TrimmedMeanOutcome out =
       trimmed_mean(gathered_.view({peers, m}), config_.strategy.trim, host);
@@ -260,8 +269,9 @@ std::optional<net::PeerId> SwarmStrategy::choose_root(const train::Replica& r, c
   put_lineage(mine + 7, lineage_);
   mine[9] = holds_state_ ? 1.f : 0.f;
   at::Tensor sent = rows.to(net_device());
-  const auto result = wait_result(net_.all_gather(as_span(sent), options(net::WirePrecision::fp32)),
-                                  "root choice", &a.ring);
+  const auto result =
+      wait_result(net_.all_gather(as_span(sent), options(net::WirePrecision::fp32, a.ring)),
+                  "root choice", &a.ring);
   if (!result) return std::nullopt;  // the next agreement tries again
   if (!sent.is_same(rows)) rows.copy_(sent);
   // The history most participants hold wins: each participant that holds a state (not a
@@ -307,7 +317,7 @@ bool SwarmStrategy::transfer_state(train::Replica& r, const Agreement& a, net::P
   // A peer alone in the round (one that starts first, or the last left) sends to no one: reading
   // its whole state (from its tier, when swapped) would be for nothing.
   if (sending && a.ring.size() == 1) return true;
-  net::CollectiveOptions o = options(net::WirePrecision::fp32);
+  net::CollectiveOptions o = options(net::WirePrecision::fp32, a.ring);
   o.root = root;
   std::vector<at::Tensor> tensors = state_tensors(r);
   if (tensors.empty()) {
@@ -500,7 +510,7 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
       put_int(h + 8, piece_numel);
     }
     at::Tensor sent = header.to(net_device());
-    net::CollectiveOptions o = options(net::WirePrecision::fp32);
+    net::CollectiveOptions o = options(net::WirePrecision::fp32, a.ring);
     o.root = *root;
     if (!wait(net_.broadcast(as_span(sent), o), "state transfer", &a.ring)) {
       need_state_ = true;

@@ -145,6 +145,11 @@ class SwarmStrategy : public train::StepHooks {
   // Whether the replica trains part of the model (a pipeline stage); known from start() on.
   bool model_part() const { return model_part_; }
   net::CollectiveOptions options(net::WirePrecision precision) const;
+  // A round's collective (its exchange, root choice, state transfer): on an elastic swarm it
+  // runs over the round's participants (`ring`) only, so a peer that joins after the round's
+  // agreement does not hold it up or fail it: its opening agreement waits for their next one.
+  net::CollectiveOptions options(net::WirePrecision precision,
+                                 const std::vector<net::PeerId>& ring) const;
   // Where the vectors handed to the collectives live: the CPU, or the model's device for a
   // backend that works on device memory (then Staging keeps no host copy).
   c10::Device net_device() const;
