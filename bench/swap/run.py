@@ -156,6 +156,7 @@ def main():
                 "cache_mb": statistics.median(x["cache_mb"] for x in results),
                 "predicted_s": (statistics.median(x["predicted_s"] for x in results)
                                 if results[0]["predicted_s"] else None),
+                "io_slowdown": statistics.median(x["io_slowdown"] for x in results),
                 "moved_gb": results[0]["moved_gb"],
                 "optimizer_s": statistics.median(x["optimizer_s"] for x in results),
                 "device_gb": statistics.median(x["device_gb"] for x in results),
@@ -187,6 +188,8 @@ def main():
           "can be")
     print("opt: seconds per step in the optimizer (AdamW streamed through the tier; swapped, most of it"
           " overlaps the next step's forward)")
+    print("slow: the planner's probe of how much longer the computation takes while the tier "
+          "moves data (swap.io_slowdown), which its prediction counts")
     print("range: the steady steps' slowest minus fastest time, as a share of their median (the "
           "machine's own drift within a run, against which the prediction's error can be read)")
     print("RSS: peak over the steady steps (the whole run's peak, with model construction and "
@@ -195,7 +198,7 @@ def main():
         print("dev GiB: device memory peak over the steps (the budget's state, activations, "
               "autocast's copies)")
     print(f"{'tier':5} {'budget':>10} {'tokens/s':>9} {'ratio':>6} {'s/step':>7} "
-          f"{'limit':>6} {'predicted':>9} {'range':>5} {'opt':>5} {'RSS MB':>14} {'cache MB':>8}"
+          f"{'limit':>6} {'predicted':>9} {'slow':>5} {'range':>5} {'opt':>5} {'RSS MB':>14} {'cache MB':>8}"
           + (f" {'dev GiB':>7}" if gpu else ""))
     for tier in args.tiers:
         for f in args.fractions:
@@ -218,7 +221,7 @@ def main():
                 io_s = 0
             limit = max(base["step_s"], io_s)
             print(f"{tier:5} {f:>9.0%} {res['tokens_per_s']:>9.0f} {ratio:>6.2f} "
-                  f"{res['step_s']:>7.2f} {limit:>6.2f} {pred:>9} {res['spread']:>5.0%} {res['optimizer_s']:>5.2f} {rss:>14} "
+                  f"{res['step_s']:>7.2f} {limit:>6.2f} {pred:>9} {res['io_slowdown']:>5.0%} {res['spread']:>5.0%} {res['optimizer_s']:>5.2f} {rss:>14} "
                   f"{res['cache_mb']:>8.0f}" + (f" {res['device_gb']:>7.2f}" if gpu else ""))
     if plain_runs:
         print(f"unswapped runs paired with the rows: median "
@@ -288,6 +291,7 @@ def run_one(args, out_dir, sets):
         kept_s, redone_s, none_s = (float(guess.group(i)) for i in (1, 2, 3))
         predicted_s = ((guessed - redone) * kept_s + redone * redone_s +
                        (args.steps - guessed) * none_s) / args.steps
+    slowed = re.search(r"the computation runs ([0-9]+)% slower while the tier moves data", text)
     moved = re.search(r"\(read ([0-9.]+) (B|KB|MB|GB), write ([0-9.]+) (B|KB|MB|GB)\)", text)
     optimizer = re.search(r"optimizer ([0-9.]+) s \(waiting", text)
     maxrss = re.search(r"maxrss_kb (\d+)", text)
@@ -301,6 +305,7 @@ def run_one(args, out_dir, sets):
             "steady_rss_mb": steady_rss_kb / 1024,
             "cache_mb": grown_mb,
             "predicted_s": predicted_s,
+            "io_slowdown": float(slowed.group(1)) / 100 if slowed else 0.0,
             "moved_gb": (float(moved.group(1)) * scale[moved.group(2)],
                          float(moved.group(3)) * scale[moved.group(4)]) if moved else (0.0, 0.0),
             "optimizer_s": float(optimizer.group(1)) / args.steps if optimizer else 0.0,

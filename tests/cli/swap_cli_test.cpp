@@ -114,6 +114,13 @@ TEST_F(SwapCliTest, PlanRefusesATooSmallBudgetAndPrintsAFeasibleOne) {
   EXPECT_NE(r.output.find("predicted"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("of I/O hidden"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("tier disk"), std::string::npos) << r.output;
+  // A fixed slowdown of the computation beside the tier's transfers, instead of the probe's.
+  const auto slowed =
+      run_cli("plan swap --config " + cfg.string() + " --budget " + budget +
+              " --set swap.tier=disk --set swap.io_slowdown=0.5 --set swap.dir=" + root_.string());
+  ASSERT_EQ(slowed.code, 0) << slowed.output;
+  EXPECT_NE(slowed.output.find("runs 50% slower while the tier moves data"), std::string::npos)
+      << slowed.output;
 
   const auto all = run_cli("plan swap --config " + cfg.string() + " --budget 10GB");
   ASSERT_EQ(all.code, 0) << all.output;

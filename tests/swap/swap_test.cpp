@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <random>
 #include <string>
 #include <thread>
@@ -21,6 +22,7 @@
 #include "starling/common/error.h"
 #include "starling/swap/disk_tier.h"
 #include "starling/swap/pinned_tier.h"
+#include "starling/swap/profile.h"
 #include "starling/swap/swap_config.h"
 #include "starling/swap/swap_plan.h"
 #include "starling/swap/tier.h"
@@ -161,6 +163,34 @@ TEST(SwapPlan, TheOptimizersTransfersHideBehindTheNextForward) {
   slow.read_bps /= 8;
   slow.write_bps /= 8;
   EXPECT_GT(plan_swap(slow).predicted_s, plan.predicted_s) << describe_plan(plan_swap(slow), slow);
+}
+
+// A computation slowed by the tier's transfers (SwapProblem::io_slowdown) lengthens the predicted
+// step by the slowdown times the transfers it overlaps: nothing when nothing moves, and when the
+// tier's copies are counted as computation already.
+TEST(SwapPlan, ASlowdownWhileTheTierMovesLengthensThePredictedStep) {
+  SwapProblem p = model_problem(12, 4 << 20, 4 << 20);
+  for (auto& n : p.nodes) n.forward_s *= 10, n.backward_s *= 10;  // the transfers hide
+  p.budget = training_state(p) * 3 / 10;
+  const SwapPlan plain = plan_swap(p);
+  EXPECT_EQ(plain.slowed_s, 0.0);
+  SwapProblem slowed = p;
+  slowed.io_slowdown = 0.5;
+  const SwapPlan plan = plan_swap(slowed);
+  // Hidden transfers overlap the computation for nearly all their time.
+  EXPECT_GT(plan.slowed_s, 0.5 * 0.8 * plan.io_s) << describe_plan(plan, slowed);
+  EXPECT_LE(plan.slowed_s, 0.5 * plan.io_s + 1e-9) << describe_plan(plan, slowed);
+  // The slowdown can only lengthen the best step, and the best plan without it stays the best.
+  EXPECT_GE(plan.predicted_s - plan.slowed_s, plain.predicted_s - 1e-9);
+  EXPECT_GT(plan.predicted_s, plain.predicted_s);
+  EXPECT_NE(describe_plan(plan, slowed).find("50% slower while the tier moves data"),
+            std::string::npos)
+      << describe_plan(plan, slowed);
+  SwapProblem copies = slowed;
+  copies.copies_take_compute = true;
+  EXPECT_EQ(plan_swap(copies).slowed_s, 0.0);
+  slowed.budget = int64_t{1} << 30;
+  EXPECT_DOUBLE_EQ(plan_swap(slowed).predicted_s, plan_swap(slowed).compute_s);
 }
 
 // A token table whose lookup's rows go first (swapper.h): its update no longer stands between
@@ -612,6 +642,36 @@ TEST(SwapTier, PinnedCopiesAreOrderedOnTheGpu) {
   }
   // On the CPU's tiers both orderings are waits.
   EXPECT_FALSE(make_tier("host", "")->orders_on_device());
+}
+
+// The probe behind swap.io_slowdown: threads that take the computation's cores slow it by a
+// large share; a thread that sleeps does not.
+TEST(SwapProfile, TheSlowdownProbeSeesCoresTakenAndNotASleepingThread) {
+  using namespace std::chrono_literals;
+  // The computation on every CPU, as training runs by default (train.threads = 0): with a CPU to
+  // spare, the scheduler would give the spinners that one.
+  const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
+  const int threads = at::get_num_threads();
+  at::set_num_threads(static_cast<int>(cpus));
+  const double idle = probe_slowdown([] { std::this_thread::sleep_for(5ms); });
+  const double taken = probe_slowdown([cpus] {
+    // A spinning thread on every CPU, for 5 ms each time.
+    std::vector<std::thread> spinners;
+    for (unsigned i = 0; i < cpus; ++i)
+      spinners.emplace_back([] {
+        const auto until = std::chrono::steady_clock::now() + 5ms;
+        while (std::chrono::steady_clock::now() < until) {
+        }
+      });
+    for (auto& t : spinners) t.join();
+  });
+  at::set_num_threads(threads);
+  std::cout << "slowdown beside a sleeping thread " << idle << ", beside spinning ones " << taken
+            << std::endl;
+  EXPECT_GE(idle, 0.0);
+  EXPECT_LT(idle, 0.3);
+  EXPECT_GT(taken, 0.3) << "idle " << idle;
+  EXPECT_GT(taken, idle + 0.2) << "idle " << idle << ", " << at::get_num_threads() << " threads";
 }
 
 TEST(SwapTier, DiskRoundTrip) {

@@ -291,6 +291,8 @@ TEST(RunConfigErrors, InconsistentValues) {
   expect_error("[data]\ndir = \"d\"\n[optim]\nbeta2 = 1.0\n", {"run.toml", "optim.beta2"});
   expect_error("[data]\ndir = \"d\"\n[pipeline]\nadatopk_topk_beyond = 0.5\n",
                {"run.toml", "pipeline.adatopk_topk_beyond", "must be >= 1"});
+  expect_error("[data]\ndir = \"d\"\n[swap]\nbudget = \"1GB\"\nio_slowdown = -0.5\n",
+               {"run.toml", "swap.io_slowdown", "-1 (probed) or 0 and up", "-0.5"});
 }
 
 TEST(RunConfigErrors, InvalidTomlSyntax) {
@@ -386,7 +388,8 @@ std::vector<std::string> all_keys() {
         "join_timeout_s", "collective_timeout_s", "min_peers", "dashboard"}},
       {"swap",
        {"budget", "tier", "dir", "group_nodes", "depth", "moment_groups", "overlap_update",
-        "rows_first", "update_in_backward", "speculative_update", "guess_break_even"}},
+        "rows_first", "update_in_backward", "speculative_update", "guess_break_even",
+        "io_slowdown"}},
       {"pipeline",
        {"stages", "profile", "planner", "calibrate_steps", "lab_speeds", "num_stages", "schedule",
         "extra_warmup", "stage", "replicas", "replica", "replacement_wait_s", "compression",

@@ -3,8 +3,11 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <thread>
 
 #include "starling/common/cpu_runtime.h"
 #include "starling/common/device.h"
@@ -73,7 +76,64 @@ double optimizer_seconds_per_element(c10::Device device) {
   return (now_s() - t0) / reps / static_cast<double>(n);
 }
 
+// A unit of computation like a training step's, on the training's threads: matrix products
+// (bound by the cores) and an AdamW update (bound by memory). Constant inputs: no random
+// generator is drawn from.
+class ComputeProbe {
+ public:
+  ComputeProbe()
+      : a_(at::full({256, 768}, 0.5f)),
+        b_(at::full({768, 768}, 1e-3f)),
+        c_(at::empty({256, 768})),
+        w_(at::zeros({kUpdated})),
+        g_(at::full({kUpdated}, 1e-3f)),
+        m_(at::zeros({kUpdated})),
+        v_(at::zeros({kUpdated})) {}
+  // Seconds for `reps` units.
+  double run(int reps) {
+    const double t0 = now_s();
+    for (int i = 0; i < reps; ++i) {
+      for (int k = 0; k < 4; ++k) at::mm_out(c_, a_, b_);
+      train::update_elements(w_, g_, m_, v_, 1e-3, true, options_, ++steps_);
+    }
+    return now_s() - t0;
+  }
+
+ private:
+  static constexpr int64_t kUpdated = int64_t{1} << 20;
+  at::Tensor a_, b_, c_, w_, g_, m_, v_;
+  train::AdamWOptions options_;
+  int64_t steps_ = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 }  // namespace
+
+// Timed alone before and after the timings beside, so that a machine changing speed meanwhile
+// shows in neither alone.
+double probe_slowdown(const std::function<void()>& beside) {
+  at::NoGradGuard no_grad;
+  ComputeProbe probe;
+  probe.run(2);  // warm-up: allocator, kernels, caches
+  const int reps = std::clamp(static_cast<int>(0.05 / std::max(probe.run(4) / 4, 1e-6)), 1, 1000);
+  std::vector<double> alone, busy;
+  for (int i = 0; i < 3; ++i) alone.push_back(probe.run(reps));
+  {
+    std::atomic<bool> stop{false};
+    std::thread io([&] {
+      while (!stop.load()) beside();
+    });
+    for (int i = 0; i < 5; ++i) busy.push_back(probe.run(reps));
+    stop = true;
+    io.join();
+  }
+  for (int i = 0; i < 2; ++i) alone.push_back(probe.run(reps));
+  return std::max(0.0, median(busy) / median(alone) - 1);
+}
 
 SwapProblem profile_nodes(graph::OpDag& dag, const graph::ExecutorOptions& options, int64_t batch,
                           int64_t seq_len, c10::Device device) {
@@ -120,7 +180,7 @@ SwapProblem profile_nodes(graph::OpDag& dag, const graph::ExecutorOptions& optio
 }
 
 void measure_tier(SwapProblem& p, const std::string& kind, const std::filesystem::path& dir,
-                  int64_t bytes, c10::Device device) {
+                  int64_t bytes, c10::Device device, bool slowdown) {
   constexpr size_t piece = size_t{8} << 20;
   const size_t total = std::max(piece, align_up(static_cast<size_t>(bytes)) / piece * piece);
   // The buffer is in compute memory, where the swapper's transfers start and end. It outlives the
@@ -153,6 +213,12 @@ void measure_tier(SwapProblem& p, const std::string& kind, const std::filesystem
   p.copies_take_compute =
       tier->copies_on_cpu() && device.is_cpu() && at::get_num_threads() >= physical_cores();
   p.in_place = tier->in_place(key) != nullptr;
+  // Copies made by the computing cores are counted as computation already (swap_plan.h); a GPU's
+  // kernels do not share the host's cores.
+  if (slowdown && device.is_cpu() && !p.copies_take_compute) {
+    bool write = false;
+    p.io_slowdown = probe_slowdown([&] { pass(write = !write); });
+  }
 }
 
 }  // namespace starling::swap

@@ -57,6 +57,11 @@ void add_config_keys(SwapConfig& c, config::Keys& k) {
                         "clipped either (0 = after every unclipped step, 1 = never); -1 = the "
                         "planner's break-even, from its predicted steps with a guess kept, "
                         "redone and none"));
+  k.push_back(float_key("swap", "io_slowdown", &c.io_slowdown, -1,
+                        "how much longer the computation takes while the tier moves data at full "
+                        "speed (0.2 = 20% longer), for the planner's predicted step; -1 = probed "
+                        "at the start, on a CPU (a matrix product and an AdamW update timed "
+                        "alone and beside the tier's transfers)"));
 }
 
 void check(const SwapConfig& c, const std::string& source) {
@@ -70,6 +75,11 @@ void check(const SwapConfig& c, const std::string& source) {
                       ": swap.guess_break_even must be -1 (the planner's) or a share "
                       "from 0 up, not " +
                       value);
+  }
+  if (c.io_slowdown < 0 && c.io_slowdown != -1) {
+    char value[32];
+    std::snprintf(value, sizeof value, "%g", c.io_slowdown);
+    throw ConfigError(source + ": swap.io_slowdown must be -1 (probed) or 0 and up, not " + value);
   }
 }
 

@@ -45,6 +45,9 @@ struct SwapConfig {
   // were not clipped either is above this; -1 = the plan's break-even (swap_plan.h), from its
   // predictions for a guess kept, a guess redone and no guess.
   double guess_break_even = -1;
+  // How much longer the computation takes while the tier moves data at full speed (0.2 = 20%),
+  // for the planner's prediction; -1 = probed at the start (a CPU's disk or host RAM tier).
+  double io_slowdown = -1;
 
   bool enabled() const { return !budget.empty(); }
 };

@@ -162,6 +162,12 @@ class IoTimeline {
     return {at, std::max(seconds, 0.0)};
   }
   double end() const { return busy_.empty() ? 0 : busy_.back().second; }
+  // Seconds of transfers within [from, to).
+  double busy_within(double from, double to) const {
+    double s = 0;
+    for (const auto& [a, b] : busy_) s += std::max(0.0, std::min(b, to) - std::max(a, from));
+    return s;
+  }
 
  private:
   std::vector<std::pair<double, double>> busy_;  // sorted, disjoint
@@ -356,12 +362,24 @@ void simulate(const SwapProblem& p, const Grouping& g, SwapPlan& plan, bool redo
       }
     }
   }
+  // The computation slowed by the transfers it overlaps (p.io_slowdown): first order, the passes
+  // as placed, lengthened by the share of their time the tier was busy.
+  plan.slowed_s = 0;
+  if (p.io_slowdown > 0 && !p.copies_take_compute) {
+    double overlap = 0;
+    for (size_t k = 0; k < tasks.size(); ++k) {
+      double busy = reads.busy_within(begin[k], end[k]);
+      if (p.duplex) busy = std::max(busy, writes.busy_within(begin[k], end[k]));
+      overlap += busy;
+    }
+    plan.slowed_s = p.io_slowdown * overlap;
+  }
   plan.compute_s = compute + p.optimizer_s;
   plan.read_bytes = read + opt_read;
   plan.write_bytes = written + opt_write;
   plan.io_s = p.duplex ? std::max(plan.read_bytes / r, plan.write_bytes / w)
                        : plan.read_bytes / r + plan.write_bytes / w;
-  plan.predicted_s = std::max({cp_free, reads.end(), writes.end()});
+  plan.predicted_s = std::max({cp_free, reads.end(), writes.end()}) + plan.slowed_s;
   if (!p.overlap_update) {
     // The update after the passes: its transfers and AdamW's compute, whichever is longer.
     double opt_in_s = 0, opt_out_s = 0;
@@ -624,6 +642,13 @@ std::string describe_plan(const SwapPlan& plan, const SwapProblem& p) {
                 b(plan.state_bytes).c_str(), plan.compute_s, plan.io_s, b(plan.read_bytes).c_str(),
                 b(plan.write_bytes).c_str(), plan.predicted_s, 100 * plan.hidden_share());
   out += line;
+  if (plan.slowed_s > 0) {
+    std::snprintf(line, sizeof line,
+                  "  of the prediction, %.3f s: the computation runs %.0f%% slower while the tier "
+                  "moves data (swap.io_slowdown)\n",
+                  plan.slowed_s, 100 * p.io_slowdown);
+    out += line;
+  }
   if (plan.speculation != Speculation::kOff) {
     out += std::string("  the update starts inside the backward ") +
            (plan.speculation == Speculation::kAlways

@@ -84,6 +84,11 @@ struct SwapProblem {
   // take every core; tier.h, copies_on_cpu): a copy stalls the computation's parallel regions
   // for its length, so it adds to the compute stream instead of overlapping it.
   bool copies_take_compute = false;
+  // How much longer the computation takes while the tier moves data at full speed (0.2: 20%
+  // longer), probed (profile.h): on a virtual machine a disk's transfers take the computing
+  // cores' time (the hypervisor's and the kernel's work for them) and memory bandwidth. Each
+  // second of the tier's work that overlaps computation adds this many seconds to the step.
+  double io_slowdown = 0;
   // Each parameter's update starts inside the last backward once its gradient is final, but for
   // the first group's and a spread table's (no clipping; swapper.h, expect_update).
   bool update_in_backward = false;
@@ -124,6 +129,7 @@ struct SwapPlan {
   double compute_s = 0;    // per step, as if nothing moved
   double io_s = 0;  // per step, the tier's time for what moves (duplex: the longer direction)
   double predicted_s = 0;  // per step, loads overlapped with compute
+  double slowed_s = 0;     // of predicted_s: the computation slowed by the tier (io_slowdown)
   // With speculation (and anything swapped): predicted_s is a step whose guess is kept; these
   // are one whose guess is redone (the step clipped), and one not guessed.
   double redone_s = 0, unguessed_s = 0;

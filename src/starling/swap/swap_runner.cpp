@@ -84,7 +84,9 @@ SwapProblem problem_for(const train::RunConfig& c, graph::OpDag& dag, const std:
   p.speculation = speculation;
   p.guess_break_even = c.swap.guess_break_even;
   p.rows_first = c.swap.rows_first && device.is_cpu();
-  measure_tier(p, c.swap.tier, tier_dir(c), probe_bytes(state), device);
+  measure_tier(p, c.swap.tier, tier_dir(c), probe_bytes(state), device,
+               /*slowdown=*/c.swap.io_slowdown < 0);
+  if (c.swap.io_slowdown >= 0) p.io_slowdown = c.swap.io_slowdown;
   return p;
 }
 
