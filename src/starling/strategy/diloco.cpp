@@ -37,18 +37,7 @@ bool DiLoCo::step_done(train::Replica& r, bool last) {
   return true;
 }
 
-void DiLoCo::pack_state(train::Replica&, at::Tensor& out) {
-  const int64_t n = flat_->numel();
-  out.narrow(0, 0, n).copy_(anchor_);
-  out.narrow(0, n, n).copy_(momentum_);
-}
-
-void DiLoCo::unpack_state(train::Replica&, const at::Tensor& in) {
-  const int64_t n = flat_->numel();
-  anchor_.copy_(in.narrow(0, 0, n));
-  momentum_.copy_(in.narrow(0, n, n));
-  flat_->scatter(anchor_);
-}
+void DiLoCo::state_adopted(train::Replica&) { flat_->scatter(anchor_); }  // y = x
 
 void DiLoCo::restore(train::Replica&, const nlohmann::json&, const SafetensorsFile& tensors) {
   load_state_tensor(tensors, "strategy.anchor", anchor_);

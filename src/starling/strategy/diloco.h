@@ -18,9 +18,10 @@ class DiLoCo final : public SwarmStrategy {
 
  protected:
   void allocate(train::Replica& r) override;
-  int64_t state_numel() const override { return 2 * flat_->numel(); }
-  void pack_state(train::Replica& r, at::Tensor& out) override;
-  void unpack_state(train::Replica& r, const at::Tensor& in) override;
+  // The anchor and the outer momentum. A peer whose history is the root's keeps its own, and its
+  // parameters: the round's local steps it took count in the pseudo-gradient.
+  std::vector<at::Tensor> state_tensors(train::Replica&) override { return {anchor_, momentum_}; }
+  void state_adopted(train::Replica&) override;
   void restore(train::Replica& r, const nlohmann::json& state,
                const SafetensorsFile& tensors) override;
 

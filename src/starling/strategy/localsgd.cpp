@@ -29,9 +29,14 @@ bool LocalSgd::step_done(train::Replica& r, bool last) {
   return true;
 }
 
-void LocalSgd::pack_state(train::Replica&, at::Tensor& out) { flat_->gather(out); }
-
-void LocalSgd::unpack_state(train::Replica&, const at::Tensor& in) { flat_->scatter(in); }
+// The parameters themselves, in flat_'s order. A peer whose history is the root's keeps its own:
+// the round's local steps it took count in the average that follows.
+std::vector<at::Tensor> LocalSgd::state_tensors(train::Replica& r) {
+  std::vector<at::Tensor> out;
+  const auto& params = r.params.params();
+  for (const int i : flat_->indices()) out.push_back(params[static_cast<size_t>(i)].value);
+  return out;
+}
 
 nlohmann::json LocalSgd::checkpoint_state(std::vector<std::pair<std::string, at::Tensor>>&) {
   return round_state("localsgd");

@@ -16,9 +16,7 @@ class LocalSgd final : public SwarmStrategy {
 
  protected:
   void allocate(train::Replica& r) override;
-  int64_t state_numel() const override { return flat_->numel(); }
-  void pack_state(train::Replica& r, at::Tensor& out) override;
-  void unpack_state(train::Replica& r, const at::Tensor& in) override;
+  std::vector<at::Tensor> state_tensors(train::Replica& r) override;
   void restore(train::Replica&, const nlohmann::json&, const SafetensorsFile&) override {}
 
  private:

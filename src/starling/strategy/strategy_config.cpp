@@ -114,7 +114,7 @@ int64_t co2_overlap_steps(const StrategyConfig& c, bool pipeline_stage) {
 }
 
 void check(const StrategyConfig& c, const std::string& source) {
-  if (swap::parse_bytes(c.transfer_piece, source + ": strategy.transfer_piece") < 4096)
+  if (swap::parse_bytes(c.transfer_piece, source + ": strategy.transfer_piece") < 4000)
     throw ConfigError(source + ": strategy.transfer_piece (\"" + c.transfer_piece +
                       "\") must be at least 4KB");
   if (c.outer_momentum >= 1) throw ConfigError(source + ": strategy.outer_momentum must be < 1");

@@ -388,6 +388,7 @@ bool SwarmStrategy::transfer_state(train::Replica& r, const Agreement& a, net::P
     }
   }
   log(progress(verb));
+  if (writing) state_adopted(r);
   return true;
 }
 
@@ -523,9 +524,9 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     const int64_t root_work = get_int(h + 4);
     const uint32_t root_lineage = get_lineage(h + 6);
     const int64_t root_piece = get_int(h + 8);
-    if (root_piece < 1024) {  // strategy.transfer_piece is at least 4 KB
+    if (root_piece < 1000) {  // strategy.transfer_piece is at least 4 KB
       log("the state transfer's header from peer " + net_.describe(*root) + " names pieces of " +
-          std::to_string(root_piece) + " elements (at least 1024 expected); this peer ignores it");
+          std::to_string(root_piece) + " elements (at least 1000 expected); this peer ignores it");
       need_state_ = true;
       continue;
     }

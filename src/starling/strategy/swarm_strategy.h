@@ -83,12 +83,15 @@ class SwarmStrategy : public train::StepHooks {
   // a swapped replica's state stays in its tier. A peer whose state is the root's already
   // (same history, round and step) writes nothing. Empty (the default): the state is one float
   // vector of state_numel() elements, which pack_state() writes on the root and unpack_state()
-  // reads on every peer (strategies whose state lies in their own buffers, beside an unswapped
-  // replica); those three are then overridden.
+  // reads on every peer (co2, whose flags and in-flight average go with it); those three are
+  // then overridden.
   virtual std::vector<at::Tensor> state_tensors(train::Replica&) { return {}; }
   virtual int64_t state_numel() const;
   virtual void pack_state(train::Replica& r, at::Tensor& out);
   virtual void unpack_state(train::Replica& r, const at::Tensor& in);
+  // This peer wrote the root's state_tensors() (the whole transfer): a strategy whose replica
+  // follows from them sets it here (diloco: the parameters from the anchor).
+  virtual void state_adopted(train::Replica&) {}
   // Whether this peer holds the previous round's average (co2 only).
   virtual bool has_previous() const { return false; }
   // Restores strategy tensors from a checkpoint (the strategy's own "strategy." names).
