@@ -536,7 +536,8 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     // A peer that trained rounds of another history than the root's (a side of a split swarm, a
     // peer restarted from an old checkpoint) loses that progress: say so, with what it held.
     const bool other_history = !same_history && version_ > 0;
-    if (need_state_ || r.step != root_step || !same_history)
+    // The root keeps its own state (its "state transfer: sent" line says so when others take it).
+    if (*root != net_.self() && (need_state_ || r.step != root_step || !same_history))
       log("adopting the swarm's state from peer " + net_.describe(*root) + " (step " +
           std::to_string(root_step) + ", round " + std::to_string(root_version) + ", work " +
           std::to_string(root_work) + ")" +
