@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <thread>
 
@@ -123,13 +124,20 @@ double probe_slowdown(const std::function<void()>& beside) {
   std::vector<double> alone, busy;
   for (int i = 0; i < 3; ++i) alone.push_back(probe.run(reps));
   {
+    // A failure beside (a tier's I/O error) is raised here, after the thread ends, not in it.
     std::atomic<bool> stop{false};
+    std::exception_ptr failed;
     std::thread io([&] {
-      while (!stop.load()) beside();
+      try {
+        while (!stop.load()) beside();
+      } catch (...) {
+        failed = std::current_exception();
+      }
     });
     for (int i = 0; i < 5; ++i) busy.push_back(probe.run(reps));
     stop = true;
     io.join();
+    if (failed) std::rethrow_exception(failed);
   }
   for (int i = 0; i < 2; ++i) alone.push_back(probe.run(reps));
   return std::max(0.0, median(busy) / median(alone) - 1);
