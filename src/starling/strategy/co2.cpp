@@ -26,6 +26,7 @@ void Co2::allocate(train::Replica&) {
   flat_->gather(anchor_);
   momentum_ = flat_->zeros();
   previous_ = flat_->zeros();
+  flags_ = at::zeros({2}, anchor_.options());
   average_ = exchange_->device();
   if (!zero()) own_ = flat_->zeros();
   const auto& s = config_.strategy;
@@ -49,9 +50,8 @@ bool Co2::early() const {
 }
 
 std::array<float, kAgreementNotes> Co2::round_notes() const {
-  const float launches = at_boundary_ ? 1.f : 0.f;
-  if (exchange_s_ <= 0 || step_s_ <= 0) return {0.f, 0.f, launches};
-  return {static_cast<float>(exchange_s_ / step_s_), 1.f, launches};
+  if (exchange_s_ <= 0 || step_s_ <= 0) return {0.f, 0.f, 0.f};
+  return {static_cast<float>(exchange_s_ / step_s_), 1.f, 0.f};
 }
 
 int64_t Co2::choose_apply_point(const Agreement& a) {
@@ -96,11 +96,22 @@ void Co2::set_shard(const std::vector<net::PeerId>& ring) {
 void Co2::started(const Agreement& a) {
   if (zero() && (a.synced || a.ring != ring_)) set_shard(a.ring);
   ring_ = a.ring;
-  // Joining a running swarm at its round boundary: the others launch an exchange now and apply
-  // it a few steps into the round, so this peer takes part (sending zeros). (A peer that becomes
-  // a member after the others' agreement is not in that exchange, which runs over the round's
-  // participants: its opening agreement waits for their next one.)
-  if (early() && a.notes[2] > 0) launch_early(a);
+  // Joining a running swarm at its round boundary: the others launch an exchange now (applied a
+  // few steps into the round, or at its end), so this peer takes part, sending zeros, and applies
+  // the average it adopted with them. (A peer that becomes a member after the others' agreement
+  // is not in that exchange, which runs over the round's participants: its opening agreement
+  // waits for their next one.)
+  if (!a.exchange_follows) return;
+  if (early())
+    launch_early(a);
+  else
+    launch_at_boundary(a);
+}
+
+void Co2::launch_at_boundary(const Agreement& a) {
+  const bool apply = has_average_ && a.previous_on_all;
+  has_average_ = apply;
+  launch(a, apply);
 }
 
 at::Tensor Co2::sum_over_shards(const at::Tensor& local) {
@@ -329,9 +340,7 @@ bool Co2::step_done_early(train::Replica& r, bool last) {
   if (passes_ > 0) step_s_ = pass_s_ / static_cast<double>(passes_);
   pass_s_ = 0;
   passes_ = 0;
-  at_boundary_ = true;
-  const Agreement a = agree(r);
-  at_boundary_ = false;
+  const Agreement a = agree(r, true);
   ring_ = a.ring;
   launch_early(a);
   ++rounds_;
@@ -348,18 +357,16 @@ bool Co2::step_done(train::Replica& r, bool last) {
   if (early()) return step_done_early(r, last);
   if (!last && r.step % config_.strategy.local_steps != 0) return false;
   collect();
-  Agreement a = agree(r);
+  Agreement a = agree(r, true);
   if (zero() && a.ring != ring_ && !a.synced) {
     // Membership changed: shard boundaries move, so every peer restarts its outer state from the
     // root's parameters (each peer sees the same change, so all take this branch).
     need_state_ = true;
-    a = agree(r);
+    a = agree(r, true);
   }
   if (zero() && (a.synced || a.ring != ring_)) set_shard(a.ring);
   ring_ = a.ring;
-  const bool apply = has_average_ && a.previous_on_all;
-  has_average_ = has_average_ && apply;
-  launch(a, apply);
+  launch_at_boundary(a);
   if (last && collect()) {
     // Drain: the final round's average is applied at once, so the run ends on x_{T+1}.
     final_round_ = true;
@@ -384,40 +391,32 @@ void Co2::finish(train::Replica&) {
   has_in_flight_ = false;
 }
 
-int64_t Co2::state_numel() const { return zero() ? flat_->numel() : 4 * flat_->numel() + 2; }
-
-void Co2::pack_state(train::Replica&, at::Tensor& out) {
-  if (zero()) {  // the root's parameters become everyone's anchor; sharded state restarts
-    flat_->gather(out);
-    return;
-  }
-  const int64_t n = flat_->numel();
-  out.narrow(0, 0, n).copy_(anchor_);
-  out.narrow(0, n, n).copy_(momentum_);
-  out.narrow(0, 2 * n, n).copy_(previous_);
-  if (has_average_) out.narrow(0, 3 * n, n).copy_(average_);
-  out[4 * n] = has_previous_ ? 1.f : 0.f;
-  out[4 * n + 1] = has_average_ ? 1.f : 0.f;
+std::vector<at::Tensor> Co2::state_tensors(train::Replica&) {
+  if (zero()) return {};
+  // Nothing is in flight at an agreement (collected before it), so the buffer holds the average.
+  flags_.copy_(at::tensor({has_previous_ ? 1.f : 0.f, has_average_ ? 1.f : 0.f}));
+  return {anchor_, momentum_, previous_, exchange_->device(), flags_};
 }
 
-void Co2::unpack_state(train::Replica&, const at::Tensor& in) {
-  if (zero()) {
-    flat_->scatter(in);
-    has_average_ = false;
-    has_previous_ = false;
-    return;  // set_shard() follows in step_done/started
-  }
-  const int64_t n = flat_->numel();
-  anchor_.copy_(in.narrow(0, 0, n));
-  momentum_.copy_(in.narrow(0, n, n));
-  previous_.copy_(in.narrow(0, 2 * n, n));
-  exchange_->device().copy_(in.narrow(0, 3 * n, n));
-  has_previous_ = in[4 * n].item<float>() != 0;
-  has_average_ = in[4 * n + 1].item<float>() != 0;
-  flat_->scatter(anchor_);
+void Co2::state_adopted(train::Replica&) {
+  const at::Tensor flags = flags_.cpu();
+  has_previous_ = flags[0].item<float>() != 0;
+  has_average_ = flags[1].item<float>() != 0;
   // The root's anchor, without this peer's progress since the launch. A carried part stays: a
-  // peer whose state matched the root's contributes, and sends it (launch()).
+  // peer adopting the root's state does not contribute this round, and launch() drops it then.
+  flat_->scatter(anchor_);
   offset_pending_ = false;
+}
+
+// Zero only (state_tensors): the root's parameters become everyone's anchor.
+int64_t Co2::state_numel() const { return flat_->numel(); }
+
+void Co2::pack_state(train::Replica&, at::Tensor& out) { flat_->gather(out); }
+
+void Co2::unpack_state(train::Replica&, const at::Tensor& in) {
+  flat_->scatter(in);
+  has_average_ = false;
+  has_previous_ = false;  // set_shard() follows in step_done/started
 }
 
 nlohmann::json Co2::checkpoint_state(std::vector<std::pair<std::string, at::Tensor>>& tensors) {

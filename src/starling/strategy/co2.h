@@ -61,6 +61,13 @@ class Co2 final : public SwarmStrategy {
 
  protected:
   void allocate(train::Replica& r) override;
+  // The anchor, outer momentum, previous average, the average ready to apply and two flags (the
+  // last two hold), in pieces. A peer whose history is the root's keeps its own state and its
+  // parameters: the round's local steps it took count in the delta it launches next. With zero
+  // the state is the root's parameters as one vector (every peer takes them: the shards move, and
+  // the sharded outer state restarts).
+  std::vector<at::Tensor> state_tensors(train::Replica& r) override;
+  void state_adopted(train::Replica& r) override;
   int64_t state_numel() const override;
   void pack_state(train::Replica& r, at::Tensor& out) override;
   void unpack_state(train::Replica& r, const at::Tensor& in) override;
@@ -88,8 +95,7 @@ class Co2 final : public SwarmStrategy {
   // applied: overlap_steps, or with -1 chosen from the participants' notes (below).
   int64_t choose_apply_point(const Agreement& a);
   // How many steps this peer's last exchange took (its duration over the mean forward and
-  // backward time of the round's steps), for the adaptive apply point, and whether it launches an
-  // exchange after this agreement (a joiner takes part in that exchange).
+  // backward time of the round's steps), for the adaptive apply point.
   std::array<float, kAgreementNotes> round_notes() const override;
   // Collects the in-flight average into average_ (this peer's part of it); false if none.
   bool collect();
@@ -101,7 +107,10 @@ class Co2 final : public SwarmStrategy {
   // x <- x - alpha*m: one more average applied to the shared state.
   void move_anchor();
   // Launches this round's exchange from y (the parameters) and moves y to the new anchor.
-  void launch(const Agreement& a, bool contribute);
+  void launch(const Agreement& a, bool apply);
+  // At a round boundary (not early): applies the last average if every participant holds it,
+  // then launch().
+  void launch_at_boundary(const Agreement& a);
   // Zero: rebuilds the full anchor into buffer_ by all-gather; false on failure.
   bool gather_anchor();
   void set_shard(const std::vector<net::PeerId>& ring);
@@ -112,6 +121,7 @@ class Co2 final : public SwarmStrategy {
   at::Tensor squares(const at::Tensor& part);
 
   at::Tensor anchor_, momentum_, previous_;  // full, or this peer's shard with zero (device)
+  at::Tensor flags_;                 // the transfer's [has_previous_, has_average_] (state_tensors)
   at::Tensor penalty_factor_;        // 1 / (1 + gamma * gap) of the average update_momentum() added
   std::optional<Staging> exchange_;  // the exchange in flight (always full size)
   at::Tensor average_;               // view: the part of exchange_->device() we own
@@ -141,7 +151,6 @@ class Co2 final : public SwarmStrategy {
   // and the mean step of the last round.
   double launched_s_ = 0, landed_s_ = 0, exchange_s_ = 0, pass_s_ = 0, step_s_ = 0;
   int64_t passes_ = 0;
-  bool at_boundary_ = false;     // agreeing at a round boundary: an exchange follows
   bool offset_pending_ = false;  // own_ holds progress to put back before the next step
 };
 

@@ -55,14 +55,10 @@ bool Ddp::average_gradients(train::Replica& r, const Agreement& a,
   return ok;
 }
 
-std::array<float, kAgreementNotes> Ddp::round_notes() const {
-  return {exchanging_ ? 1.f : 0.f, 0.f, 0.f};
-}
-
 void Ddp::started(const Agreement& a) {
   // Some participants agreed before their exchange; this peer, in its opening agreement, joins
-  // them there (a swarm starting together agrees in start() everywhere: no note).
-  if (a.notes[0] > 0) joined_round_ = a;
+  // them there (a swarm starting together agrees in start() everywhere: no exchange follows).
+  if (a.exchange_follows) joined_round_ = a;
 }
 
 Agreement Ddp::exchange_agreement(train::Replica& r) {
@@ -71,15 +67,7 @@ Agreement Ddp::exchange_agreement(train::Replica& r) {
     joined_round_.reset();
     return a;
   }
-  exchanging_ = true;
-  try {
-    const Agreement a = agree(r);
-    exchanging_ = false;
-    return a;
-  } catch (...) {
-    exchanging_ = false;
-    throw;
-  }
+  return agree(r, true);
 }
 
 void Ddp::gradients_ready(train::Replica& r) {

@@ -24,8 +24,6 @@ class Ddp : public SwarmStrategy {
  protected:
   void allocate(train::Replica& r) override;
   std::vector<at::Tensor> state_tensors(train::Replica& r) override;
-  // Whether this peer's agreement is the one before a gradient exchange (see joined_round_).
-  std::array<float, kAgreementNotes> round_notes() const override;
   void started(const Agreement& a) override;
   // The agreement of this step's exchange: the opening one where it belongs to the others'
   // exchange (joined_round_), otherwise a new one.
@@ -52,7 +50,6 @@ class Ddp : public SwarmStrategy {
                          const std::function<double()>& divisor);
 
   std::optional<Staging> grads_;  // the largest piece's gradients, as the network sends them
-  bool exchanging_ = false;       // inside gradients_ready's agreement
 };
 
 }  // namespace starling::strategy

@@ -18,7 +18,16 @@ void DiLoCo::allocate(train::Replica&) {
 
 bool DiLoCo::step_done(train::Replica& r, bool last) {
   if (!last && r.step % config_.strategy.local_steps != 0) return false;
-  const Agreement a = agree(r);
+  outer_step(agree(r, true));
+  ++rounds_;
+  return true;
+}
+
+void DiLoCo::started(const Agreement& a) {
+  if (a.exchange_follows) outer_step(a);
+}
+
+void DiLoCo::outer_step(const Agreement& a) {
   at::Tensor& delta = delta_->device();
   flat_->gather(delta);                // y
   at::sub_out(delta, anchor_, delta);  // delta = x - y
@@ -33,8 +42,6 @@ bool DiLoCo::step_done(train::Replica& r, bool last) {
     note_round(anchor_);
   }
   // On failure the local progress is kept: the next round's delta covers both rounds.
-  ++rounds_;
-  return true;
 }
 
 void DiLoCo::state_adopted(train::Replica&) { flat_->scatter(anchor_); }  // y = x

@@ -24,8 +24,13 @@ class DiLoCo final : public SwarmStrategy {
   void state_adopted(train::Replica&) override;
   void restore(train::Replica& r, const nlohmann::json& state,
                const SafetensorsFile& tensors) override;
+  // A joiner whose opening agreement was the others' round boundary takes part in their
+  // pseudo-gradient all-reduce (sending nothing) and takes the same outer step.
+  void started(const Agreement& a) override;
 
  private:
+  // The round's all-reduce of the pseudo-gradient and outer step.
+  void outer_step(const Agreement& a);
   at::Tensor anchor_, momentum_;
   std::optional<Staging> delta_;  // this round's pseudo-gradient, then the average
 };

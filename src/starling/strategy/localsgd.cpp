@@ -13,7 +13,16 @@ void LocalSgd::allocate(train::Replica&) {
 
 bool LocalSgd::step_done(train::Replica& r, bool last) {
   if (!last && r.step % config_.strategy.local_steps != 0) return false;
-  const Agreement a = agree(r);
+  average(agree(r, true));
+  ++rounds_;
+  return true;
+}
+
+void LocalSgd::started(const Agreement& a) {
+  if (a.exchange_follows) average(a);
+}
+
+void LocalSgd::average(const Agreement& a) {
   at::Tensor& params = buffer_->device();
   flat_->gather(params);
   if (!a.contribute) params.zero_();
@@ -25,8 +34,6 @@ bool LocalSgd::step_done(train::Replica& r, bool last) {
   }
   // On failure each peer keeps its own parameters; the next agreement finds the versions apart
   // only if some peer did average, and then hands everyone the root's.
-  ++rounds_;
-  return true;
 }
 
 // The parameters themselves, in flat_'s order. A peer whose history is the root's keeps its own:

@@ -18,8 +18,13 @@ class LocalSgd final : public SwarmStrategy {
   void allocate(train::Replica& r) override;
   std::vector<at::Tensor> state_tensors(train::Replica& r) override;
   void restore(train::Replica&, const nlohmann::json&, const SafetensorsFile&) override {}
+  // A joiner whose opening agreement was the others' round boundary takes part in their
+  // averaging (sending nothing) and ends on their average.
+  void started(const Agreement& a) override;
 
  private:
+  // The round's averaging of the parameters among the agreement's participants.
+  void average(const Agreement& a);
   std::optional<Staging> buffer_;
 };
 

@@ -44,7 +44,7 @@ uint32_t get_lineage(const float* at) {
 }
 
 // The agreement's fields before the lineage's bytes, and the lineage's share of it.
-constexpr int64_t kControl = 5;
+constexpr int64_t kControl = 6;
 constexpr int64_t kLineage = 8;  // 4 bytes, each as b and b*b
 
 }  // namespace
@@ -369,6 +369,9 @@ bool SwarmStrategy::transfer_state(train::Replica& r, const Agreement& a, net::P
     }
     if (sending) stream.read_next(part, read);
     if (!wait(net_.broadcast(as_span(part), o), "state transfer", &a.ring)) {
+      if (wrote)
+        torn_ = std::to_string(k) + " of " + std::to_string(stream.pieces()) + " pieces of peer " +
+                net_.describe(root) + "'s state";
       if (wrote && holds_state_) {
         // Part of this peer's own state is now the root's: it holds neither, so it no longer
         // votes for its history nor may be chosen to send it.
@@ -418,7 +421,7 @@ void SwarmStrategy::redeal(data::TokenLoader& loader, const Agreement& a,
       std::to_string(before.world) + ")");
 }
 
-Agreement SwarmStrategy::agree(train::Replica& r) {
+Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows) {
   for (int attempt = 0;; ++attempt) {
     constexpr int64_t kNotes = kControl + kLineage;  // where the strategy's notes start
     constexpr int64_t kShares = kNotes + kAgreementNotes;
@@ -429,6 +432,7 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     c[2] = static_cast<float>(version_ % (1 << 20));  // compared as a sum: exact below 2^24/peers
     c[3] = has_previous() ? 1.f : 0.f;
     c[4] = r.runner != nullptr && r.runner->admission_ready() ? 1.f : 0.f;
+    c[5] = exchange_follows ? 1.f : 0.f;
     for (int b = 0; b < 4; ++b) {
       const float byte = static_cast<float>((lineage_ >> (8 * b)) & 0xFFu);
       c[kControl + 2 * b] = byte;
@@ -464,6 +468,7 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     net_wait_s_ += now_s() - t0;
     Agreement a;
     a.peers = static_cast<int>(c[1]);
+    a.exchange_follows = c[5] > 0;
     for (int i = 0; i < kAgreementNotes; ++i) a.notes[i] = c[kNotes + i];
     std::array<double, kRedealNotes> shares{};
     for (int i = 0; i < kRedealNotes; ++i) shares[i] = c[kShares + i];
@@ -549,10 +554,20 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
                          : ""));
     // The root's state is this peer's exactly when it has the same history, round and step
     // (collectives give every peer the same bits), so such a peer keeps its own.
+    if (*root == net_.self() && !torn_.empty())
+      log("no participant holds a whole state: every peer that held it has left since this "
+          "peer's transfer broke off (it had received " +
+          torn_ +
+          "), so the swarm goes on from this peer's state, those pieces and its own values "
+          "for the rest, at its own step " +
+          std::to_string(r.step) +
+          "; restart the swarm from a checkpoint (--resume) to go on "
+          "from a whole one");
     if (!transfer_state(r, a, *root, root_piece, a.contribute)) {
       need_state_ = true;
       continue;
     }
+    torn_.clear();
     const bool moved = r.step != root_step;
     r.step = root_step;
     r.optimizer.set_steps(root_step);
@@ -563,15 +578,17 @@ Agreement SwarmStrategy::agree(train::Replica& r) {
     if (r.runner != nullptr && moved) r.runner->align(root_step);
     need_state_ = false;
     a.synced = true;
-    // Agree on who contributes: one more tiny sum.
-    at::Tensor count = at::full({1}, a.contribute ? 1.f : 0.f,
-                                at::TensorOptions().dtype(at::kFloat).device(net_device()));
+    // Agree on who contributes, and whether every participant holds the previous round's
+    // average (a peer that kept its own state keeps its own answer): one more tiny sum.
+    at::Tensor count =
+        at::tensor({a.contribute ? 1.f : 0.f, has_previous() ? 1.f : 0.f}).to(net_device());
     if (!all_reduce(count, net::WirePrecision::fp32, "contributor count", &a.ring)) {
       need_state_ = true;
       continue;
     }
-    a.contributors = static_cast<int>(count.item<float>());
-    a.previous_on_all = has_previous();  // the root's, now everyone's
+    const at::Tensor counted = count.cpu();
+    a.contributors = static_cast<int>(counted[0].item<float>());
+    a.previous_on_all = static_cast<int>(counted[1].item<float>()) == a.peers;
     agreed(a);
     if (admit) r.runner->admit_waiting();
     if (loader != nullptr) redeal(*loader, a, shares);
@@ -604,7 +621,7 @@ void SwarmStrategy::start(train::Replica& r, const nlohmann::json& state,
     restore(r, state, *tensors);
     need_state_ = false;
   }
-  const Agreement a = agree(r);
+  const Agreement a = agree(r, false);
   started(a);
   log("training with " + std::to_string(a.peers) + " peer" + (a.peers == 1 ? "" : "s") +
       " from step " + std::to_string(r.step));

@@ -5,7 +5,8 @@
 //
 // Each round boundary opens with a tiny all-reduce (the agreement) of
 //   [needs state, 1, anchor version, has the previous round's average, votes to admit,
-//    then each byte b of the state's lineage as b and b*b, then the strategy's three notes]
+//    an exchange follows, then each byte b of the state's lineage as b and b*b, then the
+//    strategy's three notes]
 // and the peer's share of the data (strategy/data_redeal.h),
 // so every peer learns, from bit-identical sums, how many take part and whether all of them hold
 // the same shared state (and whether all of them would admit waiting peers now: see
@@ -51,11 +52,16 @@ namespace starling::strategy {
 inline constexpr int kAgreementNotes = 3;
 
 struct Agreement {
-  int peers = 0;                  // participants of the round
-  int contributors = 0;           // peers whose local progress counts this round
-  bool contribute = false;        // whether this peer's progress counts
-  bool synced = false;            // the root's state was broadcast and adopted
-  bool previous_on_all = false;   // every participant holds the previous round's average
+  int peers = 0;                 // participants of the round
+  int contributors = 0;          // peers whose local progress counts this round
+  bool contribute = false;       // whether this peer's progress counts
+  bool synced = false;           // the root's state was broadcast and adopted
+  bool previous_on_all = false;  // every participant holds the previous round's average
+  // Some participant goes on to its round's exchange right after this agreement (agree()'s
+  // exchange_follows): a peer for which it was the opening agreement (a joiner, a restarted
+  // peer) takes part in that exchange in started(), sending nothing, rather than call its own
+  // next agreement into it, which would fail the exchange and cost a second transfer.
+  bool exchange_follows = false;
   std::vector<net::PeerId> ring;  // participants by id (shard order)
   // The sums over the participants of their round_notes() (the same on every participant).
   std::array<double, kAgreementNotes> notes{};
@@ -83,8 +89,8 @@ class SwarmStrategy : public train::StepHooks {
   // a swapped replica's state stays in its tier. A peer whose state is the root's already
   // (same history, round and step) writes nothing. Empty (the default): the state is one float
   // vector of state_numel() elements, which pack_state() writes on the root and unpack_state()
-  // reads on every peer (co2, whose flags and in-flight average go with it); those three are
-  // then overridden.
+  // reads on every peer (co2 with zero, whose shards move: every peer takes the root's
+  // parameters); those three are then overridden.
   virtual std::vector<at::Tensor> state_tensors(train::Replica&) { return {}; }
   virtual int64_t state_numel() const;
   virtual void pack_state(train::Replica& r, at::Tensor& out);
@@ -97,11 +103,13 @@ class SwarmStrategy : public train::StepHooks {
   // Restores strategy tensors from a checkpoint (the strategy's own "strategy." names).
   virtual void restore(train::Replica& r, const nlohmann::json& state,
                        const SafetensorsFile& tensors) = 0;
-  // The opening agreement is done (co2 with zero notes its shard here).
+  // The opening agreement is done (co2 with zero notes its shard here; a strategy whose
+  // participants exchange right after their agreement joins that exchange when
+  // a.exchange_follows).
   virtual void started(const Agreement&) {}
   // Three numbers this peer adds to the agreement, summed over the participants into
   // Agreement::notes, so that every participant decides alike from them (co2: how long its last
-  // exchange took, in steps, and whether it launches an exchange after this agreement).
+  // exchange took, in steps).
   virtual std::array<float, kAgreementNotes> round_notes() const { return {}; }
   // Whether every participant draws as many batches per round as the others, so that the swarm's
   // reading position is known and the data can be dealt again when the peers change
@@ -109,7 +117,9 @@ class SwarmStrategy : public train::StepHooks {
   virtual bool lockstep_data() const { return true; }
 
   // The round's agreement, with a state transfer when needed; retried until it succeeds.
-  Agreement agree(train::Replica& r);
+  // `exchange_follows`: this peer goes on to the round's exchange (over the agreement's ring)
+  // right after it (Agreement::exchange_follows).
+  Agreement agree(train::Replica& r, bool exchange_follows);
   // Waits for `work`, counting the time as network wait; false (logged) if it failed, or if
   // `ring` is given and the collective ran among other peers than those (a round's collectives
   // must run among the round's participants: when a peer is found dead or comes back between the
@@ -207,8 +217,11 @@ class SwarmStrategy : public train::StepHooks {
   std::optional<UpdatePoison> poison_;            // STARLING_FAULT_POISON (fault_injection.h)
   std::optional<TransferDeath> die_in_transfer_;  // STARLING_FAULT_DIE_IN_TRANSFER
   long long transfers_sent_ = 0;                  // state transfers sent to other peers
-  at::Tensor gathered_;                           // trimmed_mean: every peer's update and flag
-  int64_t fingerprint_round_ = -1;                // note_round(): the round and its state's CRC-32C
+  // Set when a transfer broke off after this peer wrote part of it (what it wrote), cleared by
+  // the next whole one: if this peer is then chosen as the root, no whole state is left.
+  std::string torn_;
+  at::Tensor gathered_;             // trimmed_mean: every peer's update and flag
+  int64_t fingerprint_round_ = -1;  // note_round(): the round and its state's CRC-32C
   uint32_t fingerprint_ = 0;
   uint32_t fingerprint_lineage_ = 0;  // the lineage of fingerprint_round_'s state
   train::StepRunner* runner_ = nullptr;
