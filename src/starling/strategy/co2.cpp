@@ -393,7 +393,8 @@ void Co2::finish(train::Replica&) {
 
 std::vector<at::Tensor> Co2::state_tensors(train::Replica&) {
   if (zero()) return {};
-  // Nothing is in flight at an agreement (collected before it), so the buffer holds the average.
+  // Nothing is in flight at an agreement (collected before it): the buffer holds the average
+  // when has_average_ says so (otherwise scratch, which the writer's flags tell it to ignore).
   flags_.copy_(at::tensor({has_previous_ ? 1.f : 0.f, has_average_ ? 1.f : 0.f}));
   return {anchor_, momentum_, previous_, exchange_->device(), flags_};
 }
@@ -402,10 +403,11 @@ void Co2::state_adopted(train::Replica&) {
   const at::Tensor flags = flags_.cpu();
   has_previous_ = flags[0].item<float>() != 0;
   has_average_ = flags[1].item<float>() != 0;
-  // The root's anchor, without this peer's progress since the launch. A carried part stays: a
-  // peer adopting the root's state does not contribute this round, and launch() drops it then.
+  // The root's anchor, without this peer's progress since the launch, and no part of an old
+  // exchange of its own to send again (it belongs to another state).
   flat_->scatter(anchor_);
   offset_pending_ = false;
+  carry_ = false;
 }
 
 // Zero only (state_tensors): the root's parameters become everyone's anchor.

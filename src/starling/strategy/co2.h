@@ -11,9 +11,9 @@
 // The final boundary also waits for the last average and applies it, so no round is dropped: by
 // default as x_{T+1} = x_T - Delta_T, the peers' mean (strategy.final_step = "average"), not an
 // outer step that the momentum carries past it ("outer").
-// When a round's average is not applied (its exchange failed when a peer died, or a joiner lacks
-// it), each peer sends its part of that round again with the next round's delta, so the progress
-// of the survivors is not lost (without zero).
+// When a round's average is not applied (its exchange failed when a peer died, or with zero a
+// joiner lacks it), each peer sends its part of that round again with the next round's delta, so
+// the progress of the survivors is not lost (without zero).
 //
 // With strategy.overlap_steps = K < tau the average is applied K inner steps into the next round
 // instead of at its end (overlapped like Streaming DiLoCo's exchange): at the boundary the peer

@@ -586,9 +586,9 @@ Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows) {
       need_state_ = true;
       continue;
     }
-    const at::Tensor counted = count.cpu();
-    a.contributors = static_cast<int>(counted[0].item<float>());
-    a.previous_on_all = static_cast<int>(counted[1].item<float>()) == a.peers;
+    const at::Tensor sums = count.cpu();
+    a.contributors = static_cast<int>(sums[0].item<float>());
+    a.previous_on_all = static_cast<int>(sums[1].item<float>()) == a.peers;
     agreed(a);
     if (admit) r.runner->admit_waiting();
     if (loader != nullptr) redeal(*loader, a, shares);

@@ -59,8 +59,9 @@ struct Agreement {
   bool previous_on_all = false;  // every participant holds the previous round's average
   // Some participant goes on to its round's exchange right after this agreement (agree()'s
   // exchange_follows): a peer for which it was the opening agreement (a joiner, a restarted
-  // peer) takes part in that exchange in started(), sending nothing, rather than call its own
-  // next agreement into it, which would fail the exchange and cost a second transfer.
+  // peer) takes part in that exchange in started() (sending nothing unless it kept its own
+  // state, the root's), rather than call its own next agreement into it, which would fail the
+  // exchange and cost a second transfer.
   bool exchange_follows = false;
   std::vector<net::PeerId> ring;  // participants by id (shard order)
   // The sums over the participants of their round_notes() (the same on every participant).
