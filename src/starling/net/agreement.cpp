@@ -331,20 +331,24 @@ void Agreement::coordinate(const GroupKey& key) {
     expected = table_.members.participants(group);
   }
   std::string refusal;
+  bool all_ready = true;
   for (PeerId id : expected) {
     if (ready.count(id)) continue;
+    all_ready = false;
     // Someone has not called the collective yet. If it waits on this tag for a collective over
     // a wider group (a round's exchange meets a newcomer's or a restarted peer's opening
     // agreement), each waits for the other: that one needs the peers waiting here, and this
-    // one waits for it until the collective timeout. The narrower gives way, at once.
+    // one waits for it until the collective timeout. The narrower gives way, at once. Every
+    // missing member is looked at: members refused a moment ago are missing too, and a member
+    // of the group whose readiness arrives after theirs must be refused as well.
     for (const auto& [other, waiting] : readies_)
       if (other.first == key.first && narrower(group, other.second) && waiting.count(id))
         refusal = "peer " + table_.who(id) + " waits on this tag for " +
                   waiting.at(id).request.describe() +
                   ", which needs the peers that called this one";
-    if (refusal.empty() || ready.empty()) return;
-    break;
+    if (!refusal.empty()) break;
   }
+  if (!all_ready && (refusal.empty() || ready.empty())) return;
   std::vector<PeerId> participants;
   for (const auto& [id, r] : ready) participants.push_back(id);
   const Request& first = ready.begin()->second.request;
