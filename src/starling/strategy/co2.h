@@ -61,11 +61,11 @@ class Co2 final : public SwarmStrategy {
 
  protected:
   void allocate(train::Replica& r) override;
-  // The anchor, outer momentum, previous average, the average ready to apply and two flags (the
-  // last two hold), in pieces. A peer whose history is the root's keeps its own state and its
-  // parameters: the round's local steps it took count in the delta it launches next. With zero
-  // the state is the root's parameters as one vector (every peer takes them: the shards move, and
-  // the sharded outer state restarts).
+  // The anchor, outer momentum, previous average, the average ready to apply and two flags
+  // saying whether those last two hold values, in pieces. A peer whose history is the root's keeps
+  // its own state and its parameters: the round's local steps it took count in the delta it
+  // launches next. With zero the state is the root's parameters as one vector (every peer takes
+  // them: the shards move, and the sharded outer state restarts).
   std::vector<at::Tensor> state_tensors(train::Replica& r) override;
   void state_adopted(train::Replica& r) override;
   int64_t state_numel() const override;
