@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -114,6 +115,46 @@ std::optional<json> wait_event(Process& p, const std::function<bool(const json&)
     } catch (const json::exception&) {
     }
   }
+  return std::nullopt;
+}
+
+// Reads every peer's events until each has said "done" or closed its output, or `timeout`
+// passes, so that no peer blocks on a full pipe while the test waits for another; the "done"
+// events, by peer.
+std::vector<std::optional<json>> wait_all_done(std::vector<Process>& peers,
+                                               std::chrono::milliseconds timeout) {
+  std::vector<std::optional<json>> done(peers.size());
+  std::vector<bool> over(peers.size(), false);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline &&
+         std::find(over.begin(), over.end(), false) != over.end()) {
+    for (size_t i = 0; i < peers.size(); ++i) {
+      while (!over[i]) {
+        auto line = peers[i].read_line(10ms);
+        if (!line) {
+          over[i] = peers[i].finished_output();
+          break;
+        }
+        try {
+          json j = json::parse(*line);
+          if (j["event"] == "done") {
+            done[i] = j;
+            over[i] = true;
+          }
+        } catch (const json::exception&) {
+        }
+      }
+    }
+  }
+  return done;
+}
+
+// The fingerprint of the shared state a peer's step records give for round `round`
+// (strategy.fingerprint, with a record every step).
+std::optional<double> fingerprint_of(const fs::path& run, int64_t round) {
+  for (const auto& m : metrics(run))
+    if (m.contains("net") && m["net"].value("fingerprint_round", -1.0) == round)
+      return m["net"]["fingerprint"].get<double>();
   return std::nullopt;
 }
 
@@ -548,46 +589,84 @@ TEST_F(SwarmCliTest, JoinerAdoptsTheRunningSwarmsState) {
   }
 }
 
-// A peer that joins a running localsgd or diloco swarm adopts its state in pieces (the
-// parameters; the anchor and outer momentum) from one of the running peers, while the other,
-// whose state is the sender's, keeps its own and with it the local steps of its round, which
-// then count in that round's average. The joiner takes part in the averaging that follows the
-// agreement it joined in, so no collective fails and one transfer suffices. All three end on
-// the same model. (co2: JoinerAdoptsTheRunningSwarmsState; co2 with zero keeps one vector, as
-// its shards move at a join and every peer takes the root's parameters.)
-TEST_F(SwarmCliTest, LocalUpdateSwarmsTakeAJoinerInPieces) {
+// A peer that joins a running ddp, localsgd, diloco or co2 swarm adopts its state in pieces
+// (the parameters and moments; the anchor and outer state) from one of the running peers, while
+// the other, whose state is the sender's, keeps its own and with it the local steps of its
+// round, which then count in that round's average. The joiner takes part in the exchange that
+// follows the agreement it joined in, so no collective fails and one transfer suffices: ddp's
+// joiner with the gradients of its first step, computed on the parameters it adopted (the step
+// counts three contributors), the others sending nothing for a round they did not train (two).
+// All three end on the same model. (co2's join in both its forms, with the data dealt again:
+// JoinerAdoptsTheRunningSwarmsState. co2 with zero keeps one vector, as its shards move at a
+// join and every peer takes the root's parameters.)
+//
+// That the running peers keep their rounds' progress is checked bit for bit for localsgd,
+// diloco and co2 (published form): without re-dealing the data, the two running peers read the
+// same batches whether a third joins or not, and the joiner adds exact zeros to the exchange of
+// the round it joins in, so the average that exchange brings is the one a swarm of the two
+// alone computes. A running peer that lost its round's local steps at the join (took the
+// sender's parameters, or went back to the anchor) would change it.
+TEST_F(SwarmCliTest, SwarmsTakeAJoinerInPieces) {
   const std::vector<std::pair<std::string, std::string>> kinds = {
-      {"localsgd", ""}, {"diloco", ""}, {"co2", "zero = true"}};
+      {"ddp", ""}, {"localsgd", ""}, {"diloco", ""}, {"co2", ""}, {"co2", "zero = true"}};
   for (const auto& [kind, extra] : kinds) {
     SCOPED_TRACE(kind + " " + extra);
     const bool pieces = extra != "zero = true";
-    const std::string name = "join_" + kind + std::to_string(extra.size());
+    const bool exact = kind != "ddp" && extra.empty();
     const int64_t steps = 1000;  // the swarm still trains when the joiner comes (see above)
-    write_config(name,
-                 "kind = \"" + kind + "\"\nlocal_steps = 4\ntransfer_piece = \"4KB\"\n" + extra,
-                 steps, 20);
-    fs::create_directories(run_dir(name));
+    const std::string strategy =
+        "kind = \"" + kind + "\"\nlocal_steps = 4\ntransfer_piece = \"4KB\"\n" + extra +
+        (exact ? "fingerprint = true\nprecision = \"fp32\"\nredeal_data = false\n" : "");
+    // Two peers, shares 0 and 1 of 3, then the third if `join`; the "done" events.
+    const auto swarm = [&](const std::string& name, bool join) {
+      write_config(name, strategy, steps, 1);
+      fs::create_directories(run_dir(name));
+      const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+      std::vector<Process> peers;
+      peers.emplace_back(peer_argv(name, 0, 3, "", 2), log(0).string());
+      auto listening = wait_event(
+          peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
+      if (!listening) return std::vector<std::optional<json>>{};
+      const std::string entry = (*listening)["endpoint"];
+      peers.emplace_back(peer_argv(name, 1, 3, entry, 2), log(1).string());
+      if (join) {
+        if (!wait_event(
+                peers[1], [](const json& j) { return j["event"] == "step" && j["step"] >= 40; },
+                60s))
+          return std::vector<std::optional<json>>{};
+        peers.emplace_back(peer_argv(name, 2, 3, entry, 1), log(2).string());
+      }
+      return wait_all_done(peers, 120s);
+    };
+    const std::string name = "join_" + kind + std::to_string(extra.size());
     const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
-    std::vector<Process> peers;
-    peers.emplace_back(peer_argv(name, 0, 3, "", 2), log(0).string());
-    auto listening = wait_event(
-        peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
-    ASSERT_TRUE(listening) << read_file(log(0));
-    const std::string entry = (*listening)["endpoint"];
-    peers.emplace_back(peer_argv(name, 1, 3, entry, 2), log(1).string());
-    ASSERT_TRUE(wait_event(
-        peers[1], [](const json& j) { return j["event"] == "step" && j["step"] >= 40; }, 60s));
-    peers.emplace_back(peer_argv(name, 2, 3, entry, 1), log(2).string());
+    const auto done = swarm(name, true);
+    ASSERT_EQ(done.size(), 3u) << read_file(log(0)) << read_file(log(1));
     for (int i = 0; i < 3; ++i) {
-      auto done = wait_event(
-          peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
-      ASSERT_TRUE(done) << "peer " << i << ": " << read_file(log(i));
-      EXPECT_EQ((*done)["net"]["peers"], 3);
+      ASSERT_TRUE(done[i]) << "peer " << i << ": " << read_file(log(i));
+      EXPECT_EQ((*done[i])["net"]["peers"], 3);
+      EXPECT_EQ((*done[i])["net"]["contributors"], 3);
     }
     const std::string joiner = read_file(log(2));
     const std::string old = read_file(log(0)) + read_file(log(1));
     EXPECT_EQ(count_of(joiner, "adopting the swarm's state from peer"), 1) << joiner;
     EXPECT_EQ(old.find("failed"), std::string::npos) << old;
+    // How many contributed to the round of the join: the swarm's work (contributors summed over
+    // its rounds) at the end, less the work the joiner adopted and the three of each later round
+    // (co2 applies its last round's average at the end, one round more than it agreed on).
+    const std::regex adopting(
+        "adopting the swarm's state from peer [^ ]+ \\(step [0-9]+, round "
+        "([0-9]+), work ([0-9]+)\\)");
+    std::smatch at;
+    ASSERT_TRUE(std::regex_search(joiner, at, adopting)) << joiner;
+    const int64_t join_round = std::stoll(at[1]);
+    const json state = json::parse(
+        read_file(checkpoint_dir(run_dir(name) / "peer-2", steps) / "meta.json"))["strategy"];
+    const int64_t later_rounds =
+        state["version"].get<int64_t>() - join_round - (kind == "co2" && extra.empty() ? 2 : 1);
+    EXPECT_EQ(state["work"].get<int64_t>() - std::stoll(at[2]) - 3 * later_rounds,
+              kind == "ddp" ? 3 : 2)
+        << at[0] << "; at the end " << state;
     if (pieces) {
       const std::regex adopted(
           "state transfer: adopted ([0-9.]+) (KB|MB) of \\1 \\2 in ([0-9]+) of \\3 piece\\(s\\)");
@@ -602,6 +681,27 @@ TEST_F(SwarmCliTest, LocalUpdateSwarmsTakeAJoinerInPieces) {
     ASSERT_FALSE(model.empty());
     EXPECT_TRUE(final_model(run_dir(name) / "peer-1", steps) == model);
     EXPECT_TRUE(final_model(run_dir(name) / "peer-2", steps) == model);
+    if (!exact) continue;
+    const std::string alone = name + "_alone";
+    const auto pair = swarm(alone, false);
+    ASSERT_EQ(pair.size(), 2u);
+    ASSERT_TRUE(pair[0] && pair[1]) << read_file(run_dir(alone) / "p0.log");
+    // The round whose average the join's exchange brings: the next (co2 applies at the
+    // boundary before it launches, and its published form applies a round late).
+    const int64_t joined_round = join_round + (kind == "co2" ? 2 : 1);
+    for (int i = 0; i < 2; ++i) {
+      const fs::path peer = "peer-" + std::to_string(i);
+      for (int64_t round = join_round + 1; round <= joined_round; ++round) {
+        const auto joined = fingerprint_of(run_dir(name) / peer, round);
+        ASSERT_TRUE(joined) << "no record of round " << round << " on peer " << i;
+        EXPECT_EQ(*joined, fingerprint_of(run_dir(alone) / peer, round).value_or(-1))
+            << "round " << round << " differs from the two peers' alone (the join: round "
+            << join_round << ")";
+      }
+      // From the next round on the joiner's own progress counts, so the two runs part.
+      EXPECT_NE(fingerprint_of(run_dir(name) / peer, joined_round + 1).value_or(-1),
+                fingerprint_of(run_dir(alone) / peer, joined_round + 1).value_or(-2));
+    }
   }
 }
 

@@ -32,8 +32,8 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
   // starts: a peer may begin a round late (a longer checkpoint, evaluation or swap write-back).
   // A peer that will adopt the swarm's state contributes nothing: it says so at once, as a
   // ready peer with no samples, so that nobody counts on it. So does one whose first exchange
-  // is the others' already agreed one (joined_round_): it computes one micro-batch, whose
-  // gradients it does not send.
+  // is the others' already agreed one (joined_round_): it computes one micro-batch, on the
+  // parameters it adopted, and its samples count in that exchange.
   const bool spectator = need_state_ || joined_round_.has_value();
   board_.announce(version_, 0, pace(), spectator);
   runner.begin_accumulation();

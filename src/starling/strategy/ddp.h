@@ -32,9 +32,11 @@ class Ddp : public SwarmStrategy {
   // their gradient exchange (a joiner's opening agreement in start(), theirs in
   // gradients_ready): they go on to that exchange at once. Rather than call an agreement of its
   // own into it (which would fail it, and the others' step with it, and cost a second
-  // transfer), this peer takes part in that exchange at its first gradients_ready, sending
-  // nothing (it computed on other parameters), and takes the same update as the others.
+  // transfer), this peer takes part in that exchange at its first gradients_ready, with the
+  // gradients of the step it computed meanwhile on the parameters it adopted, and takes the same
+  // update as the others (counts_from_opening()).
   std::optional<Agreement> joined_round_;
+  bool counts_from_opening() const override { return true; }
   void restore(train::Replica&, const nlohmann::json&, const SafetensorsFile&) override {}
 
  protected:

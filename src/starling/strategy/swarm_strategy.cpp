@@ -243,6 +243,7 @@ void SwarmStrategy::note_round(const at::Tensor& shared) {
 
 void SwarmStrategy::agreed(const Agreement& a) {
   work_ += a.contributors;
+  contributors_ = a.contributors;
   // CRC-32C over the old lineage and the ring's ids (sorted, the same on every participant).
   std::vector<uint64_t> words{lineage_};
   words.insert(words.end(), a.ring.begin(), a.ring.end());
@@ -421,7 +422,7 @@ void SwarmStrategy::redeal(data::TokenLoader& loader, const Agreement& a,
       std::to_string(before.world) + ")");
 }
 
-Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows) {
+Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool opening) {
   for (int attempt = 0;; ++attempt) {
     constexpr int64_t kNotes = kControl + kLineage;  // where the strategy's notes start
     constexpr int64_t kShares = kNotes + kAgreementNotes;
@@ -568,6 +569,10 @@ Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows) {
       continue;
     }
     torn_.clear();
+    // A peer in its opening agreement trains from here on the state it now holds: where its
+    // share of the exchange that follows is computed after this (ddp's gradients of the step
+    // the others are about to sum), that share is as good as theirs.
+    if (opening && a.exchange_follows && counts_from_opening()) a.contribute = true;
     const bool moved = r.step != root_step;
     r.step = root_step;
     r.optimizer.set_steps(root_step);
@@ -621,7 +626,7 @@ void SwarmStrategy::start(train::Replica& r, const nlohmann::json& state,
     restore(r, state, *tensors);
     need_state_ = false;
   }
-  const Agreement a = agree(r, false);
+  const Agreement a = agree(r, false, true);
   started(a);
   log("training with " + std::to_string(a.peers) + " peer" + (a.peers == 1 ? "" : "s") +
       " from step " + std::to_string(r.step));
@@ -644,6 +649,7 @@ train::StrategyReport SwarmStrategy::report() const {
   if (withheld_updates_ > 0)
     rep.figures["withheld_updates"] = static_cast<double>(withheld_updates_);
   if (redeals_ > 0) rep.figures["data_redeals"] = static_cast<double>(redeals_);
+  rep.figures["contributors"] = static_cast<double>(contributors_);
   return rep;
 }
 

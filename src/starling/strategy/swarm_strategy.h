@@ -101,6 +101,11 @@ class SwarmStrategy : public train::StepHooks {
   virtual void state_adopted(train::Replica&) {}
   // Whether this peer holds the previous round's average (co2 only).
   virtual bool has_previous() const { return false; }
+  // Whether a peer that adopts the swarm's state in its opening agreement counts in the exchange
+  // that follows it (Agreement::exchange_follows). It does where its share of that exchange is
+  // computed after its opening, on the state it adopted (ddp's and atom's gradients of the
+  // step); not where the share is progress made before the agreement (a round's local steps).
+  virtual bool counts_from_opening() const { return false; }
   // Restores strategy tensors from a checkpoint (the strategy's own "strategy." names).
   virtual void restore(train::Replica& r, const nlohmann::json& state,
                        const SafetensorsFile& tensors) = 0;
@@ -119,8 +124,9 @@ class SwarmStrategy : public train::StepHooks {
 
   // The round's agreement, with a state transfer when needed; retried until it succeeds.
   // `exchange_follows`: this peer goes on to the round's exchange (over the agreement's ring)
-  // right after it (Agreement::exchange_follows).
-  Agreement agree(train::Replica& r, bool exchange_follows);
+  // right after it (Agreement::exchange_follows). `opening`: this peer's first agreement (in
+  // start()), before it has trained anything (counts_from_opening()).
+  Agreement agree(train::Replica& r, bool exchange_follows, bool opening = false);
   // Waits for `work`, counting the time as network wait; false (logged) if it failed, or if
   // `ring` is given and the collective ran among other peers than those (a round's collectives
   // must run among the round's participants: when a peer is found dead or comes back between the
@@ -178,6 +184,7 @@ class SwarmStrategy : public train::StepHooks {
   net::WirePrecision precision_;
   int64_t version_ = 0;       // averages applied to the shared state so far
   int64_t work_ = 0;          // contributors summed over the rounds agreed on the shared state
+  int contributors_ = 0;      // the last agreed round's (reported as "contributors")
   uint32_t lineage_ = 0;      // the shared state's history: each agreed round mixes in its ring
   bool holds_state_ = false;  // restored from a checkpoint or adopted from the swarm: it votes
   bool need_state_ = true;    // this peer's shared state is not known to match the swarm's
