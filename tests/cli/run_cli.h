@@ -23,4 +23,11 @@ inline CliResult run_cli(const std::string& args) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
 }
 
+// Whether the binary sees a GPU ("starling 0.1.0 (libtorch 2.11.0, CUDA, 1 GPU)").
+inline bool binary_sees_a_gpu() {
+  const auto r = run_cli("--version");
+  return r.output.find(", CUDA, ") != std::string::npos &&
+         r.output.find(", CUDA, 0 GPUs") == std::string::npos;
+}
+
 }  // namespace starling::testing

@@ -21,6 +21,7 @@
 namespace {
 
 namespace fs = std::filesystem;
+using starling::testing::binary_sees_a_gpu;
 using starling::testing::read_file;
 using starling::testing::rng_data_start;
 using starling::testing::run_cli;
@@ -165,13 +166,6 @@ void expect_same_moments(const fs::path& a, const fs::path& b) {
   ASSERT_GT(ra, 0u);
   ASSERT_EQ(ra, rb);
   EXPECT_TRUE(oa.compare(0, ra, ob, 0, rb) == 0) << "AdamW moments differ: " << a << ", " << b;
-}
-
-// Whether the binary sees a GPU ("starling 0.1.0 (libtorch 2.11.0, CUDA, 1 GPU)").
-bool binary_sees_a_gpu() {
-  const auto r = run_cli("--version");
-  return r.output.find(", CUDA, ") != std::string::npos &&
-         r.output.find(", CUDA, 0 GPUs") == std::string::npos;
 }
 
 struct Case {

@@ -32,6 +32,7 @@
 
 namespace fs = std::filesystem;
 using starling::Process;
+using starling::testing::binary_sees_a_gpu;
 using starling::testing::run_cli;
 using json = nlohmann::json;
 using namespace std::chrono_literals;
@@ -331,15 +332,17 @@ class SwarmCliTest : public ::testing::Test {
   // peer's validation losses; `logs` gets each peer's log.
   static std::vector<std::map<int64_t, double>> run_swarm_with_poisoner(
       const std::string& name, const std::string& strategy, int n, int64_t steps,
-      const std::string& poison, std::vector<std::string>& logs) {
+      const std::string& poison, std::vector<std::string>& logs,
+      const std::vector<std::string>& extra = {}) {
     write_config(name, strategy, steps, 20);
     fs::create_directories(run_dir(name));
     const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
     std::vector<Process> peers;
     std::string entry;
     for (int i = 0; i < n; ++i) {
-      std::vector<std::string> argv =
-          peer_argv(name, i, n, entry, n, {"--name", "peer-" + std::to_string(i)});
+      std::vector<std::string> more = {"--name", "peer-" + std::to_string(i)};
+      more.insert(more.end(), extra.begin(), extra.end());
+      std::vector<std::string> argv = peer_argv(name, i, n, entry, n, more);
       if (i == n - 1 && !poison.empty())
         argv.insert(argv.begin(), {"/usr/bin/env", "STARLING_FAULT_POISON=" + poison});
       peers.emplace_back(argv, log(i).string());
@@ -940,6 +943,28 @@ TEST_F(SwarmCliTest, AFaultyPeerWithholdsItsOwnNonFiniteUpdate) {
   const double c = clean.at(0).rbegin()->second, f = faulty[0].rbegin()->second;
   std::cout << "final validation loss: clean " << c << ", one peer withholding " << f << std::endl;
   EXPECT_LT(f, c * 1.1) << "withheld updates should cost little: " << f << " vs " << c;
+}
+
+// fp16 on a GPU: a peer whose gradients overflow sends them as they are (its loss scale must
+// see the overflow), so the sum every peer holds is not finite. Every peer decides the skip from
+// that sum, so all skip the step and none applies it. Here one peer's gradients turn NaN at every
+// step (STARLING_FAULT_POISON=nan:own, a fault in its computation): every step is skipped
+// everywhere, and both replicas stay finite and identical. (Each peer deciding from its own
+// gradients, which are finite here on both, both would apply the NaN sum.)
+TEST_F(SwarmCliTest, Fp16PeersSkipAnOverflowedStepTogether) {
+  if (!binary_sees_a_gpu())
+    GTEST_SKIP() << "no GPU: the binary is not built against a CUDA libtorch or sees no GPU "
+                    "(scripts/build-cuda.sh)";
+  std::vector<std::string> logs;
+  const auto losses =
+      run_swarm_with_poisoner("fp16_overflow", "kind = \"ddp\"", 2, 8, "nan:own", logs,
+                              {"--set", "train.device=cuda", "--set", "train.dtype=fp16"});
+  ASSERT_EQ(losses.size(), 2u);
+  ASSERT_FALSE(losses[0].empty()) << logs[0];
+  EXPECT_EQ(losses[1], losses[0]);
+  for (const auto& [step, loss] : losses[0]) EXPECT_TRUE(std::isfinite(loss)) << "step " << step;
+  EXPECT_TRUE(final_model(run_dir("fp16_overflow") / "peer-0", 8) ==
+              final_model(run_dir("fp16_overflow") / "peer-1", 8));
 }
 
 // Two peers, so every sum is a + b and bit-identical whichever peer adds: a stopped and resumed

@@ -36,7 +36,10 @@ class Ddp : public SwarmStrategy {
   // gradients of the step it computed meanwhile on the parameters it adopted, and takes the same
   // update as the others (counts_from_opening()).
   std::optional<Agreement> joined_round_;
-  bool counts_from_opening() const override { return true; }
+  // Not with fp16: the joiner's loss scale is its own (a fresh one), so its first step may
+  // overflow where the others' did not, and an overflow in the sum makes every peer skip the
+  // step (trainer.cpp).
+  bool counts_from_opening() const override { return config_.train.dtype != "fp16"; }
   void restore(train::Replica&, const nlohmann::json&, const SafetensorsFile&) override {}
 
  protected:

@@ -6,15 +6,33 @@
 
 namespace starling::train {
 
-bool LossScaler::unscale(graph::ParamStore& params) {
-  at::NoGradGuard no_grad;
+namespace {
+
+std::vector<at::Tensor> gradients(graph::ParamStore& params) {
   std::vector<at::Tensor> grads;
   for (auto& p : params.params())
     if (p.value.grad().defined()) grads.push_back(p.value.grad());
+  return grads;
+}
+
+// The sum of the norms is finite exactly when every gradient element is.
+bool all_finite(const std::vector<at::Tensor>& grads) {
+  return grads.empty() || at::stack(at::_foreach_norm(grads, 2)).sum().isfinite().item<bool>();
+}
+
+}  // namespace
+
+bool LossScaler::unscale(graph::ParamStore& params) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads = gradients(params);
   if (grads.empty()) return true;
   at::_foreach_mul_(grads, 1.0 / scale_);
-  // The sum of the norms is finite exactly when every gradient element is.
-  return at::stack(at::_foreach_norm(grads, 2)).sum().isfinite().item<bool>();
+  return all_finite(grads);
+}
+
+bool LossScaler::finite(graph::ParamStore& params) {
+  at::NoGradGuard no_grad;
+  return all_finite(gradients(params));
 }
 
 bool LossScaler::update(bool finite) {

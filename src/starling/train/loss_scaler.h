@@ -25,6 +25,10 @@ class LossScaler {
   // answer waits for the device: fp16 pays one synchronisation per step for it.
   bool unscale(graph::ParamStore& params);
 
+  // Whether every gradient is finite (after a swarm's exchange, which may bring in another
+  // peer's overflow). Waits for the device, as unscale() does.
+  static bool finite(graph::ParamStore& params);
+
   // After unscale(): grows or backs off the scale. Returns true when the step must be skipped.
   bool update(bool finite);
 

@@ -133,12 +133,21 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
       work = {.loss = runner.run(c.train.grad_accum, loss_scale), .tokens = tokens_per_step};
     }
     const at::Tensor& step_loss = work.loss;
-    const bool skip = fp16 && s.scaler.update(s.scaler.unscale(s.dag->params()));
+    // fp16: the gradients are unscaled before a strategy sees them (peers' scales may differ),
+    // and the skip is decided after its exchange, from the gradients this peer then holds. Where
+    // the peers' gradients are summed (ddp, atom), one peer's overflow is in every peer's sum,
+    // so all of them skip that step alike; deciding from its own gradients alone, the others
+    // would apply an infinite sum, and a peer that sent zeros would skip a step they all took.
+    bool finite = !fp16 || s.scaler.unscale(s.dag->params());
+    if (hooks) {
+      hooks->gradients_ready(replica);
+      if (fp16) finite = LossScaler::finite(s.dag->params());
+    }
+    const bool skip = fp16 && s.scaler.update(finite);
     if (skip)
-      progress.note("step " + std::to_string(replica.step + 1) +
-                    ": fp16 gradients overflowed; update skipped, loss scale now " +
-                    fmt("%.0f", s.scaler.scale()));
-    if (hooks) hooks->gradients_ready(replica);
+      progress.note("step " + std::to_string(replica.step + 1) + ": fp16 gradients overflowed" +
+                    (hooks ? " (this peer's, or the swarm's sum of them)" : "") +
+                    "; update skipped, loss scale now " + fmt("%.0f", s.scaler.scale()));
     // After the exchange: a peer that adopted the swarm's state there took the swarm's step too.
     const double lr = learning_rate(c.optim, replica.step, c.train.steps);
     const at::Tensor grad_norm = runner.update(lr, c.optim.grad_clip, skip);
