@@ -45,8 +45,9 @@ bool Ddp::average_gradients(train::Replica& r, const Agreement& a,
     if (ok) {
       grads.div_(d);
     } else {
-      // No average this step: every peer that got here without one skips the update, and the
-      // next agreement brings any peer whose step went through differently back in line.
+      // No average this step: every peer that got here without one steps with zeroed
+      // gradients, and the next agreement brings any peer whose step went through differently
+      // back in line.
       grads.zero_();
     }
     flat_->scatter_grads(piece, grads);

@@ -49,8 +49,9 @@ class Ddp : public SwarmStrategy {
   // Every piece is summed even after one fails, so the peers' collectives stay matched. Returns
   // false when a sum failed or the divisor is not positive: then the gradients visited from then
   // on are zeroed, and the next agreement brings the replicas back in line (need_state_). A round
-  // without contributors (every peer has just adopted the root's state) sends nothing: every
-  // peer skips the update alike, and the next round is a normal one.
+  // without contributors (every peer has just adopted the root's state) sends nothing. Either
+  // way every peer takes the step with zeroed gradients alike (AdamW's momentum and weight decay
+  // still move the weights), and the next round is a normal one.
   bool average_gradients(train::Replica& r, const Agreement& a,
                          const std::function<double()>& divisor);
 
