@@ -29,7 +29,8 @@ class LossScaler {
   // peer's overflow). Waits for the device, as unscale() does.
   static bool finite(graph::ParamStore& params);
 
-  // After unscale(): grows or backs off the scale. Returns true when the step must be skipped.
+  // After unscale(): grows or backs off the scale. Returns true when it backed off: the step
+  // must be skipped (in a swarm, unless the peers' aggregate left this peer's gradients out).
   bool update(bool finite);
 
   int64_t skipped() const { return skipped_; }

@@ -138,16 +138,21 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     // the peers' gradients are summed (ddp, atom), one peer's overflow is in every peer's sum,
     // so all of them skip that step alike; deciding from its own gradients alone, the others
     // would apply an infinite sum, and a peer that sent zeros would skip a step they all took.
-    bool finite = !fp16 || s.scaler.unscale(s.dag->params());
+    // The scale backs off on this peer's own overflow too: a trimmed mean leaves an overflowed
+    // row out, so the sum can be finite, and the step goes on, while this peer's scale is high.
+    const bool own_finite = !fp16 || s.scaler.unscale(s.dag->params());
+    bool finite = own_finite;
     if (hooks) {
       hooks->gradients_ready(replica);
       if (fp16) finite = LossScaler::finite(s.dag->params());
     }
-    const bool skip = fp16 && s.scaler.update(finite);
-    if (skip)
+    const bool skip = fp16 && !finite;
+    if (fp16 && s.scaler.update(own_finite && finite))
       progress.note("step " + std::to_string(replica.step + 1) + ": fp16 gradients overflowed" +
-                    (hooks ? " (this peer's, or the swarm's sum of them)" : "") +
-                    "; update skipped, loss scale now " + fmt("%.0f", s.scaler.scale()));
+                    (!hooks ? "; update skipped"
+                     : skip ? " (this peer's, or the swarm's sum of them); update skipped"
+                            : " on this peer; the swarm's aggregate left them out") +
+                    ", loss scale now " + fmt("%.0f", s.scaler.scale()));
     // After the exchange: a peer that adopted the swarm's state there took the swarm's step too.
     const double lr = learning_rate(c.optim, replica.step, c.train.steps);
     const at::Tensor grad_norm = runner.update(lr, c.optim.grad_clip, skip);
