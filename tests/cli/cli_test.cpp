@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -81,6 +82,16 @@ TEST_F(CliTest, ResumeIsBitIdenticalToAStraightRun) {
   const Result second = run("train -q --config " + split.string() + " --resume");
   ASSERT_EQ(second.code, 0) << second.output;
   EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
+  // Each invocation's step records say where it began, which is how a report over the run's
+  // records (pipeline.stages = "auto") reads the last invocation's alone.
+  std::istringstream metrics(read_file(root_ / "run_split" / "metrics.jsonl"));
+  std::vector<std::string> began;
+  for (std::string line; std::getline(metrics, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, std::regex(R"re("run_from":([0-9]+).*"step":([0-9]+))re")))
+      began.push_back(m[2].str() + " from " + m[1].str());
+  }
+  EXPECT_EQ(began, (std::vector<std::string>{"4 from 0", "8 from 4"}));
 
   const fs::path a = root_ / "run_straight" / "checkpoints" / "step_00000008";
   const fs::path b = root_ / "run_split" / "checkpoints" / "step_00000008";

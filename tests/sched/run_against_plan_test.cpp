@@ -68,6 +68,20 @@ TEST(RunAgainstPlan, ReadsOnlyTheLastInvocationsRecords) {
   EXPECT_DOUBLE_EQ(run->measured_step_s, 3.0);
 }
 
+TEST(RunAgainstPlan, TellsInvocationsApartByWhereTheyBegan) {
+  // Steps 1-2 took 0.1 s each; a --resume from step 2 spent 5 s on its first step (a loaded
+  // machine, a peer slow to start). No count went back, so only run_from tells the records of
+  // step 3 from those before it.
+  const std::vector<StepRecord> r = {
+      {1, 0.1, 0.1, 0}, {2, 0.2, 0.2, 0}, {3, 5.0, 5.0, 2}, {4, 5.5, 6.0, 2}};
+  const auto run = run_against_plan({r, r}, {{0, 1.0}, {1, 1.0}}, 1, 1.0, timed_steps(4, 1));
+  ASSERT_TRUE(run.has_value());
+  EXPECT_EQ(run->from, 3);
+  EXPECT_EQ(run->to, 4);
+  EXPECT_DOUBLE_EQ(run->peers[0].measured_s, 0.5);
+  EXPECT_DOUBLE_EQ(run->measured_step_s, 1.0);
+}
+
 TEST(RunAgainstPlan, SaysNothingWhereTheRecordsCannot) {
   const TimedSteps timed = timed_steps(20, 1);
   // One record only, or none in the timed steps.

@@ -53,11 +53,13 @@ std::optional<RunAgainstPlan> run_against_plan(const std::vector<std::vector<Ste
   for (size_t i = 0; i < records.size(); ++i) {
     if (!(planned[i].seconds_per_micro_batch > 0)) return std::nullopt;
     // The last invocation's records: a resumed run counts its compute and time from 0 again.
+    // Its records say where it began; older ones only show it where a count went back, which a
+    // resumed first step slower than all the steps before it hides.
     const auto& all = records[i];
     size_t start = 0;
     for (size_t r = 1; r < all.size(); ++r)
-      if (all[r].step <= all[r - 1].step || all[r].compute_s < all[r - 1].compute_s ||
-          all[r].elapsed_s < all[r - 1].elapsed_s)
+      if (all[r].run_from != all[r - 1].run_from || all[r].step <= all[r - 1].step ||
+          all[r].compute_s < all[r - 1].compute_s || all[r].elapsed_s < all[r - 1].elapsed_s)
         start = r;
     const StepRecord* a = nullptr;
     const StepRecord* b = nullptr;

@@ -20,6 +20,9 @@ namespace starling::sched {
 struct StepRecord {
   int64_t step = 0;
   double compute_s = 0, elapsed_s = 0;
+  // The step the invocation that wrote it began at (its run_from: 0 for a fresh start, the
+  // resumed checkpoint's step); -1 in records written before the key was.
+  int64_t run_from = -1;
 };
 
 // What the plan gave one peer: its stage and that stage's compute per micro-batch at the peer's

@@ -113,7 +113,8 @@ std::vector<sched::StepRecord> read_step_records(const std::filesystem::path& fi
       if (!j.contains("net") || !j["net"].is_object() || !j["net"].contains("compute_s")) continue;
       records.push_back({.step = j.at("step").get<int64_t>(),
                          .compute_s = j["net"]["compute_s"].get<double>(),
-                         .elapsed_s = j.value("elapsed_s", 0.0)});
+                         .elapsed_s = j.value("elapsed_s", 0.0),
+                         .run_from = j.value("run_from", int64_t{-1})});
     } catch (const nlohmann::json::exception& e) {
       throw ConfigError(file.string() + ":" + std::to_string(n) +
                         ": not a step record: " + e.what());

@@ -1,5 +1,6 @@
 #include "starling/train/step_reporter.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -29,6 +30,7 @@ StepReporter::StepReporter(const RunConfig& config, ProgressLine& progress, bool
       peak_gflops_(peak_gflops),
       flops_per_token_(config.model.train_flops_per_token()),
       last_(last),
+      run_from_(std::max<int64_t>(resume_step, 0)),
       start_s_(now_s()) {}
 
 double StepReporter::elapsed_s() const { return now_s() - start_s_; }
@@ -71,7 +73,8 @@ void StepReporter::step(const StepOutcome& s, bool milestone,
   nlohmann::json record = {
       {"step", s.step},           {"loss", s.loss},     {"lr", s.lr},
       {"grad_norm", s.grad_norm}, {"tokens", s.tokens}, {"tokens_per_s", tps},
-      {"tflops", tflops},         {"mfu", mfu},         {"elapsed_s", elapsed_s()}};
+      {"tflops", tflops},         {"mfu", mfu},         {"elapsed_s", elapsed_s()},
+      {"run_from", run_from_}};
   if (s.loss_scale) record["loss_scale"] = *s.loss_scale;
   if (net) record["net"] = *net;
   metrics_.write(record);

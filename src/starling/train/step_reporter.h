@@ -51,6 +51,7 @@ class StepReporter {
   std::function<void(const nlohmann::json&)> on_record_;
   double peak_gflops_, flops_per_token_;
   int64_t last_;
+  int64_t run_from_;  // the step this invocation began at, in every step record
   double start_s_;
   double compute_s_ = 0, window_s_ = 0;
   int64_t window_tokens_ = 0, run_tokens_ = 0, run_steps_ = 0;
