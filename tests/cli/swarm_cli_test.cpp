@@ -88,6 +88,17 @@ std::string final_model(const fs::path& run, int64_t step) {
   return read_file(checkpoint_dir(run, step) / "model.safetensors");
 }
 
+// AdamW's update count a checkpoint saved (optimizer.safetensors' metadata), -1 without one.
+int64_t adamw_count(const fs::path& run, int64_t step) {
+  const std::string file = read_file(checkpoint_dir(run, step) / "optimizer.safetensors");
+  if (file.size() < 8) return -1;
+  uint64_t header = 0;
+  for (int i = 0; i < 8; ++i)
+    header |= static_cast<uint64_t>(static_cast<unsigned char>(file[i])) << (8 * i);
+  const json meta = json::parse(file.substr(8, header)).value("__metadata__", json::object());
+  return meta.contains("steps") ? std::stoll(meta["steps"].get<std::string>()) : -1;
+}
+
 // The loader's state a checkpoint saved: epoch, cursor and, after a re-deal, its share.
 json loader_state(const fs::path& run, int64_t step) {
   return json::parse(read_file(checkpoint_dir(run, step) / "meta.json"))["loader"];
@@ -886,6 +897,69 @@ TEST_F(SwarmCliTest, SwappedAtomSurvivesAKilledPeer) {
 // One of five ddp peers sends its gradients sign-flipped and ten times too large. Averaged, they
 // ruin the swarm; the trimmed mean drops the extreme value of every element and trains close to
 // the clean swarm. A peer sending NaN is rejected and named.
+// A ddp or atom step whose exchange gives no average is skipped: the third peer dies in its tenth
+// gradient exchange (STARLING_FAULT_DIE_IN_EXCHANGE), after the round's agreement, so the two
+// others' exchange fails; they skip that step and the next (whose agreement repairs the swarm
+// with a transfer, and counts no contributor), and AdamW's count lags their step by those. A
+// peer that joins later adopts the count with the state: its moments were made with it, and a
+// joiner that took the step for it would step differently from then on. All three end on the
+// same model and moments. atom runs swapped (the swapped update skips too).
+TEST_F(SwarmCliTest, AStepWithoutAnAverageIsSkippedAndAJoinerAdoptsTheCount) {
+  for (const bool atom : {false, true}) {
+    SCOPED_TRACE(atom ? "atom, swapped" : "ddp");
+    const std::string name = atom ? "skip_atom" : "skip_ddp";
+    // Long enough that the swarm still trains when the joiner has started (about a second,
+    // more on a loaded machine): ddp takes 100-200 steps a second here, swapped atom about 20.
+    const int64_t steps = atom ? 300 : 1000;
+    write_config(name, atom ? "kind = \"atom\"" : "kind = \"ddp\"", steps, 20);
+    fs::create_directories(run_dir(name));
+    const std::vector<std::string> extra = atom ? as_argv(swapped()) : std::vector<std::string>{};
+    const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+    std::vector<Process> peers;
+    peers.emplace_back(peer_argv(name, 0, 4, "", 3, extra), log(0).string());
+    auto listening = wait_event(
+        peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
+    ASSERT_TRUE(listening);
+    const std::string entry = (*listening)["endpoint"];
+    peers.emplace_back(peer_argv(name, 1, 4, entry, 3, extra), log(1).string());
+    std::vector<std::string> dying = peer_argv(name, 2, 4, entry, 3, extra);
+    dying.insert(dying.begin(), {"/usr/bin/env", "STARLING_FAULT_DIE_IN_EXCHANGE=10"});
+    peers.emplace_back(dying, log(2).string());
+    ASSERT_TRUE(peers[2].wait(60s).has_value()) << read_file(log(2));
+    EXPECT_NE(read_file(log(2)).find("fault injection: dying in gradient exchange 10"),
+              std::string::npos)
+        << read_file(log(2));
+    // The joiner, in a directory of its own, once the swarm has gone on as two.
+    ASSERT_TRUE(wait_event(
+        peers[0], [](const json& j) { return j["event"] == "step" && j["step"] >= 40; }, 60s))
+        << read_file(log(0));
+    peers.emplace_back(peer_argv(name, 3, 4, entry, 1, extra), log(3).string());
+    for (int i : {0, 1, 3}) {
+      auto done = wait_event(
+          peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
+      ASSERT_TRUE(done) << "peer " << i << ": " << read_file(log(i));
+      EXPECT_EQ((*done)["step"], steps);
+      EXPECT_EQ(peers[i].wait(30s), 0);
+    }
+    const std::string survivor = read_file(log(0));
+    EXPECT_NE(survivor.find("step 10: no average of the swarm's gradients; the update is skipped "
+                            "(AdamW's count stays at 9)"),
+              std::string::npos)
+        << survivor;
+    EXPECT_NE(read_file(log(3)).find("adopting the swarm's state"), std::string::npos)
+        << read_file(log(3));
+    const int64_t count = adamw_count(run_dir(name) / "peer-0", steps);
+    EXPECT_LE(count, steps - 2) << "the failed step and the one that repaired the swarm";
+    EXPECT_GT(count, steps - 10);
+    const std::string model = final_model(run_dir(name) / "peer-0", steps);
+    for (const int i : {1, 3}) {
+      const fs::path run = run_dir(name) / ("peer-" + std::to_string(i));
+      EXPECT_EQ(adamw_count(run, steps), count) << "peer " << i;
+      EXPECT_TRUE(final_model(run, steps) == model) << "peer " << i;
+    }
+  }
+}
+
 TEST_F(SwarmCliTest, TrimmedMeanSurvivesAPoisonedPeer) {
   const std::string ddp = "kind = \"ddp\"";
   const std::string robust = ddp + "\naggregation = \"trimmed_mean\"";

@@ -87,7 +87,7 @@ bool Atom::decide_stop(int64_t mine) {
   return false;
 }
 
-void Atom::gradients_ready(train::Replica& r) {
+bool Atom::gradients_ready(train::Replica& r) {
   const Agreement a = exchange_agreement(r);
   // A peer that just adopted the swarm's parameters computed its gradients on other ones.
   const int64_t counted = a.contribute ? local_samples_ : 0;
@@ -105,6 +105,7 @@ void Atom::gradients_ready(train::Replica& r) {
     return static_cast<double>(swarm_samples_);
   });
   if (!ok) swarm_samples_ = 0;
+  return update_applies(r, ok);
 }
 
 nlohmann::json Atom::checkpoint_state(std::vector<std::pair<std::string, at::Tensor>>&) {

@@ -27,7 +27,7 @@ class Atom final : public Ddp {
   Atom(const train::RunConfig& config, net::Node& node);
 
   StepWork run_step(train::StepRunner& runner, train::Replica& r, double loss_scale) override;
-  void gradients_ready(train::Replica& r) override;
+  bool gradients_ready(train::Replica& r) override;
   nlohmann::json checkpoint_state(
       std::vector<std::pair<std::string, at::Tensor>>& tensors) override;
   train::StrategyReport report() const override;

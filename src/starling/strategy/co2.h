@@ -47,7 +47,10 @@ namespace starling::strategy {
 class Co2 final : public SwarmStrategy {
  public:
   Co2(const train::RunConfig& config, net::Collectives& net);
-  void gradients_ready(train::Replica&) override { advance(); }
+  bool gradients_ready(train::Replica&) override {
+    advance();
+    return true;
+  }
   StepWork run_step(train::StepRunner& runner, train::Replica& r, double loss_scale) override;
   bool step_done(train::Replica& r, bool last) override;
   nlohmann::json checkpoint_state(

@@ -2,16 +2,23 @@
 
 #include <ATen/ATen.h>
 
+#include <csignal>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "starling/strategy/fault_injection.h"
 #include "starling/train/step_runner.h"
 
 namespace starling::strategy {
 
-Ddp::Ddp(const train::RunConfig& config, net::Collectives& net) : SwarmStrategy(config, net) {}
+Ddp::Ddp(const train::RunConfig& config, net::Collectives& net)
+    : SwarmStrategy(config, net), die_in_exchange_(die_in_exchange_from_env()) {
+  if (die_in_exchange_)
+    log("fault injection: this peer dies in its gradient exchange " +
+        std::to_string(*die_in_exchange_) + " (STARLING_FAULT_DIE_IN_EXCHANGE)");
+}
 
 // The gradient buffer is sized by the first exchange, when the runner's pieces are known.
 void Ddp::allocate(train::Replica&) {}
@@ -20,12 +27,11 @@ bool Ddp::average_gradients(train::Replica& r, const Agreement& a,
                             const std::function<double()>& divisor) {
   if (r.runner == nullptr) throw std::logic_error("ddp: gradients exchanged before the first step");
   ++rounds_;
-  if (a.contributors == 0) {
-    r.runner->visit_gradients([&](std::span<const int> piece) {
-      for (int i : piece) r.params.params()[i].value.mutable_grad().zero_();
-    });
-    return false;
+  if (die_in_exchange_ && *die_in_exchange_ == rounds_) {
+    log("fault injection: dying in gradient exchange " + std::to_string(rounds_));
+    std::raise(SIGKILL);
   }
+  if (a.contributors == 0) return false;
   bool ok = true;
   double d = 0;
   bool asked = false;
@@ -42,18 +48,29 @@ bool Ddp::average_gradients(train::Replica& r, const Agreement& a,
       asked = true;
       ok = ok && d > 0;
     }
-    if (ok) {
-      grads.div_(d);
-    } else {
-      // No average this step: every peer that got here without one steps with zeroed
-      // gradients, and the next agreement brings any peer whose step went through differently
-      // back in line.
-      grads.zero_();
-    }
+    // Without an average the step is skipped (update_applies): what the gradients hold then is
+    // never used.
+    if (ok) grads.div_(d);
     flat_->scatter_grads(piece, grads);
   });
   if (!ok) need_state_ = true;
   return ok;
+}
+
+bool Ddp::update_applies(train::Replica& r, bool averaged) {
+  bool applies = averaged;
+  if (r.runner->trained_params()) {
+    at::Tensor missing = at::full({1}, averaged ? 0.f : 1.f, at::kFloat);
+    r.runner->sum_over_model(missing);
+    applies = missing.item<float>() == 0;
+    if (averaged && !applies) need_state_ = true;
+  }
+  if (!applies)
+    log("step " + std::to_string(r.step + 1) + ": no average of the swarm's gradients" +
+        (averaged ? " for another part of the model" : "") +
+        "; the update is skipped (AdamW's count stays at " + std::to_string(r.optimizer.steps()) +
+        ")");
+  return applies;
 }
 
 void Ddp::started(const Agreement& a) {
@@ -71,9 +88,10 @@ Agreement Ddp::exchange_agreement(train::Replica& r) {
   return agree(r, true);
 }
 
-void Ddp::gradients_ready(train::Replica& r) {
+bool Ddp::gradients_ready(train::Replica& r) {
   const Agreement a = exchange_agreement(r);
-  average_gradients(r, a, [&a] { return static_cast<double>(a.contributors); });
+  return update_applies(
+      r, average_gradients(r, a, [&a] { return static_cast<double>(a.contributors); }));
 }
 
 bool Ddp::step_done(train::Replica&, bool) {

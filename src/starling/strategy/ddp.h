@@ -16,7 +16,7 @@ namespace starling::strategy {
 class Ddp : public SwarmStrategy {
  public:
   Ddp(const train::RunConfig& config, net::Collectives& net);
-  void gradients_ready(train::Replica& r) override;
+  bool gradients_ready(train::Replica& r) override;
   bool step_done(train::Replica& r, bool last) override;
   nlohmann::json checkpoint_state(
       std::vector<std::pair<std::string, at::Tensor>>& tensors) override;
@@ -47,15 +47,21 @@ class Ddp : public SwarmStrategy {
   // divisor(), which is asked once, after the first piece's sum: a divisor that travels in a
   // collective of its own arrives meanwhile. A peer that does not contribute (`a`) sends zeros.
   // Every piece is summed even after one fails, so the peers' collectives stay matched. Returns
-  // false when a sum failed or the divisor is not positive: then the gradients visited from then
-  // on are zeroed, and the next agreement brings the replicas back in line (need_state_). A round
-  // without contributors (every peer has just adopted the root's state) sends nothing. Either
-  // way every peer takes the step with zeroed gradients alike (AdamW's momentum and weight decay
-  // still move the weights), and the next round is a normal one.
+  // false when a sum failed or the divisor is not positive (the next agreement then brings the
+  // replicas back in line: need_state_), and for a round without contributors (every peer has
+  // just adopted the root's state), which sends nothing.
   bool average_gradients(train::Replica& r, const Agreement& a,
                          const std::function<double()>& divisor);
+  // Whether the step's update applies, from whether this peer's gradients were `averaged`: a
+  // step without an average is skipped (its parameters and moments stay as they were, a
+  // partly summed gradient unused). A pipeline's stages decide together, since a stage that
+  // stepped beside one that skipped would part the tied copies and the model's halves: a stage
+  // whose own average landed but that skips with the others is then brought back in line by the
+  // next agreement too.
+  bool update_applies(train::Replica& r, bool averaged);
 
   std::optional<Staging> grads_;  // the largest piece's gradients, as the network sends them
+  std::optional<long long> die_in_exchange_;  // STARLING_FAULT_DIE_IN_EXCHANGE
 };
 
 }  // namespace starling::strategy

@@ -11,7 +11,7 @@ namespace starling::strategy {
 class DiLoCo final : public SwarmStrategy {
  public:
   DiLoCo(const train::RunConfig& config, net::Collectives& net);
-  void gradients_ready(train::Replica&) override {}
+  bool gradients_ready(train::Replica&) override { return true; }
   bool step_done(train::Replica& r, bool last) override;
   nlohmann::json checkpoint_state(
       std::vector<std::pair<std::string, at::Tensor>>& tensors) override;

@@ -64,4 +64,15 @@ std::optional<TransferDeath> die_in_transfer_from_env() {
   return d;
 }
 
+std::optional<long long> die_in_exchange_from_env() {
+  const char* v = std::getenv("STARLING_FAULT_DIE_IN_EXCHANGE");
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  if (end == v || *end != '\0' || n < 1)
+    throw ConfigError(std::string("STARLING_FAULT_DIE_IN_EXCHANGE = \"") + v +
+                      "\": expected N, the gradient exchange (from 1) in which this peer dies");
+  return n;
+}
+
 }  // namespace starling::strategy

@@ -10,6 +10,10 @@
 //   STARLING_FAULT_DIE_IN_TRANSFER=N:K   in the N-th state transfer this peer sends to others
 //                                   (from 1), it kills itself (SIGKILL) after K pieces, so its
 //                                   receivers hold part of its state
+//   STARLING_FAULT_DIE_IN_EXCHANGE=N  in its N-th gradient exchange (ddp, atom; from 1), after
+//                                   the round's agreement and before it sends, it kills itself
+//                                   (SIGKILL): every other participant's exchange of that round
+//                                   fails, and the step has no average
 //
 // Unset (the normal case), nothing changes. A malformed value is a ConfigError naming it, raised
 // before the peer joins anyone (strategy::check_peer). Torch-free but for apply().
@@ -44,5 +48,9 @@ struct TransferDeath {
 // STARLING_FAULT_DIE_IN_TRANSFER; nullopt when unset or empty. ConfigError naming the value
 // unless it is "N:K" with whole numbers N >= 1 and K >= 0.
 std::optional<TransferDeath> die_in_transfer_from_env();
+
+// STARLING_FAULT_DIE_IN_EXCHANGE; nullopt when unset or empty. ConfigError naming the value
+// unless it is a whole number N >= 1.
+std::optional<long long> die_in_exchange_from_env();
 
 }  // namespace starling::strategy

@@ -9,7 +9,7 @@ namespace starling::strategy {
 class LocalSgd final : public SwarmStrategy {
  public:
   LocalSgd(const train::RunConfig& config, net::Collectives& net);
-  void gradients_ready(train::Replica&) override {}
+  bool gradients_ready(train::Replica&) override { return true; }
   bool step_done(train::Replica& r, bool last) override;
   nlohmann::json checkpoint_state(
       std::vector<std::pair<std::string, at::Tensor>>& tensors) override;

@@ -38,7 +38,9 @@ class AlignSharedCopies final : public train::StepHooks {
                     double loss_scale) override {
     return strategy_->run_step(runner, replica, loss_scale);
   }
-  void gradients_ready(train::Replica& replica) override { strategy_->gradients_ready(replica); }
+  bool gradients_ready(train::Replica& replica) override {
+    return strategy_->gradients_ready(replica);
+  }
   bool step_done(train::Replica& replica, bool last) override;
   nlohmann::json checkpoint_state(
       std::vector<std::pair<std::string, at::Tensor>>& tensors) override {

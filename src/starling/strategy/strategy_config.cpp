@@ -147,6 +147,7 @@ void check_peer(const StrategyConfig& c, bool swapped, const std::string& net_ba
         (swapped ? "swap.budget" : "strategy.zero"));
   UpdatePoison::from_env();  // a malformed STARLING_FAULT_POISON is refused here, not mid-run
   die_in_transfer_from_env();
+  die_in_exchange_from_env();
   // The robust aggregate gathers whole updates in host memory, on Starling's swarm (whose rings
   // are ordered by peer id); atom's updates are sums weighted by unequal sample counts, and co2's
   // overlap the next round in a ring.

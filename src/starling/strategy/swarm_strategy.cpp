@@ -515,6 +515,7 @@ Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool op
       put_int(h + 4, work_);
       put_lineage(h + 6, lineage_);
       put_int(h + 8, piece_numel);
+      put_int(h + 10, r.optimizer.steps());
     }
     at::Tensor sent = header.to(net_device());
     net::CollectiveOptions o = options(net::WirePrecision::fp32, a.ring);
@@ -530,9 +531,19 @@ Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool op
     const int64_t root_work = get_int(h + 4);
     const uint32_t root_lineage = get_lineage(h + 6);
     const int64_t root_piece = get_int(h + 8);
+    // AdamW's count, which lags the step by the updates skipped (fp16 overflows, ddp and atom
+    // steps without an average): the moments it sends were made with it.
+    const int64_t root_updates = get_int(h + 10);
     if (root_piece < 1000) {  // strategy.transfer_piece is at least 4 KB
       log("the state transfer's header from peer " + net_.describe(*root) + " names pieces of " +
           std::to_string(root_piece) + " elements (at least 1000 expected); this peer ignores it");
+      need_state_ = true;
+      continue;
+    }
+    if (root_updates < 0 || root_updates > root_step) {
+      log("the state transfer's header from peer " + net_.describe(*root) + " counts " +
+          std::to_string(root_updates) + " optimizer updates at step " + std::to_string(root_step) +
+          " (0 to the step expected); this peer ignores it");
       need_state_ = true;
       continue;
     }
@@ -575,7 +586,7 @@ Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool op
     if (opening && a.exchange_follows && counts_from_opening()) a.contribute = true;
     const bool moved = r.step != root_step;
     r.step = root_step;
-    r.optimizer.set_steps(root_step);
+    r.optimizer.set_steps(root_updates);
     version_ = root_version;
     work_ = root_work;
     lineage_ = root_lineage;

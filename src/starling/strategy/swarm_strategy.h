@@ -246,8 +246,8 @@ class SwarmStrategy : public train::StepHooks {
               const std::array<double, kRedealNotes>& shares);
 
   // A transfer's header, broadcast before the state: step, version, work (two floats each), the
-  // lineage (two 16-bit halves) and the elements of a piece (two floats).
-  static constexpr int64_t kHeader = 10;
+  // lineage (two 16-bit halves), the elements of a piece and AdamW's count (two floats each).
+  static constexpr int64_t kHeader = 12;
 };
 
 // Reads strategy.precision.

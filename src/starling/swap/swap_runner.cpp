@@ -131,10 +131,9 @@ class SwapStepRunner final : public train::StepRunner {
   }
 
   at::Tensor update(double lr, double max_norm, bool skip) override {
-    if (skip) throw std::logic_error("swap: skipped updates (fp16) are not supported");
     // The update may still be running when this returns: it completes during the next step's
     // first forward pass (swapper.h), an open-ended step's (atom) as well.
-    return swapper_->update(lr, max_norm);
+    return swapper_->update(lr, max_norm, skip);
   }
 
   void gather_weights() override { swapper_->gather_weights(); }

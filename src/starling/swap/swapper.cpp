@@ -675,13 +675,13 @@ void Swapper::visit_gradients(const std::function<void(std::span<const int>)>& v
 
 // ---- the optimizer ----
 
-at::Tensor Swapper::update(double lr, double max_norm) {
+at::Tensor Swapper::update(double lr, double max_norm, bool skip) {
   at::NoGradGuard no_grad;
   leave();
   end_passes();
   in_backward_ = false;
   const bool started = started_in_backward_;
-  if (started && (lr != update_lr_ || max_norm != step_max_norm_))
+  if (started && (lr != update_lr_ || max_norm != step_max_norm_ || skip))
     throw std::logic_error("swap: the update differs from the one announced by expect_update");
   if (!started) finish_update();  // the previous step's, were any of it left
   at::Tensor total, coef;
@@ -709,6 +709,17 @@ at::Tensor Swapper::update(double lr, double max_norm) {
     any = !norms.empty();
     total = norms.empty() ? at::zeros({}, at::TensorOptions(at::kFloat).device(device_))
                           : at::stack(norms).norm(2);
+  }
+  if (skip) {
+    // Nothing to update: the gradients go now rather than at the next step's start, so that
+    // what comes between (an exchange, a checkpoint) finds none held.
+    for (size_t p = 0; p < grads_.size(); ++p) {
+      if (!grads_[p].tensor.defined()) continue;
+      settle(grads_[p]);
+      spend_gradient(static_cast<int>(p));
+      norms_[p].reset();
+    }
+    return total;
   }
   // As train::clip_grad_norm computes it; a coefficient of exactly 1 leaves every bit as it is.
   if (max_norm > 0) {

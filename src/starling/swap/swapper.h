@@ -131,7 +131,10 @@ class Swapper final : public graph::NodeObserver {
   // Clips to `max_norm` (0 = off) and applies one AdamW update with `lr`, deferred (see above);
   // each gradient goes once its parameter is updated. Returns the gradient norm before clipping
   // (0-dim fp32; 0 without gradients).
-  at::Tensor update(double lr, double max_norm);
+  // With `skip` (a ddp or atom step without an average) the gradients are dropped
+  // and nothing else changes, AdamW's count included; an update expect_update() announced has
+  // begun inside the backward and cannot be skipped (std::logic_error).
+  at::Tensor update(double lr, double max_norm, bool skip = false);
   // Completes the deferred update: every weight and moment holds its new value (in memory or in
   // the tier) afterwards.
   void finish_update();

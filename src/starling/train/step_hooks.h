@@ -59,8 +59,11 @@ class StepHooks {
   // the swarm holds enough samples.
   virtual StepWork run_step(StepRunner& runner, Replica& replica, double loss_scale);
 
-  // The step's gradients are accumulated in the parameters' .grad(), not yet clipped.
-  virtual void gradients_ready(Replica& replica) = 0;
+  // The step's gradients are accumulated in the parameters' .grad(), not yet clipped. Returns
+  // whether the optimizer applies them: false skips this step's update (ddp and atom when the
+  // exchange gave no average). A skipped step still counts in replica.step and the schedule, but
+  // not in AdamW's own count (its bias correction), as a skipped fp16 step does not.
+  virtual bool gradients_ready(Replica& replica) = 0;
 
   // The optimizer step just made replica.step. `last` is true for the run's final step. Returns
   // true at a round boundary, where the parameters are the swarm's shared model: only there are

@@ -142,11 +142,12 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     // row out, so the sum can be finite, and the step goes on, while this peer's scale is high.
     const bool own_finite = !fp16 || s.scaler.unscale(s.dag->params());
     bool finite = own_finite;
+    bool applies = true;  // the strategy's say: a ddp or atom step without an average is skipped
     if (hooks) {
-      hooks->gradients_ready(replica);
-      if (fp16) finite = LossScaler::finite(s.dag->params());
+      applies = hooks->gradients_ready(replica);
+      if (fp16 && applies) finite = LossScaler::finite(s.dag->params());
     }
-    const bool skip = fp16 && !finite;
+    const bool skip = !applies || (fp16 && !finite);
     if (fp16 && s.scaler.update(own_finite && finite))
       progress.note("step " + std::to_string(replica.step + 1) + ": fp16 gradients overflowed" +
                     (!hooks ? "; update skipped"
