@@ -53,7 +53,6 @@ bool Ddp::average_gradients(train::Replica& r, const Agreement& a,
     if (ok) grads.div_(d);
     flat_->scatter_grads(piece, grads);
   });
-  if (!ok) need_state_ = true;
   return ok;
 }
 
@@ -63,8 +62,8 @@ bool Ddp::update_applies(train::Replica& r, bool averaged) {
     at::Tensor missing = at::full({1}, averaged ? 0.f : 1.f, at::kFloat);
     r.runner->sum_over_model(missing);
     applies = missing.item<float>() == 0;
-    if (averaged && !applies) need_state_ = true;
   }
+  applied_ = applies;
   if (!applies)
     log("step " + std::to_string(r.step + 1) + ": no average of the swarm's gradients" +
         (averaged ? " for another part of the model" : "") +
@@ -95,7 +94,7 @@ bool Ddp::gradients_ready(train::Replica& r) {
 }
 
 bool Ddp::step_done(train::Replica&, bool) {
-  ++version_;
+  if (applied_) ++version_;
   if (config_.strategy.fingerprint) {
     at::Tensor params = flat_->zeros();
     flat_->gather(params);

@@ -47,21 +47,23 @@ class Ddp : public SwarmStrategy {
   // divisor(), which is asked once, after the first piece's sum: a divisor that travels in a
   // collective of its own arrives meanwhile. A peer that does not contribute (`a`) sends zeros.
   // Every piece is summed even after one fails, so the peers' collectives stay matched. Returns
-  // false when a sum failed or the divisor is not positive (the next agreement then brings the
-  // replicas back in line: need_state_), and for a round without contributors (every peer has
-  // just adopted the root's state), which sends nothing.
+  // false when a sum failed or the divisor is not positive, and for a round without
+  // contributors (every peer has just adopted the root's state), which sends nothing.
   bool average_gradients(train::Replica& r, const Agreement& a,
                          const std::function<double()>& divisor);
   // Whether the step's update applies, from whether this peer's gradients were `averaged`: a
   // step without an average is skipped (its parameters and moments stay as they were, a
-  // partly summed gradient unused). A pipeline's stages decide together, since a stage that
-  // stepped beside one that skipped would part the tied copies and the model's halves: a stage
-  // whose own average landed but that skips with the others is then brought back in line by the
-  // next agreement too.
+  // partly summed gradient unused) and is no round: the peer's round (version_) stays. Where
+  // the exchange failed on every participant (a peer died in it), all of them skip alike and
+  // the swarm goes on at once; where some got the average and others not, the next agreement
+  // finds their rounds apart, and those without it adopt the state of one with it. A pipeline's
+  // stages decide together, since a stage that stepped beside one that skipped would part the
+  // tied copies and the model's halves.
   bool update_applies(train::Replica& r, bool averaged);
 
   std::optional<Staging> grads_;  // the largest piece's gradients, as the network sends them
   std::optional<long long> die_in_exchange_;  // STARLING_FAULT_DIE_IN_EXCHANGE
+  bool applied_ = true;                       // whether this step's update applies (update_applies)
 };
 
 }  // namespace starling::strategy

@@ -44,7 +44,7 @@ uint32_t get_lineage(const float* at) {
 }
 
 // The agreement's fields before the lineage's bytes, and the lineage's share of it.
-constexpr int64_t kControl = 6;
+constexpr int64_t kControl = 8;
 constexpr int64_t kLineage = 8;  // 4 bytes, each as b and b*b
 
 }  // namespace
@@ -434,6 +434,11 @@ Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool op
     c[3] = has_previous() ? 1.f : 0.f;
     c[4] = r.runner != nullptr && r.runner->admission_ready() ? 1.f : 0.f;
     c[5] = exchange_follows ? 1.f : 0.f;
+    // The round's low byte as b and b*b: equal everywhere exactly when n * sum(b*b) == sum(b)^2,
+    // which catches rounds apart whose sum happens to be n times one of them (v-1, v, v+1).
+    const float low = static_cast<float>(version_ & 0xFF);
+    c[6] = low;
+    c[7] = low * low;
     for (int b = 0; b < 4; ++b) {
       const float byte = static_cast<float>((lineage_ >> (8 * b)) & 0xFFu);
       c[kControl + 2 * b] = byte;
@@ -476,7 +481,9 @@ Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool op
     a.ring = result.ring;
     std::sort(a.ring.begin(), a.ring.end());
     const int needing = static_cast<int>(c[0]);
-    const bool versions_agree = c[2] == static_cast<float>(a.peers) * (version_ % (1 << 20));
+    const bool versions_agree =
+        c[2] == static_cast<float>(a.peers) * (version_ % (1 << 20)) &&
+        static_cast<double>(a.peers) * c[7] == static_cast<double>(c[6]) * c[6];
     // Every byte's values are equal exactly when n * sum(b*b) == sum(b)^2 (their variance is 0);
     // the sums are exact below 2^24 / 255^2 = 258 peers, and the same on every peer, so every
     // peer decides alike.
