@@ -17,14 +17,22 @@ inline std::string read_file(const std::filesystem::path& p) {
   return s.str();
 }
 
-// Byte offset in a safetensors file where the "rng.cpu" tensor's data begins (0 if absent).
-// libtorch's CPU generator state serialises a struct with uninitialised padding, so two
-// optimizer.safetensors files are compared only up to there.
-inline size_t rng_data_start(const std::string& file) {
+// The length of a safetensors file's JSON header (its first 8 bytes, little-endian), 0 for a
+// file too short to hold one.
+inline uint64_t safetensors_header_length(const std::string& file) {
   if (file.size() < 8) return 0;
   uint64_t header = 0;
   for (int i = 0; i < 8; ++i)
     header |= static_cast<uint64_t>(static_cast<unsigned char>(file[i])) << (8 * i);
+  return header;
+}
+
+// Byte offset in a safetensors file where the "rng.cpu" tensor's data begins (0 if absent).
+// libtorch's CPU generator state serialises a struct with uninitialised padding, so two
+// optimizer.safetensors files are compared only up to there.
+inline size_t rng_data_start(const std::string& file) {
+  const uint64_t header = safetensors_header_length(file);
+  if (header == 0) return 0;
   const std::string key = "\"rng.cpu\":{\"dtype\":\"U8\",\"shape\":[";
   const size_t at = file.find(key);
   if (at == std::string::npos || at > 8 + header) return 0;

@@ -91,10 +91,8 @@ std::string final_model(const fs::path& run, int64_t step) {
 // AdamW's update count a checkpoint saved (optimizer.safetensors' metadata), -1 without one.
 int64_t adamw_count(const fs::path& run, int64_t step) {
   const std::string file = read_file(checkpoint_dir(run, step) / "optimizer.safetensors");
-  if (file.size() < 8) return -1;
-  uint64_t header = 0;
-  for (int i = 0; i < 8; ++i)
-    header |= static_cast<uint64_t>(static_cast<unsigned char>(file[i])) << (8 * i);
+  const uint64_t header = starling::testing::safetensors_header_length(file);
+  if (header == 0) return -1;
   const json meta = json::parse(file.substr(8, header)).value("__metadata__", json::object());
   return meta.contains("steps") ? std::stoll(meta["steps"].get<std::string>()) : -1;
 }
