@@ -75,6 +75,10 @@ void StepReporter::step(const StepOutcome& s, bool milestone,
       {"grad_norm", s.grad_norm}, {"tokens", s.tokens}, {"tokens_per_s", tps},
       {"tflops", tflops},         {"mfu", mfu},         {"elapsed_s", elapsed_s()},
       {"run_from", run_from_}};
+  if (s.skipped) {
+    record["grad_norm"] = nullptr;
+    record["skipped"] = true;
+  }
   if (s.loss_scale) record["loss_scale"] = *s.loss_scale;
   if (net) record["net"] = *net;
   metrics_.write(record);

@@ -179,8 +179,9 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
                         .lr = lr,
                         .tokens = replica.tokens,
                         .step_tokens = work.tokens,
-                        .seconds = now_s() - t0};
-    if (milestone) outcome.grad_norm = grad_norm.item<double>();
+                        .seconds = now_s() - t0,
+                        .skipped = skip};
+    if (milestone && !skip) outcome.grad_norm = grad_norm.item<double>();
     if (fp16) outcome.loss_scale = s.scaler.scale();
     reporter.step(outcome, milestone, report_of(hooks, runner));
 
