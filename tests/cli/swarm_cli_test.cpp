@@ -737,14 +737,38 @@ TEST_F(SwarmCliTest, SwappedPeersTrainLikeUnswappedOnes) {
         << peer << ": the swapped replica's final model differs from the unswapped one's";
   }
 
+  // localsgd averages a swapped replica's weights in pieces through its tier: pieces of 4 KB cut
+  // every tensor larger than a thousand elements across pieces, and with two peers every sum is
+  // a + b whatever the pieces, so the swapped pair ends bit-identical to the unswapped one.
+  const std::string localsgd = "kind = \"localsgd\"\nlocal_steps = 3\ntransfer_piece = \"4KB\"";
+  const fs::path plain_avg = write_config("swap_plain_avg", localsgd);
+  const auto e = run_cli("train -q --peers 2 --config " + plain_avg.string() + two_layers);
+  ASSERT_EQ(e.code, 0) << e.output << read_file(run_dir("swap_plain_avg") / "peer-0.log");
+  const fs::path swapped_avg = write_config("swap_localsgd", localsgd);
+  const auto f =
+      run_cli("train -q --peers 2 --config " + swapped_avg.string() + as_sets(swapped()));
+  ASSERT_EQ(f.code, 0) << f.output << read_file(run_dir("swap_localsgd") / "peer-0.log")
+                       << read_file(run_dir("swap_localsgd") / "peer-1.log");
+  for (int i = 0; i < 2; ++i) {
+    const std::string peer = "peer-" + std::to_string(i);
+    EXPECT_EQ(val_losses(run_dir("swap_localsgd") / peer),
+              val_losses(run_dir("swap_plain_avg") / peer));
+    EXPECT_TRUE(final_model(run_dir("swap_localsgd") / peer, 16) ==
+                final_model(run_dir("swap_plain_avg") / peer, 16))
+        << peer << ": the swapped localsgd replica's final model differs from the unswapped one's";
+  }
+  // The last round (step 16 is the run's end) averaged both: the two peers hold one model.
+  EXPECT_TRUE(final_model(run_dir("swap_localsgd") / "peer-0", 16) ==
+              final_model(run_dir("swap_localsgd") / "peer-1", 16));
+
   const fs::path atom = write_config("swap_atom", "kind = \"atom\"\ntarget_batch = 24");
   const auto c = run_cli("train -q --peers 3 --config " + atom.string() + as_sets(swapped()));
   ASSERT_EQ(c.code, 0) << c.output << read_file(run_dir("swap_atom") / "peer-0.log");
   const std::string model = final_model(run_dir("swap_atom") / "peer-0", 16);
   ASSERT_FALSE(model.empty());
   const std::regex report("swap: peak resident ([0-9.]+) KB, read ([0-9.]+) (KB|MB)");
-  for (const std::string run : {"swap_ddp", "swap_atom"})
-    for (int i = 0; i < (run == "swap_ddp" ? 2 : 3); ++i) {
+  for (const std::string run : {"swap_ddp", "swap_localsgd", "swap_atom"})
+    for (int i = 0; i < (run == "swap_atom" ? 3 : 2); ++i) {
       const std::string log = read_file(run_dir(run) / ("peer-" + std::to_string(i) + ".log"));
       std::smatch m;
       ASSERT_TRUE(std::regex_search(log, m, report)) << run << " peer " << i << ": " << log;
@@ -892,13 +916,17 @@ TEST_F(SwarmCliTest, SwappedAtomSurvivesAKilledPeer) {
   kill_one_of_three("swap_kill", "kind = \"atom\"", 150, 20, as_argv(swapped()));
 }
 
-// One of five ddp peers sends its gradients sign-flipped and ten times too large. Averaged, they
-// ruin the swarm; the trimmed mean drops the extreme value of every element and trains close to
-// the clean swarm. A peer sending NaN is rejected and named.
-// A ddp or atom step whose exchange gives no average is skipped: the third peer dies in its tenth
+TEST_F(SwarmCliTest, SwappedLocalSgdSurvivesAKilledPeer) {
+  kill_one_of_three("swap_kill_avg",
+                    "kind = \"localsgd\"\nlocal_steps = 2\ntransfer_piece = \"4KB\"", 150, 20,
+                    as_argv(swapped()));
+}
+
+// A ddp or atom step whose exchange gives no average is skipped: the third peer dies in its 20th
 // gradient exchange (STARLING_FAULT_DIE_IN_EXCHANGE), after the round's agreement, so the two
 // others' exchange fails. Both skip that step alike, keep their round, and go on as two without
-// moving any state; AdamW's count lags their step from then on. A peer that joins later adopts
+// moving any state; AdamW's count lags their step from then on, and the step's metrics record
+// says it was skipped. A peer that joins later adopts
 // the count with the state: its moments were made with it, and a joiner that took the step for
 // it would step differently from then on. All three end on the same model and moments. atom
 // runs swapped (the swapped update skips too).
@@ -921,10 +949,11 @@ TEST_F(SwarmCliTest, AStepWithoutAnAverageIsSkippedAndAJoinerAdoptsTheCount) {
     const std::string entry = (*listening)["endpoint"];
     peers.emplace_back(peer_argv(name, 1, 4, entry, 3, extra), log(1).string());
     std::vector<std::string> dying = peer_argv(name, 2, 4, entry, 3, extra);
-    dying.insert(dying.begin(), {"/usr/bin/env", "STARLING_FAULT_DIE_IN_EXCHANGE=10"});
+    // Exchange 20: step 20 is one the metrics record (log_every = 20).
+    dying.insert(dying.begin(), {"/usr/bin/env", "STARLING_FAULT_DIE_IN_EXCHANGE=20"});
     peers.emplace_back(dying, log(2).string());
     ASSERT_TRUE(peers[2].wait(60s).has_value()) << read_file(log(2));
-    EXPECT_NE(read_file(log(2)).find("fault injection: dying in gradient exchange 10"),
+    EXPECT_NE(read_file(log(2)).find("fault injection: dying in gradient exchange 20"),
               std::string::npos)
         << read_file(log(2));
     // The joiner, in a directory of its own, once the swarm has gone on as two.
@@ -940,8 +969,8 @@ TEST_F(SwarmCliTest, AStepWithoutAnAverageIsSkippedAndAJoinerAdoptsTheCount) {
       EXPECT_EQ(peers[i].wait(30s), 0);
     }
     const std::string survivor = read_file(log(0));
-    EXPECT_NE(survivor.find("step 10: no average of the swarm's gradients; the update is skipped "
-                            "(AdamW's count stays at 9)"),
+    EXPECT_NE(survivor.find("step 20: no average of the swarm's gradients; the update is skipped "
+                            "(AdamW's count stays at 19)"),
               std::string::npos)
         << survivor;
     EXPECT_NE(read_file(log(3)).find("adopting the swarm's state"), std::string::npos)
@@ -951,10 +980,20 @@ TEST_F(SwarmCliTest, AStepWithoutAnAverageIsSkippedAndAJoinerAdoptsTheCount) {
     std::string after;
     for (const int i : {0, 1}) {
       const std::string l = read_file(log(i));
-      const size_t skip = l.find("step 10: no average");
+      const size_t skip = l.find("step 20: no average");
       if (skip != std::string::npos) after += l.substr(skip);
     }
     EXPECT_EQ(count_of(after, "state transfer: sent"), 1) << after;
+    // The skipped step's record says so, without the norm of gradients no update used.
+    int recorded = 0;
+    for (const json& m : metrics(run_dir(name) / "peer-0")) {
+      if (!m.contains("loss") || (m["step"] != 20 && m["step"] != 40)) continue;
+      ++recorded;
+      const bool skipped = m["step"] == 20;
+      EXPECT_EQ(m.value("skipped", false), skipped) << m;
+      EXPECT_EQ(m["grad_norm"].is_null(), skipped) << m;
+    }
+    EXPECT_EQ(recorded, 2);
     const int64_t count = adamw_count(run_dir(name) / "peer-0", steps);
     EXPECT_EQ(count, steps - 1) << "the failed step only";
     const std::string model = final_model(run_dir(name) / "peer-0", steps);
@@ -966,6 +1005,9 @@ TEST_F(SwarmCliTest, AStepWithoutAnAverageIsSkippedAndAJoinerAdoptsTheCount) {
   }
 }
 
+// One of five ddp peers sends its gradients sign-flipped and ten times too large. Averaged, they
+// ruin the swarm; the trimmed mean drops the extreme value of every element and trains close to
+// the clean swarm. A peer sending NaN is rejected and named.
 TEST_F(SwarmCliTest, TrimmedMeanSurvivesAPoisonedPeer) {
   const std::string ddp = "kind = \"ddp\"";
   const std::string robust = ddp + "\naggregation = \"trimmed_mean\"";

@@ -2,12 +2,20 @@
 
 #include <ATen/ATen.h>
 
+#include "starling/strategy/state_stream.h"
+#include "starling/strategy/strategy_config.h"
+#include "starling/train/step_runner.h"
+
 namespace starling::strategy {
 
 LocalSgd::LocalSgd(const train::RunConfig& config, net::Collectives& net)
     : SwarmStrategy(config, net) {}
 
-void LocalSgd::allocate(train::Replica&) {
+void LocalSgd::allocate(train::Replica& r) {
+  replica_ = &r;
+  // A swapped replica's parameters are averaged a piece at a time (average_in_pieces): its
+  // budget holds no second copy of them.
+  if (config_.swap.enabled()) return;
   buffer_.emplace(flat_->device(), flat_->numel(), through_host());
 }
 
@@ -23,6 +31,10 @@ void LocalSgd::started(const Agreement& a) {
 }
 
 void LocalSgd::average(const Agreement& a) {
+  if (!buffer_) {
+    average_in_pieces(*replica_, a);
+    return;
+  }
   at::Tensor& params = buffer_->device();
   flat_->gather(params);
   if (!a.contribute) params.zero_();
@@ -34,6 +46,39 @@ void LocalSgd::average(const Agreement& a) {
   }
   // On failure each peer keeps its own parameters; the next agreement finds the versions apart
   // only if some peer did average, and then hands everyone the root's.
+}
+
+void LocalSgd::average_in_pieces(train::Replica& r, const Agreement& a) {
+  if (a.contributors == 0) return;
+  // The parameters as one vector (flat_'s order, the same on every peer whatever its plan), cut
+  // into pieces of strategy.transfer_piece: each is read from wherever the runner keeps it,
+  // averaged, and written back there, one tensor at a time. Two streams over the same tensors,
+  // one reading, one writing: a tensor is written once its last piece is averaged, after it was
+  // read whole.
+  const std::vector<at::Tensor> tensors = state_tensors(r);
+  const int64_t piece = std::max<int64_t>(
+      1, transfer_piece_bytes(config_.strategy) / static_cast<int64_t>(sizeof(float)));
+  StateStream in(tensors, piece), out(tensors, piece);
+  if (!pieces_ || pieces_->numel() < std::min(in.piece_numel(), in.numel()))
+    pieces_.emplace(flat_->device(), std::min(in.piece_numel(), in.numel()), through_host());
+  const auto read = [&r](const at::Tensor& t) { return r.runner->read_state(t); };
+  const auto write = [&r](const at::Tensor& t, const at::Tensor& values) {
+    r.runner->write_state(t, values);
+  };
+  for (int64_t k = 0; k < in.pieces(); ++k) {
+    const int64_t n = in.numel_of(k);
+    at::Tensor part = pieces_->device().narrow(0, 0, n);
+    in.read_next(part, read);
+    if (!a.contribute) part.zero_();
+    // A failure leaves the pieces before this one averaged on the peers that got them, the rest
+    // their own: as good a start for the next round as the parameters before it (they differ
+    // between peers anyway), and the next agreement hands everyone the root's if some peer did
+    // get every piece.
+    if (!aggregate(*pieces_, n, a, precision_, "parameter averaging")) return;
+    part.div_(static_cast<double>(a.contributors));
+    out.write_next(part, write);
+  }
+  ++version_;
 }
 
 // The parameters themselves, in flat_'s order. A peer whose history is the root's keeps its own:

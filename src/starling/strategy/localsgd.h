@@ -1,5 +1,6 @@
 // localsgd: tau local AdamW steps on each peer, then synchronous averaging of the parameters.
-// The inner optimizer state stays local; a joiner adopts the parameters and step.
+// The inner optimizer state stays local; a joiner adopts the parameters and step. A swapped
+// replica's parameters are averaged a piece at a time, through its tier.
 #pragma once
 
 #include "starling/strategy/swarm_strategy.h"
@@ -25,7 +26,12 @@ class LocalSgd final : public SwarmStrategy {
  private:
   // The round's averaging of the parameters among the agreement's participants.
   void average(const Agreement& a);
-  std::optional<Staging> buffer_;
+  // The same for a swapped replica, a piece of strategy.transfer_piece at a time, read from and
+  // written back to wherever its runner keeps each tensor (StepRunner::read_state, write_state).
+  void average_in_pieces(train::Replica& r, const Agreement& a);
+  train::Replica* replica_ = nullptr;  // the replica start() was given
+  std::optional<Staging> buffer_;      // the whole parameter vector (not swapped)
+  std::optional<Staging> pieces_;      // one piece of it (swapped)
 };
 
 }  // namespace starling::strategy

@@ -100,7 +100,8 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
                          "weights and AdamW moments), such as \"64MB\" (at least 4KB): each "
                          "piece is read and written a tensor at a time, so no peer holds the "
                          "state twice and a swapped replica's stays in its tier; the sending "
-                         "peer's setting holds"));
+                         "peer's setting holds. Swapped localsgd peers also average their "
+                         "weights in pieces of this size (the same on every peer)"));
 }
 
 int64_t transfer_piece_bytes(const StrategyConfig& c) {
@@ -134,12 +135,13 @@ void check_peer(const StrategyConfig& c, bool swapped, const std::string& net_ba
   if (std::find(kinds.begin(), kinds.end(), c.kind) == kinds.end())
     throw ConfigError("strategy.kind = \"" + c.kind + "\" does not train with peers; use " +
                       swarm_strategy_list());
-  // ddp and atom reach a swapped replica's gradients a node at a time; the others keep
-  // whole-model vectors (anchors, outer momentum) beside the replica, which a budget cannot hold.
-  if (swapped && c.kind != "ddp" && c.kind != "atom")
+  // ddp and atom reach a swapped replica's gradients a node at a time, localsgd its parameters
+  // a piece at a time; diloco and co2 keep whole-model vectors (anchors, outer momentum) beside
+  // the replica, which a budget cannot hold.
+  if (swapped && c.kind != "ddp" && c.kind != "atom" && c.kind != "localsgd")
     throw ConfigError("swap.budget is set, but strategy.kind = \"" + c.kind +
                       "\" keeps whole-model vectors beside a swapped replica; swapped peers "
-                      "train with \"ddp\" or \"atom\", or drop swap.budget");
+                      "train with \"ddp\", \"atom\" or \"localsgd\", or drop swap.budget");
   if (c.fingerprint && (swapped || c.zero))
     throw ConfigError(
         std::string("strategy.fingerprint needs the whole shared state on every peer: "

@@ -22,7 +22,9 @@ using StepRunnerFactory =
 // The factory train::TrainOptions::step_runner takes for a config with a [swap] budget. The
 // runner it makes throws ConfigError for what swapping does not support yet (fp16 loss scaling,
 // the disk tier below a GPU). With peers, ddp and atom exchange its gradients a node at a time
-// (StepRunner::visit_gradients); strategies that keep whole-model vectors refuse a [swap] budget.
+// (StepRunner::visit_gradients), localsgd averages its weights a piece at a time
+// (StepRunner::read_state, write_state); strategies that keep whole-model vectors refuse a [swap]
+// budget.
 // `one_replica`: a single trainer, which announces each step's update (StepRunner::expect_update)
 // so that it may start inside the backward; a peer's exchange comes in between.
 StepRunnerFactory swapped_step_runner(bool one_replica);
