@@ -81,5 +81,67 @@ TEST(StateStream, AReceiverWritesOnlyWholeTensors) {
   EXPECT_TRUE(at::equal(kept[3], some_state(0)[3]));
 }
 
+// Updated where they lie (a swapped replica's weights averaged in pieces): every element is
+// changed once whatever the piece size, each tensor is read once and written once, whole, and a
+// tensor the reader hands back as itself is not changed before its write.
+TEST(StateStream, PiecesUpdatedInPlaceWriteEachTensorOnceWhole) {
+  const at::Tensor before = flat(some_state(1000));
+  for (const int64_t piece : {1, 4, 21, 22, 64, 1000}) {
+    SCOPED_TRACE("piece " + std::to_string(piece));
+    std::vector<at::Tensor> state = some_state(1000);
+    StateStream stream(state, piece);
+    int reads = 0, writes = 0;
+    for (int64_t k = 0; k < stream.pieces(); ++k) {
+      at::Tensor part = at::full({stream.numel_of(k)}, -1.f);
+      const bool done = stream.update_next(
+          part,
+          [&](const at::Tensor& t) {
+            ++reads;
+            return t;
+          },
+          [&](const at::Tensor& t, const at::Tensor& values) {
+            ++writes;
+            EXPECT_EQ(values.sizes(), t.sizes());
+            EXPECT_TRUE(at::equal(t * 2, values)) << "changed before its write";
+            t.copy_(values);
+          },
+          [](at::Tensor& values) {
+            values.mul_(2);
+            return true;
+          });
+      ASSERT_TRUE(done);
+    }
+    EXPECT_TRUE(at::equal(flat(state), before * 2));
+    EXPECT_EQ(reads, 4);
+    EXPECT_EQ(writes, 4);
+  }
+}
+
+// An update that fails midway leaves the tensors still open untouched, even one the reader
+// handed back as itself; those written before keep their new values.
+TEST(StateStream, AFailedUpdateLeavesTheOpenTensorsUntouched) {
+  std::vector<at::Tensor> state = some_state(1000);
+  StateStream stream(state, 10);
+  const auto same = [](const at::Tensor& t) { return t; };
+  const auto store = [](const at::Tensor& t, const at::Tensor& v) { t.copy_(v); };
+  const auto twice = [](at::Tensor& values) {
+    values.mul_(2);
+    return true;
+  };
+  for (int k = 0; k < 3; ++k) {  // the first two tensors (21 + 5 elements), 4 of the third's
+    at::Tensor part = at::empty({stream.numel_of(k)});
+    ASSERT_TRUE(stream.update_next(part, same, store, twice));
+  }
+  for (int k = 3; k < 5; ++k) {  // 20 more of that 40-element tensor...
+    at::Tensor part = at::empty({stream.numel_of(k)});
+    ASSERT_TRUE(stream.update_next(part, same, store, twice));
+  }
+  at::Tensor part = at::empty({stream.numel_of(5)});
+  EXPECT_FALSE(stream.update_next(part, same, store, [](at::Tensor&) { return false; }));
+  EXPECT_TRUE(at::equal(state[0], some_state(1000)[0] * 2));
+  EXPECT_TRUE(at::equal(state[1], some_state(1000)[1] * 2));
+  EXPECT_TRUE(at::equal(state[3], some_state(1000)[3])) << "...and no more: it is untouched";
+}
+
 }  // namespace
 }  // namespace starling::strategy

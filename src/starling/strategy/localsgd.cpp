@@ -52,31 +52,32 @@ void LocalSgd::average_in_pieces(train::Replica& r, const Agreement& a) {
   if (a.contributors == 0) return;
   // The parameters as one vector (flat_'s order, the same on every peer whatever its plan), cut
   // into pieces of strategy.transfer_piece: each is read from wherever the runner keeps it,
-  // averaged, and written back there, one tensor at a time. Two streams over the same tensors,
-  // one reading, one writing: a tensor is written once its last piece is averaged, after it was
-  // read whole.
-  const std::vector<at::Tensor> tensors = state_tensors(r);
-  const int64_t piece = std::max<int64_t>(
-      1, transfer_piece_bytes(config_.strategy) / static_cast<int64_t>(sizeof(float)));
-  StateStream in(tensors, piece), out(tensors, piece);
-  if (!pieces_ || pieces_->numel() < std::min(in.piece_numel(), in.numel()))
-    pieces_.emplace(flat_->device(), std::min(in.piece_numel(), in.numel()), through_host());
+  // averaged, and written back there a tensor at a time, so the average holds one piece and one
+  // tensor beside the budget.
+  StateStream stream(state_tensors(r),
+                     std::max<int64_t>(1, transfer_piece_bytes(config_.strategy) /
+                                              static_cast<int64_t>(sizeof(float))));
+  const int64_t largest = std::min(stream.piece_numel(), stream.numel());
+  if (!pieces_ || pieces_->numel() < largest)
+    pieces_.emplace(flat_->device(), largest, through_host());
   const auto read = [&r](const at::Tensor& t) { return r.runner->read_state(t); };
   const auto write = [&r](const at::Tensor& t, const at::Tensor& values) {
     r.runner->write_state(t, values);
   };
-  for (int64_t k = 0; k < in.pieces(); ++k) {
-    const int64_t n = in.numel_of(k);
+  for (int64_t k = 0; k < stream.pieces(); ++k) {
+    const int64_t n = stream.numel_of(k);
     at::Tensor part = pieces_->device().narrow(0, 0, n);
-    in.read_next(part, read);
-    if (!a.contribute) part.zero_();
-    // A failure leaves the pieces before this one averaged on the peers that got them, the rest
-    // their own: as good a start for the next round as the parameters before it (they differ
-    // between peers anyway), and the next agreement hands everyone the root's if some peer did
-    // get every piece.
-    if (!aggregate(*pieces_, n, a, precision_, "parameter averaging")) return;
-    part.div_(static_cast<double>(a.contributors));
-    out.write_next(part, write);
+    // A failure leaves the tensors written before it averaged on the peers that got them, the
+    // rest their own: as good a start for the next round as the parameters before it (they
+    // differ between peers anyway), and the next agreement hands everyone the root's if some
+    // peer did get every piece.
+    const bool averaged = stream.update_next(part, read, write, [&](at::Tensor& values) {
+      if (!a.contribute) values.zero_();
+      if (!aggregate(*pieces_, n, a, precision_, "parameter averaging")) return false;
+      values.div_(static_cast<double>(a.contributors));
+      return true;
+    });
+    if (!averaged) return;
   }
   ++version_;
 }

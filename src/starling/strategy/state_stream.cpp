@@ -51,6 +51,33 @@ void StateStream::read_next(at::Tensor& part, const Reader& read) {
   });
 }
 
+bool StateStream::update_next(at::Tensor& part, const Reader& read, const Writer& write,
+                              const Update& update) {
+  const int64_t n = numel_of(next_);
+  if (part.numel() != n) throw std::logic_error("StateStream::update_next: wrong piece size");
+  struct Span {
+    const at::Tensor* tensor;
+    at::Tensor values;  // the tensor's open copy (kept past walk(), which lets go at its end)
+    int64_t offset, at, take;
+  };
+  std::vector<Span> spans;
+  walk(n, [&](const at::Tensor& t, int64_t offset, int64_t at, int64_t take) {
+    if (!open_.defined()) {
+      at::Tensor values = read(t);
+      open_ = (values.is_alias_of(t) ? values.clone() : values).reshape({-1});
+    }
+    part.narrow(0, at, take).copy_(open_.narrow(0, offset, take));
+    spans.push_back({&t, open_, offset, at, take});
+  });
+  if (!update(part)) return false;
+  at::NoGradGuard no_grad;
+  for (const Span& s : spans) {
+    s.values.narrow(0, s.offset, s.take).copy_(part.narrow(0, s.at, s.take));
+    if (s.offset + s.take == s.tensor->numel()) write(*s.tensor, s.values.view(s.tensor->sizes()));
+  }
+  return true;
+}
+
 void StateStream::write_next(const at::Tensor& part, const Writer& write) {
   const int64_t n = numel_of(next_);
   if (part.numel() != n) throw std::logic_error("StateStream::write_next: wrong piece size");

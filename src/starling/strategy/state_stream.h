@@ -37,6 +37,16 @@ class StateStream {
   // The next piece, in order, goes into the tensors: each tensor is written through `write` once
   // its last element has arrived (with a tensor of its shape).
   void write_next(const at::Tensor& part, const Writer& write);
+  // The next piece, in order, changed where it lies (a swapped replica's weights averaged in
+  // place): `part` is filled as read_next fills it, `update(part)` changes it, and the values go
+  // back into each tensor's copy from `read`; a tensor is written through `write` once its last
+  // element is back. Reading and writing share that copy, so one stream holds one tensor's
+  // values at a time (two streams, one reading and one writing, would hold two). A tensor `read`
+  // returns itself is copied first, so that nothing is changed before `write`: when `update`
+  // returns false the piece and the tensors still open are abandoned untouched, the tensors
+  // written before keep their new values, and false is returned (the stream is then done).
+  using Update = std::function<bool(at::Tensor&)>;
+  bool update_next(at::Tensor& part, const Reader& read, const Writer& write, const Update& update);
 
  private:
   // Walks the next piece's `n` elements: `span(tensor, offset in it, offset in the piece, count)`
