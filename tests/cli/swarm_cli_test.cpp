@@ -916,6 +916,113 @@ TEST_F(SwarmCliTest, SwappedAtomSurvivesAKilledPeer) {
   kill_one_of_three("swap_kill", "kind = \"atom\"", 150, 20, as_argv(swapped()));
 }
 
+// One of three swapped localsgd peers dies in its third average after the first of its pieces
+// (STARLING_FAULT_DIE_IN_EXCHANGE): the two others' average breaks off partway, with the pieces
+// before it averaged and the rest their own. They go on as two, in step, and end on one model.
+TEST_F(SwarmCliTest, SwappedLocalSgdGoesOnFromAnAverageBrokenOffPartway) {
+  const std::string name = "swap_avg_torn";
+  const int64_t steps = 40;
+  write_config(name, "kind = \"localsgd\"\nlocal_steps = 2\ntransfer_piece = \"4KB\"", steps, 20);
+  fs::create_directories(run_dir(name));
+  const std::vector<std::string> extra = as_argv(swapped());
+  const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+  std::vector<Process> peers;
+  peers.emplace_back(peer_argv(name, 0, 3, "", 3, extra), log(0).string());
+  auto listening = wait_event(
+      peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
+  ASSERT_TRUE(listening);
+  const std::string entry = (*listening)["endpoint"];
+  peers.emplace_back(peer_argv(name, 1, 3, entry, 3, extra), log(1).string());
+  std::vector<std::string> dying = peer_argv(name, 2, 3, entry, 3, extra);
+  dying.insert(dying.begin(), {"/usr/bin/env", "STARLING_FAULT_DIE_IN_EXCHANGE=3"});
+  peers.emplace_back(dying, log(2).string());
+  ASSERT_TRUE(peers[2].wait(60s).has_value()) << read_file(log(2));
+  EXPECT_NE(read_file(log(2)).find("fault injection: dying in parameter average 3 after 1 piece"),
+            std::string::npos)
+      << read_file(log(2));
+  int broke_off = 0;  // survivors whose average broke off after its first piece
+  for (int i = 0; i < 2; ++i) {
+    auto done = wait_event(
+        peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
+    ASSERT_TRUE(done) << "peer " << i << ": " << read_file(log(i));
+    EXPECT_EQ((*done)["step"], steps);
+    EXPECT_EQ((*done)["net"]["peers"], 2);
+    EXPECT_EQ(peers[i].wait(30s), 0);
+    const std::string l = read_file(log(i));
+    EXPECT_NE(l.find("parameter averaging"), std::string::npos) << l;
+    broke_off += count_of(l, "the parameter average broke off after 1 of ");
+  }
+  EXPECT_EQ(broke_off, 2);
+  EXPECT_TRUE(final_model(run_dir(name) / "peer-0", steps) ==
+              final_model(run_dir(name) / "peer-1", steps));
+}
+
+// A swapped localsgd peer and an unswapped one, each with its own transfer_piece: both average
+// in pieces of the two sizes' mean (their collectives must match), every round, and end on one
+// model.
+TEST_F(SwarmCliTest, SwappedAndUnswappedLocalSgdPeersAverageInTheSamePieces) {
+  const std::string name = "swap_mixed_avg";
+  const int64_t steps = 16;
+  write_config(name, "kind = \"localsgd\"\nlocal_steps = 2\ntransfer_piece = \"4KB\"", steps, 4);
+  fs::create_directories(run_dir(name));
+  const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+  std::vector<Process> peers;
+  peers.emplace_back(peer_argv(name, 0, 2, "", 2, {"--set", "model.n_layer=2"}), log(0).string());
+  auto listening = wait_event(
+      peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
+  ASSERT_TRUE(listening);
+  std::vector<std::string> extra = as_argv(swapped());
+  extra.insert(extra.end(), {"--set", "strategy.transfer_piece=\"12KB\""});
+  peers.emplace_back(peer_argv(name, 1, 2, (*listening)["endpoint"], 2, extra), log(1).string());
+  for (int i = 0; i < 2; ++i) {
+    auto done = wait_event(
+        peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
+    ASSERT_TRUE(done) << "peer " << i << ": " << read_file(log(i));
+    EXPECT_EQ((*done)["net"]["round"], steps / 2) << read_file(log(i));
+    EXPECT_EQ(read_file(log(i)).find("parameter averaging"), std::string::npos)
+        << read_file(log(i));
+    EXPECT_EQ(peers[i].wait(30s), 0);
+  }
+  EXPECT_TRUE(final_model(run_dir(name) / "peer-0", steps) ==
+              final_model(run_dir(name) / "peer-1", steps));
+}
+
+// A swapped localsgd joiner adopts the swarm's weights in its opening agreement, which is the
+// others' round boundary, and takes part in their average sending nothing (the path of a peer
+// that does not contribute): the three end on one model.
+TEST_F(SwarmCliTest, SwappedLocalSgdTakesAJoiner) {
+  const std::string name = "swap_join_avg";
+  const int64_t steps = 200;
+  write_config(name, "kind = \"localsgd\"\nlocal_steps = 4\ntransfer_piece = \"4KB\"", steps, 20);
+  fs::create_directories(run_dir(name));
+  const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+  const auto extra = as_argv(swapped());
+  std::vector<Process> peers;
+  peers.emplace_back(peer_argv(name, 0, 3, "", 2, extra), log(0).string());
+  auto listening = wait_event(
+      peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
+  ASSERT_TRUE(listening);
+  const std::string entry = (*listening)["endpoint"];
+  peers.emplace_back(peer_argv(name, 1, 3, entry, 2, extra), log(1).string());
+  ASSERT_TRUE(wait_event(
+      peers[1], [](const json& j) { return j["event"] == "step" && j["step"] >= 20; }, 60s))
+      << read_file(log(1));
+  peers.emplace_back(peer_argv(name, 2, 3, entry, 1, extra), log(2).string());
+  const auto done = wait_all_done(peers, 120s);
+  ASSERT_EQ(done.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(done[i]) << "peer " << i << ": " << read_file(log(i));
+    EXPECT_EQ((*done[i])["net"]["peers"], 3) << read_file(log(i));
+  }
+  EXPECT_NE(read_file(log(2)).find("adopting the swarm's state"), std::string::npos)
+      << read_file(log(2));
+  const std::string model = final_model(run_dir(name) / "peer-0", steps);
+  ASSERT_FALSE(model.empty());
+  for (int i = 1; i < 3; ++i)
+    EXPECT_TRUE(final_model(run_dir(name) / ("peer-" + std::to_string(i)), steps) == model)
+        << "peer " << i;
+}
+
 TEST_F(SwarmCliTest, SwappedLocalSgdSurvivesAKilledPeer) {
   kill_one_of_three("swap_kill_avg",
                     "kind = \"localsgd\"\nlocal_steps = 2\ntransfer_piece = \"4KB\"", 150, 20,

@@ -83,38 +83,40 @@ TEST(StateStream, AReceiverWritesOnlyWholeTensors) {
 
 // Updated where they lie (a swapped replica's weights averaged in pieces): every element is
 // changed once whatever the piece size, each tensor is read once and written once, whole, and a
-// tensor the reader hands back as itself is not changed before its write.
+// tensor the reader hands back as itself is not changed before its write. Both readers: one that
+// hands back the tensor itself (kept in memory), one that hands back a copy (read from a tier).
 TEST(StateStream, PiecesUpdatedInPlaceWriteEachTensorOnceWhole) {
   const at::Tensor before = flat(some_state(1000));
-  for (const int64_t piece : {1, 4, 21, 22, 64, 1000}) {
-    SCOPED_TRACE("piece " + std::to_string(piece));
-    std::vector<at::Tensor> state = some_state(1000);
-    StateStream stream(state, piece);
-    int reads = 0, writes = 0;
-    for (int64_t k = 0; k < stream.pieces(); ++k) {
-      at::Tensor part = at::full({stream.numel_of(k)}, -1.f);
-      const bool done = stream.update_next(
-          part,
-          [&](const at::Tensor& t) {
-            ++reads;
-            return t;
-          },
-          [&](const at::Tensor& t, const at::Tensor& values) {
-            ++writes;
-            EXPECT_EQ(values.sizes(), t.sizes());
-            EXPECT_TRUE(at::equal(t * 2, values)) << "changed before its write";
-            t.copy_(values);
-          },
-          [](at::Tensor& values) {
-            values.mul_(2);
-            return true;
-          });
-      ASSERT_TRUE(done);
+  for (const bool copies : {false, true})
+    for (const int64_t piece : {1, 4, 21, 22, 64, 1000}) {
+      SCOPED_TRACE(std::string(copies ? "a copy" : "itself") + ", piece " + std::to_string(piece));
+      std::vector<at::Tensor> state = some_state(1000);
+      StateStream stream(state, piece);
+      int reads = 0, writes = 0;
+      for (int64_t k = 0; k < stream.pieces(); ++k) {
+        at::Tensor part = at::full({stream.numel_of(k)}, -1.f);
+        const bool done = stream.update_next(
+            part,
+            [&](const at::Tensor& t) {
+              ++reads;
+              return copies ? t.clone() : t;
+            },
+            [&](const at::Tensor& t, const at::Tensor& values) {
+              ++writes;
+              EXPECT_EQ(values.sizes(), t.sizes());
+              EXPECT_TRUE(at::equal(t * 2, values)) << "changed before its write";
+              t.copy_(values);
+            },
+            [](at::Tensor& values) {
+              values.mul_(2);
+              return true;
+            });
+        ASSERT_TRUE(done);
+      }
+      EXPECT_TRUE(at::equal(flat(state), before * 2));
+      EXPECT_EQ(reads, 4);
+      EXPECT_EQ(writes, 4);
     }
-    EXPECT_TRUE(at::equal(flat(state), before * 2));
-    EXPECT_EQ(reads, 4);
-    EXPECT_EQ(writes, 4);
-  }
 }
 
 // An update that fails midway leaves the tensors still open untouched, even one the reader
@@ -141,6 +143,17 @@ TEST(StateStream, AFailedUpdateLeavesTheOpenTensorsUntouched) {
   EXPECT_TRUE(at::equal(state[0], some_state(1000)[0] * 2));
   EXPECT_TRUE(at::equal(state[1], some_state(1000)[1] * 2));
   EXPECT_TRUE(at::equal(state[3], some_state(1000)[3])) << "...and no more: it is untouched";
+  // The stream goes on: the later pieces are read as they were, and nothing more is written.
+  std::vector<at::Tensor> read;
+  for (int64_t k = 6; k < stream.pieces(); ++k) {
+    part = at::empty({stream.numel_of(k)});
+    EXPECT_FALSE(stream.update_next(part, same, store, [&](at::Tensor& values) {
+      read.push_back(values.clone());
+      return false;
+    }));
+  }
+  EXPECT_TRUE(at::equal(at::cat(read), flat(some_state(1000)).narrow(0, 60, 14)));
+  EXPECT_TRUE(at::equal(flat(state).narrow(0, 26, 48), flat(some_state(1000)).narrow(0, 26, 48)));
 }
 
 }  // namespace

@@ -13,7 +13,11 @@
 //   STARLING_FAULT_DIE_IN_EXCHANGE=N  in its N-th gradient exchange (ddp, atom; from 1), after
 //                                   the round's agreement and before it sends, it kills itself
 //                                   (SIGKILL): every other participant's exchange of that round
-//                                   fails, and the step has no average
+//                                   fails, and the step has no average. localsgd: in its N-th
+//                                   parameter average, after the first piece (and a pause that
+//                                   lets its last messages leave) where it averages in pieces
+//                                   (a swapped swarm), so the others' average breaks off
+//                                   partway; before it sends otherwise
 //
 // Unset (the normal case), nothing changes. A malformed value is a ConfigError naming it, raised
 // before the peer joins anyone (strategy::check_peer). Torch-free but for apply().

@@ -2,6 +2,14 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <string>
+#include <thread>
+
+#include "starling/strategy/fault_injection.h"
 #include "starling/strategy/state_stream.h"
 #include "starling/strategy/strategy_config.h"
 #include "starling/train/step_runner.h"
@@ -9,7 +17,26 @@
 namespace starling::strategy {
 
 LocalSgd::LocalSgd(const train::RunConfig& config, net::Collectives& net)
-    : SwarmStrategy(config, net) {}
+    : SwarmStrategy(config, net), die_in_exchange_(die_in_exchange_from_env()) {
+  if (die_in_exchange_)
+    log("fault injection: this peer dies in its parameter average " +
+        std::to_string(*die_in_exchange_) + " (STARLING_FAULT_DIE_IN_EXCHANGE)");
+}
+
+std::array<float, kAgreementNotes> LocalSgd::round_notes() const {
+  return {static_cast<float>(transfer_piece_bytes(config_.strategy) / 1000),
+          config_.swap.enabled() ? 1.f : 0.f, 0.f};
+}
+
+void LocalSgd::die_if_told(int64_t pieces_sent) {
+  if (!die_in_exchange_ || *die_in_exchange_ != averages_) return;
+  log("fault injection: dying in parameter average " + std::to_string(averages_) + " after " +
+      std::to_string(pieces_sent) + " piece(s)");
+  // The pieces it sent are through here, but their last messages may still wait in its sockets'
+  // queues: a moment lets them leave, so the others hold those pieces' average.
+  if (pieces_sent > 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::raise(SIGKILL);
+}
 
 void LocalSgd::allocate(train::Replica& r) {
   replica_ = &r;
@@ -31,10 +58,12 @@ void LocalSgd::started(const Agreement& a) {
 }
 
 void LocalSgd::average(const Agreement& a) {
-  if (!buffer_) {
+  ++averages_;
+  if (!buffer_ || a.notes[1] > 0) {
     average_in_pieces(*replica_, a);
     return;
   }
+  die_if_told(0);
   at::Tensor& params = buffer_->device();
   flat_->gather(params);
   if (!a.contribute) params.zero_();
@@ -51,35 +80,55 @@ void LocalSgd::average(const Agreement& a) {
 void LocalSgd::average_in_pieces(train::Replica& r, const Agreement& a) {
   if (a.contributors == 0) return;
   // The parameters as one vector (flat_'s order, the same on every peer whatever its plan), cut
-  // into pieces of strategy.transfer_piece: each is read from wherever the runner keeps it,
-  // averaged, and written back there a tensor at a time, so the average holds one piece and one
-  // tensor beside the budget.
-  StateStream stream(state_tensors(r),
-                     std::max<int64_t>(1, transfer_piece_bytes(config_.strategy) /
-                                              static_cast<int64_t>(sizeof(float))));
+  // into pieces of the participants' mean transfer_piece (the same sum on every peer): each is
+  // read from wherever the runner keeps it, averaged, and written back there a tensor at a time,
+  // so the average holds one piece and at most two tensors beside the budget.
+  const double units = std::round(a.notes[0] / std::max(1, a.peers));
+  const int64_t piece = std::max<int64_t>(1000, static_cast<int64_t>(units) * 250);
+  StateStream stream(state_tensors(r), piece);
   const int64_t largest = std::min(stream.piece_numel(), stream.numel());
   if (!pieces_ || pieces_->numel() < largest)
     pieces_.emplace(flat_->device(), largest, through_host());
-  const auto read = [&r](const at::Tensor& t) { return r.runner->read_state(t); };
-  const auto write = [&r](const at::Tensor& t, const at::Tensor& values) {
-    r.runner->write_state(t, values);
+  train::StepRunner* runner = r.runner;
+  // A peer that sends nothing (it adopted the swarm's state in this agreement) reads nothing:
+  // every element it would read is overwritten by the average before its tensor is written.
+  const auto read = [runner, &a](const at::Tensor& t) {
+    if (!a.contribute) return at::empty(t.sizes(), t.options());
+    return runner != nullptr ? runner->read_state(t) : t;
   };
+  const auto write = [runner](const at::Tensor& t, const at::Tensor& values) {
+    if (runner != nullptr)
+      runner->write_state(t, values);
+    else
+      train::copy_state(t, values);
+  };
+  // A failure leaves the tensors written before it averaged on the peers that got them, the rest
+  // their own: as good a start for the next round as the parameters before it (they differ
+  // between peers anyway), and the next agreement hands everyone the root's if some peer did get
+  // every piece. The pieces after it are still read and sent, and none is written: a peer whose
+  // collective failed while another's completed (a timeout on one side) stays in step with it,
+  // and sends it what it would have, so that peer's average is still right.
+  bool ok = true;
+  int64_t averaged = 0;  // pieces
   for (int64_t k = 0; k < stream.pieces(); ++k) {
+    if (k == 1) die_if_told(k);
     const int64_t n = stream.numel_of(k);
     at::Tensor part = pieces_->device().narrow(0, 0, n);
-    // A failure leaves the tensors written before it averaged on the peers that got them, the
-    // rest their own: as good a start for the next round as the parameters before it (they
-    // differ between peers anyway), and the next agreement hands everyone the root's if some
-    // peer did get every piece.
-    const bool averaged = stream.update_next(part, read, write, [&](at::Tensor& values) {
+    stream.update_next(part, read, write, [&](at::Tensor& values) {
       if (!a.contribute) values.zero_();
-      if (!aggregate(*pieces_, n, a, precision_, "parameter averaging")) return false;
-      values.div_(static_cast<double>(a.contributors));
-      return true;
+      ok = aggregate(*pieces_, n, a, precision_, "parameter averaging") && ok;
+      if (ok) values.div_(static_cast<double>(a.contributors));
+      return ok;
     });
-    if (!averaged) return;
+    if (ok) ++averaged;
   }
-  ++version_;
+  if (ok) {
+    ++version_;
+  } else if (averaged > 0) {
+    log("the parameter average broke off after " + std::to_string(averaged) + " of " +
+        std::to_string(stream.pieces()) +
+        " pieces: the tensors through by then hold the average, the rest this peer's own");
+  }
 }
 
 // The parameters themselves, in flat_'s order. A peer whose history is the root's keeps its own:

@@ -26,12 +26,23 @@ class LocalSgd final : public SwarmStrategy {
  private:
   // The round's averaging of the parameters among the agreement's participants.
   void average(const Agreement& a);
-  // The same for a swapped replica, a piece of strategy.transfer_piece at a time, read from and
-  // written back to wherever its runner keeps each tensor (StepRunner::read_state, write_state).
+  // The same a piece at a time, each read from and written back to wherever the runner keeps its
+  // tensors (StepRunner::read_state, write_state): a swapped replica's budget holds no second
+  // copy of the weights. Every participant averages so when any of them is swapped, with pieces
+  // of the participants' mean strategy.transfer_piece (round_notes): the pieces are the
+  // collectives, which must be the same on every peer.
   void average_in_pieces(train::Replica& r, const Agreement& a);
+  // [0]: strategy.transfer_piece in units of 1000 bytes; [1]: 1 when this replica is swapped.
+  std::array<float, kAgreementNotes> round_notes() const override;
+  // STARLING_FAULT_DIE_IN_EXCHANGE: dies in that average, after its first piece where it goes
+  // in pieces (the survivors' average breaks off partway), before it sends otherwise.
+  void die_if_told(int64_t pieces_sent);
+
   train::Replica* replica_ = nullptr;  // the replica start() was given
   std::optional<Staging> buffer_;      // the whole parameter vector (not swapped)
-  std::optional<Staging> pieces_;      // one piece of it (swapped)
+  std::optional<Staging> pieces_;      // one piece of it (average_in_pieces)
+  std::optional<long long> die_in_exchange_;
+  int64_t averages_ = 0;  // averages begun, counted from 1 (for die_in_exchange_)
 };
 
 }  // namespace starling::strategy

@@ -57,11 +57,18 @@ bool StateStream::update_next(at::Tensor& part, const Reader& read, const Writer
   if (part.numel() != n) throw std::logic_error("StateStream::update_next: wrong piece size");
   struct Span {
     const at::Tensor* tensor;
-    at::Tensor values;  // the tensor's open copy (kept past walk(), which lets go at its end)
+    // The open copy of a tensor that crosses an edge of the piece (kept past walk(), which lets
+    // go of it at the tensor's end); undefined for one wholly inside, written from `part`.
+    at::Tensor values;
     int64_t offset, at, take;
   };
   std::vector<Span> spans;
   walk(n, [&](const at::Tensor& t, int64_t offset, int64_t at, int64_t take) {
+    if (offset == 0 && take == t.numel()) {  // wholly inside: nothing to hold
+      part.narrow(0, at, take).copy_(read(t).reshape({-1}));
+      spans.push_back({&t, at::Tensor(), offset, at, take});
+      return;
+    }
     if (!open_.defined()) {
       at::Tensor values = read(t);
       open_ = (values.is_alias_of(t) ? values.clone() : values).reshape({-1});
@@ -72,7 +79,12 @@ bool StateStream::update_next(at::Tensor& part, const Reader& read, const Writer
   if (!update(part)) return false;
   at::NoGradGuard no_grad;
   for (const Span& s : spans) {
-    s.values.narrow(0, s.offset, s.take).copy_(part.narrow(0, s.at, s.take));
+    const at::Tensor from = part.narrow(0, s.at, s.take);
+    if (!s.values.defined()) {
+      write(*s.tensor, from.view(s.tensor->sizes()));
+      continue;
+    }
+    s.values.narrow(0, s.offset, s.take).copy_(from);
     if (s.offset + s.take == s.tensor->numel()) write(*s.tensor, s.values.view(s.tensor->sizes()));
   }
   return true;

@@ -39,12 +39,14 @@ class StateStream {
   void write_next(const at::Tensor& part, const Writer& write);
   // The next piece, in order, changed where it lies (a swapped replica's weights averaged in
   // place): `part` is filled as read_next fills it, `update(part)` changes it, and the values go
-  // back into each tensor's copy from `read`; a tensor is written through `write` once its last
-  // element is back. Reading and writing share that copy, so one stream holds one tensor's
-  // values at a time (two streams, one reading and one writing, would hold two). A tensor `read`
-  // returns itself is copied first, so that nothing is changed before `write`: when `update`
-  // returns false the piece and the tensors still open are abandoned untouched, the tensors
-  // written before keep their new values, and false is returned (the stream is then done).
+  // back into the tensors, each written through `write` once its last element is back. A tensor
+  // wholly inside the piece is written from `part`; one that crosses an edge of the piece is held
+  // as the copy `read` gave until its last element is back. So a stream holds, beside the piece,
+  // at most the two tensors that cross its edges. A crossing tensor that `read` returns as itself
+  // is copied first, so that nothing changes before `write`: when `update` returns false nothing of
+  // the piece is written (the tensors still open keep its elements as they were read), and false is
+  // returned. The stream goes on to the next piece either way; a caller that stops writing at a
+  // failure has every later update return false too.
   using Update = std::function<bool(at::Tensor&)>;
   bool update_next(at::Tensor& part, const Reader& read, const Writer& write, const Update& update);
 

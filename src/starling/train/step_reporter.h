@@ -25,7 +25,7 @@ struct StepOutcome {
   uint64_t step_tokens = 0;          // of those, by this step (atom: varies from step to step)
   double seconds = 0;                // wall time of the step, communication included
   // The update was skipped (an fp16 overflow, a ddp or atom step without the swarm's average):
-  // its record says so and leaves grad_norm out, which would be of gradients no update used
+  // its record says so, with grad_norm null: it would be the norm of gradients no update used
   // (an overflow's, or partly summed ones).
   bool skipped = false;
 };
