@@ -289,6 +289,34 @@ class SwarmCliTest : public ::testing::Test {
 
   // Three peers of config `name` train `steps` steps; the third is killed with SIGKILL after
   // step `kill_after`. The two survivors must finish as a swarm of two with identical models.
+  // Starts peers 0 and 1 of a swarm of `world` (each waiting for `min_peers`), then peer 2 told
+  // to die in its `exchange`-th exchange (STARLING_FAULT_DIE_IN_EXCHANGE), and waits for it to
+  // die saying `death`. Returns the entry point, or "" (with the failure recorded).
+  static std::string start_with_a_dying_peer(const std::string& name, std::vector<Process>& peers,
+                                             int world, int64_t min_peers,
+                                             const std::vector<std::string>& extra, int exchange,
+                                             const std::string& death) {
+    const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+    peers.emplace_back(peer_argv(name, 0, world, "", min_peers, extra), log(0).string());
+    auto listening = wait_event(
+        peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
+    if (!listening) {
+      ADD_FAILURE() << "peer 0 did not listen: " << read_file(log(0));
+      return "";
+    }
+    const std::string entry = (*listening)["endpoint"];
+    peers.emplace_back(peer_argv(name, 1, world, entry, min_peers, extra), log(1).string());
+    std::vector<std::string> dying = peer_argv(name, 2, world, entry, min_peers, extra);
+    dying.insert(dying.begin(),
+                 {"/usr/bin/env", "STARLING_FAULT_DIE_IN_EXCHANGE=" + std::to_string(exchange)});
+    peers.emplace_back(dying, log(2).string());
+    if (!peers[2].wait(60s).has_value() || read_file(log(2)).find(death) == std::string::npos) {
+      ADD_FAILURE() << "peer 2 did not die saying \"" << death << "\": " << read_file(log(2));
+      return "";
+    }
+    return entry;
+  }
+
   static void kill_one_of_three(const std::string& name, const std::string& strategy, int64_t steps,
                                 int64_t kill_after, const std::vector<std::string>& extra = {}) {
     // Step events only every 20 steps: a peer whose stdout nobody reads yet must not fill its pipe.
@@ -924,22 +952,12 @@ TEST_F(SwarmCliTest, SwappedLocalSgdGoesOnFromAnAverageBrokenOffPartway) {
   const int64_t steps = 40;
   write_config(name, "kind = \"localsgd\"\nlocal_steps = 2\ntransfer_piece = \"4KB\"", steps, 20);
   fs::create_directories(run_dir(name));
-  const std::vector<std::string> extra = as_argv(swapped());
   const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
   std::vector<Process> peers;
-  peers.emplace_back(peer_argv(name, 0, 3, "", 3, extra), log(0).string());
-  auto listening = wait_event(
-      peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
-  ASSERT_TRUE(listening);
-  const std::string entry = (*listening)["endpoint"];
-  peers.emplace_back(peer_argv(name, 1, 3, entry, 3, extra), log(1).string());
-  std::vector<std::string> dying = peer_argv(name, 2, 3, entry, 3, extra);
-  dying.insert(dying.begin(), {"/usr/bin/env", "STARLING_FAULT_DIE_IN_EXCHANGE=3"});
-  peers.emplace_back(dying, log(2).string());
-  ASSERT_TRUE(peers[2].wait(60s).has_value()) << read_file(log(2));
-  EXPECT_NE(read_file(log(2)).find("fault injection: dying in parameter average 3 after 1 piece"),
-            std::string::npos)
-      << read_file(log(2));
+  ASSERT_FALSE(
+      start_with_a_dying_peer(name, peers, 3, 3, as_argv(swapped()), 3,
+                              "fault injection: dying in parameter average 3 after 1 piece")
+          .empty());
   int broke_off = 0;  // survivors whose average broke off after its first piece
   for (int i = 0; i < 2; ++i) {
     auto done = wait_event(
@@ -1049,20 +1067,10 @@ TEST_F(SwarmCliTest, AStepWithoutAnAverageIsSkippedAndAJoinerAdoptsTheCount) {
     const std::vector<std::string> extra = atom ? as_argv(swapped()) : std::vector<std::string>{};
     const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
     std::vector<Process> peers;
-    peers.emplace_back(peer_argv(name, 0, 4, "", 3, extra), log(0).string());
-    auto listening = wait_event(
-        peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
-    ASSERT_TRUE(listening);
-    const std::string entry = (*listening)["endpoint"];
-    peers.emplace_back(peer_argv(name, 1, 4, entry, 3, extra), log(1).string());
-    std::vector<std::string> dying = peer_argv(name, 2, 4, entry, 3, extra);
     // Exchange 20: step 20 is one the metrics record (log_every = 20).
-    dying.insert(dying.begin(), {"/usr/bin/env", "STARLING_FAULT_DIE_IN_EXCHANGE=20"});
-    peers.emplace_back(dying, log(2).string());
-    ASSERT_TRUE(peers[2].wait(60s).has_value()) << read_file(log(2));
-    EXPECT_NE(read_file(log(2)).find("fault injection: dying in gradient exchange 20"),
-              std::string::npos)
-        << read_file(log(2));
+    const std::string entry = start_with_a_dying_peer(
+        name, peers, 4, 3, extra, 20, "fault injection: dying in gradient exchange 20");
+    ASSERT_FALSE(entry.empty());
     // The joiner, in a directory of its own, once the swarm has gone on as two.
     ASSERT_TRUE(wait_event(
         peers[0], [](const json& j) { return j["event"] == "step" && j["step"] >= 40; }, 60s))
