@@ -289,6 +289,22 @@ class SwarmCliTest : public ::testing::Test {
 
   // Three peers of config `name` train `steps` steps; the third is killed with SIGKILL after
   // step `kill_after`. The two survivors must finish as a swarm of two with identical models.
+  // Starts peer 0 of a swarm of `world` (waiting for `min_peers`) into `peers` and returns the
+  // endpoint the others join at, or "" (with the failure recorded).
+  static std::string start_first_peer(const std::string& name, std::vector<Process>& peers,
+                                      int world, int64_t min_peers,
+                                      const std::vector<std::string>& extra) {
+    const fs::path log = run_dir(name) / "p0.log";
+    peers.emplace_back(peer_argv(name, 0, world, "", min_peers, extra), log.string());
+    auto listening = wait_event(
+        peers.back(), [](const json& j) { return j["event"] == "listening"; }, 30s);
+    if (!listening) {
+      ADD_FAILURE() << "peer 0 did not listen: " << read_file(log);
+      return "";
+    }
+    return (*listening)["endpoint"];
+  }
+
   // Starts peers 0 and 1 of a swarm of `world` (each waiting for `min_peers`), then peer 2 told
   // to die in its `exchange`-th exchange (STARLING_FAULT_DIE_IN_EXCHANGE), and waits for it to
   // die saying `death`. Returns the entry point, or "" (with the failure recorded).
@@ -297,14 +313,8 @@ class SwarmCliTest : public ::testing::Test {
                                              const std::vector<std::string>& extra, int exchange,
                                              const std::string& death) {
     const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
-    peers.emplace_back(peer_argv(name, 0, world, "", min_peers, extra), log(0).string());
-    auto listening = wait_event(
-        peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
-    if (!listening) {
-      ADD_FAILURE() << "peer 0 did not listen: " << read_file(log(0));
-      return "";
-    }
-    const std::string entry = (*listening)["endpoint"];
+    const std::string entry = start_first_peer(name, peers, world, min_peers, extra);
+    if (entry.empty()) return "";
     peers.emplace_back(peer_argv(name, 1, world, entry, min_peers, extra), log(1).string());
     std::vector<std::string> dying = peer_argv(name, 2, world, entry, min_peers, extra);
     dying.insert(dying.begin(),
@@ -985,13 +995,11 @@ TEST_F(SwarmCliTest, SwappedAndUnswappedLocalSgdPeersAverageInTheSamePieces) {
   fs::create_directories(run_dir(name));
   const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
   std::vector<Process> peers;
-  peers.emplace_back(peer_argv(name, 0, 2, "", 2, {"--set", "model.n_layer=2"}), log(0).string());
-  auto listening = wait_event(
-      peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
-  ASSERT_TRUE(listening);
+  const std::string entry = start_first_peer(name, peers, 2, 2, {"--set", "model.n_layer=2"});
+  ASSERT_FALSE(entry.empty());
   std::vector<std::string> extra = as_argv(swapped());
   extra.insert(extra.end(), {"--set", "strategy.transfer_piece=\"12KB\""});
-  peers.emplace_back(peer_argv(name, 1, 2, (*listening)["endpoint"], 2, extra), log(1).string());
+  peers.emplace_back(peer_argv(name, 1, 2, entry, 2, extra), log(1).string());
   for (int i = 0; i < 2; ++i) {
     auto done = wait_event(
         peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
@@ -1016,11 +1024,8 @@ TEST_F(SwarmCliTest, SwappedLocalSgdTakesAJoiner) {
   const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
   const auto extra = as_argv(swapped());
   std::vector<Process> peers;
-  peers.emplace_back(peer_argv(name, 0, 3, "", 2, extra), log(0).string());
-  auto listening = wait_event(
-      peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
-  ASSERT_TRUE(listening);
-  const std::string entry = (*listening)["endpoint"];
+  const std::string entry = start_first_peer(name, peers, 3, 2, extra);
+  ASSERT_FALSE(entry.empty());
   peers.emplace_back(peer_argv(name, 1, 3, entry, 2, extra), log(1).string());
   ASSERT_TRUE(wait_event(
       peers[1], [](const json& j) { return j["event"] == "step" && j["step"] >= 20; }, 60s))
