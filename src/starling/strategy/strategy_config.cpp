@@ -100,8 +100,8 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
                          "weights and AdamW moments), such as \"64MB\" (at least 4KB): each "
                          "piece is read and written a tensor at a time, so no peer holds the "
                          "state twice and a swapped replica's stays in its tier; the sending "
-                         "peer's setting holds. Swapped localsgd peers also average their "
-                         "weights in pieces of this size (the same on every peer)"));
+                         "peer's setting holds. Where a localsgd peer is swapped, the round's "
+                         "average goes in pieces too, of the participants' mean setting"));
 }
 
 int64_t transfer_piece_bytes(const StrategyConfig& c) {
