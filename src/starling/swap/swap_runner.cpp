@@ -141,6 +141,10 @@ class SwapStepRunner final : public train::StepRunner {
   void write_state(const at::Tensor& t, const at::Tensor& values) override {
     swapper_->write_state(t, values);
   }
+  bool keep_state(const at::Tensor& t, const at::Tensor& values) override {
+    swapper_->keep_state(t, values);
+    return true;
+  }
 
   // Outside the budget, on a CPU: freed activation and gradient blocks the CPU allocator keeps
   // for the next step (common/cpu_runtime.h), most of the resident set's overhead. (A GPU run's

@@ -816,4 +816,27 @@ void Swapper::write_state(const at::Tensor& t, const at::Tensor& values) {
   store(s, std::move(buffer));
 }
 
+void Swapper::keep_state(const at::Tensor& t, const at::Tensor& values) {
+  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  if (t.scalar_type() != at::kFloat || t.device() != device_ || !t.is_contiguous() ||
+      t.storage_offset() != 0 || t.storage().nbytes() != bytes)
+    throw std::logic_error("swap: kept state must be a whole contiguous fp32 tensor on " +
+                           device_.str());
+  SwapSlot& s = kept_state_.emplace_back();
+  s.tensor = t;
+  s.bytes = bytes;
+  s.key = tier_->reserve(bytes);
+  free_storage(t);
+  if (values.defined()) {
+    at::NoGradGuard no_grad;
+    at::DataPtr buffer = pool_.take(bytes);
+    at::from_blob(buffer.get(), t.sizes(), t.options()).copy_(values.reshape(t.sizes()));
+    store(s, std::move(buffer));
+    fit_pool();
+  }
+  s.state = SwapSlot::State::kOut;
+  s.dirty = false;
+  slot_of_[t.unsafeGetTensorImpl()] = &s;
+}
+
 }  // namespace starling::swap

@@ -50,6 +50,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <array>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <span>
@@ -147,6 +148,12 @@ class Swapper final : public graph::NodeObserver {
   // evicted); an evicted one's room in the tier is overwritten through a buffer of its size, and
   // it stays out; any other tensor is copied into.
   void write_state(const at::Tensor& t, const at::Tensor& values);
+  // train::StepRunner::keep_state: a strategy's tensor (a whole contiguous fp32 tensor in compute
+  // memory) gets a room of its own in the tier, which takes `values` (undefined: zeros, which
+  // are not written: the room reads as zeros), and its storage empties unread. It never comes
+  // back whole: read_state() and write_state() reach it as they reach an evicted weight, and
+  // nothing else touches it (no plan counts it, no step loads it).
+  void keep_state(const at::Tensor& t, const at::Tensor& values);
 
   const SwapPlan& plan() const { return plan_; }
   const SwapStats& stats() const { return stats_; }
@@ -233,7 +240,9 @@ class Swapper final : public graph::NodeObserver {
   std::vector<int> owner_;                      // first group reading each parameter
   std::vector<int> owner_node_;                 // first node reading each parameter
   std::vector<SwapSlot> values_, grads_, exp_avg_, exp_avg_sq_;
-  std::unordered_map<const void*, SwapSlot*> slot_of_;  // weights and moments, by TensorImpl
+  std::deque<SwapSlot> kept_state_;  // keep_state()'s tensors (slot_of_ points into it)
+  std::unordered_map<const void*, SwapSlot*>
+      slot_of_;                    // weights, moments, kept state, by TensorImpl
   std::vector<at::Tensor> norms_;  // per parameter, taken when its gradient is final
   // The deferred update: chunks of the parameters in the order the next forward reads them, the
   // step's constants, and how far the stream has got. A parameter is kQueued until its first

@@ -101,6 +101,15 @@ class StepRunner {
   // device), for a state transfer that writes them one at a time: copied into `t`, or where the
   // runner keeps it elsewhere, stored there without bringing the rest of the state in.
   virtual void write_state(const at::Tensor& t, const at::Tensor& values) { copy_state(t, values); }
+  // Takes a tensor of a strategy's own state beside the replica (diloco's anchor and outer
+  // momentum, one tensor per parameter: whole, contiguous, fp32, on the model's device) into the
+  // runner's keeping, wherever the runner keeps the replica's state, with `values` (as many
+  // elements, any shape or device; undefined: zeros). A swapped runner writes the values to its
+  // tier (zeros are not written) and empties the tensor's storage without reading or writing it,
+  // so a tensor fresh from at::empty never occupies memory. read_state() and write_state() then
+  // reach it as they reach a weight, and so do checkpoints and state transfers. Returns whether
+  // the runner took it; the default leaves it in memory, untouched (false).
+  virtual bool keep_state(const at::Tensor& /*t*/, const at::Tensor& /*values*/) { return false; }
   // The replica adopted the swarm's step `step` (a joiner, or a peer that fell behind): a runner
   // whose peers must draw the same batches as it does (a pipeline's stages) moves its loader to
   // where a run that started at step 0 is before drawing step `step`'s micro-batches.
