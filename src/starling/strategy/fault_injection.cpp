@@ -2,10 +2,14 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <thread>
+#include <utility>
 
 #include "starling/common/error.h"
 
@@ -71,8 +75,26 @@ std::optional<long long> die_in_exchange_from_env() {
   const long long n = std::strtoll(v, &end, 10);
   if (end == v || *end != '\0' || n < 1)
     throw ConfigError(std::string("STARLING_FAULT_DIE_IN_EXCHANGE = \"") + v +
-                      "\": expected N, the gradient exchange (from 1) in which this peer dies");
+                      "\": expected N, the exchange (from 1) in which this peer dies");
   return n;
+}
+
+ExchangeDeath::ExchangeDeath(std::string what)
+    : what_(std::move(what)), round_(die_in_exchange_from_env()) {}
+
+std::string ExchangeDeath::announcement() const {
+  if (!round_) return "";
+  return "fault injection: this peer dies in its " + what_ + " " + std::to_string(*round_) +
+         " (STARLING_FAULT_DIE_IN_EXCHANGE)";
+}
+
+void ExchangeDeath::maybe_die(int64_t pieces_sent,
+                              const std::function<void(const std::string&)>& log) const {
+  if (!round_ || *round_ != rounds_) return;
+  log("fault injection: dying in " + what_ + " " + std::to_string(rounds_) + " after " +
+      std::to_string(pieces_sent) + " piece(s)");
+  if (pieces_sent > 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::raise(SIGKILL);
 }
 
 }  // namespace starling::strategy

@@ -23,6 +23,8 @@
 // before the peer joins anyone (strategy::check_peer). Torch-free but for apply().
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -56,5 +58,27 @@ std::optional<TransferDeath> die_in_transfer_from_env();
 // STARLING_FAULT_DIE_IN_EXCHANGE; nullopt when unset or empty. ConfigError naming the value
 // unless it is a whole number N >= 1.
 std::optional<long long> die_in_exchange_from_env();
+
+// STARLING_FAULT_DIE_IN_EXCHANGE for a strategy whose round may go in pieces (localsgd's
+// parameter average, diloco's outer step): the peer dies in its N-th such round, after the first
+// piece where the round goes in pieces (the survivors' round then breaks off partway), before it
+// sends anything otherwise.
+class ExchangeDeath {
+ public:
+  // `what` names the round in the log ("parameter average").
+  explicit ExchangeDeath(std::string what);
+  // What a peer logs at its start when it is told to die, or "".
+  std::string announcement() const;
+  void begin() { ++rounds_; }  // a round begins
+  // Logs a last line through `log` and dies (SIGKILL) when this round is the one, after
+  // `pieces_sent` pieces (with a pause of 0.3 s where some were sent: their last messages may
+  // still wait in the sockets' queues, and the others should hold those pieces' result).
+  void maybe_die(int64_t pieces_sent, const std::function<void(const std::string&)>& log) const;
+
+ private:
+  std::string what_;
+  std::optional<long long> round_;
+  int64_t rounds_ = 0;  // begun, counted from 1
+};
 
 }  // namespace starling::strategy

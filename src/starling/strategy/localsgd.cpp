@@ -3,11 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <csignal>
 #include <string>
-#include <thread>
 
 #include "starling/strategy/fault_injection.h"
 #include "starling/strategy/state_stream.h"
@@ -17,25 +13,13 @@
 namespace starling::strategy {
 
 LocalSgd::LocalSgd(const train::RunConfig& config, net::Collectives& net)
-    : SwarmStrategy(config, net), die_in_exchange_(die_in_exchange_from_env()) {
-  if (die_in_exchange_)
-    log("fault injection: this peer dies in its parameter average " +
-        std::to_string(*die_in_exchange_) + " (STARLING_FAULT_DIE_IN_EXCHANGE)");
+    : SwarmStrategy(config, net), death_("parameter average") {
+  if (!death_.announcement().empty()) log(death_.announcement());
 }
 
 std::array<float, kAgreementNotes> LocalSgd::round_notes() const {
   return {static_cast<float>(transfer_piece_bytes(config_.strategy) / 1000),
           config_.swap.enabled() ? 1.f : 0.f, 0.f};
-}
-
-void LocalSgd::die_if_told(int64_t pieces_sent) {
-  if (!die_in_exchange_ || *die_in_exchange_ != averages_) return;
-  log("fault injection: dying in parameter average " + std::to_string(averages_) + " after " +
-      std::to_string(pieces_sent) + " piece(s)");
-  // The pieces it sent are through here, but their last messages may still wait in its sockets'
-  // queues: a moment lets them leave, so the others hold those pieces' average.
-  if (pieces_sent > 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  std::raise(SIGKILL);
 }
 
 void LocalSgd::allocate(train::Replica& r) {
@@ -58,12 +42,12 @@ void LocalSgd::started(const Agreement& a) {
 }
 
 void LocalSgd::average(const Agreement& a) {
-  ++averages_;
+  death_.begin();
   if (!buffer_ || a.notes[1] > 0) {
     average_in_pieces(*replica_, a);
     return;
   }
-  die_if_told(0);
+  death_.maybe_die(0, [this](const std::string& line) { log(line); });
   at::Tensor& params = buffer_->device();
   flat_->gather(params);
   if (!a.contribute) params.zero_();
@@ -83,9 +67,7 @@ void LocalSgd::average_in_pieces(train::Replica& r, const Agreement& a) {
   // into pieces of the participants' mean transfer_piece (the same sum on every peer): each is
   // read from wherever the runner keeps it, averaged, and written back there a tensor at a time,
   // so the average holds one piece and at most two tensors beside the budget.
-  const double units = std::round(a.notes[0] / std::max(1, a.peers));
-  const int64_t piece = std::max<int64_t>(1000, static_cast<int64_t>(units) * 250);
-  StateStream stream(state_tensors(r), piece);
+  StateStream stream(state_tensors(r), round_piece_numel(a));
   const int64_t largest = std::min(stream.piece_numel(), stream.numel());
   if (!pieces_ || pieces_->numel() < largest)
     pieces_.emplace(flat_->device(), largest, through_host());
@@ -111,7 +93,7 @@ void LocalSgd::average_in_pieces(train::Replica& r, const Agreement& a) {
   bool ok = true;
   int64_t averaged = 0;  // pieces
   for (int64_t k = 0; k < stream.pieces(); ++k) {
-    if (k == 1) die_if_told(k);
+    if (k == 1) death_.maybe_die(k, [this](const std::string& line) { log(line); });
     const int64_t n = stream.numel_of(k);
     at::Tensor part = pieces_->device().narrow(0, 0, n);
     stream.update_next(part, read, write, [&](at::Tensor& values) {

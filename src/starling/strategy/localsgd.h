@@ -34,15 +34,11 @@ class LocalSgd final : public SwarmStrategy {
   void average_in_pieces(train::Replica& r, const Agreement& a);
   // [0]: strategy.transfer_piece in units of 1000 bytes; [1]: 1 when this replica is swapped.
   std::array<float, kAgreementNotes> round_notes() const override;
-  // STARLING_FAULT_DIE_IN_EXCHANGE: dies in that average, after its first piece where it goes
-  // in pieces (the survivors' average breaks off partway), before it sends otherwise.
-  void die_if_told(int64_t pieces_sent);
 
   train::Replica* replica_ = nullptr;  // the replica start() was given
   std::optional<Staging> buffer_;      // the whole parameter vector (not swapped)
   std::optional<Staging> pieces_;      // one piece of it (average_in_pieces)
-  std::optional<long long> die_in_exchange_;
-  int64_t averages_ = 0;  // averages begun, counted from 1 (for die_in_exchange_)
+  ExchangeDeath death_;                // STARLING_FAULT_DIE_IN_EXCHANGE
 };
 
 }  // namespace starling::strategy

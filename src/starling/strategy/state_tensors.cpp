@@ -6,16 +6,21 @@
 
 namespace starling::strategy {
 
-void load_state_tensor(const SafetensorsFile& file, const std::string& name, at::Tensor& dst) {
+const at::Tensor& state_tensor(const SafetensorsFile& file, const std::string& name,
+                               int64_t numel) {
   if (!file.contains(name))
     throw CheckpointError(file.file.string() + ": missing tensor \"" + name +
                           "\" (was the run trained with another strategy?)");
   const at::Tensor& t = file.at(name);
-  if (t.numel() != dst.numel())
+  if (t.numel() != numel)
     throw CheckpointError(file.file.string() + ": tensor \"" + name + "\" has " +
                           std::to_string(t.numel()) + " elements, expected " +
-                          std::to_string(dst.numel()));
-  dst.copy_(t.reshape(dst.sizes()));
+                          std::to_string(numel));
+  return t;
+}
+
+void load_state_tensor(const SafetensorsFile& file, const std::string& name, at::Tensor& dst) {
+  dst.copy_(state_tensor(file, name, dst.numel()).reshape(dst.sizes()));
 }
 
 }  // namespace starling::strategy

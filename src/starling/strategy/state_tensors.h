@@ -9,6 +9,8 @@
 
 namespace starling::strategy {
 
+// The tensor `name` of `file`; CheckpointError if it is missing or lacks `numel` elements.
+const at::Tensor& state_tensor(const SafetensorsFile& file, const std::string& name, int64_t numel);
 // dst <- the tensor `name` of `file`; CheckpointError if it is missing or has another size.
 void load_state_tensor(const SafetensorsFile& file, const std::string& name, at::Tensor& dst);
 

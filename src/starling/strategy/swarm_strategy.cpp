@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <iostream>
 #include <limits>
@@ -236,7 +237,12 @@ bool SwarmStrategy::trimmed_mean_all_reduce(at::Tensor& host, const Agreement& a
 void SwarmStrategy::note_round(const at::Tensor& shared) {
   if (!config_.strategy.fingerprint || need_state_) return;
   const at::Tensor host = shared.to(at::kCPU).contiguous();
-  fingerprint_ = net::crc32c(host.data_ptr(), host.numel() * host.element_size());
+  note_round_crc(net::crc32c(host.data_ptr(), host.numel() * host.element_size()));
+}
+
+void SwarmStrategy::note_round_crc(uint32_t crc) {
+  if (!config_.strategy.fingerprint || need_state_) return;
+  fingerprint_ = crc;
   fingerprint_round_ = version_;
   fingerprint_lineage_ = lineage_;
 }
@@ -248,6 +254,11 @@ void SwarmStrategy::agreed(const Agreement& a) {
   std::vector<uint64_t> words{lineage_};
   words.insert(words.end(), a.ring.begin(), a.ring.end());
   lineage_ = net::crc32c(words.data(), words.size() * sizeof(uint64_t));
+}
+
+int64_t SwarmStrategy::round_piece_numel(const Agreement& a) {
+  const double units = std::round(a.notes[0] / std::max(1, a.peers));
+  return std::max<int64_t>(1000, static_cast<int64_t>(units) * 250);
 }
 
 nlohmann::json SwarmStrategy::round_state(const char* kind) const {

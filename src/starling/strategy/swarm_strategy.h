@@ -199,6 +199,12 @@ class SwarmStrategy : public train::StepHooks {
   // Times the data was dealt again among a round's peers (redeal()).
   int64_t redeals_ = 0;
 
+  // The elements of a piece of a round that goes in pieces (localsgd's average, diloco's outer
+  // step, where a participant is swapped): the participants' mean strategy.transfer_piece, from
+  // the sum of their round_notes()[0] (in units of 1000 bytes), at least 1000. The pieces are the
+  // round's collectives, so every participant cuts them alike.
+  static int64_t round_piece_numel(const Agreement& a);
+
   // The checkpoint fields every strategy shares: {"kind": kind, "version", "work", "lineage"}.
   nlohmann::json round_state(const char* kind) const;
 
@@ -206,6 +212,8 @@ class SwarmStrategy : public train::StepHooks {
   // strategy.fingerprint, notes its CRC-32C for the reports, unless this peer knows its state
   // may differ from the swarm's (a failed exchange; the next agreement repairs it).
   void note_round(const at::Tensor& shared);
+  // The same from the CRC-32C of the shared state's bytes, taken a piece at a time.
+  void note_round_crc(uint32_t crc);
 
  private:
   // The peer whose shared state a transfer sends (an all-gather of every participant's round,
