@@ -756,8 +756,9 @@ TEST_F(SwarmCliTest, SwarmsTakeAJoinerInPieces) {
 }
 
 // Swapped peers: two ddp peers, so every sum is a + b whichever peer adds, train bit-identically
-// to unswapped ones although their gradients are summed a layer group at a time; three atom peers
-// keep identical replicas. Every peer really swapped and stayed within its budget.
+// to unswapped ones although their gradients are summed a layer group at a time, and so do
+// localsgd and diloco pairs, whose rounds go in pieces through the tier; three atom peers keep
+// identical replicas. Every peer really swapped and stayed within its budget.
 TEST_F(SwarmCliTest, SwappedPeersTrainLikeUnswappedOnes) {
   const std::string two_layers = " --set model.n_layer=2";
   const fs::path plain = write_config("swap_plain", "kind = \"ddp\"");
@@ -799,13 +800,41 @@ TEST_F(SwarmCliTest, SwappedPeersTrainLikeUnswappedOnes) {
   EXPECT_TRUE(final_model(run_dir("swap_localsgd") / "peer-0", 16) ==
               final_model(run_dir("swap_localsgd") / "peer-1", 16));
 
+  // diloco keeps a swapped replica's anchor and outer momentum in its tier and takes the outer
+  // step in pieces (4 KB here): the pair ends bit-identical to the unswapped one, and so does
+  // the fingerprint of every round's anchor, taken a piece at a time.
+  const std::string diloco =
+      "kind = \"diloco\"\nlocal_steps = 3\ntransfer_piece = \"4KB\"\nfingerprint = true";
+  const fs::path plain_outer = write_config("swap_plain_outer", diloco);
+  const auto g = run_cli("train -q --peers 2 --config " + plain_outer.string() + two_layers);
+  ASSERT_EQ(g.code, 0) << g.output << read_file(run_dir("swap_plain_outer") / "peer-0.log");
+  const fs::path swapped_outer = write_config("swap_diloco", diloco);
+  const auto h =
+      run_cli("train -q --peers 2 --config " + swapped_outer.string() + as_sets(swapped()));
+  ASSERT_EQ(h.code, 0) << h.output << read_file(run_dir("swap_diloco") / "peer-0.log")
+                       << read_file(run_dir("swap_diloco") / "peer-1.log");
+  for (int i = 0; i < 2; ++i) {
+    const std::string peer = "peer-" + std::to_string(i);
+    EXPECT_EQ(val_losses(run_dir("swap_diloco") / peer),
+              val_losses(run_dir("swap_plain_outer") / peer));
+    EXPECT_TRUE(final_model(run_dir("swap_diloco") / peer, 16) ==
+                final_model(run_dir("swap_plain_outer") / peer, 16))
+        << peer << ": the swapped diloco replica's final model differs from the unswapped one's";
+    for (int64_t round = 1; round <= 5; ++round) {
+      const auto plain_round = fingerprint_of(run_dir("swap_plain_outer") / peer, round);
+      ASSERT_TRUE(plain_round) << "no fingerprint of round " << round;
+      EXPECT_EQ(fingerprint_of(run_dir("swap_diloco") / peer, round), plain_round)
+          << peer << ", round " << round;
+    }
+  }
+
   const fs::path atom = write_config("swap_atom", "kind = \"atom\"\ntarget_batch = 24");
   const auto c = run_cli("train -q --peers 3 --config " + atom.string() + as_sets(swapped()));
   ASSERT_EQ(c.code, 0) << c.output << read_file(run_dir("swap_atom") / "peer-0.log");
   const std::string model = final_model(run_dir("swap_atom") / "peer-0", 16);
   ASSERT_FALSE(model.empty());
   const std::regex report("swap: peak resident ([0-9.]+) KB, read ([0-9.]+) (KB|MB)");
-  for (const std::string run : {"swap_ddp", "swap_localsgd", "swap_atom"})
+  for (const std::string run : {"swap_ddp", "swap_localsgd", "swap_diloco", "swap_atom"})
     for (int i = 0; i < (run == "swap_atom" ? 3 : 2); ++i) {
       const std::string log = read_file(run_dir(run) / ("peer-" + std::to_string(i) + ".log"));
       std::smatch m;
@@ -818,8 +847,8 @@ TEST_F(SwarmCliTest, SwappedPeersTrainLikeUnswappedOnes) {
       }
     }
 
-  // Strategies that keep whole-model vectors beside the replica refuse a budget, saying why,
-  // before any peer starts.
+  // co2 keeps whole-model vectors beside the replica and refuses a budget, saying why, before
+  // any peer starts.
   const fs::path co2 = write_config("swap_co2", "kind = \"co2\"\nlocal_steps = 4");
   const auto d = run_cli("train -q --peers 2 --config " + co2.string() + as_sets(swapped()));
   EXPECT_NE(d.code, 0);
@@ -954,101 +983,126 @@ TEST_F(SwarmCliTest, SwappedAtomSurvivesAKilledPeer) {
   kill_one_of_three("swap_kill", "kind = \"atom\"", 150, 20, as_argv(swapped()));
 }
 
-// One of three swapped localsgd peers dies in its third average after the first of its pieces
-// (STARLING_FAULT_DIE_IN_EXCHANGE): the two others' average breaks off partway, with the pieces
-// before it averaged and the rest their own. They go on as two, in step, and end on one model.
-TEST_F(SwarmCliTest, SwappedLocalSgdGoesOnFromAnAverageBrokenOffPartway) {
-  const std::string name = "swap_avg_torn";
-  const int64_t steps = 40;
-  write_config(name, "kind = \"localsgd\"\nlocal_steps = 2\ntransfer_piece = \"4KB\"", steps, 20);
-  fs::create_directories(run_dir(name));
-  const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
-  std::vector<Process> peers;
-  ASSERT_FALSE(
-      start_with_a_dying_peer(name, peers, 3, 3, as_argv(swapped()), 3,
-                              "fault injection: dying in parameter average 3 after 1 piece")
-          .empty());
-  int broke_off = 0;  // survivors whose average broke off after its first piece
-  for (int i = 0; i < 2; ++i) {
-    auto done = wait_event(
-        peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
-    ASSERT_TRUE(done) << "peer " << i << ": " << read_file(log(i));
-    EXPECT_EQ((*done)["step"], steps);
-    EXPECT_EQ((*done)["net"]["peers"], 2);
-    EXPECT_EQ(peers[i].wait(30s), 0);
-    const std::string l = read_file(log(i));
-    EXPECT_NE(l.find("parameter averaging"), std::string::npos) << l;
-    broke_off += count_of(l, "the parameter average broke off after 1 of ");
+// One of three swapped localsgd or diloco peers dies in its third round after the first of its
+// pieces (STARLING_FAULT_DIE_IN_EXCHANGE): the two others' round breaks off partway, with the
+// pieces before it averaged (diloco: stepped) and the rest their own. They go on as two, in
+// step, and end on one model.
+TEST_F(SwarmCliTest, SwappedRoundsGoOnFromARoundBrokenOffPartway) {
+  for (const std::string kind : {"localsgd", "diloco"}) {
+    SCOPED_TRACE(kind);
+    const bool diloco = kind == "diloco";
+    const std::string round = diloco ? "outer step" : "parameter average";
+    const std::string name = "swap_torn_" + kind;
+    const int64_t steps = 40;
+    write_config(name, "kind = \"" + kind + "\"\nlocal_steps = 2\ntransfer_piece = \"4KB\"", steps,
+                 20);
+    fs::create_directories(run_dir(name));
+    const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+    std::vector<Process> peers;
+    ASSERT_FALSE(start_with_a_dying_peer(name, peers, 3, 3, as_argv(swapped()), 3,
+                                         "fault injection: dying in " + round + " 3 after 1 piece")
+                     .empty());
+    int broke_off = 0;  // survivors whose round broke off after its first piece
+    for (int i = 0; i < 2; ++i) {
+      auto done = wait_event(
+          peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
+      ASSERT_TRUE(done) << "peer " << i << ": " << read_file(log(i));
+      EXPECT_EQ((*done)["step"], steps);
+      EXPECT_EQ((*done)["net"]["peers"], 2);
+      EXPECT_EQ(peers[i].wait(30s), 0);
+      const std::string l = read_file(log(i));
+      EXPECT_NE(l.find(diloco ? "pseudo-gradient all-reduce" : "parameter averaging"),
+                std::string::npos)
+          << l;
+      broke_off += count_of(l, "the " + round + " broke off after 1 of ");
+    }
+    EXPECT_EQ(broke_off, 2);
+    EXPECT_TRUE(final_model(run_dir(name) / "peer-0", steps) ==
+                final_model(run_dir(name) / "peer-1", steps));
   }
-  EXPECT_EQ(broke_off, 2);
-  EXPECT_TRUE(final_model(run_dir(name) / "peer-0", steps) ==
-              final_model(run_dir(name) / "peer-1", steps));
 }
 
-// A swapped localsgd peer and an unswapped one, each with its own transfer_piece: both average
-// in pieces of the two sizes' mean (their collectives must match), every round, and end on one
-// model.
-TEST_F(SwarmCliTest, SwappedAndUnswappedLocalSgdPeersAverageInTheSamePieces) {
-  const std::string name = "swap_mixed_avg";
-  const int64_t steps = 16;
-  write_config(name, "kind = \"localsgd\"\nlocal_steps = 2\ntransfer_piece = \"4KB\"", steps, 4);
-  fs::create_directories(run_dir(name));
-  const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
-  std::vector<Process> peers;
-  const std::string entry = start_first_peer(name, peers, 2, 2, {"--set", "model.n_layer=2"});
-  ASSERT_FALSE(entry.empty());
-  std::vector<std::string> extra = as_argv(swapped());
-  extra.insert(extra.end(), {"--set", "strategy.transfer_piece=\"12KB\""});
-  peers.emplace_back(peer_argv(name, 1, 2, entry, 2, extra), log(1).string());
-  for (int i = 0; i < 2; ++i) {
-    auto done = wait_event(
-        peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
-    ASSERT_TRUE(done) << "peer " << i << ": " << read_file(log(i));
-    EXPECT_EQ((*done)["net"]["round"], steps / 2) << read_file(log(i));
-    EXPECT_EQ(read_file(log(i)).find("parameter averaging"), std::string::npos)
-        << read_file(log(i));
-    EXPECT_EQ(peers[i].wait(30s), 0);
+// A swapped localsgd or diloco peer and an unswapped one, each with its own transfer_piece:
+// both go in pieces of the two sizes' mean (their collectives must match), every round, and end
+// on one model.
+TEST_F(SwarmCliTest, SwappedAndUnswappedPeersAverageInTheSamePieces) {
+  for (const std::string kind : {"localsgd", "diloco"}) {
+    SCOPED_TRACE(kind);
+    const std::string name = "swap_mixed_" + kind;
+    const int64_t steps = 16;
+    write_config(name, "kind = \"" + kind + "\"\nlocal_steps = 2\ntransfer_piece = \"4KB\"", steps,
+                 4);
+    fs::create_directories(run_dir(name));
+    const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+    std::vector<Process> peers;
+    const std::string entry = start_first_peer(name, peers, 2, 2, {"--set", "model.n_layer=2"});
+    ASSERT_FALSE(entry.empty());
+    std::vector<std::string> extra = as_argv(swapped());
+    extra.insert(extra.end(), {"--set", "strategy.transfer_piece=\"12KB\""});
+    peers.emplace_back(peer_argv(name, 1, 2, entry, 2, extra), log(1).string());
+    for (int i = 0; i < 2; ++i) {
+      auto done = wait_event(
+          peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
+      ASSERT_TRUE(done) << "peer " << i << ": " << read_file(log(i));
+      EXPECT_EQ((*done)["net"]["round"], steps / 2) << read_file(log(i));
+      // No exchange failed (a failure names it).
+      const std::string what =
+          kind == "localsgd" ? "parameter averaging" : "pseudo-gradient all-reduce";
+      EXPECT_EQ(read_file(log(i)).find(what), std::string::npos) << read_file(log(i));
+      EXPECT_EQ(peers[i].wait(30s), 0);
+    }
+    EXPECT_TRUE(final_model(run_dir(name) / "peer-0", steps) ==
+                final_model(run_dir(name) / "peer-1", steps));
   }
-  EXPECT_TRUE(final_model(run_dir(name) / "peer-0", steps) ==
-              final_model(run_dir(name) / "peer-1", steps));
 }
 
-// A swapped localsgd joiner adopts the swarm's weights in its opening agreement, which is the
-// others' round boundary, and takes part in their average sending nothing (the path of a peer
-// that does not contribute): the three end on one model.
-TEST_F(SwarmCliTest, SwappedLocalSgdTakesAJoiner) {
-  const std::string name = "swap_join_avg";
-  const int64_t steps = 200;
-  write_config(name, "kind = \"localsgd\"\nlocal_steps = 4\ntransfer_piece = \"4KB\"", steps, 20);
-  fs::create_directories(run_dir(name));
-  const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
-  const auto extra = as_argv(swapped());
-  std::vector<Process> peers;
-  const std::string entry = start_first_peer(name, peers, 3, 2, extra);
-  ASSERT_FALSE(entry.empty());
-  peers.emplace_back(peer_argv(name, 1, 3, entry, 2, extra), log(1).string());
-  ASSERT_TRUE(wait_event(
-      peers[1], [](const json& j) { return j["event"] == "step" && j["step"] >= 20; }, 60s))
-      << read_file(log(1));
-  peers.emplace_back(peer_argv(name, 2, 3, entry, 1, extra), log(2).string());
-  const auto done = wait_all_done(peers, 120s);
-  ASSERT_EQ(done.size(), 3u);
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(done[i]) << "peer " << i << ": " << read_file(log(i));
-    EXPECT_EQ((*done[i])["net"]["peers"], 3) << read_file(log(i));
+// A swapped localsgd or diloco joiner adopts the swarm's state (diloco's anchor and momentum
+// into its tier) in its opening agreement, which is the others' round boundary, and takes part
+// in their round sending nothing (the path of a peer that does not contribute): the three end
+// on one model.
+TEST_F(SwarmCliTest, SwappedLocalSgdAndDilocoTakeAJoiner) {
+  for (const std::string kind : {"localsgd", "diloco"}) {
+    SCOPED_TRACE(kind);
+    const std::string name = "swap_join_" + kind;
+    const int64_t steps = 200;
+    write_config(name, "kind = \"" + kind + "\"\nlocal_steps = 4\ntransfer_piece = \"4KB\"", steps,
+                 20);
+    fs::create_directories(run_dir(name));
+    const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+    const auto extra = as_argv(swapped());
+    std::vector<Process> peers;
+    const std::string entry = start_first_peer(name, peers, 3, 2, extra);
+    ASSERT_FALSE(entry.empty());
+    peers.emplace_back(peer_argv(name, 1, 3, entry, 2, extra), log(1).string());
+    ASSERT_TRUE(wait_event(
+        peers[1], [](const json& j) { return j["event"] == "step" && j["step"] >= 20; }, 60s))
+        << read_file(log(1));
+    peers.emplace_back(peer_argv(name, 2, 3, entry, 1, extra), log(2).string());
+    const auto done = wait_all_done(peers, 120s);
+    ASSERT_EQ(done.size(), 3u);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(done[i]) << "peer " << i << ": " << read_file(log(i));
+      EXPECT_EQ((*done[i])["net"]["peers"], 3) << read_file(log(i));
+    }
+    EXPECT_NE(read_file(log(2)).find("adopting the swarm's state"), std::string::npos)
+        << read_file(log(2));
+    const std::string model = final_model(run_dir(name) / "peer-0", steps);
+    ASSERT_FALSE(model.empty());
+    for (int i = 1; i < 3; ++i)
+      EXPECT_TRUE(final_model(run_dir(name) / ("peer-" + std::to_string(i)), steps) == model)
+          << "peer " << i;
   }
-  EXPECT_NE(read_file(log(2)).find("adopting the swarm's state"), std::string::npos)
-      << read_file(log(2));
-  const std::string model = final_model(run_dir(name) / "peer-0", steps);
-  ASSERT_FALSE(model.empty());
-  for (int i = 1; i < 3; ++i)
-    EXPECT_TRUE(final_model(run_dir(name) / ("peer-" + std::to_string(i)), steps) == model)
-        << "peer " << i;
 }
 
 TEST_F(SwarmCliTest, SwappedLocalSgdSurvivesAKilledPeer) {
   kill_one_of_three("swap_kill_avg",
                     "kind = \"localsgd\"\nlocal_steps = 2\ntransfer_piece = \"4KB\"", 150, 20,
+                    as_argv(swapped()));
+}
+
+TEST_F(SwarmCliTest, SwappedDilocoSurvivesAKilledPeer) {
+  kill_one_of_three("swap_kill_outer",
+                    "kind = \"diloco\"\nlocal_steps = 2\ntransfer_piece = \"4KB\"", 150, 20,
                     as_argv(swapped()));
 }
 
@@ -1239,6 +1293,43 @@ TEST_F(SwarmCliTest, StoppedSwarmResumesExactly) {
       EXPECT_TRUE(final_model(run_dir(straight_name) / peer, 16) ==
                   final_model(run_dir(split_name) / peer, 16))
           << peer << ": " << stop << " steps + resume differs from 16 straight";
+    }
+  }
+}
+
+// A swapped diloco swarm stopped inside a round resumes exactly from the round's start (step
+// 4, its newest checkpoint): the checkpoint holds the anchor and the outer momentum a tensor per
+// parameter, each read from the tier. A checkpoint of
+// either form resumes either way: an unswapped run's (one vector each) into swapped peers, a
+// swapped run's into unswapped ones. Each ends where a straight unswapped run ends.
+TEST_F(SwarmCliTest, SwappedDilocoResumesFromEitherCheckpoint) {
+  const std::string diloco = "kind = \"diloco\"\nlocal_steps = 4";
+  const std::string plain = " --set model.n_layer=2", swap = as_sets(swapped());
+  const auto straight = run_cli("train -q --peers 2 --config " +
+                                write_config("outer_straight", diloco).string() + plain);
+  ASSERT_EQ(straight.code, 0) << straight.output;
+  for (const auto& [name, first_sets, second_sets] :
+       {std::tuple{"outer_swap_swap", swap, swap}, std::tuple{"outer_plain_swap", plain, swap},
+        std::tuple{"outer_swap_plain", swap, plain}}) {
+    SCOPED_TRACE(name);
+    const fs::path config = write_config(name, diloco);
+    const auto first =
+        run_cli("train -q --peers 2 --stop-at 6 --config " + config.string() + first_sets);
+    ASSERT_EQ(first.code, 0) << first.output << read_file(run_dir(name) / "peer-0.log");
+    const std::string saved =
+        read_file(checkpoint_dir(run_dir(name) / "peer-0", 4) / "optimizer.safetensors");
+    EXPECT_EQ(saved.find("\"strategy.anchor.") != std::string::npos, first_sets == swap);
+    EXPECT_NE(saved.find("\"strategy.momentum"), std::string::npos);
+    const auto second =
+        run_cli("train -q --peers 2 --resume --config " + config.string() + second_sets);
+    ASSERT_EQ(second.code, 0) << second.output << read_file(run_dir(name) / "peer-0.log");
+    EXPECT_NE(read_file(run_dir(name) / "peer-1.log").find("at step 4\n"), std::string::npos)
+        << "resumed from the round's start";
+    for (int i = 0; i < 2; ++i) {
+      const std::string peer = "peer-" + std::to_string(i);
+      EXPECT_TRUE(final_model(run_dir("outer_straight") / peer, 16) ==
+                  final_model(run_dir(name) / peer, 16))
+          << peer << ": 6 steps + resume from 4 differs from 16 straight";
     }
   }
 }

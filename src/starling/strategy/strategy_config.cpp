@@ -83,12 +83,13 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
   k.push_back(int_key("strategy", "trim", &st.trim, 0,
                       "trimmed_mean: peers' values dropped at each end of every element (at most "
                       "(peers - 1) / 2 are)"));
-  k.push_back(bool_key("strategy", "fingerprint", &st.fingerprint,
-                       "step events and metrics carry net.fingerprint, a CRC-32C of the shared "
-                       "state after the latest round this peer averaged (net.fingerprint_round, "
-                       "of the history net.fingerprint_lineage), so peers can be compared round by "
-                       "round (bench/chaos); costs a pass over "
-                       "the model per round; not with swap.budget or co2's zero"));
+  k.push_back(
+      bool_key("strategy", "fingerprint", &st.fingerprint,
+               "step events and metrics carry net.fingerprint, a CRC-32C of the shared "
+               "state after the latest round this peer averaged (net.fingerprint_round, "
+               "of the history net.fingerprint_lineage), so peers can be compared round by "
+               "round (bench/chaos); costs a pass over "
+               "the model per round; not with co2's zero, nor with swap.budget except for diloco"));
   k.push_back(bool_key("strategy", "redeal_data", &st.redeal_data,
                        "when the peers of a round change (one died or left, one joined), deal "
                        "the rest of the epoch's training windows again among the peers present, "
@@ -100,8 +101,9 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
                          "weights and AdamW moments), such as \"64MB\" (at least 4KB): each "
                          "piece is read and written a tensor at a time, so no peer holds the "
                          "state twice and a swapped replica's stays in its tier; the sending "
-                         "peer's setting holds. Where a localsgd peer is swapped, the round's "
-                         "average goes in pieces too, of the participants' mean setting"));
+                         "peer's setting holds. Where a localsgd or diloco peer is swapped, the "
+                         "round (the average, the outer step) goes in pieces too, of the "
+                         "participants' mean setting"));
 }
 
 int64_t transfer_piece_bytes(const StrategyConfig& c) {
@@ -136,13 +138,16 @@ void check_peer(const StrategyConfig& c, bool swapped, const std::string& net_ba
     throw ConfigError("strategy.kind = \"" + c.kind + "\" does not train with peers; use " +
                       swarm_strategy_list());
   // ddp and atom reach a swapped replica's gradients a node at a time, localsgd its parameters
-  // a piece at a time; diloco and co2 keep whole-model vectors (anchors, outer momentum) beside
-  // the replica, which a budget cannot hold.
-  if (swapped && c.kind != "ddp" && c.kind != "atom" && c.kind != "localsgd")
-    throw ConfigError("swap.budget is set, but strategy.kind = \"" + c.kind +
-                      "\" keeps whole-model vectors beside a swapped replica; swapped peers "
-                      "train with \"ddp\", \"atom\" or \"localsgd\", or drop swap.budget");
-  if (c.fingerprint && (swapped || c.zero))
+  // a piece at a time, diloco its parameters, anchor and outer momentum (the last two kept in
+  // the tier) a piece at a time; co2 keeps whole-model vectors (anchor, outer momentum, the
+  // average in flight) beside the replica, which a budget cannot hold.
+  if (swapped && c.kind == "co2")
+    throw ConfigError(
+        "swap.budget is set, but strategy.kind = \"co2\" keeps whole-model "
+        "vectors beside a swapped replica; swapped peers train with \"ddp\", "
+        "\"atom\", \"localsgd\" or \"diloco\", or drop swap.budget");
+  // A swapped diloco peer takes the fingerprint a piece at a time, from its outer step.
+  if (c.fingerprint && ((swapped && c.kind != "diloco") || c.zero))
     throw ConfigError(
         std::string("strategy.fingerprint needs the whole shared state on every peer: "
                     "not with ") +
