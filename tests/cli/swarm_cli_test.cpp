@@ -1219,26 +1219,40 @@ TEST_F(SwarmCliTest, TrimmedMeanSurvivesAPoisonedPeer) {
   EXPECT_TRUE(std::isfinite(final_val(nan_mean)));
 }
 
-// A peer whose own computation goes wrong (NaN in its gradients: a failing GPU, a bad batch)
-// withholds its update itself: with the plain mean, the rounds go on with the others' updates
-// instead of failing on every peer, the replicas stay identical, and the run trains about as
-// well as a clean one.
+// A peer whose own computation goes wrong (NaN in its gradients or its parameters: a failing
+// GPU, a bad batch) withholds its update itself: with the plain mean, the rounds go on with the
+// others' updates instead of failing on every peer, the replicas stay identical, and the run
+// trains about as well as a clean one. A withheld ddp gradient makes the step (P - 1)/P as large;
+// localsgd averages the parameters themselves, so its mean is over the peers that sent theirs (a
+// divisor of every contributor would shrink the weights).
 TEST_F(SwarmCliTest, AFaultyPeerWithholdsItsOwnNonFiniteUpdate) {
-  const std::string ddp = "kind = \"ddp\"";
-  std::vector<std::string> logs;
-  const auto clean = run_swarm_with_poisoner("clean3", ddp, 3, 24, "", logs);
-  const auto faulty = run_swarm_with_poisoner("faulty3", ddp, 3, 24, "nan:own", logs);
-  ASSERT_EQ(faulty.size(), 3u);
-  ASSERT_FALSE(faulty[0].empty());
-  for (int i = 1; i < 3; ++i) EXPECT_EQ(faulty[i], faulty[0]) << "peer " << i;
-  EXPECT_NE(logs[2].find("own gradient all-reduce holds non-finite values (a fault here"),
-            std::string::npos)
-      << logs[2];
-  for (const std::string& log : logs)
-    EXPECT_EQ(log.find("gradient all-reduce failed"), std::string::npos) << log;
-  const double c = clean.at(0).rbegin()->second, f = faulty[0].rbegin()->second;
-  std::cout << "final validation loss: clean " << c << ", one peer withholding " << f << std::endl;
-  EXPECT_LT(f, c * 1.1) << "withheld updates should cost little: " << f << " vs " << c;
+  // localsgd twice: averaging whole, and swapped, in pieces of 4 KB.
+  for (const auto& [kind, what, swap] : {std::tuple{"ddp", "gradient all-reduce", false},
+                                         std::tuple{"localsgd", "parameter averaging", false},
+                                         std::tuple{"localsgd", "parameter averaging", true}}) {
+    const std::string name = std::string(kind) + (swap ? "_swapped" : "");
+    SCOPED_TRACE(name);
+    const std::string strategy =
+        std::string("kind = \"") + kind + "\"" +
+        (kind == std::string("ddp") ? "" : "\nlocal_steps = 2\ntransfer_piece = \"4KB\"");
+    const std::vector<std::string> extra = swap ? as_argv(swapped()) : std::vector<std::string>{};
+    std::vector<std::string> logs;
+    const auto clean = run_swarm_with_poisoner("clean3_" + name, strategy, 3, 24, "", logs, extra);
+    const auto faulty =
+        run_swarm_with_poisoner("faulty3_" + name, strategy, 3, 24, "nan:own", logs, extra);
+    ASSERT_EQ(faulty.size(), 3u);
+    ASSERT_FALSE(faulty[0].empty());
+    for (int i = 1; i < 3; ++i) EXPECT_EQ(faulty[i], faulty[0]) << "peer " << i;
+    EXPECT_NE(logs[2].find(std::string("own ") + what + " holds non-finite values (a fault here"),
+              std::string::npos)
+        << logs[2];
+    for (const std::string& log : logs)
+      EXPECT_EQ(log.find(std::string(what) + " failed"), std::string::npos) << log;
+    const double c = clean.at(0).rbegin()->second, f = faulty[0].rbegin()->second;
+    std::cout << name << " final validation loss: clean " << c << ", one peer withholding " << f
+              << std::endl;
+    EXPECT_LT(f, c * 1.1) << "withheld updates should cost little: " << f << " vs " << c;
+  }
 }
 
 // fp16 on a GPU: a peer whose gradients overflow sends them as they are (its loss scale must

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "starling/strategy/fault_injection.h"
@@ -27,7 +28,7 @@ void LocalSgd::allocate(train::Replica& r) {
   // A swapped replica's parameters are averaged a piece at a time (average_in_pieces): its
   // budget holds no second copy of them.
   if (config_.swap.enabled()) return;
-  buffer_.emplace(flat_->device(), flat_->numel(), through_host());
+  buffer_.emplace(flat_->device(), flat_->numel() + 1, through_host());
 }
 
 bool LocalSgd::step_done(train::Replica& r, bool last) {
@@ -48,11 +49,10 @@ void LocalSgd::average(const Agreement& a) {
     return;
   }
   death_.maybe_die(0, [this](const std::string& line) { log(line); });
-  at::Tensor& params = buffer_->device();
+  at::Tensor params = buffer_->device().narrow(0, 0, flat_->numel());
   flat_->gather(params);
   if (!a.contribute) params.zero_();
-  if (a.contributors > 0 && aggregate(*buffer_, -1, a, precision_, "parameter averaging")) {
-    params.div_(static_cast<double>(a.contributors));
+  if (a.contributors > 0 && sum_with_senders(*buffer_, params.numel(), a)) {
     flat_->scatter(params);
     ++version_;
     note_round(params);
@@ -69,8 +69,8 @@ void LocalSgd::average_in_pieces(train::Replica& r, const Agreement& a) {
   // so the average holds one piece and at most two tensors beside the budget.
   StateStream stream(state_tensors(r), round_piece_numel(a));
   const int64_t largest = std::min(stream.piece_numel(), stream.numel());
-  if (!pieces_ || pieces_->numel() < largest)
-    pieces_.emplace(flat_->device(), largest, through_host());
+  if (!pieces_ || pieces_->numel() < largest + 1)
+    pieces_.emplace(flat_->device(), largest + 1, through_host());
   train::StepRunner* runner = r.runner;
   // A peer that sends nothing (it adopted the swarm's state in this agreement) reads nothing:
   // every element it would read is overwritten by the average before its tensor is written.
@@ -98,8 +98,7 @@ void LocalSgd::average_in_pieces(train::Replica& r, const Agreement& a) {
     at::Tensor part = pieces_->device().narrow(0, 0, n);
     stream.update_next(part, read, write, [&](at::Tensor& values) {
       if (!a.contribute) values.zero_();
-      ok = aggregate(*pieces_, n, a, precision_, "parameter averaging") && ok;
-      if (ok) values.div_(static_cast<double>(a.contributors));
+      ok = sum_with_senders(*pieces_, n, a) && ok;  // sent even after a failure (above)
       return ok;
     });
     if (ok) ++averaged;
@@ -111,6 +110,20 @@ void LocalSgd::average_in_pieces(train::Replica& r, const Agreement& a) {
         std::to_string(stream.pieces()) +
         " pieces: the tensors through by then hold the average, the rest this peer's own");
   }
+}
+
+bool LocalSgd::sum_with_senders(Staging& staged, int64_t n, const Agreement& a) {
+  at::Tensor all = staged.device();
+  all.narrow(0, n, 1).fill_(a.contribute ? 1.f : 0.f);
+  if (!aggregate(staged, n + 1, a, precision_, "parameter averaging")) return false;
+  // Whole numbers, a few at most, even through int8's scales.
+  const double senders = std::round(all[n].item<double>());
+  if (senders < 1) {
+    log("parameter averaging: no peer sent finite parameters this round; each keeps its own");
+    return false;
+  }
+  all.narrow(0, 0, n).div_(senders);
+  return true;
 }
 
 // The parameters themselves, in flat_'s order. A peer whose history is the root's keeps its own:

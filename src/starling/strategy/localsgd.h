@@ -32,13 +32,21 @@ class LocalSgd final : public SwarmStrategy {
   // of the participants' mean strategy.transfer_piece (round_notes): the pieces are the
   // collectives, which must be the same on every peer.
   void average_in_pieces(train::Replica& r, const Agreement& a);
+  // Sums the first `n` elements of `staged` over the round's participants and divides them by
+  // the number of peers that sent theirs: an element past them carries 1 from each contributor,
+  // and a peer that withholds its parameters (non-finite: aggregate() sends zeros in their place,
+  // the 1 with them) counts out, so the others' mean is not shrunk by its zeros. False (logged)
+  // if the exchange failed or no peer sent.
+  bool sum_with_senders(Staging& staged, int64_t n, const Agreement& a);
   // [0]: strategy.transfer_piece in units of 1000 bytes; [1]: 1 when this replica is swapped.
   std::array<float, kAgreementNotes> round_notes() const override;
 
   train::Replica* replica_ = nullptr;  // the replica start() was given
-  std::optional<Staging> buffer_;      // the whole parameter vector (not swapped)
-  std::optional<Staging> pieces_;      // one piece of it (average_in_pieces)
-  ExchangeDeath death_;                // STARLING_FAULT_DIE_IN_EXCHANGE
+  // The whole parameter vector (not swapped), or one piece of it (average_in_pieces), each with
+  // the count of senders after it (sum_with_senders).
+  std::optional<Staging> buffer_;
+  std::optional<Staging> pieces_;
+  ExchangeDeath death_;  // STARLING_FAULT_DIE_IN_EXCHANGE
 };
 
 }  // namespace starling::strategy
