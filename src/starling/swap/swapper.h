@@ -241,8 +241,8 @@ class Swapper final : public graph::NodeObserver {
   std::vector<int> owner_node_;                 // first node reading each parameter
   std::vector<SwapSlot> values_, grads_, exp_avg_, exp_avg_sq_;
   std::deque<SwapSlot> kept_state_;  // keep_state()'s tensors (slot_of_ points into it)
-  std::unordered_map<const void*, SwapSlot*>
-      slot_of_;                    // weights, moments, kept state, by TensorImpl
+  // Weights, moments and kept state, by TensorImpl.
+  std::unordered_map<const void*, SwapSlot*> slot_of_;
   std::vector<at::Tensor> norms_;  // per parameter, taken when its gradient is final
   // The deferred update: chunks of the parameters in the order the next forward reads them, the
   // step's constants, and how far the stream has got. A parameter is kQueued until its first
