@@ -57,6 +57,8 @@ add_library(starling STATIC
   src/starling/strategy/localsgd.cpp
   src/starling/strategy/diloco.cpp
   src/starling/strategy/co2.cpp
+  src/starling/strategy/co2_outer.cpp
+  src/starling/strategy/outer_vector.cpp
   src/starling/strategy/progress_board.cpp
   src/starling/strategy/atom.cpp
   src/starling/strategy/pipeline_config.cpp

@@ -846,15 +846,62 @@ TEST_F(SwarmCliTest, SwappedPeersTrainLikeUnswappedOnes) {
             << "atom peer " << i << "'s final model differs";
       }
     }
+}
 
-  // co2 keeps whole-model vectors beside the replica and refuses a budget, saying why, before
-  // any peer starts.
-  const fs::path co2 = write_config("swap_co2", "kind = \"co2\"\nlocal_steps = 4");
-  const auto d = run_cli("train -q --peers 2 --config " + co2.string() + as_sets(swapped()));
+// co2 keeps a swapped replica's anchor, outer momentum, previous average and own delta in its
+// tier and updates them a tensor at a time, in both its forms (the average applied at the next
+// boundary, with the staleness penalty; or two steps into the round, keeping the progress made
+// meanwhile). Every norm is summed a tensor at a time on every peer, so the swapped pair ends bit
+// for bit where the unswapped pair does, round by round. Only the average in flight stays in
+// memory: a fifth of an unswapped peer's outer state. zero, which shards the outer state
+// instead, is refused with a budget before any peer starts.
+TEST_F(SwarmCliTest, SwappedCo2TrainsLikeUnswappedCo2) {
+  for (const std::string form : {"late", "early"}) {
+    SCOPED_TRACE(form);
+    const std::string co2 = std::string("kind = \"co2\"\nlocal_steps = 4\nfingerprint = true\n") +
+                            (form == "early" ? "overlap_steps = 2" : "staleness_penalty = 0.5");
+    const std::string plain = "co2_plain_" + form, swap = "co2_swap_" + form;
+    const auto a = run_cli("train -q --peers 2 --config " + write_config(plain, co2).string() +
+                           " --set model.n_layer=2");
+    ASSERT_EQ(a.code, 0) << a.output << read_file(run_dir(plain) / "peer-0.log");
+    const auto b = run_cli("train -q --peers 2 --config " + write_config(swap, co2).string() +
+                           as_sets(swapped()));
+    ASSERT_EQ(b.code, 0) << b.output << read_file(run_dir(swap) / "peer-0.log")
+                         << read_file(run_dir(swap) / "peer-1.log");
+    for (int i = 0; i < 2; ++i) {
+      const std::string peer = "peer-" + std::to_string(i);
+      EXPECT_EQ(val_losses(run_dir(swap) / peer), val_losses(run_dir(plain) / peer));
+      EXPECT_TRUE(final_model(run_dir(swap) / peer, 16) == final_model(run_dir(plain) / peer, 16))
+          << peer << ": the swapped co2 replica's final model differs from the unswapped one's";
+      // Rounds stepped at 8 and 12 (late) or 6, 10 and 14 (early); step 16's record shows the
+      // final drain's.
+      for (int64_t round = 1; round <= (form == "late" ? 2 : 3); ++round) {
+        const auto plain_round = fingerprint_of(run_dir(plain) / peer, round);
+        ASSERT_TRUE(plain_round) << "no fingerprint of round " << round;
+        EXPECT_EQ(fingerprint_of(run_dir(swap) / peer, round), plain_round)
+            << peer << ", round " << round;
+      }
+      const std::string log = read_file(run_dir(swap) / (peer + ".log"));
+      std::smatch m;
+      ASSERT_TRUE(std::regex_search(log, m, std::regex("swap: peak resident ([0-9.]+) KB"))) << log;
+      EXPECT_LE(std::stod(m[1].str()), 600.0 * 1.024) << log;
+      EXPECT_NE(log.find("kept in the swap tier"), std::string::npos) << log;
+    }
+    const auto state_bytes = [&](const std::string& run) {
+      const json s = json::parse(read_file(run_dir(run) / "swarm.json"));
+      return s["done"][0]["net"]["state_bytes"].get<double>();
+    };
+    EXPECT_DOUBLE_EQ(state_bytes(swap) / state_bytes(plain), 1.0 / 5.0);
+  }
+
+  const fs::path zero =
+      write_config("swap_co2_zero", "kind = \"co2\"\nlocal_steps = 4\nzero = true");
+  const auto d = run_cli("train -q --peers 2 --config " + zero.string() + as_sets(swapped()));
   EXPECT_NE(d.code, 0);
-  EXPECT_NE(d.output.find("keeps whole-model vectors beside a swapped replica"), std::string::npos)
+  EXPECT_NE(d.output.find("a swapped co2 peer keeps its outer state in its tier, not in shards"),
+            std::string::npos)
       << d.output;
-  EXPECT_FALSE(fs::exists(run_dir("swap_co2") / "peer-0.log"));
+  EXPECT_FALSE(fs::exists(run_dir("swap_co2_zero") / "peer-0.log"));
 }
 
 // A swapped peer joins a running swarm of swapped atom peers: the running ones bring their whole
@@ -1026,7 +1073,7 @@ TEST_F(SwarmCliTest, SwappedRoundsGoOnFromARoundBrokenOffPartway) {
 // both go in pieces of the two sizes' mean (their collectives must match), every round, and end
 // on one model.
 TEST_F(SwarmCliTest, SwappedAndUnswappedPeersAverageInTheSamePieces) {
-  for (const std::string kind : {"localsgd", "diloco"}) {
+  for (const std::string kind : {"localsgd", "diloco", "co2"}) {
     SCOPED_TRACE(kind);
     const std::string name = "swap_mixed_" + kind;
     const int64_t steps = 16;
@@ -1046,8 +1093,9 @@ TEST_F(SwarmCliTest, SwappedAndUnswappedPeersAverageInTheSamePieces) {
       ASSERT_TRUE(done) << "peer " << i << ": " << read_file(log(i));
       EXPECT_EQ((*done)["net"]["round"], steps / 2) << read_file(log(i));
       // No exchange failed (a failure names it).
-      const std::string what =
-          kind == "localsgd" ? "parameter averaging" : "pseudo-gradient all-reduce";
+      const std::string what = kind == "localsgd" ? "parameter averaging"
+                               : kind == "diloco" ? "pseudo-gradient all-reduce"
+                                                  : "all-reduce of the update";
       EXPECT_EQ(read_file(log(i)).find(what), std::string::npos) << read_file(log(i));
       EXPECT_EQ(peers[i].wait(30s), 0);
     }
@@ -1056,12 +1104,12 @@ TEST_F(SwarmCliTest, SwappedAndUnswappedPeersAverageInTheSamePieces) {
   }
 }
 
-// A swapped localsgd or diloco joiner adopts the swarm's state (diloco's anchor and momentum
-// into its tier) in its opening agreement, which is the others' round boundary, and takes part
-// in their round sending nothing (the path of a peer that does not contribute): the three end
-// on one model.
-TEST_F(SwarmCliTest, SwappedLocalSgdAndDilocoTakeAJoiner) {
-  for (const std::string kind : {"localsgd", "diloco"}) {
+// A swapped localsgd, diloco or co2 joiner adopts the swarm's state (diloco's and co2's outer
+// state into its tier) in its opening agreement, which is the others' round boundary, and takes
+// part in their round sending nothing (the path of a peer that does not contribute): the three
+// end on one model.
+TEST_F(SwarmCliTest, SwappedStrategiesTakeAJoiner) {
+  for (const std::string kind : {"localsgd", "diloco", "co2"}) {
     SCOPED_TRACE(kind);
     const std::string name = "swap_join_" + kind;
     const int64_t steps = 200;
@@ -1103,6 +1151,13 @@ TEST_F(SwarmCliTest, SwappedLocalSgdSurvivesAKilledPeer) {
 TEST_F(SwarmCliTest, SwappedDilocoSurvivesAKilledPeer) {
   kill_one_of_three("swap_kill_outer",
                     "kind = \"diloco\"\nlocal_steps = 2\ntransfer_piece = \"4KB\"", 150, 20,
+                    as_argv(swapped()));
+}
+
+// The killed peer's round fails on the survivors: each sends its part of that round again with
+// the next one's, read back from its tier.
+TEST_F(SwarmCliTest, SwappedCo2SurvivesAKilledPeer) {
+  kill_one_of_three("swap_kill_co2", "kind = \"co2\"\nlocal_steps = 2", 150, 20,
                     as_argv(swapped()));
 }
 
@@ -1316,34 +1371,42 @@ TEST_F(SwarmCliTest, StoppedSwarmResumesExactly) {
 // parameter, each read from the tier. A checkpoint of
 // either form resumes either way: an unswapped run's (one vector each) into swapped peers, a
 // swapped run's into unswapped ones. Each ends where a straight unswapped run ends.
-TEST_F(SwarmCliTest, SwappedDilocoResumesFromEitherCheckpoint) {
-  const std::string diloco = "kind = \"diloco\"\nlocal_steps = 4";
-  const std::string plain = " --set model.n_layer=2", swap = as_sets(swapped());
-  const auto straight = run_cli("train -q --peers 2 --config " +
-                                write_config("outer_straight", diloco).string() + plain);
-  ASSERT_EQ(straight.code, 0) << straight.output;
-  for (const auto& [name, first_sets, second_sets] :
-       {std::tuple{"outer_swap_swap", swap, swap}, std::tuple{"outer_plain_swap", plain, swap},
-        std::tuple{"outer_swap_plain", swap, plain}}) {
-    SCOPED_TRACE(name);
-    const fs::path config = write_config(name, diloco);
-    const auto first =
-        run_cli("train -q --peers 2 --stop-at 6 --config " + config.string() + first_sets);
-    ASSERT_EQ(first.code, 0) << first.output << read_file(run_dir(name) / "peer-0.log");
-    const std::string saved =
-        read_file(checkpoint_dir(run_dir(name) / "peer-0", 4) / "optimizer.safetensors");
-    EXPECT_EQ(saved.find("\"strategy.anchor.") != std::string::npos, first_sets == swap);
-    EXPECT_NE(saved.find("\"strategy.momentum"), std::string::npos);
-    const auto second =
-        run_cli("train -q --peers 2 --resume --config " + config.string() + second_sets);
-    ASSERT_EQ(second.code, 0) << second.output << read_file(run_dir(name) / "peer-0.log");
-    EXPECT_NE(read_file(run_dir(name) / "peer-1.log").find("at step 4\n"), std::string::npos)
-        << "resumed from the round's start";
-    for (int i = 0; i < 2; ++i) {
-      const std::string peer = "peer-" + std::to_string(i);
-      EXPECT_TRUE(final_model(run_dir("outer_straight") / peer, 16) ==
-                  final_model(run_dir(name) / peer, 16))
-          << peer << ": 6 steps + resume from 4 differs from 16 straight";
+TEST_F(SwarmCliTest, SwappedOuterStateResumesFromEitherCheckpoint) {
+  for (const std::string kind : {"diloco", "co2"}) {
+    SCOPED_TRACE(kind);
+    const std::string strategy = "kind = \"" + kind + "\"\nlocal_steps = 4";
+    const std::string plain = " --set model.n_layer=2", swap = as_sets(swapped());
+    const auto straight = run_cli("train -q --peers 2 --config " +
+                                  write_config(kind + "_straight", strategy).string() + plain);
+    ASSERT_EQ(straight.code, 0) << straight.output;
+    for (const auto& [form, first_sets, second_sets] :
+         {std::tuple{"_swap_swap", swap, swap}, std::tuple{"_plain_swap", plain, swap},
+          std::tuple{"_swap_plain", swap, plain}}) {
+      const std::string name = kind + form;
+      SCOPED_TRACE(name);
+      const fs::path config = write_config(name, strategy);
+      const auto first =
+          run_cli("train -q --peers 2 --stop-at 6 --config " + config.string() + first_sets);
+      ASSERT_EQ(first.code, 0) << first.output << read_file(run_dir(name) / "peer-0.log");
+      const std::string saved =
+          read_file(checkpoint_dir(run_dir(name) / "peer-0", 4) / "optimizer.safetensors");
+      EXPECT_EQ(saved.find("\"strategy.anchor.") != std::string::npos, first_sets == swap);
+      EXPECT_NE(saved.find("\"strategy.momentum"), std::string::npos);
+      if (kind == "co2") {  // the round launched at 4 is carried: its own part is saved
+        EXPECT_EQ(saved.find("\"strategy.own.") != std::string::npos, first_sets == swap);
+        EXPECT_NE(saved.find("\"strategy.own"), std::string::npos);
+      }
+      const auto second =
+          run_cli("train -q --peers 2 --resume --config " + config.string() + second_sets);
+      ASSERT_EQ(second.code, 0) << second.output << read_file(run_dir(name) / "peer-0.log");
+      EXPECT_NE(read_file(run_dir(name) / "peer-1.log").find("at step 4\n"), std::string::npos)
+          << "resumed from the round's start";
+      for (int i = 0; i < 2; ++i) {
+        const std::string peer = "peer-" + std::to_string(i);
+        EXPECT_TRUE(final_model(run_dir(kind + "_straight") / peer, 16) ==
+                    final_model(run_dir(name) / peer, 16))
+            << peer << ": 6 steps + resume from 4 differs from 16 straight";
+      }
     }
   }
 }

@@ -8,6 +8,7 @@
 #include "starling/common/error.h"
 #include "starling/strategy/state_tensors.h"
 #include "starling/strategy/strategy_config.h"
+#include "starling/swap/swap_config.h"
 #include "starling/train/metrics.h"
 
 namespace starling::strategy {
@@ -19,16 +20,36 @@ constexpr double kApplyMargin = 1.25;
 
 Co2::Co2(const train::RunConfig& config, net::Collectives& net) : SwarmStrategy(config, net) {}
 
-void Co2::allocate(train::Replica&) {
+void Co2::allocate(train::Replica& r) {
+  replica_ = &r;
   exchange_.emplace(flat_->device(), flat_->numel(), through_host());
   shard_end_ = flat_->numel();
-  anchor_ = flat_->zeros();
-  flat_->gather(anchor_);
-  momentum_ = flat_->zeros();
-  previous_ = flat_->zeros();
-  flags_ = at::zeros({2}, anchor_.options());
   average_ = exchange_->device();
-  if (!zero()) own_ = flat_->zeros();
+  flags_ = at::zeros({2}, average_.options());
+  if (zero()) {
+    anchor_shard_ = flat_->zeros();
+    flat_->gather(anchor_shard_);
+    momentum_shard_ = flat_->zeros();
+    previous_shard_ = flat_->zeros();
+  } else {
+    // A swapped replica's runner keeps the four vectors in its tier.
+    const bool keep = config_.swap.enabled() && r.runner != nullptr;
+    using Start = OuterVector::Start;
+    anchor_ = OuterVector(*flat_, r.params, r.runner, keep, Start::parameters);
+    momentum_ = OuterVector(*flat_, r.params, r.runner, keep, Start::zeros);
+    previous_ = OuterVector(*flat_, r.params, r.runner, keep, Start::zeros);
+    own_ = OuterVector(*flat_, r.params, r.runner, keep, Start::zeros);
+    offsets_.clear();
+    int64_t at = 0;
+    for (const int i : flat_->indices()) {
+      offsets_.push_back(at);
+      at += r.params.params()[static_cast<size_t>(i)].value.numel();
+    }
+    if (keep)
+      log("the anchor, outer momentum, previous average and own delta are kept in the swap "
+          "tier; the average in flight stays in memory beside swap.budget (" +
+          swap::format_bytes(4.0 * static_cast<double>(flat_->numel())) + ")");
+  }
   const auto& s = config_.strategy;
   if (model_part() && s.overlap_steps > 0 && s.overlap_steps < s.local_steps)
     throw ConfigError(
@@ -85,9 +106,9 @@ void Co2::set_shard(const std::vector<net::PeerId>& ring) {
   // The shard of the current parameters (the shared anchor at a boundary); momentum restarts.
   at::Tensor params = flat_->zeros();
   flat_->gather(params);
-  anchor_ = params.narrow(0, shard_begin_, n).clone();
-  momentum_ = at::zeros({n}, anchor_.options());
-  previous_ = at::zeros({n}, anchor_.options());
+  anchor_shard_ = params.narrow(0, shard_begin_, n).clone();
+  momentum_shard_ = at::zeros({n}, anchor_shard_.options());
+  previous_shard_ = at::zeros({n}, anchor_shard_.options());
   average_ = exchange_->device().narrow(0, shard_begin_, n);
   has_previous_ = false;
   has_average_ = false;
@@ -165,34 +186,38 @@ bool Co2::collect() {
   average_.div_(static_cast<double>(in_flight_contributors_));
   // Zero sends e = x_{t+1} - y_t: the average of x_t - y_t is mean(e) + alpha*m (zero applies
   // its averages a round late, so its step is always the heavy ball's: see nesterov()).
-  if (zero() && in_flight_shifted_) average_.add_(momentum_, config_.strategy.outer_lr);
+  if (zero() && in_flight_shifted_) average_.add_(momentum_shard_, config_.strategy.outer_lr);
   has_average_ = true;
   return true;
 }
 
 void Co2::update_momentum() {
-  // Scalars stay 0-dim device tensors: nothing here waits for the device (without zero).
+  if (!zero()) {
+    update_momentum_by_part();
+    return;
+  }
   const auto& s = config_.strategy;
-  at::Tensor gap = at::zeros({}, momentum_.options());
+  at::Tensor gap = at::zeros({}, momentum_shard_.options());
   // The penalty damps a stale average; applied inside the next round, an average is not stale
   // (and damping it cost 6% of validation loss in the sweep of docs/results.md).
   const double penalty = early() ? 0.0 : s.staleness_penalty;
   if (has_previous_) {
-    const at::Tensor diff = squares(average_ - previous_);
-    const at::Tensor prev = squares(previous_);
+    const at::Tensor diff = squares(average_ - previous_shard_);
+    const at::Tensor prev = squares(previous_shard_);
     gap = diff.sqrt() / (prev.sqrt() + kGapEps);
     gap = at::where(at::isfinite(gap), gap, at::zeros_like(gap));  // a failed norm exchange
   }
   penalty_factor_ = (gap * penalty + 1.0).reciprocal();
-  momentum_.mul_(s.outer_momentum).addcmul_(average_, penalty_factor_);
+  momentum_shard_.mul_(s.outer_momentum).addcmul_(average_, penalty_factor_);
   if (s.clip == "value") {
-    momentum_.clamp_(-s.clip_threshold, s.clip_threshold);
+    momentum_shard_.clamp_(-s.clip_threshold, s.clip_threshold);
   } else if (s.clip == "norm") {
-    const at::Tensor norm = squares(momentum_).sqrt();
+    const at::Tensor norm = squares(momentum_shard_).sqrt();
     const at::Tensor over = at::isfinite(norm).logical_and(norm > s.clip_threshold);
-    momentum_.mul_(at::where(over, norm.reciprocal() * s.clip_threshold, at::ones_like(norm)));
+    momentum_shard_.mul_(
+        at::where(over, norm.reciprocal() * s.clip_threshold, at::ones_like(norm)));
   }
-  previous_.copy_(average_);
+  previous_shard_.copy_(average_);
   has_previous_ = true;
   has_average_ = false;
   gap_.set(gap);
@@ -202,25 +227,20 @@ void Co2::update_momentum() {
 // form) it overshoots, 2.898 against the heavy ball's 2.411 at 400 steps (docs/results.md).
 bool Co2::nesterov() const { return config_.strategy.outer_nesterov && early(); }
 
+// With zero (whose averages are always round-late: see nesterov()).
 void Co2::move_anchor() {
   const auto& s = config_.strategy;
   if (final_round_ && s.final_step == "average") {
-    anchor_.sub_(previous_);  // x_{T+1} = x_T - Delta_T: where the peers' mean lies
-  } else if (nesterov()) {
-    // x -= alpha (beta m + Delta'): previous_ holds Delta' (the average update_momentum() just
-    // added to m, as it was added: divided by the staleness penalty).
-    anchor_.sub_(momentum_, s.outer_lr * s.outer_momentum)
-        .sub_(previous_ * penalty_factor_, s.outer_lr);
+    anchor_shard_.sub_(previous_shard_);  // x_{T+1} = x_T - Delta_T: where the peers' mean lies
   } else {
-    anchor_.sub_(momentum_, s.outer_lr);
+    anchor_shard_.sub_(momentum_shard_, s.outer_lr);
   }
-  ++version_;
-  if (!zero()) note_round(anchor_);  // with zero each peer holds its own shard
+  ++version_;  // no fingerprint: each peer holds its own shard
 }
 
 bool Co2::gather_anchor() {
   const int64_t n = shard_end_ - shard_begin_;
-  exchange_->device().narrow(0, shard_begin_, n).copy_(anchor_);
+  exchange_->device().narrow(0, shard_begin_, n).copy_(anchor_shard_);
   exchange_->download(shard_begin_, n);
   exchange_->wait_download();
   if (!wait(net_.all_gather(as_span(exchange_->host()), options(net::WirePrecision::fp32, ring_)),
@@ -234,20 +254,7 @@ bool Co2::gather_anchor() {
 void Co2::launch(const Agreement& a, bool apply) {
   at::Tensor& buffer = exchange_->device();
   if (!zero()) {
-    if (apply) update_momentum();          // reads Delta_{t-1} from buffer before it is reused
-    flat_->gather(buffer);                 // y_t
-    at::sub_out(buffer, anchor_, buffer);  // delta_t = x_t - y_t
-    // The previous round's average was not applied (its exchange failed, or a participant lacks
-    // it): this peer's part of it goes out again with this round's, so no progress is lost.
-    if (!apply && carry_ && a.contribute) {
-      buffer.add_(own_);
-      log("the last round's average was not applied on every participant (a failed exchange, "
-          "or a peer without it); this peer's part of it goes out again with this round's");
-    }
-    carry_ = a.contribute;
-    if (carry_) own_.copy_(buffer);
-    if (apply) move_anchor();  // x_{t+1}
-    flat_->scatter(anchor_);   // the next tau steps start from x_{t+1}
+    launch_by_part(a, apply);
   } else {
     if (apply) {
       update_momentum();
@@ -285,20 +292,13 @@ train::StepHooks::StepWork Co2::run_step(train::StepRunner& runner, train::Repli
 void Co2::restore_offset() {
   if (!offset_pending_) return;
   offset_pending_ = false;
-  // The exchange buffer is free: nothing is in flight between an apply and the next launch.
-  at::Tensor& buffer = exchange_->device();
-  flat_->gather(buffer);
-  buffer.add_(own_);
-  flat_->scatter(buffer);
+  restore_offset_by_part();
 }
 
 void Co2::launch_early(const Agreement& a) {
   restore_offset();  // a peer restored at an apply point launches from its whole progress
-  at::Tensor& buffer = exchange_->device();
-  if (!a.contribute) flat_->scatter(anchor_);  // its own progress does not count: drop it
-  flat_->gather(own_);                         // y_t
-  at::sub_out(buffer, anchor_, own_);          // delta_t = x_t - y_t
-  if (!a.contribute) buffer.zero_();
+  launch_early_by_part(a);
+  if (!a.contribute) exchange_->device().zero_();
   if (a.contributors == 0) return;
   in_flight_contributors_ = a.contributors;
   in_flight_ring_ = a.ring;
@@ -319,12 +319,7 @@ bool Co2::apply_early() {
   const bool ok = collect();
   exchange_s_ = ok ? (landed_s_ > 0 ? landed_s_ : train::now_s()) - launched_s_ : 0;
   if (!ok) return false;
-  update_momentum();  // reads Delta_t from the buffer before it is reused
-  at::Tensor& buffer = exchange_->device();
-  flat_->gather(buffer);            // z
-  at::sub_out(own_, buffer, own_);  // z - y_t
-  move_anchor();                    // x_{t+1}
-  flat_->scatter(anchor_);
+  apply_early_by_part();
   offset_pending_ = true;
   return true;
 }
@@ -371,11 +366,11 @@ bool Co2::step_done(train::Replica& r, bool last) {
     // Drain: the final round's average is applied at once, so the run ends on x_{T+1}.
     final_round_ = true;
     update_momentum();
-    move_anchor();
     if (!zero()) {
-      flat_->scatter(anchor_);
-    } else if (gather_anchor()) {
-      flat_->scatter(exchange_->device());
+      step_anchor_by_part();
+    } else {
+      move_anchor();
+      if (gather_anchor()) flat_->scatter(exchange_->device());
     }
   }
   ++rounds_;
@@ -396,7 +391,18 @@ std::vector<at::Tensor> Co2::state_tensors(train::Replica&) {
   // Nothing is in flight at an agreement (collected before it): the buffer holds the average
   // when has_average_ says so (otherwise scratch, which the writer's flags tell it to ignore).
   flags_.copy_(at::tensor({has_previous_ ? 1.f : 0.f, has_average_ ? 1.f : 0.f}));
-  return {anchor_, momentum_, previous_, exchange_->device(), flags_};
+  // A kept vector goes a tensor at a time: the same elements in the same order as a flat one.
+  std::vector<at::Tensor> out;
+  for (const OuterVector* v : {&anchor_, &momentum_, &previous_}) {
+    if (!v->kept()) {
+      out.push_back(v->flat());
+      continue;
+    }
+    out.insert(out.end(), v->parts().begin(), v->parts().end());
+  }
+  out.push_back(exchange_->device());
+  out.push_back(flags_);
+  return out;
 }
 
 void Co2::state_adopted(train::Replica&) {
@@ -405,7 +411,7 @@ void Co2::state_adopted(train::Replica&) {
   has_average_ = flags[1].item<float>() != 0;
   // The root's anchor, without this peer's progress since the launch, and no part of an old
   // exchange of its own to send again (it belongs to another state).
-  flat_->scatter(anchor_);
+  adopt_anchor_by_part();
   offset_pending_ = false;
   carry_ = false;
 }
@@ -423,9 +429,16 @@ void Co2::unpack_state(train::Replica&, const at::Tensor& in) {
 
 nlohmann::json Co2::checkpoint_state(std::vector<std::pair<std::string, at::Tensor>>& tensors) {
   collect();  // what is in flight now would be lost on a restart: wait for it
-  tensors.emplace_back("strategy.anchor", anchor_);
-  tensors.emplace_back("strategy.momentum", momentum_);
-  tensors.emplace_back("strategy.previous", previous_);
+  if (zero()) {
+    tensors.emplace_back("strategy.anchor", anchor_shard_);
+    tensors.emplace_back("strategy.momentum", momentum_shard_);
+    tensors.emplace_back("strategy.previous", previous_shard_);
+  } else {
+    // Kept in the tier: a tensor per parameter, which the checkpoint reads one at a time.
+    anchor_.checkpoint(tensors, "strategy.anchor");
+    momentum_.checkpoint(tensors, "strategy.momentum");
+    previous_.checkpoint(tensors, "strategy.previous");
+  }
   tensors.emplace_back("strategy.average", average_.clone());
   nlohmann::json ring = nlohmann::json::array();
   for (net::PeerId id : ring_) ring.push_back(std::to_string(id));
@@ -437,13 +450,13 @@ nlohmann::json Co2::checkpoint_state(std::vector<std::pair<std::string, at::Tens
   state["ring"] = ring;
   // Early: the checkpoint's parameters are the anchor; the progress since the launch goes on.
   // Otherwise: this peer's part of the last exchange, sent again if its average is not applied.
-  if (offset_pending_ || carry_) tensors.emplace_back("strategy.own", own_);
+  if (offset_pending_ || carry_) own_.checkpoint(tensors, "strategy.own");
   state["has_offset"] = offset_pending_;
   state["carry"] = carry_;
   return state;
 }
 
-void Co2::restore(train::Replica&, const nlohmann::json& state, const SafetensorsFile& tensors) {
+void Co2::restore(train::Replica& r, const nlohmann::json& state, const SafetensorsFile& tensors) {
   if (state.value("zero", false) != zero())
     throw CheckpointError(tensors.file.string() +
                           ": the checkpoint's strategy.zero differs from the config's");
@@ -455,16 +468,21 @@ void Co2::restore(train::Replica&, const nlohmann::json& state, const Safetensor
     if (shard_begin_ < 0 || n < 0 || shard_end_ > flat_->numel())
       throw CheckpointError(tensors.file.string() + ": strategy shard is out of range");
     const auto on_device = at::TensorOptions().dtype(at::kFloat).device(flat_->device());
-    anchor_ = at::zeros({n}, on_device);
-    momentum_ = at::zeros({n}, on_device);
-    previous_ = at::zeros({n}, on_device);
+    anchor_shard_ = at::zeros({n}, on_device);
+    momentum_shard_ = at::zeros({n}, on_device);
+    previous_shard_ = at::zeros({n}, on_device);
     average_ = exchange_->device().narrow(0, shard_begin_, n);
     ring_.clear();
     for (const auto& id : state.at("ring")) ring_.push_back(std::stoull(id.get<std::string>()));
+    load_state_tensor(tensors, "strategy.anchor", anchor_shard_);
+    load_state_tensor(tensors, "strategy.momentum", momentum_shard_);
+    load_state_tensor(tensors, "strategy.previous", previous_shard_);
+  } else {
+    // Either form: one tensor each (an unswapped run's) or one per parameter (a swapped run's).
+    anchor_.restore(tensors, "strategy.anchor", r.runner);
+    momentum_.restore(tensors, "strategy.momentum", r.runner);
+    previous_.restore(tensors, "strategy.previous", r.runner);
   }
-  load_state_tensor(tensors, "strategy.anchor", anchor_);
-  load_state_tensor(tensors, "strategy.momentum", momentum_);
-  load_state_tensor(tensors, "strategy.previous", previous_);
   load_state_tensor(tensors, "strategy.average", average_);
   has_previous_ = state.value("has_previous", false);
   has_average_ = state.value("has_average", false);
@@ -475,12 +493,16 @@ void Co2::restore(train::Replica&, const nlohmann::json& state, const Safetensor
                           ": the checkpoint was taken inside a round of co2 with "
                           "strategy.overlap_steps < local_steps; resume it with the same "
                           "overlap_steps");
-  if (offset_pending_ || carry_) load_state_tensor(tensors, "strategy.own", own_);
+  if (offset_pending_ || carry_) own_.restore(tensors, "strategy.own", r.runner);
 }
 
 int64_t Co2::state_bytes() const {
-  return 4 * (anchor_.numel() + momentum_.numel() + previous_.numel() + exchange_->numel() +
-              (own_.defined() ? own_.numel() : 0));
+  int64_t numel = exchange_->numel();
+  if (zero())
+    numel += anchor_shard_.numel() + momentum_shard_.numel() + previous_shard_.numel();
+  else if (!anchor_.kept())
+    numel += 4 * flat_->numel();  // anchor, momentum, previous, own
+  return 4 * numel;
 }
 
 train::StrategyReport Co2::report() const {

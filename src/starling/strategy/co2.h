@@ -33,6 +33,13 @@
 // the pipeline's stages too, so they are the whole model's.
 // A change of membership moves the shard boundaries: the outer momentum restarts then.
 //
+// Without zero the outer state (the anchor, outer momentum, previous average and this peer's own
+// last delta) is updated a parameter tensor at a time (co2_outer.cpp), and the norms are summed a
+// tensor at a time in that order, the same on every peer. So a swapped replica keeps the four
+// vectors in its tier (outer_vector.h: 16 bytes a parameter the budget never holds) and
+// trains bit for bit as an unswapped one. The average in flight stays in memory beside the
+// budget: the network reads it while the next steps compute (4 bytes a parameter).
+//
 // On a GPU the outer state and the math stay on the device; only the exchange crosses to pinned
 // host memory (staging.h). The download of delta_t is started at the boundary and the all-reduce
 // launched from a later step once it has landed, and the average is uploaded as soon as it has
@@ -40,6 +47,7 @@
 // all-gather still do).
 #pragma once
 
+#include "starling/strategy/outer_vector.h"
 #include "starling/strategy/swarm_strategy.h"
 
 namespace starling::strategy {
@@ -58,8 +66,8 @@ class Co2 final : public SwarmStrategy {
   void finish(train::Replica& r) override;
   train::StrategyReport report() const override;
 
-  // Bytes of outer state this peer holds (anchor, momentum, previous average, send buffer, and
-  // without zero its own part of the last exchange).
+  // Bytes of outer state this peer holds in memory (anchor, momentum, previous average, send
+  // buffer, and without zero its own part of the last exchange; a swapped peer: the send buffer).
   int64_t state_bytes() const;
 
  protected:
@@ -109,6 +117,21 @@ class Co2 final : public SwarmStrategy {
   void update_momentum();
   // x <- x - alpha*m: one more average applied to the shared state.
   void move_anchor();
+  // Without zero (co2_outer.cpp), a parameter tensor at a time. update_momentum() leaves
+  // clipping by norm's factor in momentum_scale_, which the next pass that steps the anchor
+  // (step_anchor_part, then stepped()) applies as it reads the momentum.
+  void update_momentum_by_part();
+  void step_anchor_part(size_t k, at::Tensor& x);
+  void stepped(uint32_t crc);  // the anchor's pass is through: version, fingerprint
+  void launch_by_part(const Agreement& a, bool apply);
+  void launch_early_by_part(const Agreement& a);
+  void apply_early_by_part();
+  void restore_offset_by_part();
+  void step_anchor_by_part();   // the final drain: the anchor steps, the parameters follow
+  void adopt_anchor_by_part();  // parameters <- anchor
+  // The parameter tensor k of flat_, and this exchange buffer's view of its elements.
+  const at::Tensor& param(size_t k) const;
+  at::Tensor exchange_part(size_t k);
   // Launches this round's exchange from y (the parameters) and moves y to the new anchor.
   void launch(const Agreement& a, bool apply);
   // At a round boundary (not early): applies the last average if every participant holds it,
@@ -123,7 +146,14 @@ class Co2 final : public SwarmStrategy {
   // model: every shard, and every stage of a pipeline (a tied weight counted once).
   at::Tensor squares(const at::Tensor& part);
 
-  at::Tensor anchor_, momentum_, previous_;  // full, or this peer's shard with zero (device)
+  train::Replica* replica_ = nullptr;  // the replica start() was given
+  // Without zero: the anchor, outer momentum and previous average, in memory or kept in a
+  // swapped replica's tier, and the first element of each parameter in flat_.
+  OuterVector anchor_, momentum_, previous_;
+  std::vector<int64_t> offsets_;
+  at::Tensor momentum_scale_;  // clipping by norm's factor, still to apply (update_momentum)
+  // With zero: this peer's shard of each (device).
+  at::Tensor anchor_shard_, momentum_shard_, previous_shard_;
   at::Tensor flags_;                 // the transfer's [has_previous_, has_average_] (state_tensors)
   at::Tensor penalty_factor_;        // 1 / (1 + gamma * gap) of the average update_momentum() added
   std::optional<Staging> exchange_;  // the exchange in flight (always full size)
@@ -143,7 +173,7 @@ class Co2 final : public SwarmStrategy {
   // Without zero, this peer's own part of the last launch. Early: the parameters at the launch
   // (y_t), then, once applied, the progress made since. Otherwise: the delta it sent, kept until
   // its average is applied (carry_), and sent again with the next round's if it is not.
-  at::Tensor own_;
+  OuterVector own_;
   bool carry_ = false;
   bool launched_early_ = false;  // an exchange awaits its apply point
   bool final_round_ = false;     // the run's last average is being applied (strategy.final_step)

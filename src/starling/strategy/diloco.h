@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "starling/strategy/outer_vector.h"
 #include "starling/strategy/swarm_strategy.h"
 
 namespace starling::strategy {
@@ -52,18 +53,11 @@ class DiLoCo final : public SwarmStrategy {
   // [0]: strategy.transfer_piece in units of 1000 bytes; [1]: 1 when the runner keeps the two
   // vectors (a swapped replica).
   std::array<float, kAgreementNotes> round_notes() const override;
-  // The anchor's or the momentum's tensor per parameter: the runner's own (`kept`), or views of
-  // the vector in memory.
-  std::vector<at::Tensor> per_param(const at::Tensor& flat, const std::vector<at::Tensor>& kept);
-  void restore_vector(train::Replica& r, const SafetensorsFile& file, const std::string& name,
-                      at::Tensor& flat, const std::vector<at::Tensor>& kept);
 
   train::Replica* replica_ = nullptr;  // the replica start() was given
-  // In memory: one vector each. Kept by the runner (a swapped replica's tier): one tensor per
-  // parameter of flat_ each, in its order, and the flat vectors stay undefined.
-  at::Tensor anchor_, momentum_;
-  std::vector<at::Tensor> anchors_, momenta_;
-  std::optional<Staging> delta_;  // this round's pseudo-gradient, then the average (in memory)
+  // In memory, or kept by the runner (a swapped replica's tier).
+  OuterVector anchor_, momentum_;
+  std::optional<Staging> delta_;  // this round's pseudo-gradient, then the average (not kept)
   std::optional<Staging> piece_;  // one piece of it (outer_step_in_pieces)
   at::Tensor anchor_piece_, momentum_piece_;
   // STARLING_FAULT_DIE_IN_EXCHANGE: dies in that outer step, after its first piece where it

@@ -71,18 +71,14 @@ void LocalSgd::average_in_pieces(train::Replica& r, const Agreement& a) {
   const int64_t largest = std::min(stream.piece_numel(), stream.numel());
   if (!pieces_ || pieces_->numel() < largest + 1)
     pieces_.emplace(flat_->device(), largest + 1, through_host());
-  train::StepRunner* runner = r.runner;
   // A peer that sends nothing (it adopted the swarm's state in this agreement) reads nothing:
   // every element it would read is overwritten by the average before its tensor is written.
-  const auto read = [runner, &a](const at::Tensor& t) {
+  const auto read = [this, &a](const at::Tensor& t) {
     if (!a.contribute) return at::empty(t.sizes(), t.options());
-    return runner != nullptr ? runner->read_state(t) : t;
+    return read_state(t);
   };
-  const auto write = [runner](const at::Tensor& t, const at::Tensor& values) {
-    if (runner != nullptr)
-      runner->write_state(t, values);
-    else
-      train::copy_state(t, values);
+  const auto write = [this](const at::Tensor& t, const at::Tensor& values) {
+    write_state(t, values);
   };
   // A failure leaves the tensors written before it averaged on the peers that got them, the rest
   // their own: as good a start for the next round as the parameters before it (they differ

@@ -83,13 +83,13 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
   k.push_back(int_key("strategy", "trim", &st.trim, 0,
                       "trimmed_mean: peers' values dropped at each end of every element (at most "
                       "(peers - 1) / 2 are)"));
-  k.push_back(
-      bool_key("strategy", "fingerprint", &st.fingerprint,
-               "step events and metrics carry net.fingerprint, a CRC-32C of the shared "
-               "state after the latest round this peer averaged (net.fingerprint_round, "
-               "of the history net.fingerprint_lineage), so peers can be compared round by "
-               "round (bench/chaos); costs a pass over "
-               "the model per round; not with co2's zero, nor with swap.budget except for diloco"));
+  k.push_back(bool_key(
+      "strategy", "fingerprint", &st.fingerprint,
+      "step events and metrics carry net.fingerprint, a CRC-32C of the shared "
+      "state after the latest round this peer averaged (net.fingerprint_round, "
+      "of the history net.fingerprint_lineage), so peers can be compared round by "
+      "round (bench/chaos); costs a pass over "
+      "the model per round; not with co2's zero, nor with swap.budget for ddp, atom or localsgd"));
   k.push_back(bool_key("strategy", "redeal_data", &st.redeal_data,
                        "when the peers of a round change (one died or left, one joined), deal "
                        "the rest of the epoch's training windows again among the peers present, "
@@ -138,16 +138,17 @@ void check_peer(const StrategyConfig& c, bool swapped, const std::string& net_ba
     throw ConfigError("strategy.kind = \"" + c.kind + "\" does not train with peers; use " +
                       swarm_strategy_list());
   // ddp and atom reach a swapped replica's gradients a node at a time, localsgd its parameters
-  // a piece at a time, diloco its parameters, anchor and outer momentum (the last two kept in
-  // the tier) a piece at a time; co2 keeps whole-model vectors (anchor, outer momentum, the
-  // average in flight) beside the replica, which a budget cannot hold.
-  if (swapped && c.kind == "co2")
+  // a piece at a time, diloco and co2 their parameters and outer state (kept in the tier) a
+  // piece or a tensor at a time. co2's zero shards the outer state across the peers instead, in
+  // whole-model vectors a budget cannot hold.
+  if (swapped && c.kind == "co2" && c.zero)
     throw ConfigError(
-        "swap.budget is set, but strategy.kind = \"co2\" keeps whole-model "
-        "vectors beside a swapped replica; swapped peers train with \"ddp\", "
-        "\"atom\", \"localsgd\" or \"diloco\", or drop swap.budget");
-  // A swapped diloco peer takes the fingerprint a piece at a time, from its outer step.
-  if (c.fingerprint && ((swapped && c.kind != "diloco") || c.zero))
+        "swap.budget is set with strategy.kind = \"co2\" and strategy.zero = true: a "
+        "swapped co2 peer keeps its outer state in its tier, not in shards; set zero = false "
+        "or drop swap.budget");
+  // A swapped diloco or co2 peer takes the fingerprint a piece or a tensor at a time, from its
+  // outer step.
+  if (c.fingerprint && ((swapped && c.kind != "diloco" && c.kind != "co2") || c.zero))
     throw ConfigError(
         std::string("strategy.fingerprint needs the whole shared state on every peer: "
                     "not with ") +

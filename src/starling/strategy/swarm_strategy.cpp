@@ -104,6 +104,17 @@ at::Tensor SwarmStrategy::sum_over_model(const at::Tensor& t) const {
   return v.reshape(t.sizes()).to(t.device(), t.scalar_type());
 }
 
+at::Tensor SwarmStrategy::read_state(const at::Tensor& t) const {
+  return runner_ != nullptr ? runner_->read_state(t) : t;
+}
+
+void SwarmStrategy::write_state(const at::Tensor& t, const at::Tensor& values) const {
+  if (runner_ != nullptr)
+    runner_->write_state(t, values);
+  else
+    train::copy_state(t, values);
+}
+
 void SwarmStrategy::log(const std::string& line) const {
   std::cerr << "[" << config_.strategy.kind << "] " << line << std::endl;
 }
@@ -343,16 +354,11 @@ bool SwarmStrategy::transfer_state(train::Replica& r, const Agreement& a, net::P
   StateStream stream(std::move(tensors), piece_numel);
   at::Tensor buffer = at::empty({std::min(stream.piece_numel(), stream.numel())},
                                 at::TensorOptions().dtype(at::kFloat).device(net_device()));
-  const auto read = [&r](const at::Tensor& t) {
-    return r.runner != nullptr ? r.runner->read_state(t) : t;
-  };
+  const auto read = [this](const at::Tensor& t) { return read_state(t); };
   bool wrote = false;  // some of this peer's own state is the root's now
-  const auto write = [&r, &wrote](const at::Tensor& t, const at::Tensor& values) {
+  const auto write = [this, &wrote](const at::Tensor& t, const at::Tensor& values) {
     wrote = true;
-    if (r.runner != nullptr)
-      r.runner->write_state(t, values);
-    else
-      train::copy_state(t, values);
+    write_state(t, values);
   };
   const bool writing = !sending && !keep_own;
   if (sending) ++transfers_sent_;

@@ -162,6 +162,15 @@ class SwarmStrategy : public train::StepHooks {
   // StepRunner::sum_over_model); a no-op when the replica holds the whole model.
   at::Tensor sum_over_model(const at::Tensor& t) const;
 
+  // A tensor of the replica's state (a parameter, or a part of an OuterVector) as its values
+  // now, and written back: through the step runner, which reads an evicted tensor from its tier
+  // and stores one there, or as itself (copied into) without one. What read_state() returned
+  // as the tensor itself and was changed in place must be written back too: a swapped replica's
+  // runner then knows to store it.
+  at::Tensor read_state(const at::Tensor& t) const;
+  void write_state(const at::Tensor& t, const at::Tensor& values) const;
+  train::StepRunner* runner() const { return runner_; }
+
   // Whether the replica trains part of the model (a pipeline stage); known from start() on.
   bool model_part() const { return model_part_; }
   net::CollectiveOptions options(net::WirePrecision precision) const;
