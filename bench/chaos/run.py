@@ -69,15 +69,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 STRATEGIES = ["ddp", "localsgd", "diloco", "co2", "atom"]
 # Asked for by name only: co2 applying each average inside the next round (overlap_steps), and
-# diloco with every peer swapped (two layers through a 600 KB budget of their 836 KB of training
-# state, on the disk tier in the peer's run directory; the outer step goes in pieces of 4 KB).
-EXTRA_STRATEGIES = ["co2-early", "diloco-swapped"]
-KINDS = {"co2-early": "co2", "diloco-swapped": "diloco"}
+# diloco and co2 with every peer swapped (two layers through a 600 KB budget of their 836 KB of
+# training state, on the disk tier in the peer's run directory; diloco's outer step goes in
+# pieces of 4 KB, co2 keeps its outer state in the tier and updates it a tensor at a time).
+EXTRA_STRATEGIES = ["co2-early", "diloco-swapped", "co2-swapped"]
+KINDS = {"co2-early": "co2", "diloco-swapped": "diloco", "co2-swapped": "co2"}
 # What a harness strategy writes into [strategy], past its kind; rounds of 4 steps.
 STRATEGY_LINES = {"localsgd": "local_steps = 4\n", "diloco": "local_steps = 4\n",
                   "co2": "local_steps = 4\n", "co2-early": "local_steps = 4\noverlap_steps = 2\n",
-                  "diloco-swapped": "local_steps = 4\ntransfer_piece = \"4KB\"\n"}
-SWAPPED = {"diloco-swapped"}
+                  "diloco-swapped": "local_steps = 4\ntransfer_piece = \"4KB\"\n",
+                  "co2-swapped": "local_steps = 4\ntransfer_piece = \"4KB\"\n"}
+SWAPPED = {"diloco-swapped", "co2-swapped"}
 # A peer's log line (stamped by the harness) saying it took the swarm's state.
 ADOPTED = re.compile(r"\s*(-?[0-9.]+) \[\w+\] adopting the swarm's state from peer .* \(step (\d+),"
                      r"(.*held another history)?")
@@ -569,8 +571,9 @@ def main():
     ap.add_argument("--starling", default=os.path.join(ROOT, "build", "starling"))
     ap.add_argument("--strategies", nargs="+", default=STRATEGIES,
                     choices=STRATEGIES + EXTRA_STRATEGIES,
-                    help="co2-early: co2 with overlap_steps = 2 of 4; diloco-swapped: diloco with every "
-                         "peer swapped through a budget on disk (neither in the default list)")
+                    help="co2-early: co2 with overlap_steps = 2 of 4; diloco-swapped, co2-swapped: "
+                         "diloco or co2 with every peer swapped through a budget on disk (none of "
+                         "the three in the default list)")
     ap.add_argument("--peers", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--seed", type=int, default=1)

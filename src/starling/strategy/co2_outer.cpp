@@ -136,6 +136,7 @@ void Co2::launch_by_part(const Agreement& a, bool apply) {
     write_state(param(k), x);  // the next tau steps start from x_{t+1}
   }
   if (apply) stepped(crc);
+  release_pass_blocks();
 }
 
 void Co2::launch_early_by_part(const Agreement& a) {
@@ -151,6 +152,7 @@ void Co2::launch_early_by_part(const Agreement& a) {
     at::Tensor delta = exchange_part(k);
     at::sub_out(delta, x, y);  // delta_t = x_t - y_t
   }
+  release_pass_blocks();
 }
 
 void Co2::apply_early_by_part() {
@@ -170,6 +172,7 @@ void Co2::apply_early_by_part() {
     write_state(param(k), x);
   }
   stepped(crc);
+  release_pass_blocks();
 }
 
 void Co2::restore_offset_by_part() {
@@ -179,6 +182,7 @@ void Co2::restore_offset_by_part() {
     y.add_(read_state(own_.parts()[k]));
     write_state(param(k), y);
   }
+  release_pass_blocks();
 }
 
 void Co2::step_anchor_by_part() {
@@ -193,12 +197,14 @@ void Co2::step_anchor_by_part() {
     write_state(param(k), x);
   }
   stepped(crc);
+  release_pass_blocks();
 }
 
 void Co2::adopt_anchor_by_part() {
   at::NoGradGuard no_grad;
   for (size_t k = 0; k < offsets_.size(); ++k)
     write_state(param(k), read_state(anchor_.parts()[k]));
+  release_pass_blocks();
 }
 
 }  // namespace starling::strategy

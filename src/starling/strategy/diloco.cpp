@@ -132,6 +132,7 @@ void DiLoCo::outer_step_in_pieces(const Agreement& a) {
     });
     if (ok) ++stepped;
   }
+  release_pass_blocks();
   if (ok) {
     ++version_;
     note_round_crc(crc);

@@ -10,6 +10,7 @@
 #include <map>
 #include <tuple>
 
+#include "starling/common/cpu_runtime.h"
 #include "starling/common/error.h"
 #include "starling/common/finite.h"
 #include "starling/data/loader.h"
@@ -113,6 +114,10 @@ void SwarmStrategy::write_state(const at::Tensor& t, const at::Tensor& values) c
     runner_->write_state(t, values);
   else
     train::copy_state(t, values);
+}
+
+void SwarmStrategy::release_pass_blocks() const {
+  if (config_.swap.enabled()) release_cached_cpu_blocks();
 }
 
 void SwarmStrategy::log(const std::string& line) const {

@@ -51,10 +51,17 @@ SwapProblem problem_for(const train::RunConfig& c, graph::OpDag& dag, const std:
   for (const auto& param : dag.params().params())
     state += 4 * static_cast<int64_t>(align_up(
                      static_cast<size_t>(param.value.numel() * param.value.element_size())));
-  // Told before the profile's minute of work and its probe's writes there.
+  // Told before the profile's minute of work and its probe's writes there. A peer's strategy
+  // may keep whole-model vectors there too (strategy/outer_vector.h), a parameter's worth each.
+  const int64_t kept = c.strategy.kind == "diloco"                    ? 2
+                       : c.strategy.kind == "co2" && !c.strategy.zero ? 4
+                                                                      : 0;
   if (c.swap.tier == "disk")
-    check_disk_room(tier_dir(c), state,
-                    "the whole training state: weights, gradients and AdamW moments");
+    check_disk_room(tier_dir(c), state + state / 4 * kept,
+                    kept == 0 ? "the whole training state: weights, gradients and AdamW moments"
+                              : "the whole training state (weights, gradients and AdamW moments) "
+                                "and the strategy's " +
+                                    std::to_string(kept) + " vectors of outer state");
   // With clipping, the update inside the backward is a guess, on the disk tier, whose spare
   // rooms hold the weights and moments once more (as the tier stores them). "always" needs their
   // room from the start; "auto" reserves it at its first guess, where there is room then
