@@ -399,9 +399,9 @@ void Swapper::issue_update_reads(size_t set, const UpdateJob& job) {
       continue;
     }
     if (tier_->in_place(s.key) != nullptr) continue;  // updated where it lies
-    update_reads_[set].push_back(tier_->read(s.key, static_cast<size_t>(job.begin) * 4,
-                                             staging_[set * kOperands + op] + job.at,
-                                             chunk_bytes(job.begin, job.end)));
+    update_reads_[set].push_back(read_room(s, static_cast<size_t>(job.begin) * 4,
+                                           staging_[set * kOperands + op] + job.at,
+                                           chunk_bytes(job.begin, job.end)));
     stats_.read_bytes += static_cast<int64_t>(align_up(chunk_bytes(job.begin, job.end)));
   }
 }
@@ -449,8 +449,8 @@ void Swapper::compute_update_job(size_t set, const UpdateJob& job, bool on_devic
     if (tier_->in_place(s.key) != nullptr) continue;  // already where it lives
     const uint64_t room = spec_[job.p] ? spare_[job.p][spare_index(op)] : s.key;
     update_writes_[set].push_back(
-        {tier_->write(room, static_cast<size_t>(job.begin) * 4,
-                      staging_[set * kOperands + op] + job.at, chunk_bytes(job.begin, job.end)),
+        {write_room(s, room, static_cast<size_t>(job.begin) * 4,
+                    staging_[set * kOperands + op] + job.at, chunk_bytes(job.begin, job.end)),
          job.p});
     ++writes_left_[job.p];
     stats_.write_bytes += static_cast<int64_t>(align_up(chunk_bytes(job.begin, job.end)));

@@ -144,7 +144,7 @@ at::Tensor Swapper::slot_rows(SwapSlot& s, const std::vector<int64_t>& rows,
   char* base = static_cast<char*>(buffer.get());
   std::vector<Ticket> reads;
   for (const Span& span : spans) {
-    reads.push_back(tier_->read(s.key, span.begin, base + span.at, span.end - span.begin));
+    reads.push_back(read_room(s, span.begin, base + span.at, span.end - span.begin));
     stats_.read_bytes += static_cast<int64_t>(span.end - span.begin);
   }
   const double t0 = train::now_s();

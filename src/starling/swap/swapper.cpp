@@ -198,6 +198,10 @@ Swapper::~Swapper() {
     } catch (...) {
     }
   }
+  for (const Store& store : stores_) try {
+      tier_->wait(store.io);
+    } catch (...) {
+    }
   for (auto* list : {&values_, &grads_, &exp_avg_, &exp_avg_sq_})
     for (SwapSlot& s : *list)
       if (s.state == SwapSlot::State::kLoading) try {
@@ -234,7 +238,7 @@ void Swapper::release(SwapSlot& s) {
 
 void Swapper::store(SwapSlot& s, at::DataPtr buffer) {
   const double t0 = now_s();
-  tier_->wait(tier_->write(s.key, 0, buffer.get(), s.bytes));
+  tier_->wait(write_room(s, s.key, 0, buffer.get(), s.bytes));
   stats_.wait_s += now_s() - t0;
   stats_.write_bytes += static_cast<int64_t>(align_up(s.bytes));
   pool_.give(std::move(buffer), s.bytes);
@@ -262,7 +266,7 @@ void Swapper::evict(SwapSlot& s) {
     drop(s);
     return;
   }
-  s.io = tier_->write(s.key, 0, storage_data(s.tensor), s.bytes);
+  s.io = write_room(s, s.key, 0, storage_data(s.tensor), s.bytes);
   s.state = SwapSlot::State::kWriting;
   stats_.write_bytes += static_cast<int64_t>(align_up(s.bytes));
   writing_.push_back(&s);
@@ -272,7 +276,7 @@ void Swapper::load(SwapSlot& s) {
   if (s.state != SwapSlot::State::kOut) return;
   allocate_storage(s.tensor, pool_.take(s.bytes), s.bytes);
   track(static_cast<int64_t>(align_up(s.bytes)));
-  s.io = tier_->read(s.key, 0, storage_data(s.tensor), s.bytes);
+  s.io = read_room(s, 0, storage_data(s.tensor), s.bytes);
   s.state = SwapSlot::State::kLoading;
   s.dirty = false;
   stats_.read_bytes += static_cast<int64_t>(align_up(s.bytes));
@@ -576,6 +580,7 @@ void Swapper::expect_update(double lr, double max_norm) {
 }
 
 void Swapper::begin_step(int64_t micro_batches) {
+  drain_stores();  // the steps' budget holds no buffer of a pass over the state
   leave();
   in_backward_ = expected_ && micro_batches > 0;
   speculating_ = in_backward_ && expected_max_norm_ > 0;
@@ -761,6 +766,7 @@ void Swapper::gather_weights() {
   // A sample briefly holds every weight; the peak reports the steps.
   const int64_t peak = stats_.peak_resident;
   finish_update();
+  drain_stores();
   leave();
   for (SwapSlot& s : values_) {
     settle(s);
@@ -788,8 +794,9 @@ at::Tensor Swapper::read_state(const at::Tensor& t) {
     copy = at::empty(t.sizes(), t.options());  // a GPU's tier needs no alignment
     buffer = copy.data_ptr();
   }
+  const Ticket read = read_room(s, 0, buffer, s.bytes);
   const double t0 = now_s();
-  tier_->wait(tier_->read(s.key, 0, buffer, s.bytes));
+  tier_->wait(read);
   stats_.wait_s += now_s() - t0;
   stats_.read_bytes += static_cast<int64_t>(align_up(s.bytes));
   return copy;
@@ -810,10 +817,54 @@ void Swapper::write_state(const at::Tensor& t, const at::Tensor& values) {
     return;
   }
   // Out: the tier's room takes the new bytes, and the slot stays out, so a transfer of the whole
-  // state holds no more than one tensor of it.
+  // state holds no more than one tensor of it, plus the writes still in flight: the caller goes
+  // on (to read the next tensor) while this one is written.
+  const size_t bytes = align_up(s.bytes);
+  while (!stores_.empty() && storing_bytes_ + static_cast<int64_t>(bytes) > kStoreAheadBytes)
+    retire_store(0);
   at::DataPtr buffer = pool_.take(s.bytes);
   at::from_blob(buffer.get(), t.sizes(), t.options()).copy_(values.reshape(t.sizes()));
-  store(s, std::move(buffer));
+  const Ticket io = write_room(s, s.key, 0, buffer.get(), s.bytes);
+  stats_.write_bytes += static_cast<int64_t>(bytes);
+  s.dirty = false;
+  stores_.push_back({&s, io, std::move(buffer), bytes});
+  storing_bytes_ += static_cast<int64_t>(bytes);
+  // Those already through give their buffers back.
+  while (!stores_.empty() && tier_->done(stores_.front().io)) retire_store(0);
+}
+
+Ticket Swapper::read_room(SwapSlot& s, size_t offset, void* dst, size_t bytes) {
+  await_store(s);
+  return tier_->read(s.key, offset, dst, bytes);
+}
+
+Ticket Swapper::write_room(SwapSlot& s, uint64_t room, size_t offset, const void* src,
+                           size_t bytes) {
+  if (room == s.key) await_store(s);  // two writes to one room may complete in either order
+  return tier_->write(room, offset, src, bytes);
+}
+
+void Swapper::await_store(const SwapSlot& s) {
+  for (size_t i = 0; i < stores_.size();)
+    if (stores_[i].slot == &s)
+      retire_store(i);
+    else
+      ++i;
+}
+
+void Swapper::retire_store(size_t i) {
+  Store& store = stores_[i];
+  const double t0 = now_s();
+  tier_->wait(store.io);
+  stats_.wait_s += now_s() - t0;
+  storing_bytes_ -= static_cast<int64_t>(store.bytes);
+  pool_.give(std::move(store.buffer), store.slot->bytes);
+  stores_.erase(stores_.begin() + static_cast<std::ptrdiff_t>(i));
+  fit_pool();
+}
+
+void Swapper::drain_stores() {
+  while (!stores_.empty()) retire_store(0);
 }
 
 void Swapper::keep_state(const at::Tensor& t, const at::Tensor& values) {

@@ -102,6 +102,9 @@ struct SwapStats {
   double exchange_s = 0, exchange_wait_s = 0;
 };
 
+// write_state()'s writes to evicted rooms that may be in flight at once (swapper.cpp).
+inline constexpr int64_t kStoreAheadBytes = int64_t{64} << 20;
+
 class Swapper final : public graph::NodeObserver {
  public:
   // Adopts every weight and moment (they must be resident, contiguous fp32 tensors on one device:
@@ -146,7 +149,10 @@ class Swapper final : public graph::NodeObserver {
   at::Tensor read_state(const at::Tensor& t);
   // train::StepRunner::write_state: a resident slot takes the values (written to the tier when
   // evicted); an evicted one's room in the tier is overwritten through a buffer of its size, and
-  // it stays out; any other tensor is copied into.
+  // it stays out; any other tensor is copied into. The write to an evicted one's room goes on
+  // after the call returns (a pass over the state reads the next tensor meanwhile), with at most
+  // kStoreAheadBytes (or one tensor) of such writes in flight; whatever next reads or writes that
+  // room waits for it first.
   void write_state(const at::Tensor& t, const at::Tensor& values);
   // train::StepRunner::keep_state: a strategy's tensor (a whole contiguous fp32 tensor in compute
   // memory) gets a room of its own in the tier, which takes `values` (undefined: zeros, which
@@ -177,6 +183,13 @@ class Swapper final : public graph::NodeObserver {
   void write_through(SwapSlot& s);  // resident to out, synchronously, through a pool buffer
   // Writes a pool buffer holding the slot's bytes to its room, waits, and keeps the buffer.
   void store(SwapSlot& s, at::DataPtr buffer);
+  // Every transfer to or from a slot's room goes through these: they first wait for a write of
+  // write_state() still in flight to that room (await_store).
+  Ticket read_room(SwapSlot& s, size_t offset, void* dst, size_t bytes);
+  Ticket write_room(SwapSlot& s, uint64_t room, size_t offset, const void* src, size_t bytes);
+  void await_store(const SwapSlot& s);
+  void retire_store(size_t i);  // waits for stores_[i], and its buffer goes to the pool
+  void drain_stores();
   void settle(SwapSlot& s);  // waits for its transfer; resident or out afterwards
   void poll_writes();
   void drain_writes();  // waits for every write in flight and frees its buffer
@@ -304,6 +317,15 @@ class Swapper final : public graph::NodeObserver {
   std::array<std::vector<Ticket>, kStagingSets> update_reads_;
   std::array<std::vector<UpdateWrite>, kStagingSets> update_writes_;
   std::vector<SwapSlot*> writing_;
+  // write_state()'s writes to evicted slots' rooms, in flight (buffer: the values).
+  struct Store {
+    const SwapSlot* slot;
+    Ticket io;
+    at::DataPtr buffer;
+    size_t bytes;
+  };
+  std::deque<Store> stores_;
+  int64_t storing_bytes_ = 0;
   c10::Device device_{c10::kCPU};  // where the state is resident: compute memory
   std::vector<at::DataPtr> staging_buffers_;
   std::vector<char*> staging_;  // their addresses

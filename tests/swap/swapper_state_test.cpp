@@ -1,0 +1,108 @@
+// A swapped replica's state read and written between steps (Swapper::read_state, write_state):
+// a write to an evicted tensor's room goes on after the call returns, and whatever next reads
+// that room must wait for it. The tier here completes a write only when it is waited for, so a
+// read that did not wait would find the old bytes every time.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "starling/graph/executor.h"
+#include "starling/model/build.h"
+#include "starling/model/config.h"
+#include "starling/swap/profile.h"
+#include "starling/swap/swap_plan.h"
+#include "starling/swap/swapper.h"
+#include "starling/swap/tier.h"
+#include "starling/train/adamw.h"
+
+namespace {
+
+using namespace starling;
+using namespace starling::swap;
+
+// Host RAM whose writes stay queued until waited for (done() says no before that), unlike any
+// real tier's, which complete on their own: the ordering a caller relies on without waiting shows.
+class LazyWriteTier final : public Tier {
+ public:
+  LazyWriteTier() : inner_(make_tier("host", "")) {}
+  uint64_t reserve(size_t bytes) override { return inner_->reserve(bytes); }
+  Ticket write(uint64_t key, size_t offset, const void* src, size_t bytes) override {
+    writes_[++issued_] = {key, offset, src, bytes};
+    return issued_;
+  }
+  Ticket read(uint64_t key, size_t offset, void* dst, size_t bytes) override {
+    inner_->wait(inner_->read(key, offset, dst, bytes));  // at once, from what is written now
+    return ++issued_;
+  }
+  void wait(Ticket ticket) override {
+    const auto it = writes_.find(ticket);
+    if (it == writes_.end()) return;
+    const Write& w = it->second;
+    inner_->wait(inner_->write(w.key, w.offset, w.src, w.bytes));
+    writes_.erase(it);
+  }
+  bool done(Ticket ticket) override { return writes_.count(ticket) == 0; }
+  std::string describe() const override { return "host RAM, writes completed when waited for"; }
+  int64_t reserved_bytes() const override { return inner_->reserved_bytes(); }
+  size_t queued() const { return writes_.size(); }
+
+ private:
+  struct Write {
+    uint64_t key;
+    size_t offset;
+    const void* src;
+    size_t bytes;
+  };
+  std::unique_ptr<Tier> inner_;
+  std::map<Ticket, Write> writes_;
+  Ticket issued_ = 0;
+};
+
+TEST(SwapperState, AReadOfAnEvictedTensorWaitsForItsWriteStillInFlight) {
+  auto c = model::preset("gpt2-tiny");
+  c.n_layer = 2;
+  c.seq_len = 16;
+  auto dag = model::build_model(c, 7);
+  train::AdamW adamw(dag->params(), {.defer_zero_state = true});
+  SwapProblem problem = profile_nodes(*dag, {}, 2, c.seq_len);
+  problem.read_bps = problem.write_bps = 1e9;
+  int64_t state = 0;
+  for (const int64_t b : problem.param_bytes) state += 4 * b;
+  problem.budget = state * 2 / 3;  // the staging area takes most of what a layer group leaves
+  auto tier = std::make_unique<LazyWriteTier>();
+  LazyWriteTier* lazy = tier.get();
+  Swapper swapper(*dag, adamw, plan_swap(problem), std::move(tier));
+
+  // The weights the budget left out (their storage is empty).
+  std::vector<at::Tensor> evicted;
+  for (const auto& p : dag->params().params())
+    if (p.value.storage().nbytes() == 0) evicted.push_back(p.value);
+  ASSERT_GE(evicted.size(), 3u) << "the plan evicted too few weights to test";
+
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> values;
+  for (size_t i = 0; i < evicted.size(); ++i) {
+    values.push_back(at::full(evicted[i].sizes(), 1.0f + static_cast<float>(i)));
+    swapper.write_state(evicted[i], values.back());
+    EXPECT_EQ(evicted[i].storage().nbytes(), 0u) << "a written evicted weight stays out";
+  }
+  EXPECT_GT(lazy->queued(), 0u) << "no write was left in flight: nothing to wait for";
+  // Read back in the other order: each read must first wait for its own room's write.
+  for (size_t i = evicted.size(); i-- > 0;)
+    EXPECT_TRUE(at::equal(swapper.read_state(evicted[i]), values[i])) << "weight " << i;
+
+  // A second write to a room replaces the first, and the weights the next step loads are the
+  // written ones.
+  for (size_t i = 0; i < evicted.size(); ++i) {
+    values[i] = at::full(evicted[i].sizes(), -2.0f - static_cast<float>(i));
+    swapper.write_state(evicted[i], values[i]);
+  }
+  swapper.gather_weights();
+  for (size_t i = 0; i < evicted.size(); ++i)
+    EXPECT_TRUE(at::equal(evicted[i], values[i])) << "weight " << i << " after gather_weights";
+}
+
+}  // namespace
