@@ -402,10 +402,14 @@ train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerO
     throw ConfigError(
         "pipeline.replacement_wait_s needs the peers' keys: a replacement takes over a stage "
         "under the dead peer's key, and --insecure peers draw a new id at every start");
-  std::cerr << "peer " << net::short_peer_id(node->id()) << " (pipeline stage " << stage << " of "
-            << place.stages;
-  if (place.replicas > 1) std::cerr << ", replica " << place.replica << " of " << place.replicas;
-  std::cerr << ") " << (planning ? "takes its place" : "listening at " + entry) << "\n";
+  // One write: the network's thread logs its own lines meanwhile, and a line written in parts
+  // could be cut by one of them.
+  std::string line = "peer " + net::short_peer_id(node->id()) + " (pipeline stage " +
+                     std::to_string(stage) + " of " + std::to_string(place.stages);
+  if (place.replicas > 1)
+    line += ", replica " + std::to_string(place.replica) + " of " + std::to_string(place.replicas);
+  line += ") " + (planning ? std::string("takes its place") : "listening at " + entry) + "\n";
+  std::cerr << line;
 
   const auto rejoin_timeout = std::max<std::chrono::seconds>(
       join_timeout, std::chrono::seconds(std::max<int64_t>(replacement_wait_s, 0)));

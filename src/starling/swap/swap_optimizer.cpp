@@ -101,6 +101,7 @@ void Swapper::start_update(double lr, const at::Tensor& coef) {
 
 void Swapper::start_update_in_backward() {
   finish_update();  // the previous step's, were any of it left
+  drain_stores();   // a tier updated in place is updated where write_state's writes land
   optimizer_.begin_step();
   update_lr_ = expected_lr_;
   update_coef_.reset();  // no clipping

@@ -682,6 +682,9 @@ void Swapper::visit_gradients(const std::function<void(std::span<const int>)>& v
 
 at::Tensor Swapper::update(double lr, double max_norm, bool skip) {
   at::NoGradGuard no_grad;
+  // A state transfer between the passes and the update (a ddp or atom peer adopting the root's
+  // state) may leave writes in flight, and a tier updated in place is updated where they land.
+  drain_stores();
   leave();
   end_passes();
   in_backward_ = false;

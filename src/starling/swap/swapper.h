@@ -152,7 +152,7 @@ class Swapper final : public graph::NodeObserver {
   // it stays out; any other tensor is copied into. The write to an evicted one's room goes on
   // after the call returns (a pass over the state reads the next tensor meanwhile), with at most
   // kStoreAheadBytes (or one tensor) of such writes in flight; whatever next reads or writes that
-  // room waits for it first.
+  // room waits for it first (the update, which may work on a room where it lies, waits for all).
   void write_state(const at::Tensor& t, const at::Tensor& values);
   // train::StepRunner::keep_state: a strategy's tensor (a whole contiguous fp32 tensor in compute
   // memory) gets a room of its own in the tier, which takes `values` (undefined: zeros, which
