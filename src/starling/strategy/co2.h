@@ -47,6 +47,8 @@
 // all-gather still do).
 #pragma once
 
+#include <functional>
+
 #include "starling/strategy/outer_vector.h"
 #include "starling/strategy/swarm_strategy.h"
 
@@ -127,7 +129,9 @@ class Co2 final : public SwarmStrategy {
   void launch_early_by_part(const Agreement& a);
   void apply_early_by_part();
   void restore_offset_by_part();
-  void step_anchor_by_part();   // the final drain: the anchor steps, the parameters follow
+  // The anchor steps, the parameters follow (the final drain; apply_early_by_part, whose
+  // `before(k)` first reads parameter k as it was).
+  void step_anchor_by_part(const std::function<void(size_t)>& before = {});
   void adopt_anchor_by_part();  // parameters <- anchor
   // The parameter tensor k of flat_, and this exchange buffer's view of its elements.
   const at::Tensor& param(size_t k) const;

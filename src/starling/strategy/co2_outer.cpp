@@ -158,21 +158,12 @@ void Co2::launch_early_by_part(const Agreement& a) {
 void Co2::apply_early_by_part() {
   at::NoGradGuard no_grad;
   update_momentum();  // reads Delta_t from the buffer
-  const bool fingerprint = config_.strategy.fingerprint;
-  uint32_t crc = 0;
-  for (size_t k = 0; k < offsets_.size(); ++k) {
+  step_anchor_by_part([this](size_t k) {
     const at::Tensor z = read_state(param(k));
     at::Tensor own = read_state(own_.parts()[k]);
     at::sub_out(own, z, own);  // z - y_t: the progress since the launch, put back later
     write_state(own_.parts()[k], own);
-    at::Tensor x = read_state(anchor_.parts()[k]);
-    step_anchor_part(k, x);  // x_{t+1}
-    write_state(anchor_.parts()[k], x);
-    if (fingerprint) crc = chain_crc(x, crc);
-    write_state(param(k), x);
-  }
-  stepped(crc);
-  release_pass_blocks();
+  });
 }
 
 void Co2::restore_offset_by_part() {
@@ -185,11 +176,12 @@ void Co2::restore_offset_by_part() {
   release_pass_blocks();
 }
 
-void Co2::step_anchor_by_part() {
+void Co2::step_anchor_by_part(const std::function<void(size_t)>& before) {
   at::NoGradGuard no_grad;
   const bool fingerprint = config_.strategy.fingerprint;
   uint32_t crc = 0;
   for (size_t k = 0; k < offsets_.size(); ++k) {
+    if (before) before(k);
     at::Tensor x = read_state(anchor_.parts()[k]);
     step_anchor_part(k, x);
     write_state(anchor_.parts()[k], x);
