@@ -34,7 +34,6 @@ class OuterVector {
   OuterVector(const Flat& flat, graph::ParamStore& params, train::StepRunner* runner, bool keep,
               Start start);
 
-  bool defined() const { return !parts_.empty(); }
   bool kept() const { return kept_; }
   // The vector in memory; undefined when kept.
   const at::Tensor& flat() const { return flat_; }

@@ -169,7 +169,6 @@ class SwarmStrategy : public train::StepHooks {
   // runner then knows to store it.
   at::Tensor read_state(const at::Tensor& t) const;
   void write_state(const at::Tensor& t, const at::Tensor& values) const;
-  train::StepRunner* runner() const { return runner_; }
   // After a pass over a swapped replica's state outside the steps (an outer step): the CPU
   // cache's free blocks, mostly the pass's copies of the state's tensors, go back to the system
   // instead of staying cached beside the budget for the rest of the run. Nothing unswapped.
