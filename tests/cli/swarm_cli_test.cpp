@@ -1071,7 +1071,8 @@ TEST_F(SwarmCliTest, SwappedRoundsGoOnFromARoundBrokenOffPartway) {
 
 // A swapped localsgd or diloco peer and an unswapped one, each with its own transfer_piece:
 // both go in pieces of the two sizes' mean (their collectives must match), every round, and end
-// on one model.
+// on one model. co2's exchange is one vector whichever kind the peer is (its average in flight
+// stays in memory): the pair ends on one model too.
 TEST_F(SwarmCliTest, SwappedAndUnswappedPeersAverageInTheSamePieces) {
   for (const std::string kind : {"localsgd", "diloco", "co2"}) {
     SCOPED_TRACE(kind);

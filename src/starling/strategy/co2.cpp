@@ -391,15 +391,8 @@ std::vector<at::Tensor> Co2::state_tensors(train::Replica&) {
   // Nothing is in flight at an agreement (collected before it): the buffer holds the average
   // when has_average_ says so (otherwise scratch, which the writer's flags tell it to ignore).
   flags_.copy_(at::tensor({has_previous_ ? 1.f : 0.f, has_average_ ? 1.f : 0.f}));
-  // A kept vector goes a tensor at a time: the same elements in the same order as a flat one.
   std::vector<at::Tensor> out;
-  for (const OuterVector* v : {&anchor_, &momentum_, &previous_}) {
-    if (!v->kept()) {
-      out.push_back(v->flat());
-      continue;
-    }
-    out.insert(out.end(), v->parts().begin(), v->parts().end());
-  }
+  for (const OuterVector* v : {&anchor_, &momentum_, &previous_}) v->append_to(out);
   out.push_back(exchange_->device());
   out.push_back(flags_);
   return out;

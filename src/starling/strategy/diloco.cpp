@@ -144,9 +144,9 @@ void DiLoCo::outer_step_in_pieces(const Agreement& a) {
 }
 
 std::vector<at::Tensor> DiLoCo::state_tensors(train::Replica&) {
-  if (!anchor_.kept()) return {anchor_.flat(), momentum_.flat()};
-  std::vector<at::Tensor> out = anchor_.parts();
-  out.insert(out.end(), momentum_.parts().begin(), momentum_.parts().end());
+  std::vector<at::Tensor> out;
+  anchor_.append_to(out);
+  momentum_.append_to(out);
   return out;
 }
 

@@ -39,6 +39,13 @@ OuterVector::OuterVector(const Flat& flat, graph::ParamStore& params, train::Ste
   }
 }
 
+void OuterVector::append_to(std::vector<at::Tensor>& tensors) const {
+  if (kept_)
+    tensors.insert(tensors.end(), parts_.begin(), parts_.end());
+  else
+    tensors.push_back(flat_);
+}
+
 void OuterVector::checkpoint(std::vector<std::pair<std::string, at::Tensor>>& tensors,
                              const std::string& name) const {
   if (!kept_) {

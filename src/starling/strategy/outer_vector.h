@@ -40,6 +40,9 @@ class OuterVector {
   // A tensor per parameter, in the flat vector's order, shaped like the parameter.
   const std::vector<at::Tensor>& parts() const { return parts_; }
 
+  // Appends the vector's tensors to a state transfer's list (StateStream): the flat vector, or
+  // its parts in order, the same elements either way.
+  void append_to(std::vector<at::Tensor>& tensors) const;
   // Checkpoint entries: `name` for the flat vector; `name.<parameter>` for each part of a kept
   // one, which the checkpoint reads from the tier one at a time.
   void checkpoint(std::vector<std::pair<std::string, at::Tensor>>& tensors,
