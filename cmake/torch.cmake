@@ -182,6 +182,7 @@ add_executable(starling_tests
   tests/swap/op_pump_test.cpp
   tests/swap/swap_test.cpp
   tests/swap/swapper_state_test.cpp
+  tests/swap/swapper_loss_scale_test.cpp
 )
 target_link_libraries(starling_tests PRIVATE starling starling_netlab GTest::gtest_main)
 target_precompile_headers(starling_tests REUSE_FROM starling)

@@ -32,12 +32,10 @@ fs::path tier_dir(const train::RunConfig& c) {
   return c.swap.dir.empty() ? fs::path(c.train.out_dir) : fs::path(c.swap.dir);
 }
 
+// What `plan swap` must refuse before it profiles (training refuses it earlier).
 void check_supported(const train::RunConfig& c) {
   check_tier_below(c.swap.tier, c10::Device(c.train.device));
-  if (c.train.dtype == "fp16")
-    throw ConfigError(
-        "swap: train.dtype = \"fp16\" is not supported by swapping yet (its loss "
-        "scaling checks every gradient at once); use \"bf16\" or \"fp32\"");
+  train::check_dtype(c.train.device, c.train.dtype, "train.dtype");
 }
 
 // `announced`: the trainer announces each step's update (one replica; a strategy's exchange comes
@@ -132,6 +130,9 @@ class SwapStepRunner final : public train::StepRunner {
   }
 
   void visit_gradients(const GradientVisitor& visit) override { swapper_->visit_gradients(visit); }
+
+  void unscale_next_step(double factor) override { swapper_->unscale_next_step(factor); }
+  bool gradients_finite() override { return swapper_->gradients_finite(); }
 
   void expect_update(double lr, double max_norm) override {
     if (s_.config.swap.update_in_backward) swapper_->expect_update(lr, max_norm);

@@ -132,6 +132,7 @@ Swapper::Swapper(graph::OpDag& dag, train::AdamW& optimizer, SwapPlan plan,
     grads_.push_back(std::move(g));
   }
   norms_.resize(params.size());
+  finalized_.assign(params.size(), false);
   finish_gate_.assign(params.size(), 0);
   rows_first_.assign(params.size(), false);
   patched_rows_.resize(params.size());
@@ -515,8 +516,7 @@ void Swapper::leave() {
     if (micro_batches_ > 0 && micro_ == micro_batches_ - 1) {
       // The gradient of a parameter is final once its first reader's group has run backward.
       for (int p : group_params_[g])
-        if (owner_[p] == g && grads_[p].tensor.defined())
-          norms_[p] = at::_foreach_norm({grads_[p].tensor}, 2)[0];
+        if (owner_[p] == g && grads_[p].tensor.defined()) finalize_gradient(p);
       if (in_backward_) queue_final_params(g);  // streamed from the next visit on
     }
   }
@@ -583,6 +583,10 @@ void Swapper::begin_step(int64_t micro_batches) {
   drain_stores();  // the steps' budget holds no buffer of a pass over the state
   leave();
   in_backward_ = expected_ && micro_batches > 0;
+  step_factor_ = std::exchange(next_factor_, 1.0);
+  if (step_factor_ != 1 && expected_)
+    throw std::logic_error("swap: gradients unscaled in a step whose update was announced");
+  std::fill(finalized_.begin(), finalized_.end(), false);
   speculating_ = in_backward_ && expected_max_norm_ > 0;
   step_max_norm_ = expected_max_norm_;
   expected_ = false;
@@ -667,7 +671,12 @@ void Swapper::visit_gradients(const std::function<void(std::span<const int>)>& v
       for (int p : pieces[j]) grads_[p].guard = epoch_;
     bring(pieces[k], true);
     if (k + 1 < pieces.size()) bring(pieces[k + 1], false);  // loads while this piece is visited
-    for (int p : pieces[k]) settle(grads_[p]);
+    for (int p : pieces[k]) {
+      settle(grads_[p]);
+      // An open-ended step's gradients are final here; the others' were unscaled already.
+      if (step_factor_ != 1 && !finalized_[p]) grads_[p].tensor.mul_(step_factor_);
+      finalized_[p] = true;
+    }
     visit(pieces[k]);
     for (int p : pieces[k]) {
       grads_[p].dirty = true;
@@ -693,31 +702,10 @@ at::Tensor Swapper::update(double lr, double max_norm, bool skip) {
     throw std::logic_error("swap: the update differs from the one announced by expect_update");
   if (!started) finish_update();  // the previous step's, were any of it left
   at::Tensor total, coef;
-  bool any = false;  // gradients to update with
-  {
-    const double start = now_s(), start_wait = stats_.wait_s;
-    std::vector<at::Tensor> norms;
-    for (size_t p = 0; p < grads_.size(); ++p) {
-      if (!grads_[p].tensor.defined()) {
-        // Updated inside the backward already: its gradient is spent, its norm kept.
-        if (started && chunks_done_[p] && norms_[p].defined()) norms.push_back(norms_[p]);
-        continue;
-      }
-      if (!norms_[p].defined()) {
-        settle(grads_[p]);
-        make_room(static_cast<int64_t>(align_up(grads_[p].bytes)), true);
-        load(grads_[p]);
-        settle(grads_[p]);
-        norms_[p] = at::_foreach_norm({grads_[p].tensor}, 2)[0];
-      }
-      norms.push_back(norms_[p]);
-    }
-    stats_.update_s += now_s() - start;
-    stats_.update_wait_s += stats_.wait_s - start_wait;
-    any = !norms.empty();
-    total = norms.empty() ? at::zeros({}, at::TensorOptions(at::kFloat).device(device_))
-                          : at::stack(norms).norm(2);
-  }
+  const std::vector<at::Tensor> norms = step_norms(started);
+  const bool any = !norms.empty();  // gradients to update with
+  total = norms.empty() ? at::zeros({}, at::TensorOptions(at::kFloat).device(device_))
+                        : at::stack(norms).norm(2);
   if (skip) {
     // Nothing to update: the gradients go now rather than at the next step's start, so that
     // what comes between (an exchange, a checkpoint) finds none held.
@@ -763,6 +751,53 @@ at::Tensor Swapper::update(double lr, double max_norm, bool skip) {
   // when swap.overlap_update is off.
   if (plan_.everything_resident || !plan_.overlap_update) finish_update();
   return total;
+}
+
+void Swapper::finalize_gradient(int p) {
+  SwapSlot& s = grads_[p];
+  if (step_factor_ != 1 && !finalized_[p]) {
+    s.tensor.mul_(step_factor_);
+    s.dirty = true;
+  }
+  finalized_[p] = true;
+  norms_[p] = at::_foreach_norm({s.tensor}, 2)[0];
+}
+
+std::vector<at::Tensor> Swapper::step_norms(bool started) {
+  const double start = now_s(), start_wait = stats_.wait_s;
+  std::vector<at::Tensor> norms;
+  for (size_t p = 0; p < grads_.size(); ++p) {
+    SwapSlot& g = grads_[p];
+    if (!g.tensor.defined()) {
+      // Updated inside the backward already: its gradient is spent, its norm kept.
+      if (started && chunks_done_[p] && norms_[p].defined()) norms.push_back(norms_[p]);
+      continue;
+    }
+    if (!norms_[p].defined()) {  // an open-ended step's gradient, not exchanged
+      settle(g);
+      make_room(static_cast<int64_t>(align_up(g.bytes)), true);
+      load(g);
+      settle(g);
+      finalize_gradient(static_cast<int>(p));
+    }
+    norms.push_back(norms_[p]);
+  }
+  stats_.update_s += now_s() - start;
+  stats_.update_wait_s += stats_.wait_s - start_wait;
+  return norms;
+}
+
+bool Swapper::gradients_finite() {
+  if (started_in_backward_)
+    throw std::logic_error("swap: gradients checked in a step whose update was announced");
+  at::NoGradGuard no_grad;
+  finish_update();
+  leave();
+  end_passes();
+  const std::vector<at::Tensor> norms = step_norms(false);
+  // As train::LossScaler::finite decides: the sum of the norms is finite exactly when every
+  // element is.
+  return norms.empty() || at::stack(norms).sum().isfinite().item<bool>();
 }
 
 void Swapper::gather_weights() {

@@ -121,6 +121,15 @@ class Swapper final : public graph::NodeObserver {
   // update(lr, max_norm). Without clipping, the update then starts inside the backward (above);
   // with clipping, where the plan speculates, too.
   void expect_update(double lr, double max_norm);
+  // train::StepRunner::unscale_next_step (fp16's loss scaling): the next step's gradients are
+  // multiplied by `factor` where their norms are first taken: as each becomes final in the
+  // backward (resident then), or, in a step of micro-batches not known in advance, by
+  // visit_gradients(), gradients_finite() or update(). Not with expect_update() (logic_error at
+  // begin_step).
+  void unscale_next_step(double factor) { next_factor_ = factor; }
+  // train::StepRunner::gradients_finite: whether every gradient of the step is (from their norms,
+  // taken where missing). The previous step's update is completed first.
+  bool gradients_finite();
   // A step of `micro_batches` micro-batches, or of as many as the caller runs when 0 (a strategy
   // that decides while it accumulates: gradient norms are then taken by visit_gradients() or
   // update()).
@@ -242,6 +251,14 @@ class Swapper final : public graph::NodeObserver {
   void retire_update_writes();
   void end_passes();          // the step's passes are over: their time goes to the stats
   void make_gradient(int p);  // a zero gradient for a parameter the passes gave none
+  // Parameter p's gradient of this step is final and resident: unscaled (unscale_next_step) and
+  // its norm taken. Where a gradient's norm is taken again (after an exchange) it is not unscaled
+  // again.
+  void finalize_gradient(int p);
+  // The norms of the step's gradients, in parameter order, each gradient finalized where it was
+  // not yet (loaded from the tier); with `started` (an update begun inside the backward) those of
+  // the parameters updated there too.
+  std::vector<at::Tensor> step_norms(bool started);
 
   graph::OpDag& dag_;
   train::AdamW& optimizer_;
@@ -257,6 +274,10 @@ class Swapper final : public graph::NodeObserver {
   // Weights, moments and kept state, by TensorImpl.
   std::unordered_map<const void*, SwapSlot*> slot_of_;
   std::vector<at::Tensor> norms_;  // per parameter, taken when its gradient is final
+  // fp16's unscaling: the factor for the next step and the running one (1: none), and which of
+  // the running step's gradients are finalized (finalize_gradient).
+  double next_factor_ = 1, step_factor_ = 1;
+  std::vector<bool> finalized_;
   // The deferred update: chunks of the parameters in the order the next forward reads them, the
   // step's constants, and how far the stream has got. A parameter is kQueued until its first
   // chunk is issued, then kStreaming until its last chunk is computed and the staging writes of

@@ -22,12 +22,15 @@ bool all_finite(const std::vector<at::Tensor>& grads) {
 
 }  // namespace
 
-bool LossScaler::unscale(graph::ParamStore& params) {
+void LossScaler::multiply_gradients(graph::ParamStore& params, double factor) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads = gradients(params);
-  if (grads.empty()) return true;
-  at::_foreach_mul_(grads, 1.0 / scale_);
-  return all_finite(grads);
+  if (!grads.empty()) at::_foreach_mul_(grads, factor);
+}
+
+bool LossScaler::unscale(graph::ParamStore& params) {
+  multiply_gradients(params, unscale_factor());
+  return finite(params);
 }
 
 bool LossScaler::finite(graph::ParamStore& params) {

@@ -21,16 +21,26 @@ class LossScaler {
   // The factor to seed backward with (times 1/grad_accum).
   double scale() const { return scale_; }
 
-  // Divides every gradient by scale() and reports whether all of them are finite. Reading that
-  // answer waits for the device: fp16 pays one synchronisation per step for it.
+  // What the gradients are multiplied by before anything reads them: 1 / scale(), exact (the
+  // scale is a power of two). A step runner does it (StepRunner::unscale_next_step), a swapped
+  // one a gradient at a time.
+  double unscale_factor() const { return 1.0 / scale_; }
+
+  // Multiplies every gradient in `params` by `factor`.
+  static void multiply_gradients(graph::ParamStore& params, double factor);
+
+  // Unscales every gradient in `params` (by unscale_factor()) and reports whether all of them
+  // are finite: a whole step's at once.
   bool unscale(graph::ParamStore& params);
 
-  // Whether every gradient is finite (after a swarm's exchange, which may bring in another
-  // peer's overflow). Waits for the device, as unscale() does.
+  // Whether every gradient is finite (this peer's own after the passes, or after a swarm's
+  // exchange, which may bring in another peer's overflow). Reading that answer waits for the
+  // device: fp16 pays one synchronisation per step for it.
   static bool finite(graph::ParamStore& params);
 
-  // After unscale(): grows or backs off the scale. Returns true when it backed off: the step
-  // must be skipped (in a swarm, unless the peers' aggregate left this peer's gradients out).
+  // After the gradients' finiteness is known: grows or backs off the scale. Returns true when it
+  // backed off: the step must be skipped (in a swarm, unless the peers' aggregate left this peer's
+  // gradients out).
   bool update(bool finite);
 
   int64_t skipped() const { return skipped_; }

@@ -7,6 +7,7 @@
 #include "starling/graph/executor.h"
 #include "starling/graph/param_store.h"
 #include "starling/train/adamw.h"
+#include "starling/train/loss_scaler.h"
 #include "starling/train/step_hooks.h"
 
 namespace starling::train {
@@ -32,6 +33,15 @@ at::Tensor StepRunner::accumulate(double) {
   begin_accumulation();  // throws the same explanation
   return {};
 }
+
+namespace {
+[[noreturn]] void no_loss_scaling() {
+  throw Error("this step runner does not scale losses (train.dtype = \"fp16\")");
+}
+}  // namespace
+
+void StepRunner::unscale_next_step(double) { no_loss_scaling(); }
+bool StepRunner::gradients_finite() { no_loss_scaling(); }
 
 void copy_state(const at::Tensor& t, const at::Tensor& values) {
   at::NoGradGuard no_grad;
@@ -59,8 +69,25 @@ LocalStepRunner::LocalStepRunner(graph::Executor& executor, graph::ParamStore& p
       loader_(loader),
       device_(device) {}
 
-at::Tensor LocalStepRunner::run(int64_t micro_batches, double loss_scale) {
+void LocalStepRunner::begin_step() {
   params_.zero_grad();
+  step_factor_ = next_factor_;
+  next_factor_ = 1;
+}
+
+void LocalStepRunner::unscale() {
+  if (step_factor_ == 1) return;
+  LossScaler::multiply_gradients(params_, step_factor_);
+  step_factor_ = 1;
+}
+
+bool LocalStepRunner::gradients_finite() {
+  unscale();
+  return LossScaler::finite(params_);
+}
+
+at::Tensor LocalStepRunner::run(int64_t micro_batches, double loss_scale) {
+  begin_step();
   at::Tensor loss_sum;
   for (int64_t m = 0; m < micro_batches; ++m) {
     at::Tensor l = executor_.forward_backward(to_device(loader_.next(), device_),
@@ -70,13 +97,14 @@ at::Tensor LocalStepRunner::run(int64_t micro_batches, double loss_scale) {
   return loss_sum / static_cast<double>(micro_batches);
 }
 
-void LocalStepRunner::begin_accumulation() { params_.zero_grad(); }
+void LocalStepRunner::begin_accumulation() { begin_step(); }
 
 at::Tensor LocalStepRunner::accumulate(double loss_scale) {
   return executor_.forward_backward(to_device(loader_.next(), device_), loss_scale);
 }
 
 void LocalStepRunner::visit_gradients(const GradientVisitor& visit) {
+  unscale();
   std::vector<int> all(params_.params().size());
   for (size_t i = 0; i < all.size(); ++i) {
     all[i] = static_cast<int>(i);
@@ -87,6 +115,7 @@ void LocalStepRunner::visit_gradients(const GradientVisitor& visit) {
 }
 
 at::Tensor LocalStepRunner::update(double lr, double max_norm, bool skip) {
+  unscale();
   const at::Tensor norm = clip_grad_norm(params_, max_norm);
   if (!skip) optimizer_.step(lr);
   return norm;

@@ -61,6 +61,18 @@ class StepRunner {
   // parameter as soon as its gradient is final. Only for the next run(); ignored by default.
   virtual void expect_update(double lr, double max_norm) {}
 
+  // fp16's loss scaling (loss_scaler.h), said before run() or begin_accumulation(): the next
+  // step's gradients, made from losses multiplied by the loss scale, are multiplied by `factor`
+  // (1 / that scale) before anything reads them after the passes (gradients_finite(),
+  // visit_gradients(), update()). A runner that keeps gradients elsewhere may do it as each
+  // becomes final, where it is in memory anyway. Only for the next step; not with expect_update().
+  // By default a runner does not scale losses (Error).
+  virtual void unscale_next_step(double factor);
+  // Whether every gradient of the step is finite (unscaled first, as above): after the passes,
+  // this peer's own; after an exchange, what the exchange left. fp16 skips a step whose
+  // gradients overflowed. Waits for the device. Error by default, as above.
+  virtual bool gradients_finite();
+
   // Clips the step's gradients to a global norm of `max_norm` (0 = off) and, unless `skip`,
   // applies the optimizer with learning rate `lr`. Returns the norm before clipping (0-dim fp32 on
   // the model's device; nothing waits for it).
@@ -154,14 +166,20 @@ class LocalStepRunner : public StepRunner {
   at::Tensor accumulate(double loss_scale) override;
   at::Tensor update(double lr, double max_norm, bool skip) override;
   void visit_gradients(const GradientVisitor& visit) override;
+  void unscale_next_step(double factor) override { next_factor_ = factor; }
+  bool gradients_finite() override;
   data::TokenLoader* dealt_loader() override { return &loader_; }
 
  private:
+  void begin_step();  // gradients cleared; the step's unscaling (unscale_next_step) pending
+  void unscale();     // multiplies the gradients by the step's factor, once
+
   graph::Executor& executor_;
   graph::ParamStore& params_;
   AdamW& optimizer_;
   data::TokenLoader& loader_;
   c10::Device device_;
+  double next_factor_ = 1, step_factor_ = 1;  // 1: nothing to unscale
 };
 
 }  // namespace starling::train

@@ -122,6 +122,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     // The loss and the gradient norm stay on the device until they are reported: reading them
     // every step would make the host wait for the GPU and leave it idle between steps.
     const double loss_scale = fp16 ? s.scaler.scale() : 1.0;
+    if (fp16) runner.unscale_next_step(s.scaler.unscale_factor());
     StepHooks::StepWork work;
     if (hooks) {
       work = hooks->run_step(runner, replica, loss_scale);
@@ -140,12 +141,12 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     // would apply an infinite sum, and a peer that sent zeros would skip a step they all took.
     // The scale backs off on this peer's own overflow too: a trimmed mean leaves an overflowed
     // row out, so the sum can be finite, and the step goes on, while this peer's scale is high.
-    const bool own_finite = !fp16 || s.scaler.unscale(s.dag->params());
+    const bool own_finite = !fp16 || runner.gradients_finite();
     bool finite = own_finite;
     bool applies = true;  // the strategy's say: a ddp or atom step without an average is skipped
     if (hooks) {
       applies = hooks->gradients_ready(replica);
-      if (fp16 && applies) finite = LossScaler::finite(s.dag->params());
+      if (fp16 && applies) finite = runner.gradients_finite();
     }
     const bool skip = !applies || (fp16 && !finite);
     if (fp16 && s.scaler.update(own_finite && finite))
