@@ -894,14 +894,28 @@ TEST_F(SwarmCliTest, SwappedCo2TrainsLikeUnswappedCo2) {
     EXPECT_DOUBLE_EQ(state_bytes(swap) / state_bytes(plain), 1.0 / 5.0);
   }
 
-  const fs::path zero =
-      write_config("swap_co2_zero", "kind = \"co2\"\nlocal_steps = 4\nzero = true");
-  const auto d = run_cli("train -q --peers 2 --config " + zero.string() + as_sets(swapped()));
-  EXPECT_NE(d.code, 0);
-  EXPECT_NE(d.output.find("a swapped co2 peer keeps its outer state in its tier, not in shards"),
-            std::string::npos)
-      << d.output;
-  EXPECT_FALSE(fs::exists(run_dir("swap_co2_zero") / "peer-0.log"));
+  // With zero the shards stay in memory and the parameters go through the runner a tensor at a
+  // time (each peer reads only the tensors its shard covers when the shards are cut).
+  const std::string zero = "kind = \"co2\"\nlocal_steps = 4\nzero = true";
+  const auto c = run_cli("train -q --peers 2 --config " +
+                         write_config("co2_zero_plain", zero).string() + " --set model.n_layer=2");
+  ASSERT_EQ(c.code, 0) << c.output << read_file(run_dir("co2_zero_plain") / "peer-0.log");
+  const auto d = run_cli("train -q --peers 2 --config " +
+                         write_config("co2_zero_swap", zero).string() + as_sets(swapped()));
+  ASSERT_EQ(d.code, 0) << d.output << read_file(run_dir("co2_zero_swap") / "peer-0.log");
+  for (int i = 0; i < 2; ++i) {
+    const std::string peer = "peer-" + std::to_string(i);
+    EXPECT_EQ(val_losses(run_dir("co2_zero_swap") / peer),
+              val_losses(run_dir("co2_zero_plain") / peer));
+    EXPECT_TRUE(final_model(run_dir("co2_zero_swap") / peer, 16) ==
+                final_model(run_dir("co2_zero_plain") / peer, 16))
+        << peer << ": the swapped zero co2 replica's final model differs from the unswapped one's";
+    const std::string log = read_file(run_dir("co2_zero_swap") / (peer + ".log"));
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(log, m, std::regex("swap: peak resident ([0-9.]+) KB"))) << log;
+    EXPECT_LE(std::stod(m[1].str()), 600.0 * 1.024) << log;
+    EXPECT_NE(log.find("stay in memory beside swap.budget"), std::string::npos) << log;
+  }
 }
 
 // A swapped peer joins a running swarm of swapped atom peers: the running ones bring their whole
@@ -1110,12 +1124,18 @@ TEST_F(SwarmCliTest, SwappedAndUnswappedPeersAverageInTheSamePieces) {
 // part in their round sending nothing (the path of a peer that does not contribute): the three
 // end on one model.
 TEST_F(SwarmCliTest, SwappedStrategiesTakeAJoiner) {
-  for (const std::string kind : {"localsgd", "diloco", "co2"}) {
+  // co2 with zero moves the joiner's state as one vector, read from and written to the
+  // parameters a tensor at a time.
+  for (const std::string kind : {"localsgd", "diloco", "co2", "co2 zero"}) {
     SCOPED_TRACE(kind);
-    const std::string name = "swap_join_" + kind;
+    const bool zero = kind == "co2 zero";
+    const std::string name = zero ? "swap_join_co2_zero" : "swap_join_" + kind;
     const int64_t steps = 200;
-    write_config(name, "kind = \"" + kind + "\"\nlocal_steps = 4\ntransfer_piece = \"4KB\"", steps,
-                 20);
+    write_config(name,
+                 "kind = \"" + kind.substr(0, kind.find(' ')) +
+                     "\"\nlocal_steps = 4\ntransfer_piece = \"4KB\"" +
+                     (zero ? "\nzero = true" : ""),
+                 steps, 20);
     fs::create_directories(run_dir(name));
     const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
     const auto extra = as_argv(swapped());

@@ -26,25 +26,32 @@ void Co2::allocate(train::Replica& r) {
   shard_end_ = flat_->numel();
   average_ = exchange_->device();
   flags_ = at::zeros({2}, average_.options());
+  offsets_.clear();
+  int64_t at = 0;
+  for (const int i : flat_->indices()) {
+    offsets_.push_back(at);
+    at += r.params.params()[static_cast<size_t>(i)].value.numel();
+  }
+  const bool swapped = config_.swap.enabled() && r.runner != nullptr;
   if (zero()) {
-    anchor_shard_ = flat_->zeros();
-    flat_->gather(anchor_shard_);
-    momentum_shard_ = flat_->zeros();
-    previous_shard_ = flat_->zeros();
+    // The shards are cut at the first agreement (set_shard) or restored from a checkpoint.
+    anchor_shard_ = at::zeros({0}, average_.options());
+    momentum_shard_ = at::zeros({0}, average_.options());
+    previous_shard_ = at::zeros({0}, average_.options());
+    params_by_tensor_ = swapped;
+    if (swapped)
+      log("the shards of the anchor, outer momentum and previous average and the exchange "
+          "buffer stay in memory beside swap.budget (" +
+          swap::format_bytes(4.0 * static_cast<double>(flat_->numel())) +
+          " for the buffer, 12 bytes a parameter over the peers for the shards)");
   } else {
     // A swapped replica's runner keeps the four vectors in its tier.
-    const bool keep = config_.swap.enabled() && r.runner != nullptr;
+    const bool keep = swapped;
     using Start = OuterVector::Start;
     anchor_ = OuterVector(*flat_, r.params, r.runner, keep, Start::parameters);
     momentum_ = OuterVector(*flat_, r.params, r.runner, keep, Start::zeros);
     previous_ = OuterVector(*flat_, r.params, r.runner, keep, Start::zeros);
     own_ = OuterVector(*flat_, r.params, r.runner, keep, Start::zeros);
-    offsets_.clear();
-    int64_t at = 0;
-    for (const int i : flat_->indices()) {
-      offsets_.push_back(at);
-      at += r.params.params()[static_cast<size_t>(i)].value.numel();
-    }
     if (keep)
       log("the anchor, outer momentum, previous average and own delta are kept in the swap "
           "tier; the average in flight stays in memory beside swap.budget (" +
@@ -104,9 +111,8 @@ void Co2::set_shard(const std::vector<net::PeerId>& ring) {
   shard_end_ = static_cast<int64_t>(s.end);
   const int64_t n = shard_end_ - shard_begin_;
   // The shard of the current parameters (the shared anchor at a boundary); momentum restarts.
-  at::Tensor params = flat_->zeros();
-  flat_->gather(params);
-  anchor_shard_ = params.narrow(0, shard_begin_, n).clone();
+  anchor_shard_ = at::empty({n}, average_.options());
+  read_params(anchor_shard_, shard_begin_);
   momentum_shard_ = at::zeros({n}, anchor_shard_.options());
   previous_shard_ = at::zeros({n}, anchor_shard_.options());
   average_ = exchange_->device().narrow(0, shard_begin_, n);
@@ -251,6 +257,57 @@ bool Co2::gather_anchor() {
   return true;
 }
 
+void Co2::read_params(at::Tensor& out, int64_t begin) {
+  const int64_t n = out.numel();
+  if (!params_by_tensor_) {
+    at::Tensor params = flat_->zeros();
+    flat_->gather(params);
+    out.copy_(params.narrow(0, begin, n));
+    return;
+  }
+  at::NoGradGuard no_grad;
+  for (size_t k = 0; k < offsets_.size(); ++k) {
+    const int64_t numel = param(k).numel();
+    const int64_t from = std::max(begin, offsets_[k]);
+    const int64_t to = std::min(begin + n, offsets_[k] + numel);
+    if (from >= to) continue;  // outside the range: an evicted weight is not read
+    out.narrow(0, from - begin, to - from)
+        .copy_(read_state(param(k)).reshape({-1}).narrow(0, from - offsets_[k], to - from));
+  }
+  release_pass_blocks();
+}
+
+void Co2::write_params(const at::Tensor& in) {
+  if (!params_by_tensor_) {
+    flat_->scatter(in);
+    return;
+  }
+  at::NoGradGuard no_grad;
+  for (size_t k = 0; k < offsets_.size(); ++k)
+    write_state(param(k), in.narrow(0, offsets_[k], param(k).numel()));
+  release_pass_blocks();
+}
+
+void Co2::start_from_anchor(at::Tensor& buffer) {
+  if (!params_by_tensor_) {
+    at::Tensor y = flat_->zeros();
+    flat_->gather(y);
+    flat_->scatter(buffer);  // the next tau steps start from x_{t+1}
+    buffer.sub_(y);          // e_t = x_{t+1} - y_t
+    return;
+  }
+  at::NoGradGuard no_grad;
+  for (size_t k = 0; k < offsets_.size(); ++k) {
+    // A resident parameter reads as itself: e_t is taken before x_{t+1} is written over y_t.
+    const at::Tensor y = read_state(param(k)).reshape({-1});
+    at::Tensor part = buffer.narrow(0, offsets_[k], y.numel());
+    const at::Tensor x = part.clone();
+    part.sub_(y);
+    write_state(param(k), x);
+  }
+  release_pass_blocks();
+}
+
 void Co2::launch(const Agreement& a, bool apply) {
   at::Tensor& buffer = exchange_->device();
   if (!zero()) {
@@ -264,10 +321,7 @@ void Co2::launch(const Agreement& a, bool apply) {
       need_state_ = true;    // keep y; the next agreement hands out the root's state
       return;
     }
-    at::Tensor y = flat_->zeros();
-    flat_->gather(y);
-    flat_->scatter(buffer);  // the next tau steps start from x_{t+1}
-    buffer.sub_(y);          // e_t = x_{t+1} - y_t
+    start_from_anchor(buffer);
   }
   if (!a.contribute) buffer.zero_();
   if (a.contributors == 0) return;
@@ -370,7 +424,7 @@ bool Co2::step_done(train::Replica& r, bool last) {
       step_anchor_by_part();
     } else {
       move_anchor();
-      if (gather_anchor()) flat_->scatter(exchange_->device());
+      if (gather_anchor()) write_params(exchange_->device());
     }
   }
   ++rounds_;
@@ -412,10 +466,10 @@ void Co2::state_adopted(train::Replica&) {
 // Zero only (state_tensors): the root's parameters become everyone's anchor.
 int64_t Co2::state_numel() const { return flat_->numel(); }
 
-void Co2::pack_state(train::Replica&, at::Tensor& out) { flat_->gather(out); }
+void Co2::pack_state(train::Replica&, at::Tensor& out) { read_params(out, 0); }
 
 void Co2::unpack_state(train::Replica&, const at::Tensor& in) {
-  flat_->scatter(in);
+  write_params(in);
   has_average_ = false;
   has_previous_ = false;  // set_shard() follows in step_done/started
 }

@@ -143,6 +143,14 @@ class Co2 final : public SwarmStrategy {
   void launch_at_boundary(const Agreement& a);
   // Zero: rebuilds the full anchor into buffer_ by all-gather; false on failure.
   bool gather_anchor();
+  // Zero's reads and writes of the parameters as one flat vector (Flat's order): Flat's copies,
+  // or on a swapped replica a tensor at a time through the step runner, the evicted ones from and
+  // to its tier. read_params fills `out` with the elements from `begin` on (a shard reads only
+  // the tensors it covers); start_from_anchor makes `buffer` (x_{t+1}) the parameters and leaves
+  // e_t = x_{t+1} - y_t in it.
+  void read_params(at::Tensor& out, int64_t begin);
+  void write_params(const at::Tensor& in);
+  void start_from_anchor(at::Tensor& buffer);
   void set_shard(const std::vector<net::PeerId>& ring);
   // A 0-dim device sum over every peer's shard (itself without zero; NaN if the exchange fails).
   at::Tensor sum_over_shards(const at::Tensor& local);
@@ -152,12 +160,14 @@ class Co2 final : public SwarmStrategy {
 
   train::Replica* replica_ = nullptr;  // the replica start() was given
   // Without zero: the anchor, outer momentum and previous average, in memory or kept in a
-  // swapped replica's tier, and the first element of each parameter in flat_.
+  // swapped replica's tier; and (with zero too) the first element of each parameter in flat_.
   OuterVector anchor_, momentum_, previous_;
   std::vector<int64_t> offsets_;
   at::Tensor momentum_scale_;  // clipping by norm's factor, still to apply (update_momentum)
-  // With zero: this peer's shard of each (device).
+  // With zero: this peer's shard of each (device), and whether the parameters go through the
+  // step runner a tensor at a time (a swapped replica: read_params).
   at::Tensor anchor_shard_, momentum_shard_, previous_shard_;
+  bool params_by_tensor_ = false;
   at::Tensor flags_;                 // the transfer's [has_previous_, has_average_] (state_tensors)
   at::Tensor penalty_factor_;        // 1 / (1 + gamma * gap) of the average update_momentum() added
   std::optional<Staging> exchange_;  // the exchange in flight (always full size)

@@ -139,13 +139,8 @@ void check_peer(const StrategyConfig& c, bool swapped, const std::string& net_ba
                       swarm_strategy_list());
   // ddp and atom reach a swapped replica's gradients a node at a time, localsgd its parameters
   // a piece at a time, diloco and co2 their parameters and outer state (kept in the tier) a
-  // piece or a tensor at a time. co2's zero shards the outer state across the peers instead, in
-  // whole-model vectors a budget cannot hold.
-  if (swapped && c.kind == "co2" && c.zero)
-    throw ConfigError(
-        "swap.budget is set with strategy.kind = \"co2\" and strategy.zero = true: a "
-        "swapped co2 peer keeps its outer state in its tier, not in shards; set zero = false "
-        "or drop swap.budget");
+  // piece or a tensor at a time; co2's zero keeps its shards in memory and reads and writes the
+  // parameters a tensor at a time.
   // A swapped diloco or co2 peer takes the fingerprint a piece or a tensor at a time, from its
   // outer step.
   if (c.fingerprint && ((swapped && c.kind != "diloco" && c.kind != "co2") || c.zero))
