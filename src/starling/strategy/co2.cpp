@@ -259,6 +259,10 @@ bool Co2::gather_anchor() {
 
 void Co2::read_params(at::Tensor& out, int64_t begin) {
   const int64_t n = out.numel();
+  if (!params_by_tensor_ && begin == 0 && n == flat_->numel()) {
+    flat_->gather(out);
+    return;
+  }
   if (!params_by_tensor_) {
     at::Tensor params = flat_->zeros();
     flat_->gather(params);
