@@ -854,7 +854,8 @@ TEST_F(SwarmCliTest, SwappedPeersTrainLikeUnswappedOnes) {
 // meanwhile). Every norm is summed a tensor at a time on every peer, so the swapped pair ends bit
 // for bit where the unswapped pair does, round by round. Only the average in flight stays in
 // memory: a fifth of an unswapped peer's outer state. zero, which shards the outer state
-// instead, is refused with a budget before any peer starts.
+// instead, keeps its shards in memory and reads and writes the parameters a tensor at a time: a
+// swapped zero pair also ends where an unswapped one does.
 TEST_F(SwarmCliTest, SwappedCo2TrainsLikeUnswappedCo2) {
   for (const std::string form : {"late", "early"}) {
     SCOPED_TRACE(form);

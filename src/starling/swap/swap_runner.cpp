@@ -38,10 +38,12 @@ void check_supported(const train::RunConfig& c) {
   train::check_dtype(c.train.device, c.train.dtype, "train.dtype");
 }
 
-// `announced`: the trainer announces each step's update (one replica; a strategy's exchange comes
-// between the passes and the update, which then starts after them).
+// `announced`: one replica, whose trainer announces each step's update (a strategy's exchange
+// comes between the passes and the update, which then starts after them). fp16's loss scaling
+// comes between them too, so fp16 is never announced.
 SwapProblem problem_for(const train::RunConfig& c, graph::OpDag& dag, const std::string& budget,
                         bool announced) {
+  announced = announced && c.train.dtype != "fp16";
   graph::ExecutorOptions options{.recompute = c.train.recompute,
                                  .autocast = train::parse_dtype(c.train.dtype, "train.dtype")};
   const c10::Device device(c.train.device);

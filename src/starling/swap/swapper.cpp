@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <utility>
 
 #include "starling/common/error.h"
 #include "starling/graph/dag.h"
