@@ -647,8 +647,8 @@ TEST_F(SwarmCliTest, JoinerAdoptsTheRunningSwarmsState) {
 // joiner with the gradients of its first step, computed on the parameters it adopted (the step
 // counts three contributors), the others sending nothing for a round they did not train (two).
 // All three end on the same model. (co2's join in both its forms, with the data dealt again:
-// JoinerAdoptsTheRunningSwarmsState. co2 with zero keeps one vector, as its shards move at a
-// join and every peer takes the root's parameters.)
+// JoinerAdoptsTheRunningSwarmsState. co2 with zero sends the root's parameters in pieces too,
+// but no running peer keeps its own: the shards move at a join and every peer takes them.)
 //
 // That the running peers keep their rounds' progress is checked bit for bit for localsgd,
 // diloco and co2 (published form): without re-dealing the data, the two running peers read the
@@ -661,7 +661,7 @@ TEST_F(SwarmCliTest, SwarmsTakeAJoinerInPieces) {
       {"ddp", ""}, {"localsgd", ""}, {"diloco", ""}, {"co2", ""}, {"co2", "zero = true"}};
   for (const auto& [kind, extra] : kinds) {
     SCOPED_TRACE(kind + " " + extra);
-    const bool pieces = extra != "zero = true";
+    const bool zero = extra == "zero = true";
     const bool exact = kind != "ddp" && extra.empty();
     const int64_t steps = 1000;  // the swarm still trains when the joiner comes (see above)
     const std::string strategy =
@@ -717,16 +717,17 @@ TEST_F(SwarmCliTest, SwarmsTakeAJoinerInPieces) {
     EXPECT_EQ(state["work"].get<int64_t>() - std::stoll(at[2]) - 3 * later_rounds,
               kind == "ddp" ? 3 : 2)
         << at[0] << "; at the end " << state;
-    if (pieces) {
-      const std::regex adopted(
-          "state transfer: adopted ([0-9.]+) (KB|MB) of \\1 \\2 in ([0-9]+) of \\3 piece\\(s\\)");
-      std::smatch m;
-      ASSERT_TRUE(std::regex_search(joiner, m, adopted)) << joiner;
-      EXPECT_GT(std::stoi(m[3]), 4) << m[0];
-      EXPECT_NE(old.find("state transfer: sent"), std::string::npos) << old;
-      EXPECT_NE(old.find("state transfer: received (this peer's own kept)"), std::string::npos)
-          << old;
-    }
+    const std::regex adopted(
+        "state transfer: adopted ([0-9.]+) (KB|MB) of \\1 \\2 in ([0-9]+) of \\3 piece\\(s\\)");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(joiner, m, adopted)) << joiner;
+    EXPECT_GT(std::stoi(m[3]), 4) << m[0];
+    EXPECT_NE(old.find("state transfer: sent"), std::string::npos) << old;
+    // zero's running peers take the root's parameters too (the shards move); the others keep
+    // their own.
+    EXPECT_EQ(old.find("state transfer: received (this peer's own kept)") != std::string::npos,
+              !zero)
+        << old;
     const std::string model = final_model(run_dir(name) / "peer-0", steps);
     ASSERT_FALSE(model.empty());
     EXPECT_TRUE(final_model(run_dir(name) / "peer-1", steps) == model);
@@ -1125,8 +1126,8 @@ TEST_F(SwarmCliTest, SwappedAndUnswappedPeersAverageInTheSamePieces) {
 // part in their round sending nothing (the path of a peer that does not contribute): the three
 // end on one model.
 TEST_F(SwarmCliTest, SwappedStrategiesTakeAJoiner) {
-  // co2 with zero moves the joiner's state as one vector, read from and written to the
-  // parameters a tensor at a time.
+  // co2 with zero moves the root's parameters, which every peer takes, read from and written to
+  // the tiers a tensor at a time.
   for (const std::string kind : {"localsgd", "diloco", "co2", "co2 zero"}) {
     SCOPED_TRACE(kind);
     const bool zero = kind == "co2 zero";

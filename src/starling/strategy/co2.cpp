@@ -260,10 +260,6 @@ bool Co2::gather_anchor() {
 
 void Co2::read_params(at::Tensor& out, int64_t begin) {
   const int64_t n = out.numel();
-  if (!params_by_tensor_ && begin == 0 && n == flat_->numel()) {
-    flat_->gather(out);
-    return;
-  }
   if (!params_by_tensor_) {
     at::Tensor params = flat_->zeros();
     flat_->gather(params);
@@ -446,7 +442,12 @@ void Co2::finish(train::Replica&) {
 }
 
 std::vector<at::Tensor> Co2::state_tensors(train::Replica&) {
-  if (zero()) return {};
+  // Zero: the root's parameters, which every peer takes (keeps_own_state), a tensor at a time.
+  if (zero()) {
+    std::vector<at::Tensor> params;
+    for (size_t k = 0; k < offsets_.size(); ++k) params.push_back(param(k));
+    return params;
+  }
   // Nothing is in flight at an agreement (collected before it): the buffer holds the average
   // when has_average_ says so (otherwise scratch, which the writer's flags tell it to ignore).
   flags_.copy_(at::tensor({has_previous_ ? 1.f : 0.f, has_average_ ? 1.f : 0.f}));
@@ -458,6 +459,11 @@ std::vector<at::Tensor> Co2::state_tensors(train::Replica&) {
 }
 
 void Co2::state_adopted(train::Replica&) {
+  if (zero()) {
+    has_average_ = false;
+    has_previous_ = false;  // set_shard() follows in step_done/started, on every peer
+    return;
+  }
   const at::Tensor flags = flags_.cpu();
   has_previous_ = flags[0].item<float>() != 0;
   has_average_ = flags[1].item<float>() != 0;
@@ -466,17 +472,6 @@ void Co2::state_adopted(train::Replica&) {
   adopt_anchor_by_part();
   offset_pending_ = false;
   carry_ = false;
-}
-
-// Zero only (state_tensors): the root's parameters become everyone's anchor.
-int64_t Co2::state_numel() const { return flat_->numel(); }
-
-void Co2::pack_state(train::Replica&, at::Tensor& out) { read_params(out, 0); }
-
-void Co2::unpack_state(train::Replica&, const at::Tensor& in) {
-  write_params(in);
-  has_average_ = false;
-  has_previous_ = false;  // set_shard() follows in step_done/started
 }
 
 nlohmann::json Co2::checkpoint_state(std::vector<std::pair<std::string, at::Tensor>>& tensors) {

@@ -77,13 +77,11 @@ class Co2 final : public SwarmStrategy {
   // The anchor, outer momentum, previous average, the average ready to apply and two flags
   // saying whether those last two hold values, in pieces. A peer whose history is the root's keeps
   // its own state and its parameters: the round's local steps it took count in the delta it
-  // launches next. With zero the state is the root's parameters as one vector (every peer takes
-  // them: the shards move, and the sharded outer state restarts).
+  // launches next. With zero the state is the root's parameters, which every peer takes (the
+  // shards move, and the sharded outer state restarts from them).
   std::vector<at::Tensor> state_tensors(train::Replica& r) override;
   void state_adopted(train::Replica& r) override;
-  int64_t state_numel() const override;
-  void pack_state(train::Replica& r, at::Tensor& out) override;
-  void unpack_state(train::Replica& r, const at::Tensor& in) override;
+  bool keeps_own_state() const override { return !zero(); }
   bool has_previous() const override { return has_average_; }
   void restore(train::Replica& r, const nlohmann::json& state,
                const SafetensorsFile& tensors) override;

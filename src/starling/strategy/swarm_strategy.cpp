@@ -333,12 +333,6 @@ std::optional<net::PeerId> SwarmStrategy::choose_root(const train::Replica& r, c
   return net_.longest_standing(best);
 }
 
-int64_t SwarmStrategy::state_numel() const {
-  throw std::logic_error("a strategy lists its state tensors or packs its state itself");
-}
-void SwarmStrategy::pack_state(train::Replica&, at::Tensor&) { state_numel(); }
-void SwarmStrategy::unpack_state(train::Replica&, const at::Tensor&) { state_numel(); }
-
 bool SwarmStrategy::transfer_state(train::Replica& r, const Agreement& a, net::PeerId root,
                                    int64_t piece_numel, bool keep_own) {
   const bool sending = root == net_.self();
@@ -347,16 +341,7 @@ bool SwarmStrategy::transfer_state(train::Replica& r, const Agreement& a, net::P
   if (sending && a.ring.size() == 1) return true;
   net::CollectiveOptions o = options(net::WirePrecision::fp32, a.ring);
   o.root = root;
-  std::vector<at::Tensor> tensors = state_tensors(r);
-  if (tensors.empty()) {
-    at::Tensor state =
-        at::zeros({state_numel()}, at::TensorOptions().dtype(at::kFloat).device(net_device()));
-    if (sending) pack_state(r, state);
-    if (!wait(net_.broadcast(as_span(state), o), "state transfer", &a.ring)) return false;
-    unpack_state(r, state);
-    return true;
-  }
-  StateStream stream(std::move(tensors), piece_numel);
+  StateStream stream(state_tensors(r), piece_numel);
   at::Tensor buffer = at::empty({std::min(stream.piece_numel(), stream.numel())},
                                 at::TensorOptions().dtype(at::kFloat).device(net_device()));
   const auto read = [this](const at::Tensor& t) { return read_state(t); };
@@ -604,7 +589,7 @@ Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool op
           std::to_string(r.step) +
           "; restart the swarm from a checkpoint (--resume) to go on "
           "from a whole one");
-    if (!transfer_state(r, a, *root, root_piece, a.contribute)) {
+    if (!transfer_state(r, a, *root, root_piece, a.contribute && keeps_own_state())) {
       need_state_ = true;
       continue;
     }

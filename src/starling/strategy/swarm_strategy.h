@@ -88,14 +88,12 @@ class SwarmStrategy : public train::StepHooks {
   // replica's and optimizer's storage): the transfer streams them in pieces of
   // strategy.transfer_piece (state_stream.h), reading and writing through the step runner, so
   // a swapped replica's state stays in its tier. A peer whose state is the root's already
-  // (same history, round and step) writes nothing. Empty (the default): the state is one float
-  // vector of state_numel() elements, which pack_state() writes on the root and unpack_state()
-  // reads on every peer (co2 with zero, whose shards move: every peer takes the root's
-  // parameters); those three are then overridden.
-  virtual std::vector<at::Tensor> state_tensors(train::Replica&) { return {}; }
-  virtual int64_t state_numel() const;
-  virtual void pack_state(train::Replica& r, at::Tensor& out);
-  virtual void unpack_state(train::Replica& r, const at::Tensor& in);
+  // (same history, round and step) writes nothing, unless keeps_own_state() says otherwise.
+  virtual std::vector<at::Tensor> state_tensors(train::Replica& r) = 0;
+  // Whether such a peer keeps its own state in a transfer. co2 with zero says no: its state
+  // tensors are the parameters, which hold each peer's own progress since the round began, and
+  // every peer takes the root's (the shards move, and the sharded outer state restarts from them).
+  virtual bool keeps_own_state() const { return true; }
   // This peer wrote the root's state_tensors() (the whole transfer): a strategy whose replica
   // follows from them sets it here (diloco: the parameters from the anchor).
   virtual void state_adopted(train::Replica&) {}
@@ -231,8 +229,8 @@ class SwarmStrategy : public train::StepHooks {
   // The peer whose shared state a transfer sends (an all-gather of every participant's round,
   // step and need of state); nullopt (logged) if that exchange failed.
   std::optional<net::PeerId> choose_root(const train::Replica& r, const Agreement& a);
-  // The root's state after the header: `piece_numel` elements at a time (state_tensors), or as
-  // one vector. `keep_own`: this peer's state is the root's already and stays as it is. False
+  // The root's state after the header: `piece_numel` elements at a time (state_tensors).
+  // `keep_own`: this peer's state is the root's already and stays as it is. False
   // (logged) if the transfer failed; a peer that had written part of a state of its own by then
   // holds neither its own nor the root's (holds_state_ turns false).
   bool transfer_state(train::Replica& r, const Agreement& a, net::PeerId root, int64_t piece_numel,
