@@ -228,15 +228,18 @@ bool SwarmStrategy::trimmed_mean_all_reduce(at::Tensor& host, const Agreement& a
   if (self == a.ring.end()) throw std::logic_error("trimmed_mean: this peer is not in the round");
   const int64_t peers = static_cast<int64_t>(a.ring.size()), n = host.numel(), m = n + 1;
   const int64_t position = self - a.ring.begin();
-  if (!gathered_.defined() || gathered_.numel() != peers * m)
+  // A round in pieces gathers pieces of two sizes (the last is shorter): the buffer keeps the
+  // largest, and a smaller matrix is its front.
+  if (!gathered_.defined() || gathered_.numel() < peers * m)
     gathered_ = at::empty({peers * m}, at::kFloat);
-  at::Tensor mine = gathered_.narrow(0, position * m, m);
+  at::Tensor gathered = gathered_.narrow(0, 0, peers * m);
+  at::Tensor mine = gathered.narrow(0, position * m, m);
   mine.narrow(0, 0, n).copy_(host);
   mine[n] = sending ? 1.f : 0.f;
-  if (!wait(net_.all_gather(as_span(gathered_), options(precision, a.ring)), what, &a.ring))
+  if (!wait(net_.all_gather(as_span(gathered), options(precision, a.ring)), what, &a.ring))
     return false;  // no average this round
   const TrimmedMeanOutcome out =
-      trimmed_mean(gathered_.view({peers, m}), config_.strategy.trim, host);
+      trimmed_mean(gathered.view({peers, m}), config_.strategy.trim, host);
   for (int i : out.non_finite) {
     ++rejected_updates_;
     log("rejected a non-finite " + std::string(what) + " contribution from peer " +
