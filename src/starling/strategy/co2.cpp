@@ -43,8 +43,7 @@ void Co2::allocate(train::Replica& r) {
       log("the shards of the anchor, outer momentum and previous average and the exchange "
           "buffer stay in memory beside swap.budget (" +
           swap::format_bytes(4.0 * static_cast<double>(flat_->numel())) +
-          " for the buffer, 12 bytes a parameter over the peers for the shards; a state transfer "
-          "holds one more whole-model vector while it runs)");
+          " for the buffer, 12 bytes a parameter over the peers for the shards)");
   } else {
     // A swapped replica's runner keeps the four vectors in its tier.
     const bool keep = swapped;
