@@ -1324,6 +1324,14 @@ TEST_F(SwarmCliTest, AFaultyPeerWithholdsItsOwnNonFiniteUpdate) {
     EXPECT_NE(logs[2].find(std::string("own ") + what + " holds non-finite values (a fault here"),
               std::string::npos)
         << logs[2];
+    // Counted once a round (24 steps: at most 24 rounds), however many pieces a round goes in.
+    int64_t withheld = 0;
+    const std::regex so_far("\\(([0-9]+) round\\(s\\) withheld so far\\)");
+    for (auto it = std::sregex_iterator(logs[2].begin(), logs[2].end(), so_far);
+         it != std::sregex_iterator(); ++it)
+      withheld = std::max<int64_t>(withheld, std::stoll((*it)[1].str()));
+    EXPECT_GE(withheld, 4) << logs[2];
+    EXPECT_LE(withheld, 24) << logs[2];
     for (const std::string& log : logs)
       EXPECT_EQ(log.find(std::string(what) + " failed"), std::string::npos) << log;
     const double c = clean.at(0).rbegin()->second, f = faulty[0].rbegin()->second;

@@ -196,12 +196,15 @@ bool SwarmStrategy::aggregate(Staging& staged, int64_t n, const Agreement& a,
       !all_finite(host.data_ptr<float>(), static_cast<size_t>(host.numel()))) {
     host.zero_();
     sending = false;
-    ++withheld_updates_;
-    if ((withheld_updates_ & (withheld_updates_ - 1)) == 0)  // the 1st, 2nd, 4th, 8th, ...
-      log("this peer's own " + std::string(what) +
-          " holds non-finite values (a fault here: its hardware, its data, its learning rate); "
-          "withheld, the round goes on with the others' (" +
-          std::to_string(withheld_updates_) + " withheld so far)");
+    if (withheld_round_ != rounds_) {  // a round in pieces withholds each faulty piece, once
+      withheld_round_ = rounds_;
+      ++withheld_updates_;
+      if ((withheld_updates_ & (withheld_updates_ - 1)) == 0)  // the 1st, 2nd, 4th, 8th, ...
+        log("this peer's own " + std::string(what) +
+            " holds non-finite values (a fault here: its hardware, its data, its learning rate); "
+            "withheld, the round goes on with the others' (" +
+            std::to_string(withheld_updates_) + " round(s) withheld so far)");
+    }
   }
   if (poison_ && !poison_->own && sending) poison_->apply(host);
   bool ok = false;

@@ -204,8 +204,9 @@ class SwarmStrategy : public train::StepHooks {
 
   // Non-finite updates the trimmed mean rejected over the run (each logged with its sender).
   int64_t rejected_updates_ = 0;
-  // Round updates of this peer's own that were non-finite and withheld (aggregate()).
-  int64_t withheld_updates_ = 0;
+  // Rounds in which this peer withheld its own non-finite update (aggregate()), counted once a
+  // round however many pieces the round goes in, and the last such round (rounds_).
+  int64_t withheld_updates_ = 0, withheld_round_ = -1;
   // Times the data was dealt again among a round's peers (redeal()).
   int64_t redeals_ = 0;
 
