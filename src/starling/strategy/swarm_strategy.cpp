@@ -196,7 +196,7 @@ bool SwarmStrategy::aggregate(Staging& staged, int64_t n, const Agreement& a,
       !all_finite(host.data_ptr<float>(), static_cast<size_t>(host.numel()))) {
     host.zero_();
     sending = false;
-    if (withheld_round_ != rounds_) {  // a round in pieces withholds each faulty piece, once
+    if (withheld_round_ != rounds_) {  // once a round, though a round in pieces may withhold more
       withheld_round_ = rounds_;
       ++withheld_updates_;
       if ((withheld_updates_ & (withheld_updates_ - 1)) == 0)  // the 1st, 2nd, 4th, 8th, ...

@@ -32,7 +32,7 @@ fs::path tier_dir(const train::RunConfig& c) {
   return c.swap.dir.empty() ? fs::path(c.train.out_dir) : fs::path(c.swap.dir);
 }
 
-// What `plan swap` must refuse before it profiles (training refuses it earlier).
+// What a swapped run, and `plan swap` before it profiles, cannot do on this device and libtorch.
 void check_supported(const train::RunConfig& c) {
   check_tier_below(c.swap.tier, c10::Device(c.train.device));
   train::check_dtype(c.train.device, c.train.dtype, "train.dtype");

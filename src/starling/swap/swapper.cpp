@@ -636,13 +636,18 @@ void Swapper::make_gradient(int p) {
   track(static_cast<int64_t>(align_up(s.bytes)));
 }
 
-void Swapper::visit_gradients(const std::function<void(std::span<const int>)>& visit) {
+void Swapper::close_passes(const char* reading) {
   if (started_in_backward_)
-    throw std::logic_error("swap: gradients visited in a step whose update was announced");
-  at::NoGradGuard no_grad;
+    throw std::logic_error(std::string("swap: gradients ") + reading +
+                           " in a step whose update was announced");
   finish_update();
   leave();
   end_passes();
+}
+
+void Swapper::visit_gradients(const std::function<void(std::span<const int>)>& visit) {
+  at::NoGradGuard no_grad;
+  close_passes("visited");
   const double start = now_s(), start_wait = stats_.wait_s;
   // One piece per node, by the node that reads each parameter first: the pieces are the same on
   // every peer, whatever layer groups its own plan chose (a peer plans from its own budget and
@@ -789,12 +794,8 @@ std::vector<at::Tensor> Swapper::step_norms(bool started) {
 }
 
 bool Swapper::gradients_finite() {
-  if (started_in_backward_)
-    throw std::logic_error("swap: gradients checked in a step whose update was announced");
   at::NoGradGuard no_grad;
-  finish_update();
-  leave();
-  end_passes();
+  close_passes("checked");
   const std::vector<at::Tensor> norms = step_norms(false);
   // As train::LossScaler::finite decides: the sum of the norms is finite exactly when every
   // element is.

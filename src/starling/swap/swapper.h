@@ -249,7 +249,11 @@ class Swapper final : public graph::NodeObserver {
   // begin, int64), or an undefined tensor: the chunk leaves their weights as they are.
   at::Tensor patched_in(int p, int64_t begin, int64_t end) const;
   void retire_update_writes();
-  void end_passes();          // the step's passes are over: their time goes to the stats
+  void end_passes();  // the step's passes are over: their time goes to the stats
+  // Before the step's gradients are `reading` ("visited", "checked") after its passes: the last
+  // step's update completed and the passes closed (logic_error in a step whose update began
+  // inside the backward).
+  void close_passes(const char* reading);
   void make_gradient(int p);  // a zero gradient for a parameter the passes gave none
   // Parameter p's gradient of this step is final and resident: unscaled (unscale_next_step) and
   // its norm taken. Where a gradient's norm is taken again (after an exchange) it is not unscaled
