@@ -218,6 +218,12 @@ add_test(NAME ChaosTest.QuickRun
   COMMAND ${STARLING_PYTHON} ${CMAKE_SOURCE_DIR}/bench/chaos/run.py
           --starling $<TARGET_FILE:starling_cli> --strategies ddp diloco --seconds 30 --seed 3)
 set_tests_properties(ChaosTest.QuickRun PROPERTIES RUN_SERIAL TRUE TIMEOUT 400)
+# atom with every peer swapped through a budget on disk: its exchange a node's gradients at a
+# time, its fingerprint read back from the tier after every step.
+add_test(NAME ChaosTest.QuickRunSwappedAtom
+  COMMAND ${STARLING_PYTHON} ${CMAKE_SOURCE_DIR}/bench/chaos/run.py
+          --starling $<TARGET_FILE:starling_cli> --strategies atom-swapped --seconds 30 --seed 3)
+set_tests_properties(ChaosTest.QuickRunSwappedAtom PROPERTIES RUN_SERIAL TRUE TIMEOUT 400)
 # The same with link cuts in a network lab (half the acts cut a minority off, then mend): the
 # swarm must heal to one state. Needs root; skipped (exit 77) where labs cannot be built.
 add_test(NAME ChaosTest.QuickRunWithCuts

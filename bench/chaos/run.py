@@ -69,17 +69,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 STRATEGIES = ["ddp", "localsgd", "diloco", "co2", "atom"]
 # Asked for by name only: co2 applying each average inside the next round (overlap_steps), and
-# diloco and co2 with every peer swapped (two layers through a 600 KB budget of their 836 KB of
-# training state, on the disk tier in the peer's run directory; diloco's outer step goes in
-# pieces of 4 KB, co2 keeps its outer state in the tier and updates it a tensor at a time).
-EXTRA_STRATEGIES = ["co2-early", "diloco-swapped", "co2-swapped"]
-KINDS = {"co2-early": "co2", "diloco-swapped": "diloco", "co2-swapped": "co2"}
+# every strategy with every peer swapped (two layers through a 600 KB budget of their 836 KB of
+# training state, on the disk tier in the peer's run directory): the exchanges go a node's
+# gradients at a time (ddp, atom) or in pieces of 4 KB (localsgd's average, diloco's outer
+# step); co2 keeps its outer state in the tier and updates it a tensor at a time.
+SWAPPED = {"ddp-swapped", "localsgd-swapped", "diloco-swapped", "co2-swapped", "atom-swapped"}
+EXTRA_STRATEGIES = ["co2-early"] + sorted(SWAPPED)
+KINDS = dict({"co2-early": "co2"}, **{s: s[:-len("-swapped")] for s in SWAPPED})
 # What a harness strategy writes into [strategy], past its kind; rounds of 4 steps.
 STRATEGY_LINES = {"localsgd": "local_steps = 4\n", "diloco": "local_steps = 4\n",
                   "co2": "local_steps = 4\n", "co2-early": "local_steps = 4\noverlap_steps = 2\n",
+                  "localsgd-swapped": "local_steps = 4\ntransfer_piece = \"4KB\"\n",
                   "diloco-swapped": "local_steps = 4\ntransfer_piece = \"4KB\"\n",
                   "co2-swapped": "local_steps = 4\ntransfer_piece = \"4KB\"\n"}
-SWAPPED = {"diloco-swapped", "co2-swapped"}
 # A peer's log line (stamped by the harness) saying it took the swarm's state.
 ADOPTED = re.compile(r"\s*(-?[0-9.]+) \[\w+\] adopting the swarm's state from peer .* \(step (\d+),"
                      r"(.*held another history)?")
@@ -466,6 +468,17 @@ class Harness:
             cuts = [c for c in self.cut_times.get(life.slot, []) if c <= t]
             if other and cuts:
                 dropped.append((life, max(cuts), t))
+        # The side that lost loses the steps every peer of it took apart, a peer's that died there
+        # before it could adopt the winning history included (its slot's next life, joining after
+        # the mend, is measured against what that side had reached otherwise).
+        for life, start, t in list(dropped):
+            for cut_start, cut_end, side in self.cut_spans:
+                if cut_start != start or life.slot not in side:
+                    continue
+                for mate in self.lives:
+                    if (mate is not life and mate.slot in side and mate.steps
+                            and mate.steps[0][0] <= cut_end):
+                        dropped.append((mate, start, t))
         events = sorted((t, s, life) for life in self.lives for t, s in life.steps
                         if not any(l is life and a <= t <= b for l, a, b in dropped))
         # While split, and until the sides have found each other again (up to ten timeouts
@@ -571,9 +584,9 @@ def main():
     ap.add_argument("--starling", default=os.path.join(ROOT, "build", "starling"))
     ap.add_argument("--strategies", nargs="+", default=STRATEGIES,
                     choices=STRATEGIES + EXTRA_STRATEGIES,
-                    help="co2-early: co2 with overlap_steps = 2 of 4; diloco-swapped, co2-swapped: "
-                         "diloco or co2 with every peer swapped through a budget on disk (none of "
-                         "the three in the default list)")
+                    help="co2-early: co2 with overlap_steps = 2 of 4; KIND-swapped: that strategy "
+                         "with every peer swapped through a budget on disk (none of these in the "
+                         "default list)")
     ap.add_argument("--peers", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--seed", type=int, default=1)

@@ -759,13 +759,27 @@ TEST_F(SwarmCliTest, SwarmsTakeAJoinerInPieces) {
 // Swapped peers: two ddp peers, so every sum is a + b whichever peer adds, train bit-identically
 // to unswapped ones although their gradients are summed a layer group at a time, and so do
 // localsgd and diloco pairs, whose rounds go in pieces through the tier; three atom peers keep
-// identical replicas. Every peer really swapped and stayed within its budget.
+// identical replicas. Every peer really swapped and stayed within its budget. The fingerprints
+// (strategy.fingerprint), which swapped peers take a tensor or a piece at a time, are the
+// unswapped peers' whole-vector ones round by round.
 TEST_F(SwarmCliTest, SwappedPeersTrainLikeUnswappedOnes) {
   const std::string two_layers = " --set model.n_layer=2";
-  const fs::path plain = write_config("swap_plain", "kind = \"ddp\"");
+  // Rounds 1 to `rounds` have the same fingerprint in runs `a` and `b`, on both peers.
+  const auto same_prints = [&](const std::string& a, const std::string& b, int64_t rounds) {
+    for (int i = 0; i < 2; ++i) {
+      const std::string peer = "peer-" + std::to_string(i);
+      for (int64_t round = 1; round <= rounds; ++round) {
+        const auto print = fingerprint_of(run_dir(a) / peer, round);
+        ASSERT_TRUE(print) << a << " " << peer << ": no fingerprint of round " << round;
+        EXPECT_EQ(fingerprint_of(run_dir(b) / peer, round), print)
+            << b << " " << peer << ", round " << round;
+      }
+    }
+  };
+  const fs::path plain = write_config("swap_plain", "kind = \"ddp\"\nfingerprint = true");
   const auto a = run_cli("train -q --peers 2 --config " + plain.string() + two_layers);
   ASSERT_EQ(a.code, 0) << a.output << read_file(run_dir("swap_plain") / "peer-0.log");
-  const fs::path ddp = write_config("swap_ddp", "kind = \"ddp\"");
+  const fs::path ddp = write_config("swap_ddp", "kind = \"ddp\"\nfingerprint = true");
   const auto b = run_cli("train -q --peers 2 --config " + ddp.string() + as_sets(swapped()));
   ASSERT_EQ(b.code, 0) << b.output << read_file(run_dir("swap_ddp") / "peer-0.log")
                        << read_file(run_dir("swap_ddp") / "peer-1.log");
@@ -776,11 +790,13 @@ TEST_F(SwarmCliTest, SwappedPeersTrainLikeUnswappedOnes) {
                 final_model(run_dir("swap_plain") / peer, 16))
         << peer << ": the swapped replica's final model differs from the unswapped one's";
   }
+  same_prints("swap_plain", "swap_ddp", 16);  // a round a step
 
   // localsgd averages a swapped replica's weights in pieces through its tier: pieces of 4 KB cut
   // every tensor larger than a thousand elements across pieces, and with two peers every sum is
   // a + b whatever the pieces, so the swapped pair ends bit-identical to the unswapped one.
-  const std::string localsgd = "kind = \"localsgd\"\nlocal_steps = 3\ntransfer_piece = \"4KB\"";
+  const std::string localsgd =
+      "kind = \"localsgd\"\nlocal_steps = 3\ntransfer_piece = \"4KB\"\nfingerprint = true";
   const fs::path plain_avg = write_config("swap_plain_avg", localsgd);
   const auto e = run_cli("train -q --peers 2 --config " + plain_avg.string() + two_layers);
   ASSERT_EQ(e.code, 0) << e.output << read_file(run_dir("swap_plain_avg") / "peer-0.log");
@@ -800,6 +816,7 @@ TEST_F(SwarmCliTest, SwappedPeersTrainLikeUnswappedOnes) {
   // The last round (step 16 is the run's end) averaged both: the two peers hold one model.
   EXPECT_TRUE(final_model(run_dir("swap_localsgd") / "peer-0", 16) ==
               final_model(run_dir("swap_localsgd") / "peer-1", 16));
+  same_prints("swap_plain_avg", "swap_localsgd", 6);  // steps 3, 6, 9, 12, 15 and 16
 
   // diloco keeps a swapped replica's anchor and outer momentum in its tier and takes the outer
   // step in pieces (4 KB here): the pair ends bit-identical to the unswapped one, and so does
@@ -821,15 +838,11 @@ TEST_F(SwarmCliTest, SwappedPeersTrainLikeUnswappedOnes) {
     EXPECT_TRUE(final_model(run_dir("swap_diloco") / peer, 16) ==
                 final_model(run_dir("swap_plain_outer") / peer, 16))
         << peer << ": the swapped diloco replica's final model differs from the unswapped one's";
-    for (int64_t round = 1; round <= 5; ++round) {
-      const auto plain_round = fingerprint_of(run_dir("swap_plain_outer") / peer, round);
-      ASSERT_TRUE(plain_round) << "no fingerprint of round " << round;
-      EXPECT_EQ(fingerprint_of(run_dir("swap_diloco") / peer, round), plain_round)
-          << peer << ", round " << round;
-    }
   }
+  same_prints("swap_plain_outer", "swap_diloco", 5);
 
-  const fs::path atom = write_config("swap_atom", "kind = \"atom\"\ntarget_batch = 24");
+  const fs::path atom =
+      write_config("swap_atom", "kind = \"atom\"\ntarget_batch = 24\nfingerprint = true");
   const auto c = run_cli("train -q --peers 3 --config " + atom.string() + as_sets(swapped()));
   ASSERT_EQ(c.code, 0) << c.output << read_file(run_dir("swap_atom") / "peer-0.log");
   const std::string model = final_model(run_dir("swap_atom") / "peer-0", 16);
@@ -845,6 +858,12 @@ TEST_F(SwarmCliTest, SwappedPeersTrainLikeUnswappedOnes) {
       if (run == "swap_atom") {
         EXPECT_TRUE(final_model(run_dir(run) / ("peer-" + std::to_string(i)), 16) == model)
             << "atom peer " << i << "'s final model differs";
+        for (int64_t round = 1; round <= 16; ++round) {
+          const auto print = fingerprint_of(run_dir(run) / "peer-0", round);
+          ASSERT_TRUE(print) << "atom peer 0: no fingerprint of round " << round;
+          EXPECT_EQ(fingerprint_of(run_dir(run) / ("peer-" + std::to_string(i)), round), print)
+              << "atom peer " << i << ", round " << round;
+        }
       }
     }
 }

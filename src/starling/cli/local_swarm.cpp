@@ -342,7 +342,7 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
                         strategy::swarm_strategy_list() +
                         ", or cut the model into a pipeline "
                         "with [pipeline]");
-    strategy::check_peer(config.strategy, config.swap.enabled(), config.net.backend);
+    strategy::check_peer(config.strategy, config.net.backend);
   }
   fs::create_directories(out);
   const auto keys = ensure_keys(out / "keys", o.peers);

@@ -7,7 +7,6 @@
 // flat_'s order on every peer, so both kinds of peer compute the same bits.
 #include <ATen/ATen.h>
 
-#include "starling/net/crc32c.h"
 #include "starling/strategy/co2.h"
 
 namespace starling::strategy {
@@ -100,14 +99,6 @@ void Co2::stepped(uint32_t crc) {
   ++version_;
   note_round_crc(crc);
 }
-
-namespace {
-// The fingerprint's CRC-32C, chained over the anchor's tensors in order (the whole vector's).
-uint32_t chain_crc(const at::Tensor& x, uint32_t crc) {
-  const at::Tensor host = x.to(at::kCPU).contiguous();
-  return net::crc32c(host.data_ptr(), static_cast<size_t>(host.numel()) * sizeof(float), crc);
-}
-}  // namespace
 
 void Co2::launch_by_part(const Agreement& a, bool apply) {
   at::NoGradGuard no_grad;

@@ -93,13 +93,23 @@ bool Ddp::gradients_ready(train::Replica& r) {
       r, average_gradients(r, a, [&a] { return static_cast<double>(a.contributors); }));
 }
 
-bool Ddp::step_done(train::Replica&, bool) {
+bool Ddp::step_done(train::Replica& r, bool) {
   if (applied_) ++version_;
-  if (config_.strategy.fingerprint) {
-    at::Tensor params = flat_->zeros();
-    flat_->gather(params);
-    note_round(params);
+  if (!config_.strategy.fingerprint) return true;
+  if (config_.swap.enabled()) {
+    // A swapped replica's weights, read back a tensor at a time in flat_'s order (the update
+    // finishes first): the whole vector's CRC without holding the vector.
+    uint32_t crc = 0;
+    const auto& params = r.params.params();
+    for (const int i : flat_->indices())
+      crc = chain_crc(read_state(params[static_cast<size_t>(i)].value), crc);
+    release_pass_blocks();
+    note_round_crc(crc);
+    return true;
   }
+  at::Tensor params = flat_->zeros();
+  flat_->gather(params);
+  note_round(params);
   return true;
 }
 

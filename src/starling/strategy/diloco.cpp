@@ -6,7 +6,6 @@
 #include <stdexcept>
 
 #include "starling/common/error.h"
-#include "starling/net/crc32c.h"
 #include "starling/strategy/state_stream.h"
 #include "starling/strategy/state_tensors.h"
 #include "starling/strategy/strategy_config.h"
@@ -124,10 +123,7 @@ void DiLoCo::outer_step_in_pieces(const Agreement& a) {
       });
       if (!ok) return false;
       delta.copy_(x);  // the parameters restart from the new anchor
-      if (config_.strategy.fingerprint) {
-        const at::Tensor host = x.to(at::kCPU).contiguous();
-        crc = net::crc32c(host.data_ptr(), static_cast<size_t>(n) * sizeof(float), crc);
-      }
+      if (config_.strategy.fingerprint) crc = chain_crc(x, crc);
       return true;
     });
     if (ok) ++stepped;

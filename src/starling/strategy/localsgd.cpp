@@ -88,6 +88,7 @@ void LocalSgd::average_in_pieces(train::Replica& r, const Agreement& a) {
   // and sends it what it would have, so that peer's average is still right.
   bool ok = true;
   int64_t averaged = 0;  // pieces
+  uint32_t crc = 0;      // of the average, for the fingerprint
   for (int64_t k = 0; k < stream.pieces(); ++k) {
     if (k == 1) death_.maybe_die(k, [this](const std::string& line) { log(line); });
     const int64_t n = stream.numel_of(k);
@@ -95,12 +96,14 @@ void LocalSgd::average_in_pieces(train::Replica& r, const Agreement& a) {
     stream.update_next(part, read, write, [&](at::Tensor& values) {
       if (!a.contribute) values.zero_();
       ok = sum_with_senders(*pieces_, n, a) && ok;  // sent even after a failure (above)
+      if (ok && config_.strategy.fingerprint) crc = chain_crc(values, crc);
       return ok;
     });
     if (ok) ++averaged;
   }
   if (ok) {
     ++version_;
+    note_round_crc(crc);
   } else if (averaged > 0) {
     log("the parameter average broke off after " + std::to_string(averaged) + " of " +
         std::to_string(stream.pieces()) +

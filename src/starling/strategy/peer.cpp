@@ -26,7 +26,7 @@ std::unique_ptr<train::StepHooks> make_strategy(const train::RunConfig& config,
                                                 net::Collectives& net,
                                                 std::vector<net::PeerId> group) {
   const std::string& kind = config.strategy.kind;
-  check_peer(config.strategy, config.swap.enabled(), net.backend_name());
+  check_peer(config.strategy, net.backend_name());
   std::unique_ptr<SwarmStrategy> s;
   if (kind == "ddp") {
     s = std::make_unique<Ddp>(config, net);
@@ -161,7 +161,7 @@ train::TrainResult run_peer(const train::RunConfig& config, const PeerOptions& o
                                           .replicas = config.pipeline.replicas});
     return run_pipeline_peer(config, options);
   }
-  check_peer(config.strategy, config.swap.enabled(), config.net.backend);
+  check_peer(config.strategy, config.net.backend);
   if (config.net.backend == "starling") return run_swarm_peer(config, options);
   return run_group_rank(config, options);
 }

@@ -89,7 +89,8 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
       "state after the latest round this peer averaged (net.fingerprint_round, "
       "of the history net.fingerprint_lineage), so peers can be compared round by "
       "round (bench/chaos); costs a pass over "
-      "the model per round; not with co2's zero, nor with swap.budget for ddp, atom or localsgd"));
+      "the model per round (a swapped ddp or atom peer reads its weights back from its tier "
+      "after each step); not with co2's zero"));
   k.push_back(bool_key("strategy", "redeal_data", &st.redeal_data,
                        "when the peers of a round change (one died or left, one joined), deal "
                        "the rest of the epoch's training windows again among the peers present, "
@@ -132,7 +133,7 @@ void check(const StrategyConfig& c, const std::string& source) {
                       "boundary); set overlap_steps = 0 or zero = false");
 }
 
-void check_peer(const StrategyConfig& c, bool swapped, const std::string& net_backend) {
+void check_peer(const StrategyConfig& c, const std::string& net_backend) {
   const auto& kinds = swarm_strategy_kinds();
   if (std::find(kinds.begin(), kinds.end(), c.kind) == kinds.end())
     throw ConfigError("strategy.kind = \"" + c.kind + "\" does not train with peers; use " +
@@ -141,13 +142,11 @@ void check_peer(const StrategyConfig& c, bool swapped, const std::string& net_ba
   // a piece at a time, diloco and co2 their parameters and outer state (kept in the tier) a
   // piece or a tensor at a time; co2's zero keeps its shards in memory and reads and writes the
   // parameters a tensor at a time.
-  // A swapped diloco or co2 peer takes the fingerprint a piece or a tensor at a time, from its
-  // outer step.
-  if (c.fingerprint && ((swapped && c.kind != "diloco" && c.kind != "co2") || c.zero))
+  // A swapped peer takes the fingerprint a piece or a tensor at a time: from its round (localsgd,
+  // diloco, co2), or reading its weights back after each step (ddp, atom).
+  if (c.fingerprint && c.zero)
     throw ConfigError(
-        std::string("strategy.fingerprint needs the whole shared state on every peer: "
-                    "not with ") +
-        (swapped ? "swap.budget" : "strategy.zero"));
+        "strategy.fingerprint needs the whole shared state on every peer: not with strategy.zero");
   UpdatePoison::from_env();  // a malformed STARLING_FAULT_POISON is refused here, not mid-run
   die_in_transfer_from_env();
   die_in_exchange_from_env();

@@ -69,9 +69,10 @@ void add_config_keys(StrategyConfig& c, config::Keys& keys);
 // Checks that span keys (each key's own range is checked when it is read); ConfigError
 // prefixed with `source`.
 void check(const StrategyConfig& c, const std::string& source);
-// What a peer refuses about its strategy with the rest of its config (a [swap] budget, the net
-// backend); ConfigError naming the keys. Checked before a peer joins anyone, and by the local
-// launcher before it starts any, so a refusal never leaves other peers waiting for it.
-void check_peer(const StrategyConfig& c, bool swapped, const std::string& net_backend);
+// What a peer refuses about its strategy with the rest of its config (the net backend, fault
+// injection's variables); ConfigError naming the keys. Checked before a peer joins anyone, and
+// by the local launcher before it starts any, so a refusal never leaves other peers waiting for
+// it.
+void check_peer(const StrategyConfig& c, const std::string& net_backend);
 
 }  // namespace starling::strategy

@@ -258,8 +258,12 @@ bool SwarmStrategy::trimmed_mean_all_reduce(at::Tensor& host, const Agreement& a
 
 void SwarmStrategy::note_round(const at::Tensor& shared) {
   if (!config_.strategy.fingerprint || need_state_) return;
-  const at::Tensor host = shared.to(at::kCPU).contiguous();
-  note_round_crc(net::crc32c(host.data_ptr(), host.numel() * host.element_size()));
+  note_round_crc(chain_crc(shared, 0));
+}
+
+uint32_t SwarmStrategy::chain_crc(const at::Tensor& part, uint32_t crc) {
+  const at::Tensor host = part.to(at::kCPU).contiguous();
+  return net::crc32c(host.data_ptr(), static_cast<size_t>(host.numel()) * host.element_size(), crc);
 }
 
 void SwarmStrategy::note_round_crc(uint32_t crc) {
