@@ -184,7 +184,8 @@ struct Case {
   // swap.guess_break_even with "auto": "0" guesses after every unclipped step, "0.99" never
   // (the record's share stays under it), whatever the plan predicts on this machine.
   const char* break_even = "";
-  // train.dtype: "fp16" adds the loss scale, unscaled a gradient at a time when swapped. A CPU
+  // train.dtype: "bf16" autocasts the products over the swapped fp32 weights (every libtorch's
+  // CPU can); "fp16" adds the loss scale, unscaled a gradient at a time when swapped. A CPU
   // autocasts to fp16 from libtorch 2.1 on (skipped on older ones).
   const char* dtype = "fp32";
 };
@@ -309,6 +310,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama-tiny", true, 1, "disk", true, "cpu", -1, 1.5, "auto", "0"},
                       // "auto" guessing nothing: too few steps kept for its break-even share.
                       Case{"llama-tiny", true, 1, "disk", true, "cpu", -1, 1.5, "auto", "0.99"},
+                      // bf16's autocast over weights that come and go: with recompute and
+                      // clipping, without clipping (the update inside the backward, in place in
+                      // host RAM), and guessed every step.
+                      Case{"gpt2-tiny", true, 2, "disk", true, "cpu", -1, 1, "", "", "bf16"},
+                      Case{"llama-tiny", false, 1, "host", true, "cpu", -1, 0, "", "", "bf16"},
+                      Case{"gpt2-tiny", false, 2, "disk", true, "cpu", -1, 1.6, "always", "",
+                           "bf16"},
                       // fp16's loss scaling (skipped where the CPU cannot autocast to fp16).
                       Case{"gpt2-tiny", false, 2, "disk", true, "cpu", -1, 1, "", "", "fp16"},
                       // A GPU's memory with pinned host RAM below it (skipped without a GPU).
@@ -332,7 +340,9 @@ INSTANTIATE_TEST_SUITE_P(
                   ? (std::string(info.param.break_even) == "0.99" ? "GuessDeclined"
                                                                   : "GuessAfterUnclipped")
                   : "") +
-             (std::string(info.param.dtype) == "fp16" ? "Fp16" : "");
+             (std::string(info.param.dtype) == "fp16"   ? "Fp16"
+              : std::string(info.param.dtype) == "bf16" ? "Bf16"
+                                                        : "");
     });
 
 // Overlapped with the next forward, the update keeps to the forward's window and changes the
