@@ -218,8 +218,8 @@ add_test(NAME ChaosTest.QuickRun
   COMMAND ${STARLING_PYTHON} ${CMAKE_SOURCE_DIR}/bench/chaos/run.py
           --starling $<TARGET_FILE:starling_cli> --strategies ddp diloco --seconds 30 --seed 3)
 set_tests_properties(ChaosTest.QuickRun PROPERTIES RUN_SERIAL TRUE TIMEOUT 400)
-# atom with every peer swapped through a budget on disk: its exchange a node's gradients at a
-# time, its fingerprint read back from the tier after every step.
+# atom with every peer swapped through a budget on disk: its exchange goes a node's gradients at
+# a time, and its fingerprint reads the weights back from the tier after every step.
 add_test(NAME ChaosTest.QuickRunSwappedAtom
   COMMAND ${STARLING_PYTHON} ${CMAKE_SOURCE_DIR}/bench/chaos/run.py
           --starling $<TARGET_FILE:starling_cli> --strategies atom-swapped --seconds 30 --seed 3)

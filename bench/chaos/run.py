@@ -43,8 +43,9 @@ exits. Then it checks:
             swarm's state (logged), and no adopted state is older than the step the swarm had
             reached (less a round's local steps, or one failed step): progress is never lost, and
             a step is never counted twice (the progress a cut-off side made apart is dropped when
-            it adopts the other's state, as the partition rule says: those steps do not count;
-            and once the run ends, a peer the others left alone keeps and saves what it holds);
+            it adopts the other's state, as the partition rule says: those steps do not count, nor
+            do those of a cut-off peer killed before it adopted; and once the run ends, a peer the
+            others left alone keeps and saves what it holds);
   resume    the furthest survivor's final checkpoint loads: it trains 3 more steps alone with
             --resume.
 
@@ -468,17 +469,18 @@ class Harness:
             cuts = [c for c in self.cut_times.get(life.slot, []) if c <= t]
             if other and cuts:
                 dropped.append((life, max(cuts), t))
-        # The side that lost loses the steps every peer of it took apart, a peer's that died there
-        # before it could adopt the winning history included (its slot's next life, joining after
-        # the mend, is measured against what that side had reached otherwise).
-        for life, start, t in list(dropped):
-            for cut_start, cut_end, side in self.cut_spans:
-                if cut_start != start or life.slot not in side:
+        # So are those of a cut-off peer killed before it adopted another history: what it
+        # trained apart went with it (a restart joins with a fresh run directory), and its slot's
+        # next life, joining after the mend, is not measured against it. (Had its side won, a
+        # surviving peer of it holds those steps.)
+        for cut_start, cut_end, side in self.cut_spans:
+            for life in self.lives:
+                if (life.slot not in side or not life.killed or not life.steps
+                        or life.steps[-1][0] < cut_start or life.steps[0][0] > cut_end):
                     continue
-                for mate in self.lives:
-                    if (mate is not life and mate.slot in side and mate.steps
-                            and mate.steps[0][0] <= cut_end):
-                        dropped.append((mate, start, t))
+                if any(l is life and other and t >= cut_start for t, _, l, other in adoptions):
+                    continue
+                dropped.append((life, cut_start, life.steps[-1][0]))
         events = sorted((t, s, life) for life in self.lives for t, s in life.steps
                         if not any(l is life and a <= t <= b for l, a, b in dropped))
         # While split, and until the sides have found each other again (up to ten timeouts

@@ -779,7 +779,9 @@ TEST_F(SwarmCliTest, SwappedPeersTrainLikeUnswappedOnes) {
   const fs::path plain = write_config("swap_plain", "kind = \"ddp\"\nfingerprint = true");
   const auto a = run_cli("train -q --peers 2 --config " + plain.string() + two_layers);
   ASSERT_EQ(a.code, 0) << a.output << read_file(run_dir("swap_plain") / "peer-0.log");
-  const fs::path ddp = write_config("swap_ddp", "kind = \"ddp\"\nfingerprint = true");
+  // Without the fingerprint, which finishes each step's update to read the weights back, so the
+  // update's end runs inside the next forward as it does by default.
+  const fs::path ddp = write_config("swap_ddp", "kind = \"ddp\"");
   const auto b = run_cli("train -q --peers 2 --config " + ddp.string() + as_sets(swapped()));
   ASSERT_EQ(b.code, 0) << b.output << read_file(run_dir("swap_ddp") / "peer-0.log")
                        << read_file(run_dir("swap_ddp") / "peer-1.log");
@@ -790,7 +792,12 @@ TEST_F(SwarmCliTest, SwappedPeersTrainLikeUnswappedOnes) {
                 final_model(run_dir("swap_plain") / peer, 16))
         << peer << ": the swapped replica's final model differs from the unswapped one's";
   }
-  same_prints("swap_plain", "swap_ddp", 16);  // a round a step
+  const fs::path printed = write_config("swap_ddp_print", "kind = \"ddp\"\nfingerprint = true");
+  const auto p = run_cli("train -q --peers 2 --config " + printed.string() + as_sets(swapped()));
+  ASSERT_EQ(p.code, 0) << p.output << read_file(run_dir("swap_ddp_print") / "peer-0.log");
+  EXPECT_EQ(val_losses(run_dir("swap_ddp_print") / "peer-0"),
+            val_losses(run_dir("swap_plain") / "peer-0"));
+  same_prints("swap_plain", "swap_ddp_print", 16);  // a round a step
 
   // localsgd averages a swapped replica's weights in pieces through its tier: pieces of 4 KB cut
   // every tensor larger than a thousand elements across pieces, and with two peers every sum is
@@ -1731,6 +1738,15 @@ TEST_F(SwarmCliTest, BadSwarmArgumentsAreClearErrors) {
   r = run_cli("train --peers 3 --peer-cpus 1,1 --config " + (root_ / "atom_gloo.toml").string());
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("lists 2 values for 3 peers"), std::string::npos) << r.output;
+  // zero's shards are no peer's whole state to fingerprint.
+  r = run_cli(
+      "train --peers 2 --config " +
+      write_config("zero_print", "kind = \"co2\"\nzero = true\nfingerprint = true").string());
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("strategy.fingerprint needs the whole shared state on every peer: not "
+                          "with strategy.zero"),
+            std::string::npos)
+      << r.output;
   // The robust aggregate covers the round-based strategies on Starling's swarm only; a poison
   // that cannot be read is named.
   r = run_cli("train --peers 2 --config " +

@@ -95,7 +95,8 @@ bool Ddp::gradients_ready(train::Replica& r) {
 
 bool Ddp::step_done(train::Replica& r, bool) {
   if (applied_) ++version_;
-  if (!config_.strategy.fingerprint) return true;
+  // A peer that knows its state may differ from the swarm's notes nothing (note_round).
+  if (!config_.strategy.fingerprint || need_state_) return true;
   if (config_.swap.enabled()) {
     // A swapped replica's weights, read back a tensor at a time in flat_'s order (the update
     // finishes first): the whole vector's CRC without holding the vector.
@@ -103,7 +104,6 @@ bool Ddp::step_done(train::Replica& r, bool) {
     const auto& params = r.params.params();
     for (const int i : flat_->indices())
       crc = chain_crc(read_state(params[static_cast<size_t>(i)].value), crc);
-    release_pass_blocks();
     note_round_crc(crc);
     return true;
   }

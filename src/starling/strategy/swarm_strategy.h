@@ -225,7 +225,7 @@ class SwarmStrategy : public train::StepHooks {
   void note_round(const at::Tensor& shared);
   // The same from the CRC-32C of the shared state's bytes, taken a piece at a time.
   void note_round_crc(uint32_t crc);
-  // `crc` carried over the bytes of `part` (fp32, any device): chained over the pieces or
+  // `crc` carried over the bytes of `part` (any dtype or device): chained over the pieces or
   // tensors of a vector in order, the CRC-32C of the whole vector, as note_round takes it.
   static uint32_t chain_crc(const at::Tensor& part, uint32_t crc);
 
