@@ -69,17 +69,19 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 STRATEGIES = ["ddp", "localsgd", "diloco", "co2", "atom"]
-# Asked for by name only: co2 applying each average inside the next round (overlap_steps), and
+# Asked for by name only: co2 applying each average inside the next round (overlap_steps), co2
+# with its outer state sharded (zero, the fingerprint taken from the gathered anchor), and
 # every strategy with every peer swapped (two layers through a 600 KB budget of their 836 KB of
 # training state, on the disk tier in the peer's run directory): the exchanges go a node's
 # gradients at a time (ddp, atom) or in pieces of 4 KB (localsgd's average, diloco's outer
 # step); co2 keeps its outer state in the tier and updates it a tensor at a time.
 SWAPPED = {"ddp-swapped", "localsgd-swapped", "diloco-swapped", "co2-swapped", "atom-swapped"}
-EXTRA_STRATEGIES = ["co2-early"] + sorted(SWAPPED)
-KINDS = dict({"co2-early": "co2"}, **{s: s[:-len("-swapped")] for s in SWAPPED})
+EXTRA_STRATEGIES = ["co2-early", "co2-zero"] + sorted(SWAPPED)
+KINDS = dict({"co2-early": "co2", "co2-zero": "co2"}, **{s: s[:-len("-swapped")] for s in SWAPPED})
 # What a harness strategy writes into [strategy], past its kind; rounds of 4 steps.
 STRATEGY_LINES = {"localsgd": "local_steps = 4\n", "diloco": "local_steps = 4\n",
                   "co2": "local_steps = 4\n", "co2-early": "local_steps = 4\noverlap_steps = 2\n",
+                  "co2-zero": "local_steps = 4\nzero = true\n",
                   "localsgd-swapped": "local_steps = 4\ntransfer_piece = \"4KB\"\n",
                   "diloco-swapped": "local_steps = 4\ntransfer_piece = \"4KB\"\n",
                   "co2-swapped": "local_steps = 4\ntransfer_piece = \"4KB\"\n"}
@@ -586,7 +588,8 @@ def main():
     ap.add_argument("--starling", default=os.path.join(ROOT, "build", "starling"))
     ap.add_argument("--strategies", nargs="+", default=STRATEGIES,
                     choices=STRATEGIES + EXTRA_STRATEGIES,
-                    help="co2-early: co2 with overlap_steps = 2 of 4; KIND-swapped: that strategy "
+                    help="co2-early: co2 with overlap_steps = 2 of 4; co2-zero: co2 with zero = "
+                         "true; KIND-swapped: that strategy "
                          "with every peer swapped through a budget on disk (none of these in the "
                          "default list)")
     ap.add_argument("--peers", type=int, default=5)

@@ -923,8 +923,10 @@ TEST_F(SwarmCliTest, SwappedCo2TrainsLikeUnswappedCo2) {
   }
 
   // With zero the shards stay in memory and the parameters go through the runner a tensor at a
-  // time (each peer reads only the tensors its shard covers when the shards are cut).
-  const std::string zero = "kind = \"co2\"\nlocal_steps = 4\nzero = true";
+  // time (each peer reads only the tensors its shard covers when the shards are cut). The
+  // fingerprint is the whole anchor's, gathered from the shards: the same on both peers, and the
+  // same swapped and unswapped.
+  const std::string zero = "kind = \"co2\"\nlocal_steps = 4\nzero = true\nfingerprint = true";
   const auto c = run_cli("train -q --peers 2 --config " +
                          write_config("co2_zero_plain", zero).string() + " --set model.n_layer=2");
   ASSERT_EQ(c.code, 0) << c.output << read_file(run_dir("co2_zero_plain") / "peer-0.log");
@@ -943,6 +945,14 @@ TEST_F(SwarmCliTest, SwappedCo2TrainsLikeUnswappedCo2) {
     ASSERT_TRUE(std::regex_search(log, m, std::regex("swap: peak resident ([0-9.]+) KB"))) << log;
     EXPECT_LE(std::stod(m[1].str()), 600.0 * 1.024) << log;
     EXPECT_NE(log.find("stay in memory beside swap.budget"), std::string::npos) << log;
+    for (int64_t round = 1; round <= 2; ++round) {  // applied at steps 8 and 12
+      const auto print = fingerprint_of(run_dir("co2_zero_plain") / "peer-0", round);
+      ASSERT_TRUE(print) << "no fingerprint of round " << round;
+      EXPECT_EQ(fingerprint_of(run_dir("co2_zero_plain") / peer, round), print)
+          << peer << ", round " << round;
+      EXPECT_EQ(fingerprint_of(run_dir("co2_zero_swap") / peer, round), print)
+          << peer << ", round " << round;
+    }
   }
 }
 
@@ -1738,15 +1748,6 @@ TEST_F(SwarmCliTest, BadSwarmArgumentsAreClearErrors) {
   r = run_cli("train --peers 3 --peer-cpus 1,1 --config " + (root_ / "atom_gloo.toml").string());
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("lists 2 values for 3 peers"), std::string::npos) << r.output;
-  // zero's shards are no peer's whole state to fingerprint.
-  r = run_cli(
-      "train --peers 2 --config " +
-      write_config("zero_print", "kind = \"co2\"\nzero = true\nfingerprint = true").string());
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.output.find("strategy.fingerprint needs the whole shared state on every peer: not "
-                          "with strategy.zero"),
-            std::string::npos)
-      << r.output;
   // The robust aggregate covers the round-based strategies on Starling's swarm only; a poison
   // that cannot be read is named.
   r = run_cli("train --peers 2 --config " +

@@ -241,7 +241,7 @@ void Co2::move_anchor() {
   } else {
     anchor_shard_.sub_(momentum_shard_, s.outer_lr);
   }
-  ++version_;  // no fingerprint: each peer holds its own shard
+  ++version_;  // the fingerprint once the shards are gathered (gather_anchor)
 }
 
 bool Co2::gather_anchor() {
@@ -321,6 +321,7 @@ void Co2::launch(const Agreement& a, bool apply) {
       need_state_ = true;    // keep y; the next agreement hands out the root's state
       return;
     }
+    if (apply) note_round(buffer);  // the whole new anchor, every shard of it
     start_from_anchor(buffer);
   }
   if (!a.contribute) buffer.zero_();
@@ -424,7 +425,10 @@ bool Co2::step_done(train::Replica& r, bool last) {
       step_anchor_by_part();
     } else {
       move_anchor();
-      if (gather_anchor()) write_params(exchange_->device());
+      if (gather_anchor()) {
+        note_round(exchange_->device());
+        write_params(exchange_->device());
+      }
     }
   }
   ++rounds_;

@@ -90,7 +90,7 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
       "of the history net.fingerprint_lineage), so peers can be compared round by "
       "round (bench/chaos); costs a pass over "
       "the model per round (a swapped ddp or atom peer reads its weights back from its tier "
-      "after each step); not with co2's zero"));
+      "after each step; co2's zero takes it from the anchor it gathers)"));
   k.push_back(bool_key("strategy", "redeal_data", &st.redeal_data,
                        "when the peers of a round change (one died or left, one joined), deal "
                        "the rest of the epoch's training windows again among the peers present, "
@@ -142,11 +142,6 @@ void check_peer(const StrategyConfig& c, const std::string& net_backend) {
   // a piece at a time, diloco and co2 their parameters and outer state (kept in the tier) a
   // piece or a tensor at a time; co2's zero keeps its shards in memory and reads and writes the
   // parameters a tensor at a time.
-  // A swapped peer takes the fingerprint a piece or a tensor at a time: from its round (localsgd,
-  // diloco, co2), or reading its weights back after each step (ddp, atom).
-  if (c.fingerprint && c.zero)
-    throw ConfigError(
-        "strategy.fingerprint needs the whole shared state on every peer: not with strategy.zero");
   UpdatePoison::from_env();  // a malformed STARLING_FAULT_POISON is refused here, not mid-run
   die_in_transfer_from_env();
   die_in_exchange_from_env();
