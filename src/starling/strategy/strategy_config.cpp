@@ -138,10 +138,11 @@ void check_peer(const StrategyConfig& c, const std::string& net_backend) {
   if (std::find(kinds.begin(), kinds.end(), c.kind) == kinds.end())
     throw ConfigError("strategy.kind = \"" + c.kind + "\" does not train with peers; use " +
                       swarm_strategy_list());
-  // ddp and atom reach a swapped replica's gradients a node at a time, localsgd its parameters
-  // a piece at a time, diloco and co2 their parameters and outer state (kept in the tier) a
-  // piece or a tensor at a time; co2's zero keeps its shards in memory and reads and writes the
-  // parameters a tensor at a time.
+  // Nothing is refused with a [swap] budget: ddp and atom reach a swapped replica's gradients a
+  // node at a time, localsgd its parameters a piece at a time, diloco and co2 their parameters
+  // and outer state (kept in the tier) a piece or a tensor at a time, and co2's zero keeps its
+  // shards in memory and reads and writes the parameters a tensor at a time. Every one takes
+  // strategy.fingerprint the same way.
   UpdatePoison::from_env();  // a malformed STARLING_FAULT_POISON is refused here, not mid-run
   die_in_transfer_from_env();
   die_in_exchange_from_env();
