@@ -615,11 +615,15 @@ TEST_F(SwarmCliTest, JoinerAdoptsTheRunningSwarmsState) {
     std::smatch m;
     ASSERT_TRUE(std::regex_search(log, m, adopted)) << log;
     EXPECT_GT(std::stoi(m[3]), 4) << m[0];
-    // One running peer sent the state, the other kept its own.
+    // One running peer sent the state to the joiner; the other, whose state is the same, took
+    // no part in the transfer (neither received it nor passed it on).
     const std::string kept = old + read_file(run_dir(name) / "p1.log");
     EXPECT_NE(kept.find("state transfer: sent"), std::string::npos) << kept;
-    EXPECT_NE(kept.find("state transfer: received (this peer's own kept)"), std::string::npos)
+    EXPECT_NE(kept.find("state transfer: not needed here (this peer holds the state peer "),
+              std::string::npos)
         << kept;
+    EXPECT_NE(kept.find("); it goes to 1 peer(s)"), std::string::npos) << kept;
+    EXPECT_EQ(kept.find("state transfer: received"), std::string::npos) << kept;
     // The final models show the replicas met again.
     const std::string model = final_model(run_dir(name) / "peer-0", steps);
     EXPECT_TRUE(final_model(run_dir(name) / "peer-1", steps) == model);
@@ -637,6 +641,56 @@ TEST_F(SwarmCliTest, JoinerAdoptsTheRunningSwarmsState) {
     }
     EXPECT_EQ(ranks.size(), 3u);
   }
+}
+
+// A joiner's state goes only to the peers that need it: a running peer that holds the same
+// state takes no part in the transfer and waits for its end in the round's next collective, as
+// long as the transfer lasts. Here the sender pauses before each piece (a slow link), so the
+// transfer lasts several times the collective timeout (1 s); the peer outside it must not give
+// up on the swarm meanwhile (it would have to take the whole state itself the next time).
+TEST_F(SwarmCliTest, APeerOutsideATransferWaitsForItsEndPastTheCollectiveTimeout) {
+  const std::string name = "join_slow";
+  write_config(name, "kind = \"ddp\"\ntransfer_piece = \"4KB\"", 1000, 20);
+  fs::create_directories(run_dir(name));
+  const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+  const std::vector<std::string> extra = as_argv({"net.collective_timeout_s=1"});
+  // Whichever of the two running peers sends (the longest-standing), it sends slowly.
+  const auto slow = [&](int rank, const std::string& entry, int64_t min_peers) {
+    std::vector<std::string> argv = peer_argv(name, rank, 3, entry, min_peers, extra);
+    argv.insert(argv.begin(), {"/usr/bin/env", "STARLING_FAULT_SLOW_TRANSFER=60"});
+    return argv;
+  };
+  std::vector<Process> peers;
+  peers.emplace_back(slow(0, "", 2), log(0).string());
+  auto listening = wait_event(
+      peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
+  ASSERT_TRUE(listening);
+  const std::string entry = (*listening)["endpoint"];
+  peers.emplace_back(slow(1, entry, 2), log(1).string());
+  ASSERT_TRUE(wait_event(
+      peers[1], [](const json& j) { return j["event"] == "step" && j["step"] >= 40; }, 60s))
+      << read_file(log(1));
+  peers.emplace_back(peer_argv(name, 2, 3, entry, 1, extra), log(2).string());
+  const auto done = wait_all_done(peers, 120s);
+  ASSERT_EQ(done.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(done[i]) << "peer " << i << ": " << read_file(log(i));
+    EXPECT_EQ((*done[i])["net"]["peers"], 3);
+  }
+  const std::string joiner = read_file(log(2));
+  EXPECT_EQ(count_of(joiner, "state transfer: adopted"), 1) << joiner;
+  const std::regex adopted("state transfer: adopted .* piece\\(s\\), ([0-9.]+) s");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(joiner, m, adopted)) << joiner;
+  EXPECT_GT(std::stod(m[1]), 2.0) << m[0] << ": the transfer should outlast the timeout";
+  const std::string old = read_file(log(0)) + read_file(log(1));
+  EXPECT_EQ(count_of(old, "state transfer: not needed here"), 1) << old;
+  EXPECT_EQ(old.find("failed"), std::string::npos) << old;
+  EXPECT_EQ(old.find("timed out"), std::string::npos) << old;
+  const std::string model = final_model(run_dir(name) / "peer-0", 1000);
+  ASSERT_FALSE(model.empty());
+  EXPECT_TRUE(final_model(run_dir(name) / "peer-1", 1000) == model);
+  EXPECT_TRUE(final_model(run_dir(name) / "peer-2", 1000) == model);
 }
 
 // A peer that joins a running ddp, localsgd, diloco or co2 swarm adopts its state in pieces
@@ -723,11 +777,10 @@ TEST_F(SwarmCliTest, SwarmsTakeAJoinerInPieces) {
     ASSERT_TRUE(std::regex_search(joiner, m, adopted)) << joiner;
     EXPECT_GT(std::stoi(m[3]), 4) << m[0];
     EXPECT_NE(old.find("state transfer: sent"), std::string::npos) << old;
-    // zero's running peers take the root's parameters too (the shards move); the others keep
-    // their own.
-    EXPECT_EQ(old.find("state transfer: received (this peer's own kept)") != std::string::npos,
-              !zero)
-        << old;
+    // zero's running peers take the root's parameters too (the shards move); the others' peer
+    // that does not send holds the same state, and takes no part in the transfer.
+    EXPECT_EQ(old.find("state transfer: not needed here") != std::string::npos, !zero) << old;
+    EXPECT_EQ(old.find("state transfer: received"), std::string::npos) << old;
     const std::string model = final_model(run_dir(name) / "peer-0", steps);
     ASSERT_FALSE(model.empty());
     EXPECT_TRUE(final_model(run_dir(name) / "peer-1", steps) == model);
@@ -1003,8 +1056,8 @@ TEST_F(SwarmCliTest, SwappedSwarmTakesAJoiner) {
     const std::string size = m[1].str() + " " + m[2].str();
     const std::string whole = size + " of " + size + " in " + m[3].str() + " of";
     const std::string old = read_file(log(0)) + read_file(log(1));
-    // The joiner's state came from one of the others while the other kept its own (the same
-    // state), each in as many pieces; after the break, from peer 1.
+    // The joiner's state came from one of the others, in as many pieces as it took, while the
+    // other, holding the same state, took no part; after the break, from peer 1.
     EXPECT_NE(old.find("state transfer: sent " + whole), std::string::npos) << old;
     if (sender_dies) {
       EXPECT_NE(old.find("fault injection: dying after 3 piece(s)"), std::string::npos) << old;
@@ -1017,9 +1070,8 @@ TEST_F(SwarmCliTest, SwappedSwarmTakesAJoiner) {
       // for their next agreement), it took part in the exchange after the agreement it joined
       // in: nothing failed, and the peer that was not sending kept its own state.
       EXPECT_EQ(old.find("failed"), std::string::npos) << old;
-      EXPECT_NE(old.find("state transfer: received (this peer's own kept) " + whole),
-                std::string::npos)
-          << old;
+      EXPECT_NE(old.find("state transfer: not needed here"), std::string::npos) << old;
+      EXPECT_EQ(old.find("state transfer: received"), std::string::npos) << old;
     }
     // The joiner adopted the state once (a transfer broken off says no "adopted").
     EXPECT_EQ(count_of(joiner, "state transfer: adopted"), 1) << joiner;

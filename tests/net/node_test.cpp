@@ -136,6 +136,40 @@ TEST(NodeTest, DisagreeingCallsFailEverywhereWithTheReason) {
   EXPECT_EQ(c, std::vector<float>(50, 3.0f));
 }
 
+// A call waits for the others at most the node's collective timeout, unless it names a limit of
+// its own (a peer that knows the others are busy first with a long transfer): then it outlasts
+// the timeout and runs when the others come.
+TEST(NodeTest, AWaitLimitOutlastsTheCollectiveTimeout) {
+  Swarm swarm(2);
+  std::vector<std::unique_ptr<net::Node>> nodes;
+  for (int i = 0; i < 2; ++i) {
+    net::NodeOptions o = swarm.options(i, i == 0 ? "" : nodes[0]->endpoint());
+    o.collective_timeout = 1000ms;
+    nodes.push_back(std::make_unique<net::Node>(o));
+  }
+  for (auto& node : nodes) ASSERT_TRUE(node->wait_for_members(2, 5s));
+  std::vector<float> a(10, 1.0f), b(10, 2.0f);
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    nodes[0]->all_reduce(a, {}).wait();
+    FAIL() << "expected a timeout";
+  } catch (const starling::NetError& e) {
+    EXPECT_NE(std::string(e.what()).find("timed out after 1 s"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1900ms);
+  net::CollectiveOptions patient;
+  patient.wait_limit = 5000ms;
+  t0 = std::chrono::steady_clock::now();
+  auto w0 = nodes[0]->all_reduce(a, patient);
+  std::this_thread::sleep_for(2500ms);
+  auto w1 = nodes[1]->all_reduce(b, {});
+  w0.wait();
+  w1.wait();
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 2500ms);
+  EXPECT_EQ(a, std::vector<float>(10, 3.0f));
+  EXPECT_EQ(b, std::vector<float>(10, 3.0f));
+}
+
 // A peer whose contribution holds a NaN, with reject_non_finite: the all-reduce fails on every
 // participant, naming that peer, and nothing non-finite is left in anyone's result. An overflow
 // to infinity while summing is caught where it arises, naming the neighbour it came from.

@@ -157,7 +157,10 @@ void Agreement::tick(Clock::time_point now) {
   for (auto& [tag, q] : tags_) {
     if (q.phase != TagQueue::Phase::announcing) continue;
     const Launched& op = q.waiting.front();
-    if (now > op.launched + options_.collective_timeout) {
+    const std::chrono::milliseconds limit = op.request.options.wait_limit.count() > 0
+                                                ? op.request.options.wait_limit
+                                                : options_.collective_timeout;
+    if (now > op.launched + limit) {
       std::string missing;
       if (q.coordinator == options_.self) {
         std::vector<PeerId> expected;
@@ -169,8 +172,7 @@ void Agreement::tick(Clock::time_point now) {
         for (PeerId id : expected)
           if (!readies_[key].count(id)) missing += (missing.empty() ? "" : ", ") + table_.who(id);
       }
-      failed.emplace_back(tag, "timed out after " +
-                                   std::to_string(options_.collective_timeout.count() / 1000) +
+      failed.emplace_back(tag, "timed out after " + std::to_string(limit.count() / 1000) +
                                    " s waiting for every peer to call " + op.request.describe() +
                                    (missing.empty() ? "" : " (not ready: " + missing + ")"));
       continue;

@@ -51,6 +51,11 @@ struct CollectiveOptions {
   // honest peer's left neighbour sent it a non-finite partial sum only if that neighbour added
   // one itself, or passed one on unchecked. c10d backends ignore it.
   bool reject_non_finite = false;
+  // How long this peer waits for every participant to call the operation before it fails it;
+  // zero: the node's collective timeout. Local to this peer: not sent, not compared. A peer that
+  // knows the others are busy with a long piece of work first (a state transfer it takes no part
+  // in) waits as long as that work may take. Starling's swarm only; c10d backends ignore it.
+  std::chrono::milliseconds wait_limit{0};
 };
 
 // The half-open element range [begin, end) that ring position `position` of `size` owns in a

@@ -68,6 +68,18 @@ std::optional<TransferDeath> die_in_transfer_from_env() {
   return d;
 }
 
+std::optional<long long> slow_transfer_from_env() {
+  const char* v = std::getenv("STARLING_FAULT_SLOW_TRANSFER");
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  char* end = nullptr;
+  const long long ms = std::strtoll(v, &end, 10);
+  if (end == v || *end != '\0' || ms < 1 || ms > 600000)
+    throw ConfigError(std::string("STARLING_FAULT_SLOW_TRANSFER = \"") + v +
+                      "\": expected MS, the milliseconds this peer pauses before each piece of "
+                      "a state transfer it sends (1 to 600000)");
+  return ms;
+}
+
 std::optional<long long> die_in_exchange_from_env() {
   const char* v = std::getenv("STARLING_FAULT_DIE_IN_EXCHANGE");
   if (v == nullptr || *v == '\0') return std::nullopt;

@@ -10,6 +10,9 @@
 //   STARLING_FAULT_DIE_IN_TRANSFER=N:K   in the N-th state transfer this peer sends to others
 //                                   (from 1), it kills itself (SIGKILL) after K pieces, so its
 //                                   receivers hold part of its state
+//   STARLING_FAULT_SLOW_TRANSFER=MS  before each piece of a state transfer it sends, this peer
+//                                   pauses MS milliseconds (a sender on a slow link: the
+//                                   transfer outlasts the collective timeout, say)
 //   STARLING_FAULT_DIE_IN_EXCHANGE=N  in its N-th gradient exchange (ddp, atom; from 1), after
 //                                   the round's agreement and before it sends, it kills itself
 //                                   (SIGKILL): every other participant's exchange of that round
@@ -54,6 +57,10 @@ struct TransferDeath {
 // STARLING_FAULT_DIE_IN_TRANSFER; nullopt when unset or empty. ConfigError naming the value
 // unless it is "N:K" with whole numbers N >= 1 and K >= 0.
 std::optional<TransferDeath> die_in_transfer_from_env();
+
+// STARLING_FAULT_SLOW_TRANSFER; nullopt when unset or empty. ConfigError naming the value unless
+// it is a whole number of milliseconds from 1 to 600000.
+std::optional<long long> slow_transfer_from_env();
 
 // STARLING_FAULT_DIE_IN_EXCHANGE; nullopt when unset or empty. ConfigError naming the value
 // unless it is a whole number N >= 1.

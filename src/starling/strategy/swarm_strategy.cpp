@@ -3,11 +3,13 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <iostream>
 #include <limits>
 #include <map>
+#include <thread>
 #include <tuple>
 
 #include "starling/common/cpu_runtime.h"
@@ -64,7 +66,8 @@ SwarmStrategy::SwarmStrategy(const train::RunConfig& config, net::Collectives& n
       net_(net),
       precision_(parse_precision(config.strategy.precision)),
       poison_(UpdatePoison::from_env()),
-      die_in_transfer_(die_in_transfer_from_env()) {
+      die_in_transfer_(die_in_transfer_from_env()),
+      slow_transfer_ms_(slow_transfer_from_env()) {
   if (poison_)
     log("fault injection: every round update this peer sends is " + poison_->describe() +
         " (STARLING_FAULT_POISON)");
@@ -72,6 +75,9 @@ SwarmStrategy::SwarmStrategy(const train::RunConfig& config, net::Collectives& n
     log("fault injection: this peer dies after sending " +
         std::to_string(die_in_transfer_->pieces) + " piece(s) of state transfer " +
         std::to_string(die_in_transfer_->transfer) + " (STARLING_FAULT_DIE_IN_TRANSFER)");
+  if (slow_transfer_ms_)
+    log("fault injection: this peer pauses " + std::to_string(*slow_transfer_ms_) +
+        " ms before each piece of a state transfer it sends (STARLING_FAULT_SLOW_TRANSFER)");
 }
 
 c10::Device SwarmStrategy::net_device() const {
@@ -291,10 +297,12 @@ nlohmann::json SwarmStrategy::round_state(const char* kind) const {
   return {{"kind", kind}, {"version", version_}, {"work", work_}, {"lineage", lineage_}};
 }
 
-std::optional<net::PeerId> SwarmStrategy::choose_root(const train::Replica& r, const Agreement& a) {
+std::optional<SwarmStrategy::RootChoice> SwarmStrategy::choose_root(const train::Replica& r,
+                                                                    const Agreement& a) {
   // One row per participant, at its place in the ring (ordered by id): whether it needs the
-  // state, its round, its step, its work, its lineage and whether it holds a state at all.
-  constexpr int64_t kRow = 10;
+  // state, its round, its step, its work, its lineage, whether it holds a state at all, and
+  // AdamW's count.
+  constexpr int64_t kRow = 12;
   const int64_t peers = static_cast<int64_t>(a.ring.size());
   const auto self = std::find(a.ring.begin(), a.ring.end(), net_.self());
   if (self == a.ring.end()) throw std::logic_error("choose_root: this peer is not in the round");
@@ -306,6 +314,7 @@ std::optional<net::PeerId> SwarmStrategy::choose_root(const train::Replica& r, c
   put_int(mine + 5, work_);
   put_lineage(mine + 7, lineage_);
   mine[9] = holds_state_ ? 1.f : 0.f;
+  put_int(mine + 10, r.optimizer.steps());
   at::Tensor sent = rows.to(net_device());
   const auto result =
       wait_result(net_.all_gather(as_span(sent), options(net::WirePrecision::fp32, a.ring)),
@@ -340,17 +349,42 @@ std::optional<net::PeerId> SwarmStrategy::choose_root(const train::Replica& r, c
     }
     if (key == newest) best.push_back(a.ring[static_cast<size_t>(i)]);
   }
-  return net_.longest_standing(best);
+  RootChoice choice;
+  choice.root = net_.longest_standing(best);
+  // A participant whose state is the root's in every part the transfer carries (the header's
+  // counts too) needs none of it. Every peer decides alike, from the same rows. A c10d group
+  // runs its whole group only, so there everyone takes part (and keeps its own).
+  const auto at_root = std::find(a.ring.begin(), a.ring.end(), choice.root);
+  const float* root_row = rows.data_ptr<float>() + (at_root - a.ring.begin()) * kRow;
+  for (int64_t i = 0; i < peers; ++i) {
+    const float* row = rows.data_ptr<float>() + i * kRow;
+    const bool same =
+        row[0] == 0.f && row[9] != 0.f && get_lineage(row + 7) == get_lineage(root_row + 7) &&
+        std::equal(row + 1, row + 7, root_row + 1) && get_int(row + 10) == get_int(root_row + 10);
+    const net::PeerId id = a.ring[static_cast<size_t>(i)];
+    if (id == choice.root || !same || !keeps_own_state() || !net_.elastic())
+      choice.ring.push_back(id);
+    else if (id == net_.self())
+      choice.keeps = true;
+  }
+  return choice;
 }
 
-bool SwarmStrategy::transfer_state(train::Replica& r, const Agreement& a, net::PeerId root,
-                                   int64_t piece_numel, bool keep_own) {
+net::CollectiveOptions SwarmStrategy::transfer_options(const std::vector<net::PeerId>& ring,
+                                                       net::PeerId root) const {
+  net::CollectiveOptions o = options(net::WirePrecision::fp32, ring);
+  o.root = root;
+  if (net_.elastic()) o.tag = kTransferTag;  // a c10d group runs one sequence of calls
+  return o;
+}
+
+bool SwarmStrategy::transfer_state(train::Replica& r, const std::vector<net::PeerId>& ring,
+                                   net::PeerId root, int64_t piece_numel, bool keep_own) {
   const bool sending = root == net_.self();
   // A peer alone in the round (one that starts first, or the last left) sends to no one: reading
   // its whole state (from its tier, when swapped) would be for nothing.
-  if (sending && a.ring.size() == 1) return true;
-  net::CollectiveOptions o = options(net::WirePrecision::fp32, a.ring);
-  o.root = root;
+  if (sending && ring.size() == 1) return true;
+  const net::CollectiveOptions o = transfer_options(ring, root);
   StateStream stream(state_tensors(r), piece_numel);
   at::Tensor buffer = at::empty({std::min(stream.piece_numel(), stream.numel())},
                                 at::TensorOptions().dtype(at::kFloat).device(net_device()));
@@ -385,8 +419,10 @@ bool SwarmStrategy::transfer_state(train::Replica& r, const Agreement& a, net::P
       log("fault injection: dying after " + std::to_string(k) + " piece(s) of the transfer");
       std::raise(SIGKILL);
     }
+    if (sending && slow_transfer_ms_)
+      std::this_thread::sleep_for(std::chrono::milliseconds(*slow_transfer_ms_));
     if (sending) stream.read_next(part, read);
-    if (!wait(net_.broadcast(as_span(part), o), "state transfer", &a.ring)) {
+    if (!wait(net_.broadcast(as_span(part), o), "state transfer", &ring)) {
       if (wrote)
         torn_ = std::to_string(k) + " of " + std::to_string(stream.pieces()) + " pieces of peer " +
                 net_.describe(root) + "'s state";
@@ -523,107 +559,134 @@ Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool op
       if (loader != nullptr) redeal(*loader, a, shares);
       return a;
     }
-    // Someone lacks the shared state, or the states differ: the newest one is sent.
-    const std::optional<net::PeerId> root = choose_root(r, a);
-    if (!root) {
+    // Someone lacks the shared state, or the states differ: the newest one is sent, to the
+    // participants whose state is not the same already.
+    const std::optional<RootChoice> choice = choose_root(r, a);
+    if (!choice) {
       need_state_ = true;
       continue;
     }
-    at::Tensor header = at::zeros({kHeader}, at::kFloat);
-    const int64_t piece_numel = std::max<int64_t>(
-        1, transfer_piece_bytes(config_.strategy) / static_cast<int64_t>(sizeof(float)));
-    if (*root == net_.self()) {
-      float* h = header.data_ptr<float>();
-      put_int(h, r.step);
-      put_int(h + 2, version_);
-      put_int(h + 4, work_);
-      put_lineage(h + 6, lineage_);
-      put_int(h + 8, piece_numel);
-      put_int(h + 10, r.optimizer.steps());
+    const net::PeerId root = choice->root;
+    net::CollectiveOptions counting = options(net::WirePrecision::fp32, a.ring);
+    if (choice->keeps) {
+      // This peer holds the state the root sends (its round, step, work and count are the
+      // root's, so the header would change nothing either): it neither receives it nor passes
+      // it on, and waits for the transfer's end in the contributor count below. Each piece may
+      // take up to a collective timeout before the transfer fails, so it waits that long for
+      // each (a transfer that fails sends its participants back to a new agreement, over the
+      // whole swarm, which refuses this count at once).
+      a.contribute = true;
+      const int64_t piece_numel = std::max<int64_t>(
+          1, transfer_piece_bytes(config_.strategy) / static_cast<int64_t>(sizeof(float)));
+      int64_t numel = 0;
+      for (const at::Tensor& t : state_tensors(r)) numel += t.numel();
+      const int64_t pieces = (numel + piece_numel - 1) / piece_numel;
+      counting.wait_limit =
+          std::chrono::seconds(config_.net.collective_timeout_s * std::max<int64_t>(1, pieces + 2));
+      log("state transfer: not needed here (this peer holds the state peer " + net_.describe(root) +
+          " sends, at step " + std::to_string(r.step) + ", round " + std::to_string(version_) +
+          "); it goes to " + std::to_string(choice->ring.size() - 1) + " peer(s)");
+    } else {
+      at::Tensor header = at::zeros({kHeader}, at::kFloat);
+      const int64_t piece_numel = std::max<int64_t>(
+          1, transfer_piece_bytes(config_.strategy) / static_cast<int64_t>(sizeof(float)));
+      if (root == net_.self()) {
+        float* h = header.data_ptr<float>();
+        put_int(h, r.step);
+        put_int(h + 2, version_);
+        put_int(h + 4, work_);
+        put_lineage(h + 6, lineage_);
+        put_int(h + 8, piece_numel);
+        put_int(h + 10, r.optimizer.steps());
+      }
+      at::Tensor sent = header.to(net_device());
+      if (!wait(net_.broadcast(as_span(sent), transfer_options(choice->ring, root)),
+                "state transfer", &choice->ring)) {
+        need_state_ = true;
+        continue;
+      }
+      if (!sent.is_same(header)) header.copy_(sent);
+      const float* h = header.data_ptr<float>();
+      const int64_t root_step = get_int(h);
+      const int64_t root_version = get_int(h + 2);
+      const int64_t root_work = get_int(h + 4);
+      const uint32_t root_lineage = get_lineage(h + 6);
+      const int64_t root_piece = get_int(h + 8);
+      // AdamW's count, which lags the step by the updates skipped (fp16 overflows, ddp and atom
+      // steps without an average): the moments it sends were made with it.
+      const int64_t root_updates = get_int(h + 10);
+      if (root_piece < 1000) {  // strategy.transfer_piece is at least 4 KB
+        log("the state transfer's header from peer " + net_.describe(root) + " names pieces of " +
+            std::to_string(root_piece) +
+            " elements (at least 1000 expected); this peer ignores it");
+        need_state_ = true;
+        continue;
+      }
+      if (root_updates < 0 || root_updates > root_step) {
+        log("the state transfer's header from peer " + net_.describe(root) + " counts " +
+            std::to_string(root_updates) + " optimizer updates at step " +
+            std::to_string(root_step) + " (0 to the step expected); this peer ignores it");
+        need_state_ = true;
+        continue;
+      }
+      // Progress counts only if it was made from the same shared state the root holds.
+      const bool same_history = lineage_ == root_lineage;
+      a.contribute =
+          !need_state_ && same_history && version_ == root_version && r.step == root_step;
+      // A peer that trained rounds of another history than the root's (a side of a split swarm,
+      // a peer restarted from an old checkpoint) loses that progress: say so, with what it held.
+      const bool other_history = !same_history && version_ > 0;
+      // The root keeps its own state (its "state transfer: sent" line says so when others take
+      // it).
+      if (root != net_.self() && (need_state_ || r.step != root_step || !same_history))
+        log("adopting the swarm's state from peer " + net_.describe(root) + " (step " +
+            std::to_string(root_step) + ", round " + std::to_string(root_version) + ", work " +
+            std::to_string(root_work) + ")" +
+            (other_history ? "; this peer held another history (round " + std::to_string(version_) +
+                                 ", work " + std::to_string(work_) +
+                                 ": a split swarm or an old state); the history held by more "
+                                 "participants, then with more training, wins, so this peer's "
+                                 "own progress apart from it is dropped"
+                           : ""));
+      // The root's state is this peer's exactly when it has the same history, round and step
+      // (collectives give every peer the same bits), so such a peer keeps its own.
+      if (root == net_.self() && !torn_.empty())
+        log("no participant holds a whole state: every peer that held it has left since this "
+            "peer's transfer broke off (it had received " +
+            torn_ +
+            "), so the swarm goes on from this peer's state, those pieces and its own values "
+            "for the rest, at its own step " +
+            std::to_string(r.step) +
+            "; restart the swarm from a checkpoint (--resume) to go on "
+            "from a whole one");
+      if (!transfer_state(r, choice->ring, root, root_piece, a.contribute && keeps_own_state())) {
+        need_state_ = true;
+        continue;
+      }
+      torn_.clear();
+      // A peer in its opening agreement trains from here on the state it now holds: where its
+      // share of the exchange that follows is computed after this (ddp's gradients of the step
+      // the others are about to sum), that share is as good as theirs.
+      if (opening && a.exchange_follows && counts_from_opening()) a.contribute = true;
+      const bool moved = r.step != root_step;
+      r.step = root_step;
+      r.optimizer.set_steps(root_updates);
+      version_ = root_version;
+      work_ = root_work;
+      lineage_ = root_lineage;
+      holds_state_ = true;
+      if (r.runner != nullptr && moved) r.runner->align(root_step);
+      need_state_ = false;
     }
-    at::Tensor sent = header.to(net_device());
-    net::CollectiveOptions o = options(net::WirePrecision::fp32, a.ring);
-    o.root = *root;
-    if (!wait(net_.broadcast(as_span(sent), o), "state transfer", &a.ring)) {
-      need_state_ = true;
-      continue;
-    }
-    if (!sent.is_same(header)) header.copy_(sent);
-    const float* h = header.data_ptr<float>();
-    const int64_t root_step = get_int(h);
-    const int64_t root_version = get_int(h + 2);
-    const int64_t root_work = get_int(h + 4);
-    const uint32_t root_lineage = get_lineage(h + 6);
-    const int64_t root_piece = get_int(h + 8);
-    // AdamW's count, which lags the step by the updates skipped (fp16 overflows, ddp and atom
-    // steps without an average): the moments it sends were made with it.
-    const int64_t root_updates = get_int(h + 10);
-    if (root_piece < 1000) {  // strategy.transfer_piece is at least 4 KB
-      log("the state transfer's header from peer " + net_.describe(*root) + " names pieces of " +
-          std::to_string(root_piece) + " elements (at least 1000 expected); this peer ignores it");
-      need_state_ = true;
-      continue;
-    }
-    if (root_updates < 0 || root_updates > root_step) {
-      log("the state transfer's header from peer " + net_.describe(*root) + " counts " +
-          std::to_string(root_updates) + " optimizer updates at step " + std::to_string(root_step) +
-          " (0 to the step expected); this peer ignores it");
-      need_state_ = true;
-      continue;
-    }
-    // Progress counts only if it was made from the same shared state the root holds.
-    const bool same_history = lineage_ == root_lineage;
-    a.contribute = !need_state_ && same_history && version_ == root_version && r.step == root_step;
-    // A peer that trained rounds of another history than the root's (a side of a split swarm, a
-    // peer restarted from an old checkpoint) loses that progress: say so, with what it held.
-    const bool other_history = !same_history && version_ > 0;
-    // The root keeps its own state (its "state transfer: sent" line says so when others take it).
-    if (*root != net_.self() && (need_state_ || r.step != root_step || !same_history))
-      log("adopting the swarm's state from peer " + net_.describe(*root) + " (step " +
-          std::to_string(root_step) + ", round " + std::to_string(root_version) + ", work " +
-          std::to_string(root_work) + ")" +
-          (other_history ? "; this peer held another history (round " + std::to_string(version_) +
-                               ", work " + std::to_string(work_) +
-                               ": a split swarm or an old state); the history held by more "
-                               "participants, then with more training, wins, so this peer's own "
-                               "progress apart from it is dropped"
-                         : ""));
-    // The root's state is this peer's exactly when it has the same history, round and step
-    // (collectives give every peer the same bits), so such a peer keeps its own.
-    if (*root == net_.self() && !torn_.empty())
-      log("no participant holds a whole state: every peer that held it has left since this "
-          "peer's transfer broke off (it had received " +
-          torn_ +
-          "), so the swarm goes on from this peer's state, those pieces and its own values "
-          "for the rest, at its own step " +
-          std::to_string(r.step) +
-          "; restart the swarm from a checkpoint (--resume) to go on "
-          "from a whole one");
-    if (!transfer_state(r, a, *root, root_piece, a.contribute && keeps_own_state())) {
-      need_state_ = true;
-      continue;
-    }
-    torn_.clear();
-    // A peer in its opening agreement trains from here on the state it now holds: where its
-    // share of the exchange that follows is computed after this (ddp's gradients of the step
-    // the others are about to sum), that share is as good as theirs.
-    if (opening && a.exchange_follows && counts_from_opening()) a.contribute = true;
-    const bool moved = r.step != root_step;
-    r.step = root_step;
-    r.optimizer.set_steps(root_updates);
-    version_ = root_version;
-    work_ = root_work;
-    lineage_ = root_lineage;
-    holds_state_ = true;
-    if (r.runner != nullptr && moved) r.runner->align(root_step);
-    need_state_ = false;
     a.synced = true;
     // Agree on who contributes, and whether every participant holds the previous round's
     // average (a peer that kept its own state keeps its own answer): one more tiny sum.
     at::Tensor count =
         at::tensor({a.contribute ? 1.f : 0.f, has_previous() ? 1.f : 0.f}).to(net_device());
-    if (!all_reduce(count, net::WirePrecision::fp32, "contributor count", &a.ring)) {
-      need_state_ = true;
+    if (!wait(net_.all_reduce(as_span(count), counting), "contributor count", &a.ring)) {
+      // A peer that kept out of the transfer holds the state it came with, as it was before
+      // this agreement: it needs none the next time either.
+      if (!choice->keeps) need_state_ = true;
       continue;
     }
     const at::Tensor sums = count.cpu();

@@ -230,15 +230,30 @@ class SwarmStrategy : public train::StepHooks {
   static uint32_t chain_crc(const at::Tensor& part, uint32_t crc);
 
  private:
-  // The peer whose shared state a transfer sends (an all-gather of every participant's round,
-  // step and need of state); nullopt (logged) if that exchange failed.
-  std::optional<net::PeerId> choose_root(const train::Replica& r, const Agreement& a);
-  // The root's state after the header: `piece_numel` elements at a time (state_tensors).
-  // `keep_own`: this peer's state is the root's already and stays as it is. False
-  // (logged) if the transfer failed; a peer that had written part of a state of its own by then
-  // holds neither its own nor the root's (holds_state_ turns false).
-  bool transfer_state(train::Replica& r, const Agreement& a, net::PeerId root, int64_t piece_numel,
-                      bool keep_own);
+  // Who sends the shared state in a transfer, and who takes part in it.
+  struct RootChoice {
+    net::PeerId root = 0;
+    // The transfer's participants, sorted: the root and every participant whose state is not
+    // the root's already. On a c10d group, every participant (it runs its whole group only).
+    std::vector<net::PeerId> ring;
+    // This peer holds the root's state (same history, round, step, work and AdamW count, and
+    // the strategy keeps its own): it takes no part, and waits for the others in the next
+    // collective.
+    bool keeps = false;
+  };
+  // The root of a state transfer (an all-gather of every participant's round, step, work, AdamW
+  // count and need of state), and its participants; nullopt (logged) if that exchange failed.
+  std::optional<RootChoice> choose_root(const train::Replica& r, const Agreement& a);
+  // The collective options of a transfer over `ring` from `root`: a tag of its own on Starling's
+  // swarm, so that the peers outside it may wait for its end in a collective of the round.
+  net::CollectiveOptions transfer_options(const std::vector<net::PeerId>& ring,
+                                          net::PeerId root) const;
+  // The root's state after the header, over `ring`: `piece_numel` elements at a time
+  // (state_tensors). `keep_own`: this peer's state is the root's already and stays as it is.
+  // False (logged) if the transfer failed; a peer that had written part of a state of its own
+  // by then holds neither its own nor the root's (holds_state_ turns false).
+  bool transfer_state(train::Replica& r, const std::vector<net::PeerId>& ring, net::PeerId root,
+                      int64_t piece_numel, bool keep_own);
   // `sending`: this peer's row counts (it contributes, and its update is finite).
   bool trimmed_mean_all_reduce(at::Tensor& host, const Agreement& a, bool sending,
                                net::WirePrecision precision, const char* what);
@@ -246,6 +261,7 @@ class SwarmStrategy : public train::StepHooks {
   std::vector<net::PeerId> group_;                // empty: the whole swarm
   std::optional<UpdatePoison> poison_;            // STARLING_FAULT_POISON (fault_injection.h)
   std::optional<TransferDeath> die_in_transfer_;  // STARLING_FAULT_DIE_IN_TRANSFER
+  std::optional<long long> slow_transfer_ms_;     // STARLING_FAULT_SLOW_TRANSFER
   long long transfers_sent_ = 0;                  // state transfers sent to other peers
   // Set when a transfer broke off after this peer wrote part of it (what it wrote), cleared by
   // the next whole one: if this peer is then chosen as the root, no whole state is left.
@@ -270,6 +286,8 @@ class SwarmStrategy : public train::StepHooks {
   // A transfer's header, broadcast before the state: step, version, work (two floats each), the
   // lineage (two 16-bit halves), the elements of a piece and AdamW's count (two floats each).
   static constexpr int64_t kHeader = 12;
+  // The tag of a state transfer's header and pieces ("swstate").
+  static constexpr uint64_t kTransferTag = 0x73'7773'7461'7465ULL;
 };
 
 // Reads strategy.precision.
