@@ -300,9 +300,9 @@ nlohmann::json SwarmStrategy::round_state(const char* kind) const {
 std::optional<SwarmStrategy::RootChoice> SwarmStrategy::choose_root(const train::Replica& r,
                                                                     const Agreement& a) {
   // One row per participant, at its place in the ring (ordered by id): whether it needs the
-  // state, its round, its step, its work, its lineage, whether it holds a state at all, and
-  // AdamW's count.
-  constexpr int64_t kRow = 12;
+  // state, its round, its step, its work, its lineage, whether it holds a state at all, AdamW's
+  // count and the elements of its transfer pieces.
+  constexpr int64_t kRow = 14;
   const int64_t peers = static_cast<int64_t>(a.ring.size());
   const auto self = std::find(a.ring.begin(), a.ring.end(), net_.self());
   if (self == a.ring.end()) throw std::logic_error("choose_root: this peer is not in the round");
@@ -315,6 +315,8 @@ std::optional<SwarmStrategy::RootChoice> SwarmStrategy::choose_root(const train:
   put_lineage(mine + 7, lineage_);
   mine[9] = holds_state_ ? 1.f : 0.f;
   put_int(mine + 10, r.optimizer.steps());
+  put_int(mine + 12, std::max<int64_t>(1, transfer_piece_bytes(config_.strategy) /
+                                              static_cast<int64_t>(sizeof(float))));
   at::Tensor sent = rows.to(net_device());
   const auto result =
       wait_result(net_.all_gather(as_span(sent), options(net::WirePrecision::fp32, a.ring)),
@@ -356,6 +358,7 @@ std::optional<SwarmStrategy::RootChoice> SwarmStrategy::choose_root(const train:
   // runs its whole group only, so there everyone takes part (and keeps its own).
   const auto at_root = std::find(a.ring.begin(), a.ring.end(), choice.root);
   const float* root_row = rows.data_ptr<float>() + (at_root - a.ring.begin()) * kRow;
+  choice.piece_numel = std::max<int64_t>(1, get_int(root_row + 12));
   for (int64_t i = 0; i < peers; ++i) {
     const float* row = rows.data_ptr<float>() + i * kRow;
     const bool same =
@@ -475,6 +478,100 @@ void SwarmStrategy::redeal(data::TokenLoader& loader, const Agreement& a,
       std::to_string(before.world) + ")");
 }
 
+bool SwarmStrategy::take_state(train::Replica& r, Agreement& a, const RootChoice& choice,
+                               bool opening) {
+  const net::PeerId root = choice.root;
+  at::Tensor header = at::zeros({kHeader}, at::kFloat);
+  const int64_t piece_numel = std::max<int64_t>(
+      1, transfer_piece_bytes(config_.strategy) / static_cast<int64_t>(sizeof(float)));
+  if (root == net_.self()) {
+    float* h = header.data_ptr<float>();
+    put_int(h, r.step);
+    put_int(h + 2, version_);
+    put_int(h + 4, work_);
+    put_lineage(h + 6, lineage_);
+    put_int(h + 8, piece_numel);
+    put_int(h + 10, r.optimizer.steps());
+  }
+  at::Tensor sent = header.to(net_device());
+  if (!wait(net_.broadcast(as_span(sent), transfer_options(choice.ring, root)), "state transfer",
+            &choice.ring)) {
+    need_state_ = true;
+    return false;
+  }
+  if (!sent.is_same(header)) header.copy_(sent);
+  const float* h = header.data_ptr<float>();
+  const int64_t root_step = get_int(h);
+  const int64_t root_version = get_int(h + 2);
+  const int64_t root_work = get_int(h + 4);
+  const uint32_t root_lineage = get_lineage(h + 6);
+  const int64_t root_piece = get_int(h + 8);
+  // AdamW's count, which lags the step by the updates skipped (fp16 overflows, ddp and atom
+  // steps without an average): the moments it sends were made with it.
+  const int64_t root_updates = get_int(h + 10);
+  if (root_piece < 1000) {  // strategy.transfer_piece is at least 4 KB
+    log("the state transfer's header from peer " + net_.describe(root) + " names pieces of " +
+        std::to_string(root_piece) + " elements (at least 1000 expected); this peer ignores it");
+    need_state_ = true;
+    return false;
+  }
+  if (root_updates < 0 || root_updates > root_step) {
+    log("the state transfer's header from peer " + net_.describe(root) + " counts " +
+        std::to_string(root_updates) + " optimizer updates at step " + std::to_string(root_step) +
+        " (0 to the step expected); this peer ignores it");
+    need_state_ = true;
+    return false;
+  }
+  // Progress counts only if it was made from the same shared state the root holds.
+  const bool same_history = lineage_ == root_lineage;
+  a.contribute = !need_state_ && same_history && version_ == root_version && r.step == root_step;
+  // A peer that trained rounds of another history than the root's (a side of a split swarm,
+  // a peer restarted from an old checkpoint) loses that progress: say so, with what it held.
+  const bool other_history = !same_history && version_ > 0;
+  // The root keeps its own state (its "state transfer: sent" line says so when others take
+  // it).
+  if (root != net_.self() && (need_state_ || r.step != root_step || !same_history))
+    log("adopting the swarm's state from peer " + net_.describe(root) + " (step " +
+        std::to_string(root_step) + ", round " + std::to_string(root_version) + ", work " +
+        std::to_string(root_work) + ")" +
+        (other_history ? "; this peer held another history (round " + std::to_string(version_) +
+                             ", work " + std::to_string(work_) +
+                             ": a split swarm or an old state); the history held by more "
+                             "participants, then with more training, wins, so this peer's "
+                             "own progress apart from it is dropped"
+                       : ""));
+  // The root's state is this peer's exactly when it has the same history, round and step
+  // (collectives give every peer the same bits), so such a peer keeps its own.
+  if (root == net_.self() && !torn_.empty())
+    log("no participant holds a whole state: every peer that held it has left since this "
+        "peer's transfer broke off (it had received " +
+        torn_ +
+        "), so the swarm goes on from this peer's state, those pieces and its own values "
+        "for the rest, at its own step " +
+        std::to_string(r.step) +
+        "; restart the swarm from a checkpoint (--resume) to go on "
+        "from a whole one");
+  if (!transfer_state(r, choice.ring, root, root_piece, a.contribute && keeps_own_state())) {
+    need_state_ = true;
+    return false;
+  }
+  torn_.clear();
+  // A peer in its opening agreement trains from here on the state it now holds: where its
+  // share of the exchange that follows is computed after this (ddp's gradients of the step
+  // the others are about to sum), that share is as good as theirs.
+  if (opening && a.exchange_follows && counts_from_opening()) a.contribute = true;
+  const bool moved = r.step != root_step;
+  r.step = root_step;
+  r.optimizer.set_steps(root_updates);
+  version_ = root_version;
+  work_ = root_work;
+  lineage_ = root_lineage;
+  holds_state_ = true;
+  if (r.runner != nullptr && moved) r.runner->align(root_step);
+  need_state_ = false;
+  return true;
+}
+
 Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool opening) {
   for (int attempt = 0;; ++attempt) {
     constexpr int64_t kNotes = kControl + kLineage;  // where the strategy's notes start
@@ -566,130 +663,49 @@ Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool op
       need_state_ = true;
       continue;
     }
-    const net::PeerId root = choice->root;
     net::CollectiveOptions counting = options(net::WirePrecision::fp32, a.ring);
+    // Whether this peer holds the root's state now (a keeper all along).
+    bool holds_root_state = true;
     if (choice->keeps) {
       // This peer holds the state the root sends (its round, step, work and count are the
       // root's, so the header would change nothing either): it neither receives it nor passes
-      // it on, and waits for the transfer's end in the contributor count below. Each piece may
-      // take up to a collective timeout before the transfer fails, so it waits that long for
-      // each (a transfer that fails sends its participants back to a new agreement, over the
-      // whole swarm, which refuses this count at once).
+      // it on, and waits for the transfer's end in the contributor count below. Each of the
+      // root's pieces may wait up to a collective timeout before the transfer fails, so it
+      // waits that long for each.
       a.contribute = true;
-      const int64_t piece_numel = std::max<int64_t>(
-          1, transfer_piece_bytes(config_.strategy) / static_cast<int64_t>(sizeof(float)));
-      int64_t numel = 0;
+      int64_t numel = 0;  // the state's size, the same on every peer
       for (const at::Tensor& t : state_tensors(r)) numel += t.numel();
-      const int64_t pieces = (numel + piece_numel - 1) / piece_numel;
+      const int64_t pieces = (numel + choice->piece_numel - 1) / choice->piece_numel;
       counting.wait_limit =
           std::chrono::seconds(config_.net.collective_timeout_s * std::max<int64_t>(1, pieces + 2));
-      log("state transfer: not needed here (this peer holds the state peer " + net_.describe(root) +
-          " sends, at step " + std::to_string(r.step) + ", round " + std::to_string(version_) +
-          "); it goes to " + std::to_string(choice->ring.size() - 1) + " peer(s)");
+      log("state transfer: not needed here (this peer holds the state peer " +
+          net_.describe(choice->root) + " sends, at step " + std::to_string(r.step) + ", round " +
+          std::to_string(version_) + "); it goes to " + std::to_string(choice->ring.size() - 1) +
+          " peer(s)");
     } else {
-      at::Tensor header = at::zeros({kHeader}, at::kFloat);
-      const int64_t piece_numel = std::max<int64_t>(
-          1, transfer_piece_bytes(config_.strategy) / static_cast<int64_t>(sizeof(float)));
-      if (root == net_.self()) {
-        float* h = header.data_ptr<float>();
-        put_int(h, r.step);
-        put_int(h + 2, version_);
-        put_int(h + 4, work_);
-        put_lineage(h + 6, lineage_);
-        put_int(h + 8, piece_numel);
-        put_int(h + 10, r.optimizer.steps());
-      }
-      at::Tensor sent = header.to(net_device());
-      if (!wait(net_.broadcast(as_span(sent), transfer_options(choice->ring, root)),
-                "state transfer", &choice->ring)) {
-        need_state_ = true;
-        continue;
-      }
-      if (!sent.is_same(header)) header.copy_(sent);
-      const float* h = header.data_ptr<float>();
-      const int64_t root_step = get_int(h);
-      const int64_t root_version = get_int(h + 2);
-      const int64_t root_work = get_int(h + 4);
-      const uint32_t root_lineage = get_lineage(h + 6);
-      const int64_t root_piece = get_int(h + 8);
-      // AdamW's count, which lags the step by the updates skipped (fp16 overflows, ddp and atom
-      // steps without an average): the moments it sends were made with it.
-      const int64_t root_updates = get_int(h + 10);
-      if (root_piece < 1000) {  // strategy.transfer_piece is at least 4 KB
-        log("the state transfer's header from peer " + net_.describe(root) + " names pieces of " +
-            std::to_string(root_piece) +
-            " elements (at least 1000 expected); this peer ignores it");
-        need_state_ = true;
-        continue;
-      }
-      if (root_updates < 0 || root_updates > root_step) {
-        log("the state transfer's header from peer " + net_.describe(root) + " counts " +
-            std::to_string(root_updates) + " optimizer updates at step " +
-            std::to_string(root_step) + " (0 to the step expected); this peer ignores it");
-        need_state_ = true;
-        continue;
-      }
-      // Progress counts only if it was made from the same shared state the root holds.
-      const bool same_history = lineage_ == root_lineage;
-      a.contribute =
-          !need_state_ && same_history && version_ == root_version && r.step == root_step;
-      // A peer that trained rounds of another history than the root's (a side of a split swarm,
-      // a peer restarted from an old checkpoint) loses that progress: say so, with what it held.
-      const bool other_history = !same_history && version_ > 0;
-      // The root keeps its own state (its "state transfer: sent" line says so when others take
-      // it).
-      if (root != net_.self() && (need_state_ || r.step != root_step || !same_history))
-        log("adopting the swarm's state from peer " + net_.describe(root) + " (step " +
-            std::to_string(root_step) + ", round " + std::to_string(root_version) + ", work " +
-            std::to_string(root_work) + ")" +
-            (other_history ? "; this peer held another history (round " + std::to_string(version_) +
-                                 ", work " + std::to_string(work_) +
-                                 ": a split swarm or an old state); the history held by more "
-                                 "participants, then with more training, wins, so this peer's "
-                                 "own progress apart from it is dropped"
-                           : ""));
-      // The root's state is this peer's exactly when it has the same history, round and step
-      // (collectives give every peer the same bits), so such a peer keeps its own.
-      if (root == net_.self() && !torn_.empty())
-        log("no participant holds a whole state: every peer that held it has left since this "
-            "peer's transfer broke off (it had received " +
-            torn_ +
-            "), so the swarm goes on from this peer's state, those pieces and its own values "
-            "for the rest, at its own step " +
-            std::to_string(r.step) +
-            "; restart the swarm from a checkpoint (--resume) to go on "
-            "from a whole one");
-      if (!transfer_state(r, choice->ring, root, root_piece, a.contribute && keeps_own_state())) {
-        need_state_ = true;
-        continue;
-      }
-      torn_.clear();
-      // A peer in its opening agreement trains from here on the state it now holds: where its
-      // share of the exchange that follows is computed after this (ddp's gradients of the step
-      // the others are about to sum), that share is as good as theirs.
-      if (opening && a.exchange_follows && counts_from_opening()) a.contribute = true;
-      const bool moved = r.step != root_step;
-      r.step = root_step;
-      r.optimizer.set_steps(root_updates);
-      version_ = root_version;
-      work_ = root_work;
-      lineage_ = root_lineage;
-      holds_state_ = true;
-      if (r.runner != nullptr && moved) r.runner->align(root_step);
-      need_state_ = false;
+      holds_root_state = take_state(r, a, *choice, opening);
     }
-    a.synced = true;
-    // Agree on who contributes, and whether every participant holds the previous round's
-    // average (a peer that kept its own state keeps its own answer): one more tiny sum.
-    at::Tensor count =
-        at::tensor({a.contribute ? 1.f : 0.f, has_previous() ? 1.f : 0.f}).to(net_device());
+    // Agree on who contributes, whether every participant holds the previous round's average
+    // (a peer that kept its own state keeps its own answer), and whether every transfer went
+    // through: one more tiny sum. A taker whose transfer failed comes here too, so the peers
+    // that waited outside the transfer learn of it at once.
+    at::Tensor count = at::tensor({a.contribute ? 1.f : 0.f, has_previous() ? 1.f : 0.f,
+                                   holds_root_state ? 0.f : 1.f})
+                           .to(net_device());
+    // A peer that holds the root's state (it kept out of the transfer, or took all of it) keeps
+    // it when the agreement starts again: no one ran agreed(), and the next agreement finds
+    // any peer apart. The others need the state.
     if (!wait(net_.all_reduce(as_span(count), counting), "contributor count", &a.ring)) {
-      // A peer that kept out of the transfer holds the state it came with, as it was before
-      // this agreement: it needs none the next time either.
-      if (!choice->keeps) need_state_ = true;
+      if (!holds_root_state) need_state_ = true;
       continue;
     }
     const at::Tensor sums = count.cpu();
+    if (const int failed = static_cast<int>(sums[2].item<float>()); failed > 0) {
+      log("the state transfer failed for " + std::to_string(failed) +
+          " peer(s); the agreement starts again");
+      continue;
+    }
+    a.synced = true;
     a.contributors = static_cast<int>(sums[0].item<float>());
     a.previous_on_all = static_cast<int>(sums[1].item<float>()) == a.peers;
     agreed(a);

@@ -88,7 +88,8 @@ class SwarmStrategy : public train::StepHooks {
   // replica's and optimizer's storage): the transfer streams them in pieces of
   // strategy.transfer_piece (state_stream.h), reading and writing through the step runner, so
   // a swapped replica's state stays in its tier. A peer whose state is the root's already
-  // (same history, round and step) writes nothing, unless keeps_own_state() says otherwise.
+  // (same history, round, step, work and AdamW count) takes no part in the transfer, unless
+  // keeps_own_state() says otherwise.
   virtual std::vector<at::Tensor> state_tensors(train::Replica& r) = 0;
   // Whether such a peer keeps its own state in a transfer. co2 with zero says no: its state
   // tensors are the parameters, which hold each peer's own progress since the round began, and
@@ -240,6 +241,7 @@ class SwarmStrategy : public train::StepHooks {
     // the strategy keeps its own): it takes no part, and waits for the others in the next
     // collective.
     bool keeps = false;
+    int64_t piece_numel = 1;  // the elements of the root's pieces (its strategy.transfer_piece)
   };
   // The root of a state transfer (an all-gather of every participant's round, step, work, AdamW
   // count and need of state), and its participants; nullopt (logged) if that exchange failed.
@@ -248,6 +250,10 @@ class SwarmStrategy : public train::StepHooks {
   // swarm, so that the peers outside it may wait for its end in a collective of the round.
   net::CollectiveOptions transfer_options(const std::vector<net::PeerId>& ring,
                                           net::PeerId root) const;
+  // A taker's part of a transfer: the root's header, then its state (transfer_state), and this
+  // peer's step, round, work, lineage and AdamW count set from the header. False (logged, and
+  // need_state_ set) if either failed or the header is malformed.
+  bool take_state(train::Replica& r, Agreement& a, const RootChoice& choice, bool opening);
   // The root's state after the header, over `ring`: `piece_numel` elements at a time
   // (state_tensors). `keep_own`: this peer's state is the root's already and stays as it is.
   // False (logged) if the transfer failed; a peer that had written part of a state of its own
