@@ -251,6 +251,26 @@ class SwarmCliTest : public ::testing::Test {
     return out;
   }
 
+  // With peer 0 of config `name` running in `peers`: starts peer 1 (`second`), waits for its step
+  // `at_step`, starts the joiner (`third`), and waits for the three to finish as a swarm of
+  // three. Each peer logs to run_dir(name)/p<i>.log.
+  static void join_third(const std::string& name, std::vector<Process>& peers,
+                         const std::vector<std::string>& second,
+                         const std::vector<std::string>& third, int64_t at_step) {
+    const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+    peers.emplace_back(second, log(1).string());
+    ASSERT_TRUE(wait_event(
+        peers[1], [&](const json& j) { return j["event"] == "step" && j["step"] >= at_step; }, 60s))
+        << read_file(log(1));
+    peers.emplace_back(third, log(2).string());
+    const auto done = wait_all_done(peers, 120s);
+    ASSERT_EQ(done.size(), 3u);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(done[i]) << "peer " << i << ": " << read_file(log(i));
+      EXPECT_EQ((*done[i])["net"]["peers"], 3) << read_file(log(i));
+    }
+  }
+
   // Two `starling peer` ranks of config `name`, launched as torchrun would (RANK, WORLD_SIZE,
   // MASTER_ADDR, MASTER_PORT = `port`) with `extra` arguments, each writing to run_dir(name)/RANK.
   // Returns each rank's "done" event, or the rank's log when it has none.
@@ -671,17 +691,8 @@ TEST_F(SwarmCliTest, APeerOutsideATransferWaitsForItsEndPastTheCollectiveTimeout
       peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
   ASSERT_TRUE(listening);
   const std::string entry = (*listening)["endpoint"];
-  peers.emplace_back(slow(1, entry, 2), log(1).string());
-  ASSERT_TRUE(wait_event(
-      peers[1], [](const json& j) { return j["event"] == "step" && j["step"] >= 40; }, 60s))
-      << read_file(log(1));
-  peers.emplace_back(peer_argv(name, 2, 3, entry, 1, extra), log(2).string());
-  const auto done = wait_all_done(peers, 120s);
-  ASSERT_EQ(done.size(), 3u);
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(done[i]) << "peer " << i << ": " << read_file(log(i));
-    EXPECT_EQ((*done[i])["net"]["peers"], 3);
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      join_third(name, peers, slow(1, entry, 2), peer_argv(name, 2, 3, entry, 1, extra), 40));
   const std::string joiner = read_file(log(2));
   EXPECT_EQ(count_of(joiner, "state transfer: adopted"), 1) << joiner;
   const std::regex adopted("state transfer: adopted .* piece\\(s\\), ([0-9.]+) s");
@@ -1237,17 +1248,8 @@ TEST_F(SwarmCliTest, SwappedStrategiesTakeAJoiner) {
     std::vector<Process> peers;
     const std::string entry = start_first_peer(name, peers, 3, 2, extra);
     ASSERT_FALSE(entry.empty());
-    peers.emplace_back(peer_argv(name, 1, 3, entry, 2, extra), log(1).string());
-    ASSERT_TRUE(wait_event(
-        peers[1], [](const json& j) { return j["event"] == "step" && j["step"] >= 20; }, 60s))
-        << read_file(log(1));
-    peers.emplace_back(peer_argv(name, 2, 3, entry, 1, extra), log(2).string());
-    const auto done = wait_all_done(peers, 120s);
-    ASSERT_EQ(done.size(), 3u);
-    for (int i = 0; i < 3; ++i) {
-      ASSERT_TRUE(done[i]) << "peer " << i << ": " << read_file(log(i));
-      EXPECT_EQ((*done[i])["net"]["peers"], 3) << read_file(log(i));
-    }
+    ASSERT_NO_FATAL_FAILURE(join_third(name, peers, peer_argv(name, 1, 3, entry, 2, extra),
+                                       peer_argv(name, 2, 3, entry, 1, extra), 20));
     EXPECT_NE(read_file(log(2)).find("adopting the swarm's state"), std::string::npos)
         << read_file(log(2));
     const std::string model = final_model(run_dir(name) / "peer-0", steps);
