@@ -676,8 +676,10 @@ Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool op
       int64_t numel = 0;  // the state's size, the same on every peer
       for (const at::Tensor& t : state_tensors(r)) numel += t.numel();
       const int64_t pieces = (numel + choice->piece_numel - 1) / choice->piece_numel;
-      counting.wait_limit =
-          std::chrono::seconds(config_.net.collective_timeout_s * std::max<int64_t>(1, pieces + 2));
+      // At most a year: a clock's time point a few hundred years ahead overflows.
+      constexpr int64_t kYear = 365LL * 24 * 3600;
+      counting.wait_limit = std::chrono::seconds(std::min<int64_t>(
+          kYear, config_.net.collective_timeout_s * std::min<int64_t>(kYear, pieces + 2)));
       log("state transfer: not needed here (this peer holds the state peer " +
           net_.describe(choice->root) + " sends, at step " + std::to_string(r.step) + ", round " +
           std::to_string(version_) + "); it goes to " + std::to_string(choice->ring.size() - 1) +
