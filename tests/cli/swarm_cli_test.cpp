@@ -709,6 +709,51 @@ TEST_F(SwarmCliTest, APeerOutsideATransferWaitsForItsEndPastTheCollectiveTimeout
   EXPECT_TRUE(final_model(run_dir(name) / "peer-2", 1000) == model);
 }
 
+// A taker whose transfer fails while every peer stays alive (its header refused, as a damaged
+// one would be) says so in the contributor count: the sender and the running peer that waited
+// outside the transfer both learn of it there and start the agreement again, and the second
+// transfer goes through. Without the count's flag the waiting peer would go on to the exchange
+// alone and time out.
+TEST_F(SwarmCliTest, ATransferThatFailsForOneTakerStartsTheAgreementAgainForAll) {
+  const std::string name = "join_refused";
+  write_config(name, "kind = \"ddp\"\ntransfer_piece = \"4KB\"", 1000, 20);
+  fs::create_directories(run_dir(name));
+  const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+  const std::vector<std::string> extra =
+      as_argv({"net.collective_timeout_s=2", "train.eval_every=0", "train.checkpoint_every=500"});
+  std::vector<Process> peers;
+  peers.emplace_back(peer_argv(name, 0, 3, "", 2, extra), log(0).string());
+  auto listening = wait_event(
+      peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
+  ASSERT_TRUE(listening);
+  const std::string entry = (*listening)["endpoint"];
+  std::vector<std::string> joiner = peer_argv(name, 2, 3, entry, 1, extra);
+  joiner.insert(joiner.begin(), {"/usr/bin/env", "STARLING_FAULT_REFUSE_STATE=1"});
+  ASSERT_NO_FATAL_FAILURE(
+      join_third(name, peers, peer_argv(name, 1, 3, entry, 2, extra), joiner, 40));
+  const std::string joined = read_file(log(2));
+  EXPECT_EQ(count_of(joined, "fault injection: refusing the header of state transfer 1"), 1)
+      << joined;
+  EXPECT_EQ(count_of(joined, "state transfer: adopted"), 1) << joined;
+  // The sender's pieces wait for the joiner in vain; the other running peer waits outside.
+  const int sender = count_of(read_file(log(0)), "state transfer: sent") > 0 ? 0 : 1;
+  const std::string kept = read_file(log(1 - sender));
+  EXPECT_EQ(count_of(kept, "state transfer: not needed here"), 2) << kept;
+  EXPECT_EQ(kept.find("timed out"), std::string::npos) << kept;
+  for (int i = 0; i < 2; ++i) {
+    const std::string running = read_file(log(i));
+    EXPECT_EQ(count_of(running,
+                       "the state transfer failed for 1 peer(s); the agreement starts "
+                       "again"),
+              1)
+        << "peer " << i << ": " << running;
+  }
+  const std::string model = final_model(run_dir(name) / "peer-0", 1000);
+  ASSERT_FALSE(model.empty());
+  EXPECT_TRUE(final_model(run_dir(name) / "peer-1", 1000) == model);
+  EXPECT_TRUE(final_model(run_dir(name) / "peer-2", 1000) == model);
+}
+
 // A peer that joins a running ddp, localsgd, diloco or co2 swarm adopts its state in pieces
 // (the parameters and moments; the anchor and outer state) from one of the running peers, while
 // the other, whose state is the sender's, keeps its own and with it the local steps of its

@@ -92,5 +92,35 @@ TEST(UpdatePoison, ParsesItsForms) {
   EXPECT_TRUE(at::equal(t, at::full({3}, -2.f, at::kFloat)));
 }
 
+// The whole-number faults read from the environment: unset or empty is none; anything but a
+// whole number in range is refused, naming the variable.
+TEST(FaultsFromTheEnvironment, WholeNumbersOrAConfigError) {
+  const struct {
+    const char* name;
+    std::optional<long long> (*read)();
+  } faults[] = {{"STARLING_FAULT_REFUSE_STATE", refuse_state_from_env},
+                {"STARLING_FAULT_SLOW_TRANSFER", slow_transfer_from_env},
+                {"STARLING_FAULT_DIE_IN_EXCHANGE", die_in_exchange_from_env}};
+  for (const auto& f : faults) {
+    SCOPED_TRACE(f.name);
+    ::unsetenv(f.name);
+    EXPECT_FALSE(f.read());
+    ::setenv(f.name, "", 1);
+    EXPECT_FALSE(f.read());
+    ::setenv(f.name, "3", 1);
+    EXPECT_EQ(f.read(), 3);
+    for (const char* bad : {"0", "-1", "+2", " 2", "2x", "x", "99999999999999999999"}) {
+      ::setenv(f.name, bad, 1);
+      try {
+        f.read();
+        ADD_FAILURE() << bad;
+      } catch (const ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find(f.name), std::string::npos) << e.what();
+      }
+    }
+    ::unsetenv(f.name);
+  }
+}
+
 }  // namespace
 }  // namespace starling::strategy

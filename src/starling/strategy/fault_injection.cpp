@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -68,27 +70,49 @@ std::optional<TransferDeath> die_in_transfer_from_env() {
   return d;
 }
 
-std::optional<long long> slow_transfer_from_env() {
-  const char* v = std::getenv("STARLING_FAULT_SLOW_TRANSFER");
-  if (v == nullptr || *v == '\0') return std::nullopt;
+namespace {
+
+// A whole number written in digits alone (no sign, no blanks) that fits, or nullopt.
+std::optional<long long> whole_number(const char* v) {
+  if (!std::isdigit(static_cast<unsigned char>(*v))) return std::nullopt;
+  errno = 0;
   char* end = nullptr;
-  const long long ms = std::strtoll(v, &end, 10);
-  if (end == v || *end != '\0' || ms < 1 || ms > 600000)
-    throw ConfigError(std::string("STARLING_FAULT_SLOW_TRANSFER = \"") + v +
-                      "\": expected MS, the milliseconds this peer pauses before each piece of "
-                      "a state transfer it sends (1 to 600000)");
-  return ms;
+  const long long n = std::strtoll(v, &end, 10);
+  if (*end != '\0' || errno == ERANGE) return std::nullopt;
+  return n;
+}
+
+// The variable `name` as a whole number from `low` to `high`; nullopt when it is unset or
+// empty, a ConfigError naming it and saying what it means (`expected`) otherwise.
+std::optional<long long> whole_number_from_env(const char* name, long long low, long long high,
+                                               const char* expected) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  const std::optional<long long> n = whole_number(v);
+  if (!n || *n < low || *n > high)
+    throw ConfigError(std::string(name) + " = \"" + v + "\": expected " + expected);
+  return n;
+}
+
+constexpr long long kNoLimit = std::numeric_limits<long long>::max();
+
+}  // namespace
+
+std::optional<long long> slow_transfer_from_env() {
+  return whole_number_from_env("STARLING_FAULT_SLOW_TRANSFER", 1, 600000,
+                               "MS, the milliseconds this peer pauses before each piece of a "
+                               "state transfer it sends (1 to 600000)");
+}
+
+std::optional<long long> refuse_state_from_env() {
+  return whole_number_from_env("STARLING_FAULT_REFUSE_STATE", 1, kNoLimit,
+                               "N, the state transfer this peer takes (from 1) whose header it "
+                               "refuses");
 }
 
 std::optional<long long> die_in_exchange_from_env() {
-  const char* v = std::getenv("STARLING_FAULT_DIE_IN_EXCHANGE");
-  if (v == nullptr || *v == '\0') return std::nullopt;
-  char* end = nullptr;
-  const long long n = std::strtoll(v, &end, 10);
-  if (end == v || *end != '\0' || n < 1)
-    throw ConfigError(std::string("STARLING_FAULT_DIE_IN_EXCHANGE = \"") + v +
-                      "\": expected N, the exchange (from 1) in which this peer dies");
-  return n;
+  return whole_number_from_env("STARLING_FAULT_DIE_IN_EXCHANGE", 1, kNoLimit,
+                               "N, the exchange (from 1) in which this peer dies");
 }
 
 ExchangeDeath::ExchangeDeath(std::string what)

@@ -13,6 +13,10 @@
 //   STARLING_FAULT_SLOW_TRANSFER=MS  before each piece of a state transfer it sends, this peer
 //                                   pauses MS milliseconds (a sender on a slow link: the
 //                                   transfer outlasts the collective timeout, say)
+//   STARLING_FAULT_REFUSE_STATE=N   in the N-th state transfer this peer takes from another
+//                                   (from 1), it refuses the header as malformed, as a peer
+//                                   whose header arrived damaged would: the transfer fails for
+//                                   it alone while every peer stays alive
 //   STARLING_FAULT_DIE_IN_EXCHANGE=N  in its N-th gradient exchange (ddp, atom; from 1), after
 //                                   the round's agreement and before it sends, it kills itself
 //                                   (SIGKILL): every other participant's exchange of that round
@@ -61,6 +65,10 @@ std::optional<TransferDeath> die_in_transfer_from_env();
 // STARLING_FAULT_SLOW_TRANSFER; nullopt when unset or empty. ConfigError naming the value unless
 // it is a whole number of milliseconds from 1 to 600000.
 std::optional<long long> slow_transfer_from_env();
+
+// STARLING_FAULT_REFUSE_STATE; nullopt when unset or empty. ConfigError naming the value unless it
+// is a whole number N >= 1.
+std::optional<long long> refuse_state_from_env();
 
 // STARLING_FAULT_DIE_IN_EXCHANGE; nullopt when unset or empty. ConfigError naming the value
 // unless it is a whole number N >= 1.

@@ -146,6 +146,7 @@ void check_peer(const StrategyConfig& c, const std::string& net_backend) {
   UpdatePoison::from_env();  // a malformed STARLING_FAULT_POISON is refused here, not mid-run
   die_in_transfer_from_env();
   slow_transfer_from_env();
+  refuse_state_from_env();
   die_in_exchange_from_env();
   // The robust aggregate gathers whole updates in host memory, on Starling's swarm (whose rings
   // are ordered by peer id); atom's updates are sums weighted by unequal sample counts, and co2's

@@ -67,7 +67,8 @@ SwarmStrategy::SwarmStrategy(const train::RunConfig& config, net::Collectives& n
       precision_(parse_precision(config.strategy.precision)),
       poison_(UpdatePoison::from_env()),
       die_in_transfer_(die_in_transfer_from_env()),
-      slow_transfer_ms_(slow_transfer_from_env()) {
+      slow_transfer_ms_(slow_transfer_from_env()),
+      refuse_state_(refuse_state_from_env()) {
   if (poison_)
     log("fault injection: every round update this peer sends is " + poison_->describe() +
         " (STARLING_FAULT_POISON)");
@@ -78,6 +79,9 @@ SwarmStrategy::SwarmStrategy(const train::RunConfig& config, net::Collectives& n
   if (slow_transfer_ms_)
     log("fault injection: this peer pauses " + std::to_string(*slow_transfer_ms_) +
         " ms before each piece of a state transfer it sends (STARLING_FAULT_SLOW_TRANSFER)");
+  if (refuse_state_)
+    log("fault injection: this peer refuses the header of state transfer " +
+        std::to_string(*refuse_state_) + " it takes (STARLING_FAULT_REFUSE_STATE)");
 }
 
 c10::Device SwarmStrategy::net_device() const {
@@ -411,7 +415,7 @@ bool SwarmStrategy::transfer_state(train::Replica& r, const std::vector<net::Pee
     const double s = now_s() - t0;
     return std::string("state transfer: ") + verb + " " + swap::format_bytes(moved) + " of " +
            swap::format_bytes(total) + " in " + std::to_string(done) + " of " +
-           std::to_string(stream.pieces()) + " piece(s), " + fmt("%.1f", s) + " s (" +
+           std::to_string(stream.pieces()) + " piece(s), " + fmt("%.2f", s) + " s (" +
            swap::format_bytes(s > 0 ? moved / s : 0) + "/s)";
   };
   const char* verb = sending ? "sent" : writing ? "adopted" : "received (this peer's own kept)";
@@ -481,10 +485,13 @@ void SwarmStrategy::redeal(data::TokenLoader& loader, const Agreement& a,
 bool SwarmStrategy::take_state(train::Replica& r, Agreement& a, const RootChoice& choice,
                                bool opening) {
   const net::PeerId root = choice.root;
+  // The root only reads its state: a failure leaves it whole, and the root holds it still (the
+  // next agreement finds it the root again, rather than sending it another's state).
+  const bool sending = root == net_.self();
   at::Tensor header = at::zeros({kHeader}, at::kFloat);
   const int64_t piece_numel = std::max<int64_t>(
       1, transfer_piece_bytes(config_.strategy) / static_cast<int64_t>(sizeof(float)));
-  if (root == net_.self()) {
+  if (sending) {
     float* h = header.data_ptr<float>();
     put_int(h, r.step);
     put_int(h + 2, version_);
@@ -496,8 +503,8 @@ bool SwarmStrategy::take_state(train::Replica& r, Agreement& a, const RootChoice
   at::Tensor sent = header.to(net_device());
   if (!wait(net_.broadcast(as_span(sent), transfer_options(choice.ring, root)), "state transfer",
             &choice.ring)) {
-    need_state_ = true;
-    return false;
+    need_state_ = need_state_ || !sending;
+    return sending;
   }
   if (!sent.is_same(header)) header.copy_(sent);
   const float* h = header.data_ptr<float>();
@@ -509,6 +516,13 @@ bool SwarmStrategy::take_state(train::Replica& r, Agreement& a, const RootChoice
   // AdamW's count, which lags the step by the updates skipped (fp16 overflows, ddp and atom
   // steps without an average): the moments it sends were made with it.
   const int64_t root_updates = get_int(h + 10);
+  if (!sending) ++transfers_taken_;
+  if (!sending && refuse_state_ && *refuse_state_ == transfers_taken_) {
+    log("fault injection: refusing the header of state transfer " +
+        std::to_string(transfers_taken_) + " from peer " + net_.describe(root));
+    need_state_ = true;
+    return false;
+  }
   if (root_piece < 1000) {  // strategy.transfer_piece is at least 4 KB
     log("the state transfer's header from peer " + net_.describe(root) + " names pieces of " +
         std::to_string(root_piece) + " elements (at least 1000 expected); this peer ignores it");
@@ -530,7 +544,7 @@ bool SwarmStrategy::take_state(train::Replica& r, Agreement& a, const RootChoice
   const bool other_history = !same_history && version_ > 0;
   // The root keeps its own state (its "state transfer: sent" line says so when others take
   // it).
-  if (root != net_.self() && (need_state_ || r.step != root_step || !same_history))
+  if (!sending && (need_state_ || r.step != root_step || !same_history))
     log("adopting the swarm's state from peer " + net_.describe(root) + " (step " +
         std::to_string(root_step) + ", round " + std::to_string(root_version) + ", work " +
         std::to_string(root_work) + ")" +
@@ -542,7 +556,7 @@ bool SwarmStrategy::take_state(train::Replica& r, Agreement& a, const RootChoice
                        : ""));
   // The root's state is this peer's exactly when it has the same history, round and step
   // (collectives give every peer the same bits), so such a peer keeps its own.
-  if (root == net_.self() && !torn_.empty())
+  if (sending && !torn_.empty())
     log("no participant holds a whole state: every peer that held it has left since this "
         "peer's transfer broke off (it had received " +
         torn_ +
@@ -552,8 +566,8 @@ bool SwarmStrategy::take_state(train::Replica& r, Agreement& a, const RootChoice
         "; restart the swarm from a checkpoint (--resume) to go on "
         "from a whole one");
   if (!transfer_state(r, choice.ring, root, root_piece, a.contribute && keeps_own_state())) {
-    need_state_ = true;
-    return false;
+    need_state_ = need_state_ || !sending;
+    return sending;
   }
   torn_.clear();
   // A peer in its opening agreement trains from here on the state it now holds: where its

@@ -250,9 +250,11 @@ class SwarmStrategy : public train::StepHooks {
   // swarm, so that the peers outside it may wait for its end in a collective of the round.
   net::CollectiveOptions transfer_options(const std::vector<net::PeerId>& ring,
                                           net::PeerId root) const;
-  // A taker's part of a transfer: the root's header, then its state (transfer_state), and this
-  // peer's step, round, work, lineage and AdamW count set from the header. False (logged, and
-  // need_state_ set) if either failed or the header is malformed.
+  // A taker's part of a transfer (the root's too, which sends): the root's header, then its
+  // state (transfer_state), and this peer's step, round, work, lineage and AdamW count set from
+  // the header. Whether this peer holds the root's state afterwards: false for a taker (logged,
+  // and need_state_ set) if either failed or the header is malformed; always true for the root,
+  // whose own state a failed transfer leaves whole.
   bool take_state(train::Replica& r, Agreement& a, const RootChoice& choice, bool opening);
   // The root's state after the header, over `ring`: `piece_numel` elements at a time
   // (state_tensors). `keep_own`: this peer's state is the root's already and stays as it is.
@@ -268,7 +270,9 @@ class SwarmStrategy : public train::StepHooks {
   std::optional<UpdatePoison> poison_;            // STARLING_FAULT_POISON (fault_injection.h)
   std::optional<TransferDeath> die_in_transfer_;  // STARLING_FAULT_DIE_IN_TRANSFER
   std::optional<long long> slow_transfer_ms_;     // STARLING_FAULT_SLOW_TRANSFER
+  std::optional<long long> refuse_state_;         // STARLING_FAULT_REFUSE_STATE
   long long transfers_sent_ = 0;                  // state transfers sent to other peers
+  long long transfers_taken_ = 0;                 // headers received from other peers
   // Set when a transfer broke off after this peer wrote part of it (what it wrote), cleared by
   // the next whole one: if this peer is then chosen as the root, no whole state is left.
   std::string torn_;
