@@ -49,6 +49,10 @@
 #                                 of peers has a link of its own (a lab built `up ... unlimited`
 #                                 then shaped peer by peer is a full rate matrix). Traffic to
 #                                 other addresses is not shaped.
+#   netlab.sh rate NAME I RATE    reshape peer I's access link, both directions, to RATE as `up`
+#                                 shapes it (`unlimited` removes the shaping); replaces a
+#                                 `shape` of its upload. A running lab's link changes at once:
+#                                 a benchmark slows one peer while the others keep their rate.
 #   netlab.sh cut NAME I J        cut the link between peers I and J: each drops what it sends to
 #                                 the other (a blackhole route to the other's address), as when a
 #                                 route between two sites fails; open TCP connections stay open
@@ -293,6 +297,29 @@ cmd_shape() {
   echo "shaped" >"$STATE_ROOT/$name/rate"
 }
 
+# rate: the tbf pair `up` gives every link, on peer $2's link alone, or no qdisc for `unlimited`.
+cmd_rate() {
+  local name=$1 i=$2 rate=$3
+  check_name "$name"
+  peer_index "$name" "$i"
+  [[ "$i" != hub ]] || die "rate: a peer, not the hub"
+  local ns="$name-$i" hub="$name-hub" bits burst limit gso
+  if [[ "${rate,,}" == unlimited ]]; then
+    tc -n "$ns" qdisc del dev eth0 root 2>/dev/null || true
+    tc -n "$hub" qdisc del dev "p$i" root 2>/dev/null || true
+    ip -n "$ns" link set dev eth0 gso_max_size 65536
+    ip -n "$hub" link set dev "p$i" gso_max_size 65536
+    return 0
+  fi
+  bits=$(rate_bits "$rate")
+  ((bits > 0)) || die "rate must be positive, got '$rate'"
+  read -r burst limit gso < <(shaping_params "$bits")
+  ip -n "$ns" link set dev eth0 gso_max_size "$gso"
+  ip -n "$hub" link set dev "p$i" gso_max_size "$gso"
+  tc -n "$ns" qdisc replace dev eth0 root tbf rate "${bits}bit" burst "$burst" limit "$limit"
+  tc -n "$hub" qdisc replace dev "p$i" root tbf rate "${bits}bit" burst "$burst" limit "$limit"
+}
+
 peer_index() {
   local name=$1 i=$2 n
   [[ -r "$STATE_ROOT/$name/peers" ]] || die "no lab '$name'"
@@ -415,6 +442,7 @@ case "$cmd" in
   down) [[ $# -eq 1 ]] || usage && cmd_down "$1" ;;
   cut | mend) [[ $# -eq 3 ]] || usage && cmd_link "$cmd" "$@" ;;
   shape) [[ $# -ge 3 ]] || usage && cmd_shape "$@" ;;
+  rate) [[ $# -eq 3 ]] || usage && cmd_rate "$@" ;;
   unbridge) [[ $# -eq 1 ]] || usage && cmd_unbridge "$1" ;;
   exec)
     [[ $# -ge 3 ]] || usage

@@ -283,6 +283,33 @@ TEST(NetLabTest, EachPairOfPeersHasALinkOfItsOwn) {
   EXPECT_THROW(NetLab({{"", "1mbit"}, {""}}), std::invalid_argument);
 }
 
+TEST(NetLabTest, ARateChangeReshapesOnePeersLinkBothWays) {
+  SKIP_IF_UNAVAILABLE();
+  NetLab lab(3, "100mbit");
+  lab.set_rate(1, "10mbit");
+  const size_t bytes = static_cast<size_t>(10e6 / 8 * 2);
+  double to = 0, from = 0, others = 0;
+  ASSERT_NO_THROW(
+      to = measure_tcp_bps(lab.ns(0), lab.ns(1), lab.ip(1), bytes, std::chrono::seconds(8)));
+  ASSERT_NO_THROW(
+      from = measure_tcp_bps(lab.ns(1), lab.ns(2), lab.ip(2), bytes, std::chrono::seconds(8)));
+  ASSERT_NO_THROW(others = measure_tcp_bps(lab.ns(0), lab.ns(2), lab.ip(2), 5 * bytes,
+                                           std::chrono::seconds(8)));
+  std::printf("0->1 %.2f Mbit/s, 1->2 %.2f Mbit/s, 0->2 %.2f Mbit/s\n", to / 1e6, from / 1e6,
+              others / 1e6);
+  // Peer 1's download and upload run at the new rate; the link between the others keeps its own.
+  for (const double bps : {to, from}) {
+    EXPECT_GE(bps, 0.85 * 10e6);
+    EXPECT_LE(bps, 1.10 * 10e6);
+  }
+  EXPECT_GT(others, 5 * to);
+  lab.set_rate(1, "unlimited");
+  ASSERT_NO_THROW(
+      from = measure_tcp_bps(lab.ns(1), lab.ns(2), lab.ip(2), 5 * bytes, std::chrono::seconds(8)));
+  EXPECT_GT(from, 5 * to) << "unlimited should remove peer 1's shaping";
+  EXPECT_THROW(lab.set_rate(1, "fast"), std::runtime_error);
+}
+
 TEST(NetLabTest, LinksCarryTheirDelays) {
   SKIP_IF_UNAVAILABLE();
   // 0 <-> 1: 20 ms each way at 10mbit; 0 <-> 2: no delay, unshaped; 1 -> 2: 5 ms, 2 -> 1: 15 ms.

@@ -236,6 +236,12 @@ std::string NetLab::ns(int i) const {
   return name_ + "-" + std::to_string(i);
 }
 
+void NetLab::set_rate(int i, const std::string& rate) {
+  const std::vector<std::string> args = {"rate", name_, std::to_string(i), rate};
+  const RunResult r = run_script(args);
+  if (r.exit_code != 0) throw std::runtime_error("NetLab: " + describe(args, r));
+}
+
 std::vector<std::string> NetLab::exec_prefix(int i) const { return {"ip", "netns", "exec", ns(i)}; }
 
 }  // namespace starling::net

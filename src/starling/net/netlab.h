@@ -71,6 +71,11 @@ class NetLab {
   // argv prefix that runs a command inside peer i's namespace: {"ip", "netns", "exec", ns(i)}.
   std::vector<std::string> exec_prefix(int i) const;
 
+  // Reshapes peer i's link, both directions, to `rate` (netlab.sh rate; "unlimited" removes the
+  // shaping), replacing what the constructor gave it: one peer of a running lab slows down while
+  // the others keep their links. std::runtime_error with the script's output on failure.
+  void set_rate(int i, const std::string& rate);
+
   const std::string& name() const { return name_; }
   int peers() const { return peers_; }
   const std::string& rate() const { return rate_; }
