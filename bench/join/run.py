@@ -4,11 +4,13 @@ links, and what that costs the running peers that hold the state already.
 
     sudo /usr/bin/python3 bench/join/run.py --starling build/starling          # gpt2-tiny, 3 x 3
     sudo /usr/bin/python3 bench/join/run.py --preset gpt2-mini --rate 100mbit --slow 10mbit
+    sudo /usr/bin/python3 bench/join/run.py --strategy co2 --set strategy.zero=true  # all take it
 
 Every repetition runs two cases, each in a network lab of its own (scripts/netlab.sh; needs root)
-whose links all run at --rate. --peers peers start a `ddp` swarm on the Brown corpus; once the
-longest-standing one (the state's sender) has taken --warm steps, one more peer starts with
-`--join` and adopts the swarm's weights, AdamW moments and step from it.
+whose links all run at --rate. --peers peers start a swarm (--strategy, default `ddp`; --set
+KEY=VALUE passes further settings) on the Brown corpus; once the longest-standing one (the
+state's sender) has taken --warm steps, one more peer starts with `--join` and adopts the
+swarm's state from it (for `ddp`: weights, AdamW moments and step).
 
   even   every link at --rate;
   slow   every running peer but the sender on a --slow link from just before the joiner starts
@@ -23,7 +25,9 @@ joiner alone, so the peers that hold the state neither receive it nor pass it on
 links do not slow it (1.0×). A transfer through every running peer would move the state over
 the slow links, taking at least state / --slow: the table prints that bound beside it. The
 transfer's rate is also given against the link's (TCP's goodput on a tbf link is at most 0.956
-of the rate).
+of the rate). `co2` with `zero = true` is the one form in which every running peer takes the
+state (a join moves the shards' boundaries): there the slow links do slow the transfer, as they
+did every strategy's before. The table counts the running peers that took part.
 
 The peers run with one thread each (--peers + 1 processes on this machine's cores); the
 transfer is network-bound at these rates. --out keeps every log (default: a temporary
@@ -84,7 +88,8 @@ checkpoint_every = 0
 sample_at_end = false
 
 [strategy]
-kind = "ddp"
+kind = "{args.strategy}"
+local_steps = 4
 """)
 
 
@@ -103,6 +108,8 @@ class Peer:
                 "--set", f'train.out_dir="{self.dir}"',
                 "--set", f'net.listen="tcp://{case.ip(slot)}:0"',
                 "--set", f"net.min_peers={1 if join else case.args.peers}"]
+        for setting in case.args.set:
+            argv += ["--set", setting]
         if join:
             argv += ["--join", *join]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -262,10 +269,12 @@ class Case:
         # The running peers took the sender's state when they formed the swarm: only what they
         # logged after the joiner started counts.
         since = joiner.t_start
-        missing = [p.slot for p in keepers
-                   if not p.find("state transfer: not needed here", since)]
+        stayed_out = [p.slot for p in keepers
+                      if p.find("state transfer: not needed here", since)]
         took = [p.slot for p in keepers if p.find("state transfer: adopted", since) or
                 p.find("state transfer: received", since)]
+        # Each running peer stays out of the transfer or takes part in it, and says which.
+        unclear = [p.slot for p in keepers if (p.slot in stayed_out) == (p.slot in took)]
         return {
             "seconds": seconds,
             "state": state,
@@ -274,8 +283,8 @@ class Case:
             "keeper_bytes": max((b for b in keeper_bytes if b is not None), default=None),
             "sender_bytes": counters.moved("p0", start, t_adopted),
             "joiner_bytes": counters.moved(f"p{args.peers}", start, t_adopted),
-            "keepers_not_told": missing,
-            "keepers_took": took,
+            "keepers_took": len(took),
+            "unclear": unclear,
         }
 
 
@@ -293,6 +302,11 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--starling", default=os.path.join(ROOT, "build", "starling"))
     ap.add_argument("--preset", default="gpt2-tiny")
+    ap.add_argument("--strategy", default="ddp",
+                    choices=["ddp", "localsgd", "diloco", "co2", "atom"],
+                    help="the swarm's strategy.kind (rounds of 4 steps where it has rounds)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a further setting for every peer (repeatable)")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--peers", type=int, default=3, help="running peers before the join (>= 2)")
     ap.add_argument("--rate", default="100mbit", help="every link's rate")
@@ -321,7 +335,7 @@ def main():
                 r = Case(args, name, rep, work).run()
                 results[name].append(r)
                 print(f"rep {rep + 1}/{args.reps} {name}: {r['state'] / 1e6:.1f} MB in "
-                      f"{r['seconds']:.2f} s ({r['rate'] / 1e6:.2f} MB/s); busiest keeper's link "
+                      f"{r['seconds']:.2f} s ({r['rate'] / 1e6:.2f} MB/s); busiest other running peer's link "
                       f"{mb(r['keeper_bytes'])} MB; joiner's first step after "
                       f"{r['first_step']:.1f} s", file=sys.stderr, flush=True)
     finally:
@@ -329,18 +343,21 @@ def main():
             shutil.rmtree(work, ignore_errors=True)
 
     state = median(r["state"] for r in results["even"] + results["slow"])
-    print(f"\nddp swarm of {args.peers} + 1 joiner, {args.preset} (state {state / 1e6:.1f} MB: "
-          f"weights and AdamW moments), links at {args.rate}; slow case: the {args.peers - 1} "
-          f"non-sending running peer(s) at {args.slow}. Medians of {args.reps}.\n")
+    settings = "".join(", " + x for x in args.set)
+    print(f"\n{args.strategy} swarm of {args.peers} + 1 joiner{settings}, {args.preset} (the "
+          f"state sent: {state / 1e6:.1f} MB), links at {args.rate}; slow case: the "
+          f"{args.peers - 1} non-sending running peer(s) at {args.slow}. Medians of {args.reps}.\n")
     print("| case | transfer s | MB/s | × link goodput | joiner start → first step s "
-          "| busiest keeper's link during it MB | sender's link MB | joiner's link MB |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| running peers that took part | busiest other running peer's link during it MB "
+          "| sender's link MB | joiner's link MB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in ("even", "slow"):
         rs = results[name]
         rate_ratio = median(r["rate"] * 8 / (rate * GOODPUT) for r in rs)
         print(f"| {name} | {median(r['seconds'] for r in rs):.2f} | "
               f"{median(r['rate'] for r in rs) / 1e6:.2f} | {rate_ratio:.2f} | "
               f"{median(r['first_step'] for r in rs):.1f} | "
+              f"{median(r['keepers_took'] for r in rs):g} of {args.peers - 1} | "
               f"{mb(median(r['keeper_bytes'] for r in rs))} | "
               f"{mb(median(r['sender_bytes'] for r in rs))} | "
               f"{mb(median(r['joiner_bytes'] for r in rs))} |")
@@ -350,11 +367,11 @@ def main():
     print(f"\nslow / even transfer time: {slow_s / even_s:.2f}× ({slow_s:.2f} s against "
           f"{even_s:.2f} s); through the slow links the state would take at least {bound:.1f} s "
           f"({bound / even_s:.1f}× the even case).")
-    bad = [(name, i) for name, rs in results.items() for i, r in enumerate(rs)
-           if r["keepers_not_told"] or r["keepers_took"]]
+    bad = [(name, i) for name, rs in results.items() for i, r in enumerate(rs) if r["unclear"]]
     if bad:
-        print(f"WARNING: a running peer took the state or did not log staying out of it in "
-              f"{bad}: see the logs" + (f" in {work}" if args.out else " (rerun with --out)"))
+        print(f"WARNING: a running peer logged neither staying out of the transfer nor taking "
+              f"the state in {bad}: see the logs" +
+              (f" in {work}" if args.out else " (rerun with --out)"))
         return 1
     return 0
 

@@ -678,15 +678,12 @@ Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool op
       continue;
     }
     net::CollectiveOptions counting = options(net::WirePrecision::fp32, a.ring);
-    // Whether this peer holds the root's state now (a keeper all along).
-    bool holds_root_state = true;
-    if (choice->keeps) {
-      // This peer holds the state the root sends (its round, step, work and count are the
-      // root's, so the header would change nothing either): it neither receives it nor passes
-      // it on, and waits for the transfer's end in the contributor count below. Each of the
-      // root's pieces may wait up to a collective timeout before the transfer fails, so it
-      // waits that long for each.
-      a.contribute = true;
+    if (choice->root != net_.self()) {
+      // The root comes to the contributor count below once its transfer ends. Every other
+      // participant may come long before: a peer outside the transfer at once, a taker whose
+      // transfer failed early (its header refused, say) while the root still waits on its
+      // pieces. Each piece may wait up to a collective timeout before the transfer fails, so
+      // they wait that long for each.
       int64_t numel = 0;  // the state's size, the same on every peer
       for (const at::Tensor& t : state_tensors(r)) numel += t.numel();
       const int64_t pieces = (numel + choice->piece_numel - 1) / choice->piece_numel;
@@ -694,6 +691,14 @@ Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool op
       constexpr int64_t kYear = 365LL * 24 * 3600;
       counting.wait_limit = std::chrono::seconds(std::min<int64_t>(
           kYear, config_.net.collective_timeout_s * std::min<int64_t>(kYear, pieces + 2)));
+    }
+    // Whether this peer holds the root's state now (a keeper all along).
+    bool holds_root_state = true;
+    if (choice->keeps) {
+      // This peer holds the state the root sends (its round, step, work and count are the
+      // root's, so the header would change nothing either): it neither receives it nor passes
+      // it on, and waits for the transfer's end in the contributor count below.
+      a.contribute = true;
       log("state transfer: not needed here (this peer holds the state peer " +
           net_.describe(choice->root) + " sends, at step " + std::to_string(r.step) + ", round " +
           std::to_string(version_) + "); it goes to " + std::to_string(choice->ring.size() - 1) +
