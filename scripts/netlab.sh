@@ -309,6 +309,7 @@ cmd_rate() {
     tc -n "$hub" qdisc del dev "p$i" root 2>/dev/null || true
     ip -n "$ns" link set dev eth0 gso_max_size 65536
     ip -n "$hub" link set dev "p$i" gso_max_size 65536
+    echo "reshaped" >"$STATE_ROOT/$name/rate"
     return 0
   fi
   bits=$(rate_bits "$rate")
@@ -318,6 +319,7 @@ cmd_rate() {
   ip -n "$hub" link set dev "p$i" gso_max_size "$gso"
   tc -n "$ns" qdisc replace dev eth0 root tbf rate "${bits}bit" burst "$burst" limit "$limit"
   tc -n "$hub" qdisc replace dev "p$i" root tbf rate "${bits}bit" burst "$burst" limit "$limit"
+  echo "reshaped" >"$STATE_ROOT/$name/rate"
 }
 
 peer_index() {

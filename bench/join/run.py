@@ -58,6 +58,16 @@ UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
 GOODPUT = 1448 / 1514  # TCP payload per Ethernet frame that tbf counts
 
 
+def adoption(peer):
+    """The joiner's (time, match) of its whole transfer's line, or None: a long transfer also
+    logs the same line every 30 s on its way, with fewer pieces than the whole."""
+    for t, line in peer.find("state transfer: adopted"):
+        m = ADOPTED.search(line)
+        if m and m.group(3) == m.group(4):
+            return t, m
+    return None
+
+
 def parse_bytes(text):
     number, unit = text.split()
     return float(number) * UNITS[unit]
@@ -232,35 +242,33 @@ class Case:
                 counters.stop()
             subprocess.run([NETLAB, "down", self.lab])
 
-    def _wait(self, what, done, seconds):
+    def _wait(self, what, done, seconds, peers):
         deadline = time.monotonic() + seconds
         while not done():
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{self.name}: {what} within {seconds} s did not happen; "
-                                 f"see the logs in {self.work}")
+            ended = [p.slot for p in peers if p.proc.poll() is not None]
+            if ended or time.monotonic() > deadline:
+                why = f"peer(s) {ended} exited" if ended else f"not within {seconds} s"
+                raise RuntimeError(f"{self.name}: waiting for {what}: {why}; see the logs in "
+                                   f"{self.work}")
             time.sleep(0.05)
 
     def _run(self, peers, counters):
         args = self.args
         sender = Peer(self, 0, None)
         peers.append(sender)
-        self._wait("peer 0 listening", lambda: sender.endpoint, 60)
+        self._wait("peer 0 listening", lambda: sender.endpoint, 60, peers)
         for slot in range(1, args.peers):
             peers.append(Peer(self, slot, [sender.endpoint]))
         self._wait(f"{args.warm} steps of the swarm", lambda: len(sender.steps) >= args.warm,
-                   args.timeout)
+                   args.timeout, peers)
         if self.name == "slow":
             for slot in range(1, args.peers):
                 netlab("rate", self.lab, str(slot), args.slow)
         joiner = Peer(self, args.peers, [p.endpoint for p in peers])
         peers.append(joiner)
-        self._wait("the joiner's adoption", lambda: joiner.find("state transfer: adopted"),
-                   args.timeout)
-        self._wait("the joiner's first step", lambda: joiner.steps, args.timeout)
-        t_adopted, line = joiner.find("state transfer: adopted")[0]
-        m = ADOPTED.search(line)
-        if not m:
-            raise SystemExit(f"{self.name}: cannot read the joiner's line: {line}")
+        self._wait("the joiner's adoption", lambda: adoption(joiner), args.timeout, peers)
+        self._wait("the joiner's first step", lambda: joiner.steps, args.timeout, peers)
+        t_adopted, m = adoption(joiner)
         seconds = float(m.group(5))
         state = parse_bytes(m.group(2))
         start = t_adopted - seconds
@@ -320,7 +328,10 @@ def main():
     args = ap.parse_args()
     if args.peers < 2:
         ap.error("--peers: at least 2, so that one running peer does not send")
-    rate, slow = rate_bits(args.rate), rate_bits(args.slow)
+    try:
+        rate, slow = rate_bits(args.rate), rate_bits(args.slow)
+    except argparse.ArgumentTypeError as e:
+        ap.error(f"--rate/--slow: {e}")
     if why := labs_unavailable():
         print(f"bench/join needs network labs: {why}", file=sys.stderr)
         return 77
@@ -329,6 +340,7 @@ def main():
     work = args.out or tempfile.mkdtemp(prefix="starling-join-")
     os.makedirs(work, exist_ok=True)
     results = {"even": [], "slow": []}
+    done = False
     try:
         for rep in range(args.reps):
             for name in ("even", "slow"):
@@ -338,8 +350,12 @@ def main():
                       f"{r['seconds']:.2f} s ({r['rate'] / 1e6:.2f} MB/s); busiest other running peer's link "
                       f"{mb(r['keeper_bytes'])} MB; joiner's first step after "
                       f"{r['first_step']:.1f} s", file=sys.stderr, flush=True)
+        done = True
+    except RuntimeError as e:
+        print(f"bench/join: {e}", file=sys.stderr)
+        return 1
     finally:
-        if not args.out:
+        if done and not args.out:  # a failed run keeps its logs
             shutil.rmtree(work, ignore_errors=True)
 
     state = median(r["state"] for r in results["even"] + results["slow"])

@@ -78,6 +78,7 @@ class NetLab {
 
   const std::string& name() const { return name_; }
   int peers() const { return peers_; }
+  // The rate the lab was built with ("per link" for a matrix of rates); set_rate leaves it.
   const std::string& rate() const { return rate_; }
 
  private:

@@ -305,8 +305,8 @@ std::optional<SwarmStrategy::RootChoice> SwarmStrategy::choose_root(const train:
                                                                     const Agreement& a) {
   // One row per participant, at its place in the ring (ordered by id): whether it needs the
   // state, its round, its step, its work, its lineage, whether it holds a state at all, AdamW's
-  // count and the elements of its transfer pieces.
-  constexpr int64_t kRow = 14;
+  // count, the elements of its transfer pieces and its failed transfers since its last whole one.
+  constexpr int64_t kRow = 15;
   const int64_t peers = static_cast<int64_t>(a.ring.size());
   const auto self = std::find(a.ring.begin(), a.ring.end(), net_.self());
   if (self == a.ring.end()) throw std::logic_error("choose_root: this peer is not in the round");
@@ -321,6 +321,7 @@ std::optional<SwarmStrategy::RootChoice> SwarmStrategy::choose_root(const train:
   put_int(mine + 10, r.optimizer.steps());
   put_int(mine + 12, std::max<int64_t>(1, transfer_piece_bytes(config_.strategy) /
                                               static_cast<int64_t>(sizeof(float))));
+  mine[14] = static_cast<float>(std::min<int64_t>(failed_sends_, 1 << 20));
   at::Tensor sent = rows.to(net_device());
   const auto result =
       wait_result(net_.all_gather(as_span(sent), options(net::WirePrecision::fp32, a.ring)),
@@ -334,7 +335,10 @@ std::optional<SwarmStrategy::RootChoice> SwarmStrategy::choose_root(const train:
   // checkpoint, is outvoted by the peers that went on. Among the holders of that history: the
   // most work (contributors summed over its rounds), then the highest round, then step; among
   // equals one that its holder knows to be the swarm's (a peer whose last exchange failed holds
-  // its round's state plus a local step taken without the average), then the longest-standing.
+  // its round's state plus a local step taken without the average), then the one whose last
+  // transfers failed the fewest times (a sender that cannot reach a taker, or whose header a
+  // taker refuses, leaves the next try to another holder: it keeps its state, and takes no part
+  // as that state is the new root's), then the longest-standing.
   // Equal votes (a 2 + 2 split) fall to the same order: the side that trained more wins.
   std::map<uint32_t, int64_t> votes;
   for (int64_t i = 0; i < peers; ++i) {
@@ -342,13 +346,17 @@ std::optional<SwarmStrategy::RootChoice> SwarmStrategy::choose_root(const train:
     if (row[9] != 0.f) ++votes[get_lineage(row + 7)];
   }
   std::vector<net::PeerId> best;
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int>;
-  Key newest{-1, -1, -1, -1, -1};
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int, int>;
+  Key newest{-1, -1, -1, -1, -1, std::numeric_limits<int>::min()};
   for (int64_t i = 0; i < peers; ++i) {
     const float* row = rows.data_ptr<float>() + i * kRow;
     const auto held = votes.find(get_lineage(row + 7));
-    const Key key{row[9] != 0.f && held != votes.end() ? held->second : 0, get_int(row + 5),
-                  get_int(row + 1), get_int(row + 3), row[0] == 0.f ? 1 : 0};
+    const Key key{row[9] != 0.f && held != votes.end() ? held->second : 0,
+                  get_int(row + 5),
+                  get_int(row + 1),
+                  get_int(row + 3),
+                  row[0] == 0.f ? 1 : 0,
+                  -static_cast<int>(row[14])};
     if (key > newest) {
       newest = key;
       best.clear();
@@ -716,12 +724,16 @@ Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool op
     // A peer that holds the root's state (it kept out of the transfer, or took all of it) keeps
     // it when the agreement starts again: no one ran agreed(), and the next agreement finds
     // any peer apart. The others need the state.
+    const bool sent = choice->root == net_.self();
     if (!wait(net_.all_reduce(as_span(count), counting), "contributor count", &a.ring)) {
       if (!holds_root_state) need_state_ = true;
+      if (sent) ++failed_sends_;
       continue;
     }
     const at::Tensor sums = count.cpu();
-    if (const int failed = static_cast<int>(sums[2].item<float>()); failed > 0) {
+    const int failed = static_cast<int>(sums[2].item<float>());
+    if (sent) failed_sends_ = failed > 0 ? failed_sends_ + 1 : 0;
+    if (failed > 0) {
       log("the state transfer failed for " + std::to_string(failed) +
           " peer(s); the agreement starts again");
       continue;

@@ -273,6 +273,9 @@ class SwarmStrategy : public train::StepHooks {
   std::optional<long long> refuse_state_;         // STARLING_FAULT_REFUSE_STATE
   long long transfers_sent_ = 0;                  // state transfers sent to other peers
   long long transfers_taken_ = 0;                 // headers received from other peers
+  // Transfers this peer sent since its last whole one that failed for some taker, or whose
+  // count failed: the root choice prefers the holder with the fewest (choose_root).
+  int64_t failed_sends_ = 0;
   // Set when a transfer broke off after this peer wrote part of it (what it wrote), cleared by
   // the next whole one: if this peer is then chosen as the root, no whole state is left.
   std::string torn_;
