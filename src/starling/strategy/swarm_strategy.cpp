@@ -493,8 +493,9 @@ void SwarmStrategy::redeal(data::TokenLoader& loader, const Agreement& a,
 bool SwarmStrategy::take_state(train::Replica& r, Agreement& a, const RootChoice& choice,
                                bool opening) {
   const net::PeerId root = choice.root;
-  // The root only reads its state: a failure leaves it whole, and the root holds it still (the
-  // next agreement finds it the root again, rather than sending it another's state).
+  // The root only reads its state: a failure leaves it whole, and the root holds it still (it
+  // needs nothing from the next transfer, which another holder of the same state sends where
+  // there is one: choose_root ranks holders by their failed transfers).
   const bool sending = root == net_.self();
   at::Tensor header = at::zeros({kHeader}, at::kFloat);
   const int64_t piece_numel = std::max<int64_t>(
