@@ -198,11 +198,10 @@ cmd_up() {
   if ! [[ "$n" =~ ^[0-9]+$ ]] || ((n < 1 || n > 254)); then
     die "peer count must be 1..254, got '$n'"
   fi
-  local bits="" burst="" limit="" gso=""
+  local bits=""
   if [[ "${rate,,}" != unlimited ]]; then
     bits=$(rate_bits "$rate")
     ((bits > 0)) || die "rate must be positive, got '$rate'"
-    read -r burst limit gso < <(shaping_params "$bits")
   fi
   [[ -e "$STATE_ROOT/$name" ]] && die "lab '$name' exists (netlab.sh down $name first)"
   ns_exists "$name-hub" && die "namespace $name-hub exists (netlab.sh down $name first)"
@@ -240,12 +239,7 @@ cmd_up() {
     ip -n "$hub" link set "p$i" up
     ip -n "$ns" addr add "10.$x.$y.$((i + 1))/24" dev eth0
     ip -n "$ns" link set eth0 up
-    if [[ -n "$bits" ]]; then
-      ip -n "$ns" link set dev eth0 gso_max_size "$gso"
-      ip -n "$hub" link set dev "p$i" gso_max_size "$gso"
-      tc -n "$ns" qdisc replace dev eth0 root tbf rate "${bits}bit" burst "$burst" limit "$limit"
-      tc -n "$hub" qdisc replace dev "p$i" root tbf rate "${bits}bit" burst "$burst" limit "$limit"
-    fi
+    [[ -z "$bits" ]] || tbf_link "$name" "$i" "$bits"
   done
   BUILDING=""
 }
@@ -297,13 +291,24 @@ cmd_shape() {
   echo "shaped" >"$STATE_ROOT/$name/rate"
 }
 
+# Shapes peer $2's link in lab $1 both ways at $3 bits/s: a tbf on its eth0 (upload) and on the
+# hub's p<i> (download), with shaping_params' burst, limit and GSO.
+tbf_link() {
+  local name=$1 i=$2 bits=$3 burst limit gso
+  read -r burst limit gso < <(shaping_params "$bits")
+  ip -n "$name-$i" link set dev eth0 gso_max_size "$gso"
+  ip -n "$name-hub" link set dev "p$i" gso_max_size "$gso"
+  tc -n "$name-$i" qdisc replace dev eth0 root tbf rate "${bits}bit" burst "$burst" limit "$limit"
+  tc -n "$name-hub" qdisc replace dev "p$i" root tbf rate "${bits}bit" burst "$burst" limit "$limit"
+}
+
 # rate: the tbf pair `up` gives every link, on peer $2's link alone, or no qdisc for `unlimited`.
 cmd_rate() {
   local name=$1 i=$2 rate=$3
   check_name "$name"
   peer_index "$name" "$i"
   [[ "$i" != hub ]] || die "rate: a peer, not the hub"
-  local ns="$name-$i" hub="$name-hub" bits burst limit gso
+  local ns="$name-$i" hub="$name-hub" bits
   if [[ "${rate,,}" == unlimited ]]; then
     tc -n "$ns" qdisc del dev eth0 root 2>/dev/null || true
     tc -n "$hub" qdisc del dev "p$i" root 2>/dev/null || true
@@ -314,11 +319,7 @@ cmd_rate() {
   fi
   bits=$(rate_bits "$rate")
   ((bits > 0)) || die "rate must be positive, got '$rate'"
-  read -r burst limit gso < <(shaping_params "$bits")
-  ip -n "$ns" link set dev eth0 gso_max_size "$gso"
-  ip -n "$hub" link set dev "p$i" gso_max_size "$gso"
-  tc -n "$ns" qdisc replace dev eth0 root tbf rate "${bits}bit" burst "$burst" limit "$limit"
-  tc -n "$hub" qdisc replace dev "p$i" root tbf rate "${bits}bit" burst "$burst" limit "$limit"
+  tbf_link "$name" "$i" "$bits"
   echo "reshaped" >"$STATE_ROOT/$name/rate"
 }
 
