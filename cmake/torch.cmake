@@ -50,6 +50,7 @@ add_library(starling STATIC
   src/starling/strategy/state_tensors.cpp
   src/starling/strategy/state_stream.cpp
   src/starling/strategy/data_redeal.cpp
+  src/starling/strategy/root_choice.cpp
   src/starling/strategy/swarm_strategy.cpp
   src/starling/strategy/robust_aggregate.cpp
   src/starling/strategy/fault_injection.cpp
@@ -172,6 +173,7 @@ add_executable(starling_tests
   tests/net/nccl_backend_test.cpp
   tests/strategy/co2_test.cpp
   tests/strategy/data_redeal_test.cpp
+  tests/strategy/root_choice_test.cpp
   tests/strategy/progress_board_test.cpp
   tests/strategy/robust_aggregate_test.cpp
   tests/strategy/state_stream_test.cpp

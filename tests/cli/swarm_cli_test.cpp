@@ -1238,6 +1238,57 @@ TEST_F(SwarmCliTest, SwappedRoundsGoOnFromARoundBrokenOffPartway) {
   }
 }
 
+// Three swapped diloco peers whose third outer step breaks off at different pieces, as when a
+// collective completes on some peers only: peers 0 and 1 count its second piece's collective as
+// failed, peer 2 its twentieth (STARLING_FAULT_LOSE_PIECE). A tensor is written once its last
+// element has stepped, so peer 2's first tensors hold the new anchor and the others' do not,
+// while all three stay in their round. The count of tensors written goes into the lineage, so the
+// next agreement finds them apart: peer 2 takes the state peers 0 and 1 hold (one sends it, the
+// other keeps its own), and the three end on one model.
+TEST_F(SwarmCliTest, AnOuterStepBrokenOffAtDifferentPiecesEndsOnOneModel) {
+  const std::string name = "torn_apart";
+  const int64_t steps = 24;
+  write_config(name, "kind = \"diloco\"\nlocal_steps = 2\ntransfer_piece = \"4KB\"", steps, 4);
+  fs::create_directories(run_dir(name));
+  const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+  const auto peer = [&](int i, const std::string& entry, const std::string& loss) {
+    std::vector<std::string> argv = peer_argv(name, i, 3, entry, 3, as_argv(swapped()));
+    argv.insert(argv.begin(), {"/usr/bin/env", "STARLING_FAULT_LOSE_PIECE=" + loss});
+    return argv;
+  };
+  std::vector<Process> peers;
+  peers.emplace_back(peer(0, "", "3:2"), log(0).string());
+  auto listening = wait_event(
+      peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
+  ASSERT_TRUE(listening) << read_file(log(0));
+  const std::string entry = (*listening)["endpoint"];
+  peers.emplace_back(peer(1, entry, "3:2"), log(1).string());
+  peers.emplace_back(peer(2, entry, "3:20"), log(2).string());
+  const auto done = wait_all_done(peers, 120s);
+  ASSERT_EQ(done.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(done[i]) << "peer " << i << ": " << read_file(log(i));
+    EXPECT_EQ((*done[i])["step"], steps);
+    const std::string l = read_file(log(i));
+    const int through = i < 2 ? 1 : 19;
+    EXPECT_EQ(count_of(l, "fault injection: counting piece " + std::to_string(through + 1) +
+                              " of outer step 3 as failed"),
+              1)
+        << "peer " << i << ": " << l;
+    EXPECT_EQ(count_of(l, "the outer step broke off after " + std::to_string(through) + " of "), 1)
+        << "peer " << i << ": " << l;
+  }
+  // Peers 0 and 1 hold the same state: one of them sends it at the next agreement, and the
+  // other stays out of that transfer.
+  EXPECT_EQ(count_of(read_file(log(0)) + read_file(log(1)), "state transfer: not needed here"), 1);
+  EXPECT_EQ(count_of(read_file(log(2)), "a round that broke off at another tensor"), 1)
+      << read_file(log(2));
+  const std::string model = final_model(run_dir(name) / "peer-0", steps);
+  ASSERT_FALSE(model.empty());
+  EXPECT_TRUE(final_model(run_dir(name) / "peer-1", steps) == model);
+  EXPECT_TRUE(final_model(run_dir(name) / "peer-2", steps) == model);
+}
+
 // A swapped localsgd or diloco peer and an unswapped one, each with its own transfer_piece:
 // both go in pieces of the two sizes' mean (their collectives must match), every round, and end
 // on one model. co2's exchange is one vector whichever kind the peer is (its average in flight

@@ -162,7 +162,7 @@ TEST(GlooBackend, IsAFixedGroupOfRanks) {
     EXPECT_EQ(b.self(), static_cast<PeerId>(b.rank()));
     EXPECT_FALSE(b.elastic());
     EXPECT_EQ(b.buffers(), BufferPlace::host);
-    EXPECT_EQ(b.longest_standing({2, 1}), 1u);  // rank order stands for seniority
+    EXPECT_EQ(b.joined_at_ms(), 0);  // rank order stands for seniority
     EXPECT_EQ(b.bytes_sent(), 0u);
     std::vector<float> data(300, 1.0f);
     b.all_reduce(data, {}).wait();

@@ -35,7 +35,7 @@ TEST_F(NcclBackendTest, IsAFixedGroupWorkingOnDeviceMemory) {
   EXPECT_EQ(group_->self(), 0u);
   EXPECT_FALSE(group_->elastic());
   EXPECT_EQ(group_->buffers(), BufferPlace::device);
-  EXPECT_EQ(group_->longest_standing({0}), 0u);
+  EXPECT_EQ(group_->joined_at_ms(), 0);
 }
 
 TEST_F(NcclBackendTest, EveryOperationRunsOnTheGpusData) {

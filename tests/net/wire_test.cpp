@@ -103,8 +103,9 @@ TEST(WireTest, EveryFieldIsValidated) {
   raw[0] = std::byte{0};
   expect_error(raw, "magic");
   raw = good;
-  raw[4] = std::byte{2};
-  expect_error(raw, "version 2");
+  raw[4] = std::byte{net::kWireVersion + 1};
+  expect_error(raw, "wire version " + std::to_string(net::kWireVersion + 1) +
+                        ", this peer speaks version " + std::to_string(net::kWireVersion));
   raw = good;
   raw[5] = std::byte{0};
   expect_error(raw, "unknown message type 0");

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "starling/common/error.h"
 #include "starling/strategy/fault_injection.h"
@@ -120,6 +122,42 @@ TEST(FaultsFromTheEnvironment, WholeNumbersOrAConfigError) {
     }
     ::unsetenv(f.name);
   }
+}
+
+TEST(FaultsFromTheEnvironment, APieceLossIsARoundAndAPiece) {
+  const char* name = "STARLING_FAULT_LOSE_PIECE";
+  ::unsetenv(name);
+  EXPECT_FALSE(lose_piece_from_env());
+  EXPECT_EQ(RoundFaults("outer step").announcement(), "");
+  ::setenv(name, "3:2", 1);
+  const auto loss = lose_piece_from_env();
+  ASSERT_TRUE(loss);
+  EXPECT_EQ(loss->round, 3);
+  EXPECT_EQ(loss->piece, 2);
+  // Only the second piece (index 1) of the third round counts as failed, and it says so.
+  RoundFaults faults("outer step");
+  EXPECT_NE(faults.announcement().find("piece 2 of its outer step 3"), std::string::npos)
+      << faults.announcement();
+  std::vector<std::string> lines;
+  const auto log = [&](const std::string& line) { lines.push_back(line); };
+  for (int round = 1; round <= 4; ++round) {
+    faults.begin();
+    for (int64_t k = 0; k < 4; ++k)
+      EXPECT_EQ(faults.loses_piece(k, log), round == 3 && k == 1) << round << " " << k;
+  }
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("counting piece 2 of outer step 3 as failed"), std::string::npos)
+      << lines[0];
+  for (const char* bad : {"3", "3:", ":2", "0:1", "1:0", "-1:2", "1:+2", "1: 2", "a:b", "1:2:3"}) {
+    ::setenv(name, bad, 1);
+    try {
+      lose_piece_from_env();
+      ADD_FAILURE() << bad;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  }
+  ::unsetenv(name);
 }
 
 }  // namespace

@@ -107,10 +107,10 @@ class Collectives {
   virtual PeerId self() const = 0;
   // A participant as logs name it: its short id, and its name where the backend knows one.
   virtual std::string describe(PeerId id) const { return short_peer_id(id); }
-  // Of `participants` (ids from a CollectiveResult::ring), the one that has been a member the
-  // longest (ties: the smallest id); every participant computes the same answer. A rank-based
-  // backend answers the smallest rank.
-  virtual PeerId longest_standing(const std::vector<PeerId>& participants) const = 0;
+  // When this participant joined, in milliseconds of the wall clock as its membership entry
+  // says (the others' lists hold the same value; earlier is more senior). 0 on a fixed group of
+  // ranks, where the rank order stands for seniority.
+  virtual int64_t joined_at_ms() const { return 0; }
   // Whether the participants may change: true when a failed operation can be retried among the
   // survivors and newcomers join later (Starling's swarm). False for a fixed group, where a
   // failed operation means a rank is gone and the run cannot go on (the torchrun model: the

@@ -182,10 +182,6 @@ GlooBackend::~GlooBackend() = default;
 int GlooBackend::rank() const { return impl_->rank(); }
 int GlooBackend::world_size() const { return impl_->world_size(); }
 uint64_t GlooBackend::bytes_sent() const { return impl_->bytes_sent(); }
-PeerId GlooBackend::longest_standing(const std::vector<PeerId>& participants) const {
-  return participants.empty() ? self()
-                              : *std::min_element(participants.begin(), participants.end());
-}
 
 Work GlooBackend::launch(CollectiveKind kind, std::span<float> data,
                          const CollectiveOptions& options) {

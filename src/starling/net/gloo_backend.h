@@ -59,7 +59,6 @@ class GlooBackend : public Collectives {
 
   std::string backend_name() const override { return "gloo"; }
   PeerId self() const override { return static_cast<PeerId>(rank()); }
-  PeerId longest_standing(const std::vector<PeerId>& participants) const override;
   bool elastic() const override { return false; }
   uint64_t bytes_sent() const override;
 

@@ -45,10 +45,6 @@ class NcclBackend final : public Collectives {
 
   std::string backend_name() const override { return "nccl"; }
   PeerId self() const override { return static_cast<PeerId>(options_.rank); }
-  PeerId longest_standing(const std::vector<PeerId>& participants) const override {
-    return participants.empty() ? self()
-                                : *std::min_element(participants.begin(), participants.end());
-  }
   bool elastic() const override { return false; }
   BufferPlace buffers() const override { return BufferPlace::device; }
   uint64_t bytes_sent() const override { return bytes_sent_; }

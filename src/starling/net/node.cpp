@@ -132,7 +132,9 @@ Node::Impl::Impl(NodeOptions options) : options_(std::move(options)), table_(Mem
       for (const auto& e : options_.join) where += (where.empty() ? "" : ", ") + e;
       throw NetError("could not join the swarm through " + where + ": no answer within " +
                      seconds_text(options_.join_timeout) +
-                     " (is the address right, and is this peer's key on its allowlist?)");
+                     " (is the address right, is this peer's key on its allowlist, and does "
+                     "the peer there run the same Starling? A member drops the messages of "
+                     "another wire version, and its log says so)");
     }
   }
 }
@@ -462,16 +464,10 @@ PeerId Node::self() const { return id(); }
 std::string Node::describe(PeerId id) const { return impl_->who(id); }
 uint64_t Node::bytes_sent() const { return counters().bytes_sent; }
 
-PeerId Node::longest_standing(const std::vector<PeerId>& participants) const {
-  PeerId best = participants.empty() ? id() : participants.front();
-  int64_t oldest = std::numeric_limits<int64_t>::max();
+int64_t Node::joined_at_ms() const {
   for (const auto& m : members())
-    if (std::find(participants.begin(), participants.end(), m.info.id) != participants.end() &&
-        (m.info.joined_at_ms < oldest || (m.info.joined_at_ms == oldest && m.info.id < best))) {
-      oldest = m.info.joined_at_ms;
-      best = m.info.id;
-    }
-  return best;
+    if (m.info.id == id()) return m.info.joined_at_ms;
+  return 0;
 }
 
 Transfer Node::send(PeerId peer, uint64_t tag, std::vector<uint8_t> bytes) {

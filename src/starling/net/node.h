@@ -96,8 +96,7 @@ class Node : public Collectives {
   PeerId self() const override;
   // "6df6641f (rank-2)": the short id and the name the member announced (this peer's own too).
   std::string describe(PeerId id) const override;
-  // By the join times the members announced (members() agree on them everywhere).
-  PeerId longest_standing(const std::vector<PeerId>& participants) const override;
+  int64_t joined_at_ms() const override;
   bool elastic() const override { return true; }
   uint64_t bytes_sent() const override;
 

@@ -29,7 +29,11 @@
 namespace starling::net {
 
 inline constexpr uint32_t kWireMagic = 0x4C525453;  // "STRL" read as little-endian u32
-inline constexpr uint8_t kWireVersion = 1;
+// Changes whenever peers of two releases could not train together: the framing, the control
+// messages, or the shape of a collective the strategies run (version 2: the root choice's rows
+// carry each participant's join time). A peer drops a message of another version and logs it, so
+// a mixed swarm fails at the join instead of refusing every collective.
+inline constexpr uint8_t kWireVersion = 2;
 inline constexpr size_t kHeaderBytes = 48;
 
 enum class MsgType : uint8_t {

@@ -14,8 +14,8 @@
 namespace starling::strategy {
 
 DiLoCo::DiLoCo(const train::RunConfig& config, net::Collectives& net)
-    : SwarmStrategy(config, net), death_("outer step") {
-  if (!death_.announcement().empty()) log(death_.announcement());
+    : SwarmStrategy(config, net), faults_("outer step") {
+  if (!faults_.announcement().empty()) log(faults_.announcement());
 }
 
 void DiLoCo::allocate(train::Replica& r) {
@@ -46,12 +46,12 @@ void DiLoCo::started(const Agreement& a) {
 }
 
 void DiLoCo::outer_step(const Agreement& a) {
-  death_.begin();
+  faults_.begin();
   if (anchor_.kept() || a.notes[1] > 0) {
     outer_step_in_pieces(a);
     return;
   }
-  death_.maybe_die(0, [this](const std::string& line) { log(line); });
+  faults_.maybe_die(0, [this](const std::string& line) { log(line); });
   at::Tensor& delta = delta_->device();
   const at::Tensor& anchor = anchor_.flat();
   flat_->gather(delta);               // y
@@ -94,6 +94,13 @@ void DiLoCo::outer_step_in_pieces(const Agreement& a) {
   const auto write = [this](const at::Tensor& t, const at::Tensor& values) {
     write_state(t, values);
   };
+  // A tensor is written once its last element has stepped: the anchor's tensors written tell
+  // what a step that broke off changed.
+  int64_t anchors_written = 0;
+  const auto write_anchor = [&](const at::Tensor& t, const at::Tensor& values) {
+    ++anchors_written;
+    write(t, values);
+  };
   const double beta = config_.strategy.outer_momentum;
   // As in localsgd's average in pieces: a failure leaves the pieces before it stepped and the
   // rest as they were (the next round's delta covers both rounds there); the later pieces are
@@ -103,17 +110,19 @@ void DiLoCo::outer_step_in_pieces(const Agreement& a) {
   int64_t stepped = 0;  // pieces
   uint32_t crc = 0;     // of the new anchor, for the fingerprint
   for (int64_t k = 0; k < ys.pieces(); ++k) {
-    if (k == 1) death_.maybe_die(k, [this](const std::string& line) { log(line); });
+    if (k == 1) faults_.maybe_die(k, [this](const std::string& line) { log(line); });
     const int64_t n = ys.numel_of(k);
     at::Tensor y = piece_->device().narrow(0, 0, n);
     at::Tensor x = anchor_piece_.narrow(0, 0, n);
     at::Tensor m = momentum_piece_.narrow(0, 0, n);
     ys.update_next(y, read_params, write, [&](at::Tensor& delta) {
-      xs.update_next(x, read, write, [&](at::Tensor& anchor) {
+      xs.update_next(x, read, write_anchor, [&](at::Tensor& anchor) {
         return ms.update_next(m, read, write, [&](at::Tensor& momentum) {
           at::sub_out(delta, anchor, delta);  // delta = x - y
           if (!a.contribute) delta.zero_();
           ok = aggregate(*piece_, n, a, precision_, "pseudo-gradient all-reduce") && ok;
+          if (ok && faults_.loses_piece(k, [this](const std::string& line) { log(line); }))
+            ok = false;
           if (!ok) return false;
           delta.div_(static_cast<double>(a.contributors));  // Delta
           momentum.mul_(beta).add_(delta);
@@ -134,8 +143,12 @@ void DiLoCo::outer_step_in_pieces(const Agreement& a) {
     note_round_crc(crc);
   } else if (stepped > 0) {
     log("the outer step broke off after " + std::to_string(stepped) + " of " +
-        std::to_string(ys.pieces()) +
-        " pieces: the tensors through by then hold the new anchor, the rest their round's own");
+        std::to_string(ys.pieces()) + " pieces: the tensors through by then (" +
+        std::to_string(anchors_written) + " of " + std::to_string(anchor_.parts().size()) +
+        ") hold the new anchor, the rest their round's own");
+    // A collective that completed on some peers only (a chunk lost on one side) breaks the step
+    // off at different pieces on different peers, whose anchors may then differ under one round.
+    if (anchors_written > 0) broke_off_after(anchors_written);
   }
 }
 

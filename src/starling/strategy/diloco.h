@@ -62,7 +62,7 @@ class DiLoCo final : public SwarmStrategy {
   at::Tensor anchor_piece_, momentum_piece_;
   // STARLING_FAULT_DIE_IN_EXCHANGE: dies in that outer step, after its first piece where it
   // goes in pieces (the survivors' step breaks off partway), before it sends otherwise.
-  ExchangeDeath death_;
+  RoundFaults faults_;  // STARLING_FAULT_DIE_IN_EXCHANGE, STARLING_FAULT_LOSE_PIECE
 };
 
 }  // namespace starling::strategy

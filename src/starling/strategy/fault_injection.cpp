@@ -115,18 +115,50 @@ std::optional<long long> die_in_exchange_from_env() {
                                "N, the exchange (from 1) in which this peer dies");
 }
 
-ExchangeDeath::ExchangeDeath(std::string what)
-    : what_(std::move(what)), round_(die_in_exchange_from_env()) {}
-
-std::string ExchangeDeath::announcement() const {
-  if (!round_) return "";
-  return "fault injection: this peer dies in its " + what_ + " " + std::to_string(*round_) +
-         " (STARLING_FAULT_DIE_IN_EXCHANGE)";
+std::optional<PieceLoss> lose_piece_from_env() {
+  const char* v = std::getenv("STARLING_FAULT_LOSE_PIECE");
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  const std::string text = v;
+  const size_t colon = text.find(':');
+  std::optional<long long> round, piece;
+  if (colon != std::string::npos) {
+    round = whole_number(text.substr(0, colon).c_str());
+    piece = whole_number(text.substr(colon + 1).c_str());
+  }
+  if (!round || !piece || *round < 1 || *piece < 1)
+    throw ConfigError("STARLING_FAULT_LOSE_PIECE = \"" + text +
+                      "\": expected N:K, the round in pieces (from 1) and its piece (from 1) "
+                      "whose collective this peer counts as failed");
+  return PieceLoss{.round = *round, .piece = *piece};
 }
 
-void ExchangeDeath::maybe_die(int64_t pieces_sent,
-                              const std::function<void(const std::string&)>& log) const {
-  if (!round_ || *round_ != rounds_) return;
+RoundFaults::RoundFaults(std::string what)
+    : what_(std::move(what)),
+      death_round_(die_in_exchange_from_env()),
+      loss_(lose_piece_from_env()) {}
+
+std::string RoundFaults::announcement() const {
+  std::string out;
+  if (death_round_)
+    out = "fault injection: this peer dies in its " + what_ + " " + std::to_string(*death_round_) +
+          " (STARLING_FAULT_DIE_IN_EXCHANGE)";
+  if (loss_)
+    out += std::string(out.empty() ? "fault injection: " : "; ") + "this peer counts piece " +
+           std::to_string(loss_->piece) + " of its " + what_ + " " + std::to_string(loss_->round) +
+           " as failed (STARLING_FAULT_LOSE_PIECE)";
+  return out;
+}
+
+bool RoundFaults::loses_piece(int64_t k, const std::function<void(const std::string&)>& log) const {
+  if (!loss_ || loss_->round != rounds_ || loss_->piece != k + 1) return false;
+  log("fault injection: counting piece " + std::to_string(k + 1) + " of " + what_ + " " +
+      std::to_string(rounds_) + " as failed, though its collective completed");
+  return true;
+}
+
+void RoundFaults::maybe_die(int64_t pieces_sent,
+                            const std::function<void(const std::string&)>& log) const {
+  if (!death_round_ || *death_round_ != rounds_) return;
   log("fault injection: dying in " + what_ + " " + std::to_string(rounds_) + " after " +
       std::to_string(pieces_sent) + " piece(s)");
   if (pieces_sent > 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));

@@ -25,6 +25,11 @@
 //                                   lets its last messages leave) where it averages in pieces
 //                                   (a swapped swarm), so the others' average breaks off
 //                                   partway; before it sends otherwise
+//   STARLING_FAULT_LOSE_PIECE=N:K   in its N-th round that goes in pieces (localsgd's parameter
+//                                   average, diloco's outer step; from 1), this peer counts the
+//                                   K-th piece's collective (from 1) as failed once it completed,
+//                                   as a peer that lost its last chunk would: its round breaks
+//                                   off after K-1 pieces while the others' may go on
 //
 // Unset (the normal case), nothing changes. A malformed value is a ConfigError naming it, raised
 // before the peer joins anyone (strategy::check_peer). Torch-free but for apply().
@@ -74,25 +79,39 @@ std::optional<long long> refuse_state_from_env();
 // unless it is a whole number N >= 1.
 std::optional<long long> die_in_exchange_from_env();
 
-// STARLING_FAULT_DIE_IN_EXCHANGE for a strategy whose round may go in pieces (localsgd's
-// parameter average, diloco's outer step): the peer dies in its N-th such round, after the first
-// piece where the round goes in pieces (the survivors' round then breaks off partway), before it
-// sends anything otherwise.
-class ExchangeDeath {
+struct PieceLoss {
+  long long round = 1;  // the round that goes in pieces, counted from 1
+  long long piece = 1;  // the piece whose collective counts as failed, counted from 1
+};
+
+// STARLING_FAULT_LOSE_PIECE; nullopt when unset or empty. ConfigError naming the value unless it
+// is "N:K" with whole numbers N >= 1 and K >= 1.
+std::optional<PieceLoss> lose_piece_from_env();
+
+// The faults of a strategy whose round may go in pieces (localsgd's parameter average, diloco's
+// outer step), counted by its rounds:
+// - STARLING_FAULT_DIE_IN_EXCHANGE: the peer dies in its N-th such round, after the first piece
+//   where the round goes in pieces (the survivors' round then breaks off partway), before it
+//   sends anything otherwise;
+// - STARLING_FAULT_LOSE_PIECE: the peer counts a piece of its N-th round as failed.
+class RoundFaults {
  public:
   // `what` names the round in the log ("parameter average").
-  explicit ExchangeDeath(std::string what);
-  // What a peer logs at its start when it is told to die, or "".
+  explicit RoundFaults(std::string what);
+  // What a peer logs at its start when it is told to commit a fault, or "".
   std::string announcement() const;
   void begin() { ++rounds_; }  // a round begins
   // Logs a last line through `log` and dies (SIGKILL) when this round is the one, after
   // `pieces_sent` pieces (with a pause of 0.3 s where some were sent: their last messages may
   // still wait in the sockets' queues, and the others should hold those pieces' result).
   void maybe_die(int64_t pieces_sent, const std::function<void(const std::string&)>& log) const;
+  // Whether this peer counts piece `k` (from 0) of this round as failed; logged through `log`.
+  bool loses_piece(int64_t k, const std::function<void(const std::string&)>& log) const;
 
  private:
   std::string what_;
-  std::optional<long long> round_;
+  std::optional<long long> death_round_;
+  std::optional<PieceLoss> loss_;
   int64_t rounds_ = 0;  // begun, counted from 1
 };
 

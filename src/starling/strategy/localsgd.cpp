@@ -14,8 +14,8 @@
 namespace starling::strategy {
 
 LocalSgd::LocalSgd(const train::RunConfig& config, net::Collectives& net)
-    : SwarmStrategy(config, net), death_("parameter average") {
-  if (!death_.announcement().empty()) log(death_.announcement());
+    : SwarmStrategy(config, net), faults_("parameter average") {
+  if (!faults_.announcement().empty()) log(faults_.announcement());
 }
 
 std::array<float, kAgreementNotes> LocalSgd::round_notes() const {
@@ -43,12 +43,12 @@ void LocalSgd::started(const Agreement& a) {
 }
 
 void LocalSgd::average(const Agreement& a) {
-  death_.begin();
+  faults_.begin();
   if (!buffer_ || a.notes[1] > 0) {
     average_in_pieces(*replica_, a);
     return;
   }
-  death_.maybe_die(0, [this](const std::string& line) { log(line); });
+  faults_.maybe_die(0, [this](const std::string& line) { log(line); });
   at::Tensor params = buffer_->device().narrow(0, 0, flat_->numel());
   flat_->gather(params);
   if (!a.contribute) params.zero_();
@@ -90,12 +90,13 @@ void LocalSgd::average_in_pieces(train::Replica& r, const Agreement& a) {
   int64_t averaged = 0;  // pieces
   uint32_t crc = 0;      // of the average, for the fingerprint
   for (int64_t k = 0; k < stream.pieces(); ++k) {
-    if (k == 1) death_.maybe_die(k, [this](const std::string& line) { log(line); });
+    if (k == 1) faults_.maybe_die(k, [this](const std::string& line) { log(line); });
     const int64_t n = stream.numel_of(k);
     at::Tensor part = pieces_->device().narrow(0, 0, n);
     stream.update_next(part, read, write, [&](at::Tensor& values) {
       if (!a.contribute) values.zero_();
       ok = sum_with_senders(*pieces_, n, a) && ok;  // sent even after a failure (above)
+      if (ok && faults_.loses_piece(k, [this](const std::string& line) { log(line); })) ok = false;
       if (ok && config_.strategy.fingerprint) crc = chain_crc(values, crc);
       return ok;
     });

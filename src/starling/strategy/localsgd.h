@@ -46,7 +46,7 @@ class LocalSgd final : public SwarmStrategy {
   // the count of senders after it (sum_with_senders).
   std::optional<Staging> buffer_;
   std::optional<Staging> pieces_;
-  ExchangeDeath death_;  // STARLING_FAULT_DIE_IN_EXCHANGE
+  RoundFaults faults_;  // STARLING_FAULT_DIE_IN_EXCHANGE, STARLING_FAULT_LOSE_PIECE
 };
 
 }  // namespace starling::strategy

@@ -7,10 +7,7 @@
 #include <cmath>
 #include <csignal>
 #include <iostream>
-#include <limits>
-#include <map>
 #include <thread>
-#include <tuple>
 
 #include "starling/common/cpu_runtime.h"
 #include "starling/common/error.h"
@@ -29,23 +26,6 @@ namespace {
 
 using train::fmt;
 using train::now_s;
-
-// Steps and versions travel as floats: split into two exact 20-bit halves.
-void put_int(float* at, int64_t v) {
-  at[0] = static_cast<float>(v >> 20);
-  at[1] = static_cast<float>(v & ((1 << 20) - 1));
-}
-int64_t get_int(const float* at) {
-  return (static_cast<int64_t>(at[0]) << 20) + static_cast<int64_t>(at[1]);
-}
-// A lineage travels in a transfer's header as two exact 16-bit halves.
-void put_lineage(float* at, uint32_t v) {
-  at[0] = static_cast<float>(v >> 16);
-  at[1] = static_cast<float>(v & 0xFFFFu);
-}
-uint32_t get_lineage(const float* at) {
-  return (static_cast<uint32_t>(at[0]) << 16) | static_cast<uint32_t>(at[1]);
-}
 
 // The agreement's fields before the lineage's bytes, and the lineage's share of it.
 constexpr int64_t kControl = 8;
@@ -283,6 +263,12 @@ void SwarmStrategy::note_round_crc(uint32_t crc) {
   fingerprint_lineage_ = lineage_;
 }
 
+void SwarmStrategy::broke_off_after(int64_t tensors) {
+  constexpr uint64_t kBrokeOff = 0x62726f6b656e6f66ULL;  // "brokenof": no ring's id, in practice
+  const uint64_t words[] = {lineage_, kBrokeOff, static_cast<uint64_t>(tensors)};
+  lineage_ = net::crc32c(words, sizeof words);
+}
+
 void SwarmStrategy::agreed(const Agreement& a) {
   work_ += a.contributors;
   contributors_ = a.contributors;
@@ -301,88 +287,35 @@ nlohmann::json SwarmStrategy::round_state(const char* kind) const {
   return {{"kind", kind}, {"version", version_}, {"work", work_}, {"lineage", lineage_}};
 }
 
-std::optional<SwarmStrategy::RootChoice> SwarmStrategy::choose_root(const train::Replica& r,
-                                                                    const Agreement& a) {
-  // One row per participant, at its place in the ring (ordered by id): whether it needs the
-  // state, its round, its step, its work, its lineage, whether it holds a state at all, AdamW's
-  // count, the elements of its transfer pieces and its failed transfers since its last whole one.
-  constexpr int64_t kRow = 15;
+std::optional<RootChoice> SwarmStrategy::choose_root(const train::Replica& r, const Agreement& a) {
   const int64_t peers = static_cast<int64_t>(a.ring.size());
   const auto self = std::find(a.ring.begin(), a.ring.end(), net_.self());
   if (self == a.ring.end()) throw std::logic_error("choose_root: this peer is not in the round");
-  at::Tensor rows = at::zeros({peers * kRow}, at::kFloat);
-  float* mine = rows.data_ptr<float>() + (self - a.ring.begin()) * kRow;
-  mine[0] = need_state_ ? 1.f : 0.f;
-  put_int(mine + 1, version_);
-  put_int(mine + 3, r.step);
-  put_int(mine + 5, work_);
-  put_lineage(mine + 7, lineage_);
-  mine[9] = holds_state_ ? 1.f : 0.f;
-  put_int(mine + 10, r.optimizer.steps());
-  put_int(mine + 12, std::max<int64_t>(1, transfer_piece_bytes(config_.strategy) /
-                                              static_cast<int64_t>(sizeof(float))));
-  mine[14] = static_cast<float>(std::min<int64_t>(failed_sends_, 1 << 20));
-  at::Tensor sent = rows.to(net_device());
+  at::Tensor gathered = at::zeros({peers * kRootRowFloats}, at::kFloat);
+  put_root_row({.needs_state = need_state_,
+                .round = version_,
+                .step = r.step,
+                .work = work_,
+                .lineage = lineage_,
+                .holds_state = holds_state_,
+                .updates = r.optimizer.steps(),
+                .piece_numel = std::max<int64_t>(1, transfer_piece_bytes(config_.strategy) /
+                                                        static_cast<int64_t>(sizeof(float))),
+                .failed_sends = failed_sends_,
+                .joined_at_ms = net_.joined_at_ms()},
+               gathered.data_ptr<float>() + (self - a.ring.begin()) * kRootRowFloats);
+  at::Tensor sent = gathered.to(net_device());
   const auto result =
       wait_result(net_.all_gather(as_span(sent), options(net::WirePrecision::fp32, a.ring)),
                   "root choice", &a.ring);
   if (!result) return std::nullopt;  // the next agreement tries again
-  if (!sent.is_same(rows)) rows.copy_(sent);
-  // The history most participants hold wins: each participant that holds a state (not a
-  // joiner) votes for its lineage. After a partition heals, the larger side's state wins
-  // however many rounds the smaller one counted alone (a lone peer, waiting for no one, may
-  // count many more), and a straggler back from a pause, or a peer restarted from an old
-  // checkpoint, is outvoted by the peers that went on. Among the holders of that history: the
-  // most work (contributors summed over its rounds), then the highest round, then step; among
-  // equals one that its holder knows to be the swarm's (a peer whose last exchange failed holds
-  // its round's state plus a local step taken without the average), then the one whose last
-  // transfers failed the fewest times (a sender that cannot reach a taker, or whose header a
-  // taker refuses, leaves the next try to another holder: it keeps its state, and takes no part
-  // as that state is the new root's), then the longest-standing.
-  // Equal votes (a 2 + 2 split) fall to the same order: the side that trained more wins.
-  std::map<uint32_t, int64_t> votes;
-  for (int64_t i = 0; i < peers; ++i) {
-    const float* row = rows.data_ptr<float>() + i * kRow;
-    if (row[9] != 0.f) ++votes[get_lineage(row + 7)];
-  }
-  std::vector<net::PeerId> best;
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int, int>;
-  Key newest{-1, -1, -1, -1, -1, std::numeric_limits<int>::min()};
-  for (int64_t i = 0; i < peers; ++i) {
-    const float* row = rows.data_ptr<float>() + i * kRow;
-    const auto held = votes.find(get_lineage(row + 7));
-    const Key key{row[9] != 0.f && held != votes.end() ? held->second : 0,
-                  get_int(row + 5),
-                  get_int(row + 1),
-                  get_int(row + 3),
-                  row[0] == 0.f ? 1 : 0,
-                  -static_cast<int>(row[14])};
-    if (key > newest) {
-      newest = key;
-      best.clear();
-    }
-    if (key == newest) best.push_back(a.ring[static_cast<size_t>(i)]);
-  }
-  RootChoice choice;
-  choice.root = net_.longest_standing(best);
-  // A participant whose state is the root's in every part the transfer carries (the header's
-  // counts too) needs none of it. Every peer decides alike, from the same rows. A c10d group
-  // runs its whole group only, so there everyone takes part (and keeps its own).
-  const auto at_root = std::find(a.ring.begin(), a.ring.end(), choice.root);
-  const float* root_row = rows.data_ptr<float>() + (at_root - a.ring.begin()) * kRow;
-  choice.piece_numel = std::max<int64_t>(1, get_int(root_row + 12));
-  for (int64_t i = 0; i < peers; ++i) {
-    const float* row = rows.data_ptr<float>() + i * kRow;
-    const bool same =
-        row[0] == 0.f && row[9] != 0.f && get_lineage(row + 7) == get_lineage(root_row + 7) &&
-        std::equal(row + 1, row + 7, root_row + 1) && get_int(row + 10) == get_int(root_row + 10);
-    const net::PeerId id = a.ring[static_cast<size_t>(i)];
-    if (id == choice.root || !same || !keeps_own_state() || !net_.elastic())
-      choice.ring.push_back(id);
-    else if (id == net_.self())
-      choice.keeps = true;
-  }
-  return choice;
+  if (!sent.is_same(gathered)) gathered.copy_(sent);
+  std::vector<RootRow> rows;
+  rows.reserve(static_cast<size_t>(peers));
+  for (int64_t i = 0; i < peers; ++i)
+    rows.push_back(get_root_row(gathered.data_ptr<float>() + i * kRootRowFloats));
+  // A c10d group runs its whole group only, so there everyone takes part (and keeps its own).
+  return choose_root_from_rows(rows, a.ring, net_.self(), keeps_own_state() && net_.elastic());
 }
 
 net::CollectiveOptions SwarmStrategy::transfer_options(const std::vector<net::PeerId>& ring,
@@ -559,7 +492,8 @@ bool SwarmStrategy::take_state(train::Replica& r, Agreement& a, const RootChoice
         std::to_string(root_work) + ")" +
         (other_history ? "; this peer held another history (round " + std::to_string(version_) +
                              ", work " + std::to_string(work_) +
-                             ": a split swarm or an old state); the history held by more "
+                             ": a split swarm, an old state, or a round that broke off at another "
+                             "tensor); the history held by more "
                              "participants, then with more training, wins, so this peer's "
                              "own progress apart from it is dropped"
                        : ""));

@@ -39,6 +39,7 @@
 #include "starling/strategy/data_redeal.h"
 #include "starling/strategy/fault_injection.h"
 #include "starling/strategy/flat.h"
+#include "starling/strategy/root_choice.h"
 #include "starling/strategy/staging.h"
 #include "starling/train/step_hooks.h"
 
@@ -226,25 +227,19 @@ class SwarmStrategy : public train::StepHooks {
   void note_round(const at::Tensor& shared);
   // The same from the CRC-32C of the shared state's bytes, taken a piece at a time.
   void note_round_crc(uint32_t crc);
+  // This peer's round broke off after the first `tensors` tensors of its shared state had
+  // stepped (diloco's outer step): the rest hold the old state. Peers that broke off after as
+  // many tensors hold the same state, others not, although the round is the same: the count goes
+  // into the lineage, so the next agreement finds the peers apart and the state most of them hold
+  // is sent to the others.
+  void broke_off_after(int64_t tensors);
   // `crc` carried over the bytes of `part` (any dtype or device): chained over the pieces or
   // tensors of a vector in order, the CRC-32C of the whole vector, as note_round takes it.
   static uint32_t chain_crc(const at::Tensor& part, uint32_t crc);
 
  private:
-  // Who sends the shared state in a transfer, and who takes part in it.
-  struct RootChoice {
-    net::PeerId root = 0;
-    // The transfer's participants, sorted: the root and every participant whose state is not
-    // the root's already. On a c10d group, every participant (it runs its whole group only).
-    std::vector<net::PeerId> ring;
-    // This peer holds the root's state (same history, round, step, work and AdamW count, and
-    // the strategy keeps its own): it takes no part, and waits for the others in the next
-    // collective.
-    bool keeps = false;
-    int64_t piece_numel = 1;  // the elements of the root's pieces (its strategy.transfer_piece)
-  };
-  // The root of a state transfer (an all-gather of every participant's round, step, work, AdamW
-  // count and need of state), and its participants; nullopt (logged) if that exchange failed.
+  // The root of a state transfer and its participants, from an all-gather of every participant's
+  // row (root_choice.h); nullopt (logged) if that exchange failed.
   std::optional<RootChoice> choose_root(const train::Replica& r, const Agreement& a);
   // The collective options of a transfer over `ring` from `root`: a tag of its own on Starling's
   // swarm, so that the peers outside it may wait for its end in a collective of the round.
