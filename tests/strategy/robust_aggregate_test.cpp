@@ -126,7 +126,10 @@ TEST(FaultsFromTheEnvironment, WholeNumbersOrAConfigError) {
 
 TEST(FaultsFromTheEnvironment, APieceLossIsARoundAndAPiece) {
   const char* name = "STARLING_FAULT_LOSE_PIECE";
+  ::unsetenv("STARLING_FAULT_DIE_IN_EXCHANGE");
   ::unsetenv(name);
+  EXPECT_FALSE(lose_piece_from_env());
+  ::setenv(name, "", 1);
   EXPECT_FALSE(lose_piece_from_env());
   EXPECT_EQ(RoundFaults("outer step").announcement(), "");
   ::setenv(name, "3:2", 1);

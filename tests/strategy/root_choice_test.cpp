@@ -15,6 +15,7 @@ RootRow holder(int64_t joined_at_ms = 1'700'000'000'000) {
           .step = 40,
           .work = 30,
           .lineage = 0xCAFE1234u,
+          .history = 0xCAFE1234u,
           .holds_state = true,
           .updates = 40,
           .piece_numel = 1 << 20,
@@ -50,6 +51,7 @@ TEST(RootChoiceTest, ARowComesBackExactlyThroughFloats) {
                      .step = 123'456'789,
                      .work = (int64_t{1} << 40) - 1,
                      .lineage = 0xFFFFFFFFu,
+                     .history = 0xFFFF0001u,
                      .holds_state = true,
                      .updates = 987'654'321,
                      .piece_numel = 16'777'216,
@@ -63,13 +65,13 @@ TEST(RootChoiceTest, ARowComesBackExactlyThroughFloats) {
   EXPECT_EQ(got.step, sent.step);
   EXPECT_EQ(got.work, sent.work);
   EXPECT_EQ(got.lineage, sent.lineage);
+  EXPECT_EQ(got.history, sent.history);
   EXPECT_EQ(got.holds_state, sent.holds_state);
   EXPECT_EQ(got.updates, sent.updates);
   EXPECT_EQ(got.piece_numel, sent.piece_numel);
   EXPECT_EQ(got.failed_sends, sent.failed_sends);
   EXPECT_EQ(got.joined_at_ms, sent.joined_at_ms);
-  // Sums of rows where one participant wrote and the others added zeros: the all-gather's
-  // layout puts each row alone, but a zero row must read back as nothing.
+  // A participant's slot that nothing was written to reads back as no state at all.
   std::vector<float> zeros(kRootRowFloats, 0.f);
   const RootRow none = get_root_row(zeros.data());
   EXPECT_FALSE(none.holds_state);
@@ -94,7 +96,7 @@ TEST(RootChoiceTest, EqualJoinTimesFallToTheSmallestId) {
 
 TEST(RootChoiceTest, TheHistoryMostParticipantsHoldWinsOverMoreWork) {
   RootRow apart = holder(1);  // the oldest, and far ahead, alone in its history
-  apart.lineage = 0x1111u;
+  apart.lineage = apart.history = 0x1111u;
   apart.work = 900;
   apart.round = 300;
   const RootChoice c = choose_everywhere({apart, holder(8), holder(9), joiner()});
@@ -160,6 +162,37 @@ TEST(RootChoiceTest, AStartWithoutAnyStateStillNamesOneRoot) {
   EXPECT_EQ(c.root, 11u);
   EXPECT_EQ(c.ring, (std::vector<net::PeerId>{11, 22, 33}));
   EXPECT_EQ(c.piece_numel, 1);
+}
+
+// A round that broke off part way marks the lineage of the peers it broke off on (by where it
+// broke off), but not the history they vote for.
+RootRow broke_off(uint32_t mark, int64_t joined_at_ms = 3) {
+  RootRow r = holder(joined_at_ms);
+  r.lineage = mark;
+  return r;
+}
+
+TEST(RootChoiceTest, APeerWhoseRoundWentThroughIsSentOverPeersWhoseRoundBrokeOff) {
+  RootRow through = holder(9);  // the youngest, alone in its exact lineage, one round further
+  through.round = 11;
+  const RootChoice c = choose_everywhere({broke_off(0x5EED), broke_off(0x5EED), through});
+  EXPECT_EQ(c.root, 33u);
+  EXPECT_EQ(c.ring, (std::vector<net::PeerId>{11, 22, 33}));
+}
+
+TEST(RootChoiceTest, PeersThatBrokeOffElsewhereTakeTheStateTheMostOfThemHold) {
+  // One round for all, broken off at two places: the pair that broke off alike keeps its state,
+  // whoever joined first.
+  const RootChoice c =
+      choose_everywhere({broke_off(0x0A, 1), broke_off(0x0B, 5), broke_off(0x0B, 6), joiner()});
+  EXPECT_EQ(c.root, 22u);
+  EXPECT_EQ(c.ring, (std::vector<net::PeerId>{11, 22, 44}));
+  EXPECT_TRUE(choose_root_from_rows(std::vector<RootRow>{broke_off(0x0A, 1), broke_off(0x0B, 5),
+                                                         broke_off(0x0B, 6), joiner()},
+                                    kRing, 33, true)
+                  .keeps);
+  // A peer whose round did not break off holds the history's lineage itself.
+  EXPECT_EQ(choose_everywhere({broke_off(0x0A, 1), holder(7), holder(8)}).root, 22u);
 }
 
 TEST(RootChoiceTest, RowsThatDoNotMatchTheRingAreRefused) {

@@ -1,7 +1,6 @@
 #include "starling/net/node.h"
 
 #include <algorithm>
-#include <limits>
 #include <random>
 
 #include "starling/common/error.h"

@@ -60,9 +60,9 @@ class DiLoCo final : public SwarmStrategy {
   std::optional<Staging> delta_;  // this round's pseudo-gradient, then the average (not kept)
   std::optional<Staging> piece_;  // one piece of it (outer_step_in_pieces)
   at::Tensor anchor_piece_, momentum_piece_;
-  // STARLING_FAULT_DIE_IN_EXCHANGE: dies in that outer step, after its first piece where it
-  // goes in pieces (the survivors' step breaks off partway), before it sends otherwise.
-  RoundFaults faults_;  // STARLING_FAULT_DIE_IN_EXCHANGE, STARLING_FAULT_LOSE_PIECE
+  // STARLING_FAULT_DIE_IN_EXCHANGE, STARLING_FAULT_LOSE_PIECE (fault_injection.h), counted by
+  // outer steps.
+  RoundFaults faults_;
 };
 
 }  // namespace starling::strategy

@@ -127,8 +127,8 @@ std::optional<PieceLoss> lose_piece_from_env() {
   }
   if (!round || !piece || *round < 1 || *piece < 1)
     throw ConfigError("STARLING_FAULT_LOSE_PIECE = \"" + text +
-                      "\": expected N:K, the round in pieces (from 1) and its piece (from 1) "
-                      "whose collective this peer counts as failed");
+                      "\": expected N:K, the round (from 1) and its piece (from 1) whose "
+                      "collective this peer counts as failed");
   return PieceLoss{.round = *round, .piece = *piece};
 }
 

@@ -25,11 +25,12 @@
 //                                   lets its last messages leave) where it averages in pieces
 //                                   (a swapped swarm), so the others' average breaks off
 //                                   partway; before it sends otherwise
-//   STARLING_FAULT_LOSE_PIECE=N:K   in its N-th round that goes in pieces (localsgd's parameter
-//                                   average, diloco's outer step; from 1), this peer counts the
-//                                   K-th piece's collective (from 1) as failed once it completed,
-//                                   as a peer that lost its last chunk would: its round breaks
-//                                   off after K-1 pieces while the others' may go on
+//   STARLING_FAULT_LOSE_PIECE=N:K   in its N-th parameter average (localsgd) or outer step
+//                                   (diloco), from 1, where that round goes in pieces (a swapped
+//                                   swarm), this peer counts the K-th piece's collective (from 1)
+//                                   as failed once it completed, as a peer that lost its last
+//                                   chunk would: its round breaks off after K-1 pieces while the
+//                                   others' may go on
 //
 // Unset (the normal case), nothing changes. A malformed value is a ConfigError naming it, raised
 // before the peer joins anyone (strategy::check_peer). Torch-free but for apply().
@@ -93,7 +94,8 @@ std::optional<PieceLoss> lose_piece_from_env();
 // - STARLING_FAULT_DIE_IN_EXCHANGE: the peer dies in its N-th such round, after the first piece
 //   where the round goes in pieces (the survivors' round then breaks off partway), before it
 //   sends anything otherwise;
-// - STARLING_FAULT_LOSE_PIECE: the peer counts a piece of its N-th round as failed.
+// - STARLING_FAULT_LOSE_PIECE: the peer counts a piece of its N-th such round as failed (rounds
+//   that do not go in pieces count too, and lose nothing).
 class RoundFaults {
  public:
   // `what` names the round in the log ("parameter average").

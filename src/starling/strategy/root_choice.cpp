@@ -1,7 +1,6 @@
 #include "starling/strategy/root_choice.h"
 
 #include <algorithm>
-#include <limits>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -35,6 +34,7 @@ void put_root_row(const RootRow& row, float* at) {
   put_int(at + 12, row.piece_numel);
   at[14] = static_cast<float>(std::clamp<int64_t>(row.failed_sends, 0, 1 << 20));
   put_int(at + 15, std::max<int64_t>(0, row.joined_at_ms));
+  put_lineage(at + 17, row.history);
 }
 
 RootRow get_root_row(const float* at) {
@@ -43,6 +43,7 @@ RootRow get_root_row(const float* at) {
           .step = get_int(at + 3),
           .work = get_int(at + 5),
           .lineage = get_lineage(at + 7),
+          .history = get_lineage(at + 17),
           .holds_state = at[9] != 0.f,
           .updates = get_int(at + 10),
           .piece_numel = get_int(at + 12),
@@ -54,21 +55,27 @@ RootChoice choose_root_from_rows(std::span<const RootRow> rows, std::span<const 
                                  net::PeerId self, bool keep_allowed) {
   if (rows.empty() || rows.size() != ring.size())
     throw std::logic_error("choose_root_from_rows: one row per participant is needed");
-  std::map<uint32_t, int64_t> votes;
+  std::map<uint32_t, int64_t> votes, exact;
   for (const RootRow& row : rows)
-    if (row.holds_state) ++votes[row.lineage];
-  // Greater is better; the last two fields are negated so that earlier and smaller win.
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t>;
+    if (row.holds_state) {
+      ++votes[row.history];
+      ++exact[row.lineage];
+    }
+  // Greater is better; the last three fields are negated so that fewer, earlier and smaller win.
+  using Key =
+      std::tuple<int64_t, int64_t, int64_t, int64_t, int, int64_t, int64_t, int64_t, int64_t>;
   std::optional<Key> best;
   size_t root = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
     const RootRow& row = rows[i];
-    const auto held = votes.find(row.lineage);
+    const auto held = votes.find(row.history);
+    const auto same = exact.find(row.lineage);
     const Key key{row.holds_state && held != votes.end() ? held->second : 0,
                   row.work,
                   row.round,
                   row.step,
                   row.needs_state ? 0 : 1,
+                  row.holds_state && same != exact.end() ? same->second : 0,
                   -row.failed_sends,
                   -row.joined_at_ms,
                   -static_cast<int64_t>(i)};  // the ring is sorted: the smallest id

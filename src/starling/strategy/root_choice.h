@@ -27,6 +27,9 @@ struct RootRow {
   int64_t step = 0;
   int64_t work = 0;  // contributors summed over its rounds
   uint32_t lineage = 0;
+  // The history it votes for: its lineage before a round that broke off part way marked it
+  // (SwarmStrategy::broke_off_after); its lineage otherwise.
+  uint32_t history = 0;
   bool holds_state = false;  // false: a fresh joiner, or a peer whose transfer broke off
   int64_t updates = 0;       // AdamW's count
   int64_t piece_numel = 1;   // the elements of its transfer pieces (strategy.transfer_piece)
@@ -36,7 +39,7 @@ struct RootRow {
   int64_t joined_at_ms = 0;
 };
 
-inline constexpr int64_t kRootRowFloats = 17;
+inline constexpr int64_t kRootRowFloats = 19;
 void put_root_row(const RootRow& row, float* at);  // kRootRowFloats floats
 RootRow get_root_row(const float* at);
 
@@ -54,14 +57,17 @@ struct RootChoice {
 // The choice from the gathered rows: rows[i] is ring[i]'s, the ring sorted by id, `self` in it.
 //
 // The history most participants hold wins: each participant that holds a state votes for its
-// lineage. After a partition heals, the larger side's state wins however many rounds the smaller
+// history. After a partition heals, the larger side's state wins however many rounds the smaller
 // one counted alone, and a straggler back from a pause, or a peer restarted from an old
 // checkpoint, is outvoted by the peers that went on. Among the holders of that history: the most
-// work, then the highest round, then step; among equals one that does not need the state (a peer
+// work, then the highest round, then step (a peer whose round went through is sent rather than
+// one whose round broke off part way); among equals one that does not need the state (a peer
 // whose last exchange failed holds its round's state plus a local step taken without the
-// average), then the one whose last transfers failed the fewest times (a sender that cannot reach
-// a taker, or whose header a taker refuses, leaves the next try to another holder), then the one
-// that joined first, then the smallest id. Equal votes (a 2 + 2 split) fall to the same order.
+// average), then the lineage most participants hold exactly (peers whose rounds broke off at
+// different places: the fewest take the state), then the one whose last transfers failed the
+// fewest times (a sender that cannot reach a taker, or whose header a taker refuses, leaves the
+// next try to another holder), then the one that joined first, then the smallest id. Equal
+// votes (a 2 + 2 split) fall to the same order.
 //
 // `keep_allowed`: a participant whose state is the root's in every part the transfer carries
 // stays out of it (the strategy keeps its own state, on an elastic group; a fixed group runs its

@@ -276,6 +276,7 @@ void SwarmStrategy::agreed(const Agreement& a) {
   std::vector<uint64_t> words{lineage_};
   words.insert(words.end(), a.ring.begin(), a.ring.end());
   lineage_ = net::crc32c(words.data(), words.size() * sizeof(uint64_t));
+  history_ = lineage_;
 }
 
 int64_t SwarmStrategy::round_piece_numel(const Agreement& a) {
@@ -284,7 +285,10 @@ int64_t SwarmStrategy::round_piece_numel(const Agreement& a) {
 }
 
 nlohmann::json SwarmStrategy::round_state(const char* kind) const {
-  return {{"kind", kind}, {"version", version_}, {"work", work_}, {"lineage", lineage_}};
+  nlohmann::json state = {
+      {"kind", kind}, {"version", version_}, {"work", work_}, {"lineage", lineage_}};
+  if (history_ != lineage_) state["history"] = history_;  // a round broke off (broke_off_after)
+  return state;
 }
 
 std::optional<RootChoice> SwarmStrategy::choose_root(const train::Replica& r, const Agreement& a) {
@@ -297,6 +301,7 @@ std::optional<RootChoice> SwarmStrategy::choose_root(const train::Replica& r, co
                 .step = r.step,
                 .work = work_,
                 .lineage = lineage_,
+                .history = history_,
                 .holds_state = holds_state_,
                 .updates = r.optimizer.steps(),
                 .piece_numel = std::max<int64_t>(1, transfer_piece_bytes(config_.strategy) /
@@ -523,6 +528,7 @@ bool SwarmStrategy::take_state(train::Replica& r, Agreement& a, const RootChoice
   version_ = root_version;
   work_ = root_work;
   lineage_ = root_lineage;
+  history_ = root_lineage;  // till the next agreed round: the header carries one lineage
   holds_state_ = true;
   if (r.runner != nullptr && moved) r.runner->align(root_step);
   need_state_ = false;
@@ -704,6 +710,7 @@ void SwarmStrategy::start(train::Replica& r, const nlohmann::json& state,
     version_ = state.value("version", int64_t{0});
     work_ = state.value("work", int64_t{0});
     lineage_ = state.value("lineage", uint32_t{0});
+    history_ = state.value("history", lineage_);
     holds_state_ = true;
     restore(r, state, *tensors);
     need_state_ = false;

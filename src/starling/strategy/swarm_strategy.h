@@ -19,7 +19,7 @@
 // root holds the history most participants hold (each participant with a state votes for its
 // lineage: the larger side of a partition wins, and a straggler back from a pause is outvoted),
 // then the most work (the contributors summed over its rounds), then the highest round, then
-// step, then a state its holder knows to be the swarm's, then the longest-standing; only peers
+// step, then the further tie-breaks of root_choice.h; only peers
 // whose own state matched the root's contribute local progress to the round. A failed collective
 // never stops the run: the peer notes it, and the next agreement repairs whatever diverged. On a
 // fixed group (not elastic) there is nothing to repair: a failed collective ends the run with a
@@ -194,10 +194,14 @@ class SwarmStrategy : public train::StepHooks {
   // start()).
   std::optional<Flat> flat_;
   net::WirePrecision precision_;
-  int64_t version_ = 0;       // averages applied to the shared state so far
-  int64_t work_ = 0;          // contributors summed over the rounds agreed on the shared state
-  int contributors_ = 0;      // the last agreed round's (reported as "contributors")
-  uint32_t lineage_ = 0;      // the shared state's history: each agreed round mixes in its ring
+  int64_t version_ = 0;   // averages applied to the shared state so far
+  int64_t work_ = 0;      // contributors summed over the rounds agreed on the shared state
+  int contributors_ = 0;  // the last agreed round's (reported as "contributors")
+  uint32_t lineage_ = 0;  // the shared state's history: each agreed round mixes in its ring
+  // lineage_ before broke_off_after marked it: the history this peer votes for in the root
+  // choice, so that a peer whose round went through and one whose round broke off count as one
+  // history (the one further on is sent), while their lineages still tell them apart.
+  uint32_t history_ = 0;
   bool holds_state_ = false;  // restored from a checkpoint or adopted from the swarm: it votes
   bool need_state_ = true;    // this peer's shared state is not known to match the swarm's
   int peers_ = 1;
