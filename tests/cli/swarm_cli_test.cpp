@@ -1238,6 +1238,41 @@ TEST_F(SwarmCliTest, SwappedRoundsGoOnFromARoundBrokenOffPartway) {
   }
 }
 
+// One of three swapped localsgd or diloco peers dies in the last round, after its first piece
+// (STARLING_FAULT_DIE_IN_EXCHANGE): the two others' last round breaks off, and no agreement
+// follows it, so each would end on its own model (the tensors after the break hold each peer's
+// own parameters). They run the round once more without local steps, as two, and end on one.
+TEST_F(SwarmCliTest, ALastRoundThatBreaksOffRunsAgainSoThePeersEndOnOneModel) {
+  for (const std::string kind : {"localsgd", "diloco"}) {
+    SCOPED_TRACE(kind);
+    const std::string round = kind == "diloco" ? "outer step" : "parameter average";
+    const std::string name = "swap_last_" + kind;
+    const int64_t steps = 8;  // rounds at steps 2, 4, 6 and 8
+    write_config(name, "kind = \"" + kind + "\"\nlocal_steps = 2\ntransfer_piece = \"4KB\"", steps,
+                 1);
+    fs::create_directories(run_dir(name));
+    const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+    std::vector<Process> peers;
+    ASSERT_FALSE(start_with_a_dying_peer(name, peers, 3, 3, as_argv(swapped()), 4,
+                                         "fault injection: dying in " + round + " 4 after 1 piece")
+                     .empty());
+    for (int i = 0; i < 2; ++i) {
+      auto done = wait_event(
+          peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
+      ASSERT_TRUE(done) << "peer " << i << ": " << read_file(log(i));
+      EXPECT_EQ((*done)["step"], steps);
+      EXPECT_EQ(peers[i].wait(30s), 0);
+      const std::string l = read_file(log(i));
+      EXPECT_EQ(count_of(l, "the " + round + " broke off after 1 of "), 1) << l;
+      EXPECT_EQ(count_of(l, "the last round did not go through on this peer; one more round"), 1)
+          << l;
+    }
+    const std::string model = final_model(run_dir(name) / "peer-0", steps);
+    ASSERT_FALSE(model.empty());
+    EXPECT_TRUE(final_model(run_dir(name) / "peer-1", steps) == model);
+  }
+}
+
 // Three swapped diloco peers whose third outer step breaks off at different pieces, as when a
 // collective completes on some peers only: peers 0 and 1 count its second piece's collective as
 // failed, peer 2 its twentieth (STARLING_FAULT_LOSE_PIECE). A tensor is written once its last

@@ -36,7 +36,10 @@ std::array<float, kAgreementNotes> DiLoCo::round_notes() const {
 
 bool DiLoCo::step_done(train::Replica& r, bool last) {
   if (!last && r.step % config_.strategy.local_steps != 0) return false;
-  outer_step(agree(r, true));
+  if (last)
+    last_round(r, [this](const Agreement& a) { outer_step(a); });
+  else
+    outer_step(agree(r, true));
   ++rounds_;
   return true;
 }

@@ -33,7 +33,10 @@ void LocalSgd::allocate(train::Replica& r) {
 
 bool LocalSgd::step_done(train::Replica& r, bool last) {
   if (!last && r.step % config_.strategy.local_steps != 0) return false;
-  average(agree(r, true));
+  if (last)
+    last_round(r, [this](const Agreement& a) { average(a); });
+  else
+    average(agree(r, true));
   ++rounds_;
   return true;
 }

@@ -269,6 +269,19 @@ void SwarmStrategy::broke_off_after(int64_t tensors) {
   lineage_ = net::crc32c(words, sizeof words);
 }
 
+void SwarmStrategy::last_round(train::Replica& r,
+                               const std::function<void(const Agreement&)>& round) {
+  for (int settle = 0;; ++settle) {
+    const Agreement a = agree(r, true);
+    const int64_t agreed_version = version_;  // after any state the agreement brought
+    round(a);
+    if (version_ > agreed_version || settle == kSettleRounds) return;
+    log("the last round did not go through on this peer; one more round without local steps, "
+        "so that the peers end on one model (" +
+        std::to_string(settle + 1) + " of " + std::to_string(kSettleRounds) + ")");
+  }
+}
+
 void SwarmStrategy::agreed(const Agreement& a) {
   work_ += a.contributors;
   contributors_ = a.contributors;

@@ -31,6 +31,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -237,6 +238,13 @@ class SwarmStrategy : public train::StepHooks {
   // into the lineage, so the next agreement finds the peers apart and the state most of them hold
   // is sent to the others.
   void broke_off_after(int64_t tensors);
+  // The last round of a strategy that averages every few steps (localsgd, diloco): runs
+  // `round(agree(r, true))` and, while it does not go through (the round's version is not
+  // reached: a failed collective, a step broken off part way), runs it again with no local steps
+  // in between, up to kSettleRounds times. No agreement follows the last round to repair a failure,
+  // so without this a peer death in it leaves each peer its own final model.
+  void last_round(train::Replica& r, const std::function<void(const Agreement&)>& round);
+  static constexpr int kSettleRounds = 3;
   // `crc` carried over the bytes of `part` (any dtype or device): chained over the pieces or
   // tensors of a vector in order, the CRC-32C of the whole vector, as note_round takes it.
   static uint32_t chain_crc(const at::Tensor& part, uint32_t crc);
