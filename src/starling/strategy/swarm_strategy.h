@@ -17,13 +17,13 @@
 // joiner, a restarted swarm), or the versions or lineages disagree (a peer missed an average when
 // another died, a healed partition), the root broadcasts its state and everyone adopts it. The
 // root holds the history most participants hold (each participant with a state votes for its
-// lineage: the larger side of a partition wins, and a straggler back from a pause is outvoted),
-// then the most work (the contributors summed over its rounds), then the highest round, then
-// step, then the further tie-breaks of root_choice.h; only peers
-// whose own state matched the root's contribute local progress to the round. A failed collective
-// never stops the run: the peer notes it, and the next agreement repairs whatever diverged. On a
-// fixed group (not elastic) there is nothing to repair: a failed collective ends the run with a
-// NetError.
+// history, its lineage before any broken-off round marked it: the larger side of a partition
+// wins, and a straggler back from a pause is outvoted), then the most work (the contributors
+// summed over its rounds), then the highest round, then step, then the further tie-breaks of
+// root_choice.h; only peers whose own state matched the root's contribute local progress to the
+// round. A failed collective never stops the run: the peer notes it, and the next agreement repairs
+// whatever diverged. On a fixed group (not elastic) there is nothing to repair: a failed collective
+// ends the run with a NetError.
 #pragma once
 
 #include <ATen/core/Tensor.h>
