@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <thread>
 
 namespace starling::swap {
@@ -43,7 +44,9 @@ class OpPump {
   std::thread::id thread_;
   uint64_t handle_ = 0;
   bool armed_ = false, running_ = false;
-  double last_s_ = 0;
+  // Never ran: the first operator runs it. (Not 0: train::now_s() counts from the machine's
+  // boot, so on a machine up for less than the interval the first run would wait for it.)
+  double last_s_ = -std::numeric_limits<double>::infinity();
   int64_t runs_ = 0;
   std::exception_ptr error_;
 };
