@@ -18,7 +18,10 @@ constexpr double kGapEps = 1e-8;
 constexpr double kApplyMargin = 1.25;
 }  // namespace
 
-Co2::Co2(const train::RunConfig& config, net::Collectives& net) : SwarmStrategy(config, net) {}
+Co2::Co2(const train::RunConfig& config, net::Collectives& net)
+    : SwarmStrategy(config, net), faults_("exchange") {
+  if (!faults_.announcement().empty()) log(faults_.announcement());
+}
 
 void Co2::allocate(train::Replica& r) {
   replica_ = &r;
@@ -180,9 +183,9 @@ bool Co2::collect() {
   }
   if (!has_in_flight_) return false;
   has_in_flight_ = false;
-  const bool ok =
-      wait(in_flight_, zero() ? "reduce-scatter of the update" : "all-reduce of the update",
-           &in_flight_ring_);
+  bool ok = wait(in_flight_, zero() ? "reduce-scatter of the update" : "all-reduce of the update",
+                 &in_flight_ring_);
+  if (ok && faults_.loses_piece(0, [this](const std::string& line) { log(line); })) ok = false;
   if (ok && !uploading_) exchange_->upload(shard_begin_, shard_end_ - shard_begin_);
   uploading_ = false;
   // Even after a failure an upload may have started (advance() saw the exchange end): the compute
@@ -329,6 +332,8 @@ void Co2::launch(const Agreement& a, bool apply) {
   in_flight_contributors_ = a.contributors;
   in_flight_ring_ = a.ring;
   in_flight_shifted_ = apply;
+  faults_.begin();
+  faults_.maybe_die(0, [this](const std::string& line) { log(line); });
   exchange_->download();
   pending_launch_ = true;
   advance();  // on a CPU the exchange starts here
@@ -359,6 +364,8 @@ void Co2::launch_early(const Agreement& a) {
   in_flight_ring_ = a.ring;
   in_flight_shifted_ = false;
   round_k_ = choose_apply_point(a);
+  faults_.begin();
+  faults_.maybe_die(0, [this](const std::string& line) { log(line); });
   exchange_->download();
   pending_launch_ = true;
   launched_early_ = true;
@@ -399,6 +406,7 @@ bool Co2::step_done_early(train::Replica& r, bool last) {
     final_round_ = true;
     apply_early();
   }
+  if (last) close(r);
   return last || shared;
 }
 
@@ -417,7 +425,7 @@ bool Co2::step_done(train::Replica& r, bool last) {
   if (zero() && (a.synced || a.ring != ring_)) set_shard(a.ring);
   ring_ = a.ring;
   launch_at_boundary(a);
-  if (last && collect()) {
+  if (last && drain_on_all(collect())) {
     // Drain: the final round's average is applied at once, so the run ends on x_{T+1}.
     final_round_ = true;
     update_momentum();
@@ -428,11 +436,32 @@ bool Co2::step_done(train::Replica& r, bool last) {
       if (gather_anchor()) {
         note_round(exchange_->device());
         write_params(exchange_->device());
+      } else {
+        need_state_ = true;  // the closing agreement hands this peer the root's parameters
       }
     }
   }
+  if (last) close(r);
   ++rounds_;
   return true;
+}
+
+bool Co2::drain_on_all(bool collected) {
+  if (!zero()) return collected;
+  at::Tensor count = at::full({1}, collected ? 1.f : 0.f, at::kFloat).to(net_device());
+  if (!all_reduce(count, net::WirePrecision::fp32, "count of the drained averages", &ring_))
+    return false;
+  const bool all = count.item<float>() == static_cast<float>(ring_.size());
+  if (!all && collected)
+    log("the last average did not reach every peer: none applies it, and the run ends on the "
+        "anchor before it");
+  return all;
+}
+
+void Co2::close(train::Replica& r) {
+  const Agreement a = close_run(r);
+  if (zero() && (a.synced || a.ring != ring_)) set_shard(a.ring);
+  ring_ = a.ring;
 }
 
 void Co2::finish(train::Replica&) {

@@ -95,6 +95,15 @@ class Co2 final : public SwarmStrategy {
   bool early() const;
   bool nesterov() const;  // whether the outer step is Nesterov's (strategy.outer_nesterov)
   bool step_done_early(train::Replica& r, bool last);
+  // Whether the last round's average is applied (drained), from whether this peer `collected`
+  // it. With zero, only where every participant did (one tiny all-reduce): each applies its own
+  // shard and gathers the others', so a peer without its shard would fail the others' drain,
+  // and its collectives would meet their closing agreement. Without zero each peer decides for
+  // itself, and the closing agreement hands one whose drain went through to the others.
+  bool drain_on_all(bool collected);
+  // After the last round's drain: the closing agreement (close_run), and with zero the shards of
+  // a state it moved.
+  void close(train::Replica& r);
   // Early: launches delta_t = x_t - y_t; the parameters stay y_t.
   void launch_early(const Agreement& a);
   // Early: collects the average and applies it; the parameters become x_{t+1} and the progress
@@ -197,6 +206,9 @@ class Co2 final : public SwarmStrategy {
   double launched_s_ = 0, landed_s_ = 0, exchange_s_ = 0, pass_s_ = 0, step_s_ = 0;
   int64_t passes_ = 0;
   bool offset_pending_ = false;  // own_ holds progress to put back before the next step
+  // STARLING_FAULT_DIE_IN_EXCHANGE (before this peer sends) and STARLING_FAULT_LOSE_PIECE (its
+  // exchange is one piece), counted by the exchanges it launches.
+  RoundFaults faults_;
 };
 
 }  // namespace starling::strategy

@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 
-#include <csignal>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -14,10 +13,8 @@
 namespace starling::strategy {
 
 Ddp::Ddp(const train::RunConfig& config, net::Collectives& net)
-    : SwarmStrategy(config, net), die_in_exchange_(die_in_exchange_from_env()) {
-  if (die_in_exchange_)
-    log("fault injection: this peer dies in its gradient exchange " +
-        std::to_string(*die_in_exchange_) + " (STARLING_FAULT_DIE_IN_EXCHANGE)");
+    : SwarmStrategy(config, net), faults_("gradient exchange") {
+  if (!faults_.announcement().empty()) log(faults_.announcement());
 }
 
 // The gradient buffer is sized by the first exchange, when the runner's pieces are known.
@@ -27,14 +24,13 @@ bool Ddp::average_gradients(train::Replica& r, const Agreement& a,
                             const std::function<double()>& divisor) {
   if (r.runner == nullptr) throw std::logic_error("ddp: gradients exchanged before the first step");
   ++rounds_;
-  if (die_in_exchange_ && *die_in_exchange_ == rounds_) {
-    log("fault injection: dying in gradient exchange " + std::to_string(rounds_));
-    std::raise(SIGKILL);
-  }
+  faults_.begin();
+  faults_.maybe_die(0, [this](const std::string& line) { log(line); });
   if (a.contributors == 0) return false;
   bool ok = true;
   double d = 0;
   bool asked = false;
+  int64_t k = 0;  // the piece
   r.runner->visit_gradients([&](std::span<const int> piece) {
     const int64_t n = flat_->numel(piece);
     if (!grads_ || grads_->numel() < n) grads_.emplace(flat_->device(), n, through_host());
@@ -43,6 +39,8 @@ bool Ddp::average_gradients(train::Replica& r, const Agreement& a,
     // A peer that just adopted the swarm's parameters computed its gradients on other ones.
     if (!a.contribute) grads.zero_();
     ok = aggregate(*grads_, n, a, precision_, "gradient all-reduce") && ok;
+    if (ok && faults_.loses_piece(k, [this](const std::string& line) { log(line); })) ok = false;
+    ++k;
     if (!asked) {
       d = divisor();
       asked = true;
@@ -93,8 +91,9 @@ bool Ddp::gradients_ready(train::Replica& r) {
       r, average_gradients(r, a, [&a] { return static_cast<double>(a.contributors); }));
 }
 
-bool Ddp::step_done(train::Replica& r, bool) {
+bool Ddp::step_done(train::Replica& r, bool last) {
   if (applied_) ++version_;
+  if (last) close_run(r);
   // A peer that knows its state may differ from the swarm's notes nothing (note_round).
   if (!config_.strategy.fingerprint || need_state_) return true;
   if (config_.swap.enabled()) {

@@ -56,14 +56,17 @@ class Ddp : public SwarmStrategy {
   // partly summed gradient unused) and is no round: the peer's round (version_) stays. Where
   // the exchange failed on every participant (a peer died in it), all of them skip alike and
   // the swarm goes on at once; where some got the average and others not, the next agreement
-  // finds their rounds apart, and those without it adopt the state of one with it. A pipeline's
-  // stages decide together, since a stage that stepped beside one that skipped would part the
-  // tied copies and the model's halves.
+  // (after the last step, the closing one: close_run) finds their rounds apart, and those
+  // without it adopt the state of one with it. A pipeline's stages decide together, since a
+  // stage that stepped beside one that skipped would part the tied copies and the model's
+  // halves.
   bool update_applies(train::Replica& r, bool averaged);
 
   std::optional<Staging> grads_;  // the largest piece's gradients, as the network sends them
-  std::optional<long long> die_in_exchange_;  // STARLING_FAULT_DIE_IN_EXCHANGE
-  bool applied_ = true;                       // whether this step's update applies (update_applies)
+  // STARLING_FAULT_DIE_IN_EXCHANGE (before this peer sends) and STARLING_FAULT_LOSE_PIECE, counted
+  // by gradient exchanges.
+  RoundFaults faults_;
+  bool applied_ = true;  // whether this step's update applies (update_applies)
 };
 
 }  // namespace starling::strategy

@@ -24,13 +24,18 @@
 //                                   parameter average, after the first piece (and a pause that
 //                                   lets its last messages leave) where it averages in pieces
 //                                   (a swapped swarm), so the others' average breaks off
-//                                   partway; before it sends otherwise
-//   STARLING_FAULT_LOSE_PIECE=N:K   in its N-th parameter average (localsgd) or outer step
-//                                   (diloco), from 1, where that round goes in pieces (a swapped
-//                                   swarm), this peer counts the K-th piece's collective (from 1)
+//                                   partway; before it sends otherwise. diloco: the same in its
+//                                   N-th outer step. co2: in its N-th exchange, before it sends
+//   STARLING_FAULT_LOSE_PIECE=N:K   in its N-th parameter average (localsgd), outer step
+//                                   (diloco), gradient exchange (ddp, atom) or exchange (co2),
+//                                   from 1, this peer counts the K-th piece's collective (from 1)
 //                                   as failed once it completed, as a peer that lost its last
-//                                   chunk would: its round breaks off after K-1 pieces while the
-//                                   others' may go on
+//                                   chunk would: its round breaks off after K-1 pieces (ddp,
+//                                   atom: it skips the step; co2: it does not apply the average)
+//                                   while the others' go on. co2's exchange is one piece, and so
+//                                   is the others' round unless the peer is swapped (a layer
+//                                   group's gradients, or strategy.transfer_piece of parameters,
+//                                   at a time)
 //
 // Unset (the normal case), nothing changes. A malformed value is a ConfigError naming it, raised
 // before the peer joins anyone (strategy::check_peer). Torch-free but for apply().
@@ -90,10 +95,11 @@ struct PieceLoss {
 std::optional<PieceLoss> lose_piece_from_env();
 
 // The faults of a strategy whose round may go in pieces (localsgd's parameter average, diloco's
-// outer step), counted by its rounds:
+// outer step, ddp's and atom's gradient exchange; co2's exchange, in one piece), counted by its
+// rounds:
 // - STARLING_FAULT_DIE_IN_EXCHANGE: the peer dies in its N-th such round, after the first piece
-//   where the round goes in pieces (the survivors' round then breaks off partway), before it
-//   sends anything otherwise;
+//   where localsgd's or diloco's round goes in pieces (the survivors' round then breaks off
+//   partway), before it sends anything otherwise;
 // - STARLING_FAULT_LOSE_PIECE: the peer counts a piece of its N-th such round as failed (rounds
 //   that do not go in pieces count too, and lose nothing).
 class RoundFaults {

@@ -269,16 +269,22 @@ void SwarmStrategy::broke_off_after(int64_t tensors) {
   lineage_ = net::crc32c(words, sizeof words);
 }
 
+Agreement SwarmStrategy::close_run(train::Replica& r) { return agree(r, false); }
+
 void SwarmStrategy::last_round(train::Replica& r,
                                const std::function<void(const Agreement&)>& round) {
+  Agreement a = agree(r, true);
   for (int settle = 0;; ++settle) {
-    const Agreement a = agree(r, true);
     const int64_t agreed_version = version_;  // after any state the agreement brought
     round(a);
+    // Every participant holds the same state after the closing agreement: the round's, if it
+    // went through on any of them; so all of them decide alike here.
+    close_run(r);
     if (version_ > agreed_version || settle == kSettleRounds) return;
-    log("the last round did not go through on this peer; one more round without local steps, "
-        "so that the peers end on one model (" +
+    log("the last round went through on no peer; one more round without local steps, so that "
+        "the peers end on one model (" +
         std::to_string(settle + 1) + " of " + std::to_string(kSettleRounds) + ")");
+    a = agree(r, true);
   }
 }
 

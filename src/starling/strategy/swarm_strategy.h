@@ -22,8 +22,8 @@
 // summed over its rounds), then the highest round, then step, then the further tie-breaks of
 // root_choice.h; only peers whose own state matched the root's contribute local progress to the
 // round. A failed collective never stops the run: the peer notes it, and the next agreement repairs
-// whatever diverged. On a fixed group (not elastic) there is nothing to repair: a failed collective
-// ends the run with a NetError.
+// whatever diverged (after the last round, the closing one: close_run). On a fixed group (not
+// elastic) there is nothing to repair: a failed collective ends the run with a NetError.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -238,11 +238,19 @@ class SwarmStrategy : public train::StepHooks {
   // into the lineage, so the next agreement finds the peers apart and the state most of them hold
   // is sent to the others.
   void broke_off_after(int64_t tensors);
+  // The run's last step is done on this peer, its exchange through or not: one more agreement,
+  // the closing one. A round can go through on some peers and fail on others (a collective that
+  // completes on one side of a timeout, a piece one peer counts as lost), and no round follows to
+  // repair it: without this those peers would end on different models. Like any agreement, the
+  // closing one finds them apart and hands the others the state of the peer furthest on (its
+  // round went through). When all agree it moves nothing: one tiny all-reduce. Returns the
+  // agreement (Agreement::synced where it moved a state).
+  Agreement close_run(train::Replica& r);
   // The last round of a strategy that averages every few steps (localsgd, diloco): runs
-  // `round(agree(r, true))` and, while it does not go through (the round's version is not
-  // reached: a failed collective, a step broken off part way), runs it again with no local steps
-  // in between, up to kSettleRounds times. No agreement follows the last round to repair a failure,
-  // so without this a peer death in it leaves each peer its own final model.
+  // `round(agree(r, true))`, then close_run(). Where the round went through on no peer (the
+  // round's version is not reached after the closing agreement: a peer died in it, say, and the
+  // tensors after the break hold each peer's own parameters), all of them run it again with no
+  // local steps in between, among the peers still there, up to kSettleRounds times.
   void last_round(train::Replica& r, const std::function<void(const Agreement&)>& round);
   static constexpr int kSettleRounds = 3;
   // `crc` carried over the bytes of `part` (any dtype or device): chained over the pieces or
