@@ -1345,6 +1345,48 @@ TEST_F(SwarmCliTest, ALastRoundThroughOnSomePeersOnlyEndsThemOnOneModel) {
   }
 }
 
+// One of three co2 peers dies in its last exchange, before it sends
+// (STARLING_FAULT_DIE_IN_EXCHANGE): the two survivors' last average (the drain) fails. co2's
+// drain is not run again; its survivors end on the anchor before it, one model: the published
+// form and zero hold it in their parameters since the last launch, and the early form, whose
+// parameters hold each peer's own last round, goes back to it and says so.
+TEST_F(SwarmCliTest, APeerDeathInCo2sLastExchangeLeavesTheSurvivorsOneModel) {
+  struct Form {
+    std::string name, strategy;
+    int exchanges;  // launched over the run, the last one in the last step
+  };
+  for (const Form& f :
+       {Form{"co2", "local_steps = 2", 4}, Form{"early", "local_steps = 4\noverlap_steps = 2", 2},
+        Form{"zero", "local_steps = 2\nzero = true", 4}}) {
+    SCOPED_TRACE(f.name);
+    const std::string name = "co2_last_death_" + f.name;
+    const int64_t steps = 8;
+    write_config(name, "kind = \"co2\"\n" + f.strategy, steps, 1);
+    fs::create_directories(run_dir(name));
+    const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+    std::vector<Process> peers;
+    ASSERT_FALSE(start_with_a_dying_peer(name, peers, 3, 3, {}, f.exchanges,
+                                         "fault injection: dying in exchange " +
+                                             std::to_string(f.exchanges) + " after 0 piece(s)")
+                     .empty());
+    for (int i = 0; i < 2; ++i) {
+      auto done = wait_event(
+          peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
+      ASSERT_TRUE(done) << "peer " << i << ": " << read_file(log(i));
+      EXPECT_EQ((*done)["step"], steps);
+      EXPECT_EQ(peers[i].wait(30s), 0);
+      const std::string l = read_file(log(i));
+      EXPECT_EQ(
+          count_of(l, "the last round's average did not arrive: this peer ends on the anchor"),
+          f.name == "early" ? 1 : 0)
+          << l;
+    }
+    const std::string model = final_model(run_dir(name) / "peer-0", steps);
+    ASSERT_FALSE(model.empty());
+    EXPECT_TRUE(final_model(run_dir(name) / "peer-1", steps) == model);
+  }
+}
+
 // Three swapped diloco peers whose third outer step breaks off at different pieces, as when a
 // collective completes on some peers only: peers 0 and 1 count its second piece's collective as
 // failed, peer 2 its twentieth (STARLING_FAULT_LOSE_PIECE). A tensor is written once its last

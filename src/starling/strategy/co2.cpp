@@ -404,7 +404,14 @@ bool Co2::step_done_early(train::Replica& r, bool last) {
   // Drain: the final round's average is applied at once, so the run ends on x_{T+1}.
   if (last && launched_early_) {
     final_round_ = true;
-    apply_early();
+    // The parameters hold this peer's own last round (y_t): where the average does not arrive,
+    // it ends on the anchor x_t instead, as every other peer whose average failed does (and as
+    // the published form, whose parameters are the anchor at a launch), so that a peer death in
+    // the last exchange still leaves the survivors one model.
+    if (!apply_early()) {
+      log("the last round's average did not arrive: this peer ends on the anchor before it");
+      adopt_anchor_by_part();
+    }
   }
   if (last) close(r);
   return last || shared;
