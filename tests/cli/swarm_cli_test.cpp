@@ -1277,7 +1277,8 @@ TEST_F(SwarmCliTest, ALastRoundThatBreaksOffRunsAgainSoThePeersEndOnOneModel) {
 // completes on one side of a timeout: peer 2 counts a piece of its last round as failed
 // (STARLING_FAULT_LOSE_PIECE). ddp and atom: it skips the last update, which the others take.
 // localsgd and diloco (swapped, so the round goes in pieces): its round breaks off after the
-// first piece. co2 (published and early forms): it does not apply the drained average. No round
+// first piece. co2 (published and early forms): it does not apply the drained average (the early
+// form's peer goes back to the anchor from its own last round). No round
 // follows to repair it; the closing agreement finds peer 2 a round behind and hands it the state
 // of one of the others (the other stays out of the transfer), so the three end on one model,
 // with one AdamW count, and nobody runs the round again. co2 with zero: peer 2 lacks its shard
@@ -1334,6 +1335,11 @@ TEST_F(SwarmCliTest, ALastRoundThroughOnSomePeersOnlyEndsThemOnOneModel) {
     EXPECT_EQ(count_of(all, "the last average did not reach every peer: none applies it"),
               k.applied_by_none ? 2 : 0)
         << all;
+    // The early form's peer 2 goes back to the anchor, then takes the others' state.
+    EXPECT_EQ(
+        count_of(lost, "the last round's average did not arrive: this peer ends on the anchor"),
+        k.name == "co2_early" ? 1 : 0)
+        << lost;
     EXPECT_EQ(all.find("one more round"), std::string::npos) << all;
     const std::string model = final_model(run_dir(name) / "peer-0", steps);
     ASSERT_FALSE(model.empty());

@@ -25,7 +25,8 @@
 //                                   lets its last messages leave) where it averages in pieces
 //                                   (a swapped swarm), so the others' average breaks off
 //                                   partway; before it sends otherwise. diloco: the same in its
-//                                   N-th outer step. co2: in its N-th exchange, before it sends
+//                                   N-th outer step. co2: in its N-th exchange, before it sends its
+//                                   update
 //   STARLING_FAULT_LOSE_PIECE=N:K   in its N-th parameter average (localsgd), outer step
 //                                   (diloco), gradient exchange (ddp, atom) or exchange (co2),
 //                                   from 1, this peer counts the K-th piece's collective (from 1)

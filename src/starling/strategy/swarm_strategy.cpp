@@ -269,7 +269,9 @@ void SwarmStrategy::broke_off_after(int64_t tensors) {
   lineage_ = net::crc32c(words, sizeof words);
 }
 
-Agreement SwarmStrategy::close_run(train::Replica& r) { return agree(r, false); }
+Agreement SwarmStrategy::close_run(train::Replica& r, bool round_through) {
+  return agree(r, false, false, round_through);
+}
 
 void SwarmStrategy::last_round(train::Replica& r,
                                const std::function<void(const Agreement&)>& round) {
@@ -278,9 +280,10 @@ void SwarmStrategy::last_round(train::Replica& r,
     const int64_t agreed_version = version_;  // after any state the agreement brought
     round(a);
     // Every participant holds the same state after the closing agreement: the round's, if it
-    // went through on any of them; so all of them decide alike here.
-    close_run(r);
-    if (version_ > agreed_version || settle == kSettleRounds) return;
+    // went through on any of them. Whether it did comes from the agreement's sums, so all of them
+    // decide alike here, whatever round each had reached before.
+    const Agreement closing = close_run(r, version_ > agreed_version);
+    if (closing.notes[kClosingNote] > 0 || settle == kSettleRounds) return;
     log("the last round went through on no peer; one more round without local steps, so that "
         "the peers end on one model (" +
         std::to_string(settle + 1) + " of " + std::to_string(kSettleRounds) + ")");
@@ -554,7 +557,8 @@ bool SwarmStrategy::take_state(train::Replica& r, Agreement& a, const RootChoice
   return true;
 }
 
-Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool opening) {
+Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool opening,
+                               std::optional<bool> closing) {
   for (int attempt = 0;; ++attempt) {
     constexpr int64_t kNotes = kControl + kLineage;  // where the strategy's notes start
     constexpr int64_t kShares = kNotes + kAgreementNotes;
@@ -564,7 +568,7 @@ Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool op
     c[1] = 1.f;
     c[2] = static_cast<float>(version_ % (1 << 20));  // compared as a sum: exact below 2^24/peers
     c[3] = has_previous() ? 1.f : 0.f;
-    c[4] = r.runner != nullptr && r.runner->admission_ready() ? 1.f : 0.f;
+    c[4] = !closing && r.runner != nullptr && r.runner->admission_ready() ? 1.f : 0.f;
     c[5] = exchange_follows ? 1.f : 0.f;
     // The round's low byte as b and b*b: equal everywhere exactly when n * sum(b*b) == sum(b)^2,
     // which catches rounds apart whose sum happens to be n times one of them (v-1, v, v+1).
@@ -578,6 +582,7 @@ Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool op
     }
     const std::array<float, kAgreementNotes> notes = round_notes();
     std::copy(notes.begin(), notes.end(), c + kNotes);
+    c[kNotes + kClosingNote] = closing.value_or(false) ? 1.f : 0.f;
     data::TokenLoader* loader = dealt_loader(r);
     if (loader != nullptr) {
       const data::TokenLoader::Share share = loader->share();

@@ -50,8 +50,10 @@ class TokenLoader;
 
 namespace starling::strategy {
 
-// How many numbers a strategy adds to each agreement (SwarmStrategy::round_notes).
+// How many numbers each agreement carries besides its control fields (SwarmStrategy::round_notes):
+// the strategy's, but for the last one (kClosingNote), which is SwarmStrategy's own.
 inline constexpr int kAgreementNotes = 3;
+inline constexpr int kClosingNote = kAgreementNotes - 1;
 
 struct Agreement {
   int peers = 0;                 // participants of the round
@@ -66,7 +68,9 @@ struct Agreement {
   // exchange and cost a second transfer.
   bool exchange_follows = false;
   std::vector<net::PeerId> ring;  // participants by id (shard order)
-  // The sums over the participants of their round_notes() (the same on every participant).
+  // The sums over the participants of their round_notes() (the same on every participant). In
+  // the closing agreement (close_run), notes[kClosingNote] counts the participants whose last
+  // round went through; 0 in any other.
   std::array<double, kAgreementNotes> notes{};
 };
 
@@ -114,9 +118,9 @@ class SwarmStrategy : public train::StepHooks {
   // participants exchange right after their agreement joins that exchange when
   // a.exchange_follows).
   virtual void started(const Agreement&) {}
-  // Three numbers this peer adds to the agreement, summed over the participants into
-  // Agreement::notes, so that every participant decides alike from them (co2: how long its last
-  // exchange took, in steps).
+  // Numbers this peer adds to the agreement, summed over the participants into Agreement::notes,
+  // so that every participant decides alike from them (co2: how long its last exchange took, in
+  // steps). The last one (kClosingNote) is SwarmStrategy's: what a strategy puts there is ignored.
   virtual std::array<float, kAgreementNotes> round_notes() const { return {}; }
   // Whether every participant draws as many batches per round as the others, so that the swarm's
   // reading position is known and the data can be dealt again when the peers change
@@ -127,7 +131,9 @@ class SwarmStrategy : public train::StepHooks {
   // `exchange_follows`: this peer goes on to the round's exchange (over the agreement's ring)
   // right after it (Agreement::exchange_follows). `opening`: this peer's first agreement (in
   // start()), before it has trained anything (counts_from_opening()).
-  Agreement agree(train::Replica& r, bool exchange_follows, bool opening = false);
+  Agreement agree(train::Replica& r, bool exchange_follows, bool opening = false) {
+    return agree(r, exchange_follows, opening, std::nullopt);
+  }
   // Waits for `work`, counting the time as network wait; false (logged) if it failed, or if
   // `ring` is given and the collective ran among other peers than those (a round's collectives
   // must run among the round's participants: when a peer is found dead or comes back between the
@@ -243,9 +249,11 @@ class SwarmStrategy : public train::StepHooks {
   // completes on one side of a timeout, a piece one peer counts as lost), and no round follows to
   // repair it: without this those peers would end on different models. Like any agreement, the
   // closing one finds them apart and hands the others the state of the peer furthest on (its
-  // round went through). When all agree it moves nothing: one tiny all-reduce. Returns the
-  // agreement (Agreement::synced where it moved a state).
-  Agreement close_run(train::Replica& r);
+  // round went through). When all agree it moves nothing: one tiny all-reduce. Nobody admits
+  // waiting peers in it (a pipeline admitted then would find the others gone). Returns the
+  // agreement (Agreement::synced where it moved a state), whose notes[kClosingNote] counts the
+  // participants that said `round_through`.
+  Agreement close_run(train::Replica& r, bool round_through = true);
   // The last round of a strategy that averages every few steps (localsgd, diloco): runs
   // `round(agree(r, true))`, then close_run(). Where the round went through on no peer (the
   // round's version is not reached after the closing agreement: a peer died in it, say, and the
@@ -258,6 +266,10 @@ class SwarmStrategy : public train::StepHooks {
   static uint32_t chain_crc(const at::Tensor& part, uint32_t crc);
 
  private:
+  // agree(), and with `closing` the closing agreement (close_run): this peer's last round went
+  // through or not.
+  Agreement agree(train::Replica& r, bool exchange_follows, bool opening,
+                  std::optional<bool> closing);
   // The root of a state transfer and its participants, from an all-gather of every participant's
   // row (root_choice.h); nullopt (logged) if that exchange failed.
   std::optional<RootChoice> choose_root(const train::Replica& r, const Agreement& a);
