@@ -347,6 +347,28 @@ class SwarmCliTest : public ::testing::Test {
     return entry;
   }
 
+  // Waits for peers 0 and 1 of config `name`, the survivors of a swarm of three, to finish its
+  // `steps` steps as two and exit cleanly. Their logs, or none (the failure recorded) if one did
+  // not finish.
+  static std::vector<std::string> survivors_finish(const std::string& name,
+                                                   std::vector<Process>& peers, int64_t steps) {
+    std::vector<std::string> logs;
+    for (int i = 0; i < 2; ++i) {
+      const fs::path log = run_dir(name) / ("p" + std::to_string(i) + ".log");
+      const auto done = wait_event(
+          peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
+      if (!done) {
+        ADD_FAILURE() << "peer " << i << " did not finish: " << read_file(log);
+        return {};
+      }
+      EXPECT_EQ((*done)["step"], steps) << "peer " << i;
+      EXPECT_EQ((*done)["net"]["peers"], 2) << "peer " << i << ": the survivors train on as two";
+      EXPECT_EQ(peers[i].wait(30s), 0) << "peer " << i;
+      logs.push_back(read_file(log));
+    }
+    return logs;
+  }
+
   static void kill_one_of_three(const std::string& name, const std::string& strategy, int64_t steps,
                                 int64_t kill_after, const std::vector<std::string>& extra = {}) {
     // Step events only every 20 steps: a peer whose stdout nobody reads yet must not fill its pipe.
@@ -366,14 +388,7 @@ class SwarmCliTest : public ::testing::Test {
         60s));
     ::kill(peers[2].pid(), SIGKILL);
     peers[2].wait(5s);
-    for (int i = 0; i < 2; ++i) {
-      auto done = wait_event(
-          peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
-      ASSERT_TRUE(done) << "peer " << i << " did not finish: " << read_file(log(i));
-      EXPECT_EQ((*done)["step"], steps);
-      EXPECT_EQ((*done)["net"]["peers"], 2) << "the survivors train on as two";
-      EXPECT_EQ(peers[i].wait(30s), 0);
-    }
+    ASSERT_EQ(survivors_finish(name, peers, steps).size(), 2u);
     EXPECT_TRUE(final_model(run_dir(name) / "peer-0", steps) ==
                 final_model(run_dir(name) / "peer-1", steps));
     // The round-based strategies deal the rest of the data again between the two survivors,
@@ -1214,20 +1229,14 @@ TEST_F(SwarmCliTest, SwappedRoundsGoOnFromARoundBrokenOffPartway) {
     write_config(name, "kind = \"" + kind + "\"\nlocal_steps = 2\ntransfer_piece = \"4KB\"", steps,
                  20);
     fs::create_directories(run_dir(name));
-    const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
     std::vector<Process> peers;
     ASSERT_FALSE(start_with_a_dying_peer(name, peers, 3, 3, as_argv(swapped()), 3,
                                          "fault injection: dying in " + round + " 3 after 1 piece")
                      .empty());
+    const std::vector<std::string> logs = survivors_finish(name, peers, steps);
+    ASSERT_EQ(logs.size(), 2u);
     int broke_off = 0;  // survivors whose round broke off after its first piece
-    for (int i = 0; i < 2; ++i) {
-      auto done = wait_event(
-          peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
-      ASSERT_TRUE(done) << "peer " << i << ": " << read_file(log(i));
-      EXPECT_EQ((*done)["step"], steps);
-      EXPECT_EQ((*done)["net"]["peers"], 2);
-      EXPECT_EQ(peers[i].wait(30s), 0);
-      const std::string l = read_file(log(i));
+    for (const std::string& l : logs) {
       EXPECT_NE(l.find(diloco ? "pseudo-gradient all-reduce" : "parameter averaging"),
                 std::string::npos)
           << l;
@@ -1252,18 +1261,13 @@ TEST_F(SwarmCliTest, ALastRoundThatBreaksOffRunsAgainSoThePeersEndOnOneModel) {
     write_config(name, "kind = \"" + kind + "\"\nlocal_steps = 2\ntransfer_piece = \"4KB\"", steps,
                  1);
     fs::create_directories(run_dir(name));
-    const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
     std::vector<Process> peers;
     ASSERT_FALSE(start_with_a_dying_peer(name, peers, 3, 3, as_argv(swapped()), 4,
                                          "fault injection: dying in " + round + " 4 after 1 piece")
                      .empty());
-    for (int i = 0; i < 2; ++i) {
-      auto done = wait_event(
-          peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
-      ASSERT_TRUE(done) << "peer " << i << ": " << read_file(log(i));
-      EXPECT_EQ((*done)["step"], steps);
-      EXPECT_EQ(peers[i].wait(30s), 0);
-      const std::string l = read_file(log(i));
+    const std::vector<std::string> logs = survivors_finish(name, peers, steps);
+    ASSERT_EQ(logs.size(), 2u);
+    for (const std::string& l : logs) {
       EXPECT_EQ(count_of(l, "the " + round + " broke off after 1 of "), 1) << l;
       EXPECT_EQ(count_of(l, "the last round went through on no peer; one more round"), 1) << l;
     }
@@ -1369,19 +1373,14 @@ TEST_F(SwarmCliTest, APeerDeathInCo2sLastExchangeLeavesTheSurvivorsOneModel) {
     const int64_t steps = 8;
     write_config(name, "kind = \"co2\"\n" + f.strategy, steps, 1);
     fs::create_directories(run_dir(name));
-    const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
     std::vector<Process> peers;
     ASSERT_FALSE(start_with_a_dying_peer(name, peers, 3, 3, {}, f.exchanges,
                                          "fault injection: dying in exchange " +
                                              std::to_string(f.exchanges) + " after 0 piece(s)")
                      .empty());
-    for (int i = 0; i < 2; ++i) {
-      auto done = wait_event(
-          peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
-      ASSERT_TRUE(done) << "peer " << i << ": " << read_file(log(i));
-      EXPECT_EQ((*done)["step"], steps);
-      EXPECT_EQ(peers[i].wait(30s), 0);
-      const std::string l = read_file(log(i));
+    const std::vector<std::string> logs = survivors_finish(name, peers, steps);
+    ASSERT_EQ(logs.size(), 2u);
+    for (const std::string& l : logs) {
       EXPECT_EQ(
           count_of(l, "the last round's average did not arrive: this peer ends on the anchor"),
           f.name == "early" ? 1 : 0)

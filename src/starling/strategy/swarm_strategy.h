@@ -255,10 +255,10 @@ class SwarmStrategy : public train::StepHooks {
   // participants that said `round_through`.
   Agreement close_run(train::Replica& r, bool round_through = true);
   // The last round of a strategy that averages every few steps (localsgd, diloco): runs
-  // `round(agree(r, true))`, then close_run(). Where the round went through on no peer (the
-  // round's version is not reached after the closing agreement: a peer died in it, say, and the
-  // tensors after the break hold each peer's own parameters), all of them run it again with no
-  // local steps in between, among the peers still there, up to kSettleRounds times.
+  // `round(agree(r, true))`, then close_run(), which tells whether the round reached its version
+  // on any participant. Where it did on none (a peer died in it, say, and the tensors after the
+  // break hold each peer's own parameters), all of them run it again with no local steps in
+  // between, among the peers still there, up to kSettleRounds times.
   void last_round(train::Replica& r, const std::function<void(const Agreement&)>& round);
   static constexpr int kSettleRounds = 3;
   // `crc` carried over the bytes of `part` (any dtype or device): chained over the pieces or
