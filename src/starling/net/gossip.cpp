@@ -167,9 +167,11 @@ void Gossip::tick(Clock::time_point now) {
     // timeouts a fresh connection carries one heartbeat, so the two sides find each other within
     // that long of the network's return, however long the split was.
     if (now - last > 10 * options_.peer_timeout) {
-      auto& retry = retries_[id];
-      if (now - retry < 10 * options_.peer_timeout) continue;
-      retry = now;
+      // No entry yet means no try yet: due now (a default time point is the clock's zero, the
+      // boot, which is within ten timeouts of now on a freshly started machine).
+      const auto retry = retries_.find(id);
+      if (retry != retries_.end() && now - retry->second < 10 * options_.peer_timeout) continue;
+      retries_[id] = now;
       transport_.disconnect(slot_of(id));
       reconnect(id);
     }
