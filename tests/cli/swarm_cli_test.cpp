@@ -595,7 +595,7 @@ TEST_F(SwarmCliTest, JoinerAdoptsTheRunningSwarmsState) {
     // a swarm that has finished cannot be joined. Each of those processes spends about a second
     // loading libtorch (more on a loaded machine) while the swarm takes 100-200 steps a second,
     // so the swarm's run after step 40 lasts about four times as long as they take.
-    const int64_t steps = 1000;
+    const int64_t steps = 600;
     write_config(name, strategy, steps, 20);
     fs::create_directories(run_dir(name));
     std::vector<Process> peers;
@@ -688,7 +688,7 @@ TEST_F(SwarmCliTest, JoinerAdoptsTheRunningSwarmsState) {
 // count the sender's.
 TEST_F(SwarmCliTest, APeerOutsideATransferWaitsForItsEndPastTheCollectiveTimeout) {
   const std::string name = "join_slow";
-  write_config(name, "kind = \"ddp\"\ntransfer_piece = \"4KB\"", 1000, 20);
+  write_config(name, "kind = \"ddp\"\ntransfer_piece = \"4KB\"", 400, 20);
   fs::create_directories(run_dir(name));
   const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
   const std::vector<std::string> extra =
@@ -718,10 +718,10 @@ TEST_F(SwarmCliTest, APeerOutsideATransferWaitsForItsEndPastTheCollectiveTimeout
   EXPECT_EQ(count_of(read_file(log(1)), "state transfer: not needed here"), 1) << old;
   EXPECT_EQ(old.find("failed"), std::string::npos) << old;
   EXPECT_EQ(old.find("timed out"), std::string::npos) << old;
-  const std::string model = final_model(run_dir(name) / "peer-0", 1000);
+  const std::string model = final_model(run_dir(name) / "peer-0", 400);
   ASSERT_FALSE(model.empty());
-  EXPECT_TRUE(final_model(run_dir(name) / "peer-1", 1000) == model);
-  EXPECT_TRUE(final_model(run_dir(name) / "peer-2", 1000) == model);
+  EXPECT_TRUE(final_model(run_dir(name) / "peer-1", 400) == model);
+  EXPECT_TRUE(final_model(run_dir(name) / "peer-2", 400) == model);
 }
 
 // A taker whose transfer fails while every peer stays alive (its header refused, as a damaged
@@ -735,7 +735,7 @@ TEST_F(SwarmCliTest, APeerOutsideATransferWaitsForItsEndPastTheCollectiveTimeout
 // the state after its failure, it downloads it.)
 TEST_F(SwarmCliTest, ATransferThatFailsForOneTakerStartsTheAgreementAgainForAll) {
   const std::string name = "join_refused";
-  write_config(name, "kind = \"ddp\"\ntransfer_piece = \"4KB\"", 1000, 20);
+  write_config(name, "kind = \"ddp\"\ntransfer_piece = \"4KB\"", 400, 20);
   fs::create_directories(run_dir(name));
   const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
   const std::vector<std::string> extra =
@@ -767,10 +767,10 @@ TEST_F(SwarmCliTest, ATransferThatFailsForOneTakerStartsTheAgreementAgainForAll)
               1)
         << "peer " << i << ": " << running;
   }
-  const std::string model = final_model(run_dir(name) / "peer-0", 1000);
+  const std::string model = final_model(run_dir(name) / "peer-0", 400);
   ASSERT_FALSE(model.empty());
-  EXPECT_TRUE(final_model(run_dir(name) / "peer-1", 1000) == model);
-  EXPECT_TRUE(final_model(run_dir(name) / "peer-2", 1000) == model);
+  EXPECT_TRUE(final_model(run_dir(name) / "peer-1", 400) == model);
+  EXPECT_TRUE(final_model(run_dir(name) / "peer-2", 400) == model);
 }
 
 // A peer that joins a running ddp, localsgd, diloco or co2 swarm adopts its state in pieces
@@ -797,7 +797,9 @@ TEST_F(SwarmCliTest, SwarmsTakeAJoinerInPieces) {
     SCOPED_TRACE(kind + " " + extra);
     const bool zero = extra == "zero = true";
     const bool exact = kind != "ddp" && extra.empty();
-    const int64_t steps = 1000;  // the swarm still trains when the joiner comes (see above)
+    // The swarm still trains when the joiner comes (see above): it joins within about a hundred
+    // steps of its start, here and under a loaded CI machine alike.
+    const int64_t steps = 400;
     const std::string strategy =
         "kind = \"" + kind + "\"\nlocal_steps = 4\ntransfer_piece = \"4KB\"\n" + extra +
         (exact ? "fingerprint = true\nprecision = \"fp32\"\nredeal_data = false\n" : "");
@@ -815,7 +817,7 @@ TEST_F(SwarmCliTest, SwarmsTakeAJoinerInPieces) {
       peers.emplace_back(peer_argv(name, 1, 3, entry, 2), log(1).string());
       if (join) {
         if (!wait_event(
-                peers[1], [](const json& j) { return j["event"] == "step" && j["step"] >= 40; },
+                peers[1], [](const json& j) { return j["event"] == "step" && j["step"] >= 20; },
                 60s))
           return std::vector<std::optional<json>>{};
         peers.emplace_back(peer_argv(name, 2, 3, entry, 1), log(2).string());
@@ -1170,7 +1172,7 @@ TEST_F(SwarmCliTest, SwappedSwarmTakesAJoiner) {
 // how to go on from one, and trains on from what it holds instead of waiting or failing.
 TEST_F(SwarmCliTest, AJoinerWhoseOnlySenderDiesMidTransferSaysSoAndGoesOn) {
   const std::string name = "torn_alone";
-  const int64_t steps = 1000;  // the swarm still trains when the joiner comes (see above)
+  const int64_t steps = 400;  // the swarm still trains when the joiner comes (see above)
   write_config(name, "kind = \"ddp\"\ntransfer_piece = \"4KB\"", steps, 20);
   fs::create_directories(run_dir(name));
   const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
@@ -1490,7 +1492,7 @@ TEST_F(SwarmCliTest, SwappedStrategiesTakeAJoiner) {
     SCOPED_TRACE(kind);
     const bool zero = kind == "co2 zero";
     const std::string name = zero ? "swap_join_co2_zero" : "swap_join_" + kind;
-    const int64_t steps = 200;
+    const int64_t steps = 150;  // the joiner joins some 30 steps after it starts, at the 20th
     write_config(name,
                  "kind = \"" + kind.substr(0, kind.find(' ')) +
                      "\"\nlocal_steps = 4\ntransfer_piece = \"4KB\"" +
@@ -1547,7 +1549,7 @@ TEST_F(SwarmCliTest, AStepWithoutAnAverageIsSkippedAndAJoinerAdoptsTheCount) {
     const std::string name = atom ? "skip_atom" : "skip_ddp";
     // Long enough that the swarm still trains when the joiner has started (about a second,
     // more on a loaded machine): ddp takes 100-200 steps a second here, swapped atom about 20.
-    const int64_t steps = atom ? 300 : 1000;
+    const int64_t steps = atom ? 200 : 400;
     write_config(name, atom ? "kind = \"atom\"" : "kind = \"ddp\"", steps, 20);
     fs::create_directories(run_dir(name));
     const std::vector<std::string> extra = atom ? as_argv(swapped()) : std::vector<std::string>{};
