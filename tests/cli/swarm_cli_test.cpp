@@ -1394,6 +1394,54 @@ TEST_F(SwarmCliTest, APeerDeathInCo2sLastExchangeLeavesTheSurvivorsOneModel) {
   }
 }
 
+// A peer that joins in the others' last round (here their only round after the opening one:
+// local_steps = steps, and the joiner starts once they train) adopts their state at the last
+// step and takes part in that round's exchange, as any joiner does in the round it joins. It
+// has no step left to take, so it ends the round with them: co2's drain of the last average,
+// the closing agreement (and a round run again with them, where needed). Then it evaluates and
+// checkpoints the last step, and the three end on one model, with no collective failing on the
+// others. (A joiner that left after the exchange left the others to close the run as two, ended
+// without an evaluation or a checkpoint, and in co2 on a model of its own, without the last
+// average.)
+TEST_F(SwarmCliTest, APeerThatJoinsInTheLastRoundEndsTheRunWithTheOthers) {
+  for (const std::string kind : {"localsgd", "diloco", "co2", "co2_early", "co2_zero"}) {
+    SCOPED_TRACE(kind);
+    const std::string name = "last_join_" + kind;
+    // Long enough that the joiner, which takes a second or so to start, becomes a member inside
+    // the round: 100-200 steps a second here (a round boundary holds no checkpoint or
+    // evaluation before the last step).
+    const int64_t steps = 600;
+    std::string strategy = "kind = \"" + kind.substr(0, kind.find('_')) +
+                           "\"\nlocal_steps = 600\ntransfer_piece = \"64KB\"";
+    if (kind == "co2_early") strategy += "\noverlap_steps = 2";
+    if (kind == "co2_zero") strategy += "\nzero = true";
+    write_config(name, strategy, steps, 20);
+    fs::create_directories(run_dir(name));
+    const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+    std::vector<Process> peers;
+    const std::string entry = start_first_peer(name, peers, 3, 2, {});
+    ASSERT_FALSE(entry.empty());
+    ASSERT_NO_FATAL_FAILURE(join_third(name, peers, peer_argv(name, 1, 3, entry, 2),
+                                       peer_argv(name, 2, 3, entry, 1), 10));
+    const std::string joiner = read_file(log(2));
+    ASSERT_NE(joiner.find("adopting the swarm's state from peer "), std::string::npos) << joiner;
+    EXPECT_NE(joiner.find("(step 600, "), std::string::npos)
+        << "the joiner came in another round than the last: " << joiner;
+    bool evaluated = false;
+    for (const json& m : metrics(run_dir(name) / "peer-2"))
+      evaluated = evaluated || (m.contains("val_loss") && m["step"] == steps);
+    EXPECT_TRUE(evaluated) << "the joiner did not evaluate the last step";
+    const std::string old = read_file(log(0)) + read_file(log(1));
+    EXPECT_EQ(old.find("failed"), std::string::npos) << old;
+    EXPECT_EQ(old.find("one more round"), std::string::npos) << old;
+    const std::string model = final_model(run_dir(name) / "peer-0", steps);
+    ASSERT_FALSE(model.empty());
+    for (int i = 1; i < 3; ++i)
+      EXPECT_TRUE(final_model(run_dir(name) / ("peer-" + std::to_string(i)), steps) == model)
+          << "peer " << i;
+  }
+}
+
 // Three swapped diloco peers whose third outer step breaks off at different pieces, as when a
 // collective completes on some peers only: peers 0 and 1 count its second piece's collective as
 // failed, peer 2 its twentieth (STARLING_FAULT_LOSE_PIECE). A tensor is written once its last

@@ -401,19 +401,10 @@ bool Co2::step_done_early(train::Replica& r, bool last) {
   ring_ = a.ring;
   launch_early(a);
   ++rounds_;
-  // Drain: the final round's average is applied at once, so the run ends on x_{T+1}.
-  if (last && launched_early_) {
-    final_round_ = true;
-    // The parameters hold this peer's own last round (y_t): where the average does not arrive,
-    // it ends on the anchor x_t instead, as every other peer whose average failed does (and as
-    // the published form, whose parameters are the anchor at a launch), so that a peer death in
-    // the last exchange still leaves the survivors one model.
-    if (!apply_early()) {
-      log("the last round's average did not arrive: this peer ends on the anchor before it");
-      adopt_anchor_by_part();
-    }
+  if (last) {
+    drain_early();  // the final round's average is applied at once: the run ends on x_{T+1}
+    close(r);
   }
-  if (last) close(r);
   return last || shared;
 }
 
@@ -432,25 +423,52 @@ bool Co2::step_done(train::Replica& r, bool last) {
   if (zero() && (a.synced || a.ring != ring_)) set_shard(a.ring);
   ring_ = a.ring;
   launch_at_boundary(a);
-  if (last && drain_on_all(collect())) {
-    // Drain: the final round's average is applied at once, so the run ends on x_{T+1}.
-    final_round_ = true;
-    update_momentum();
-    if (!zero()) {
-      step_anchor_by_part();
-    } else {
-      move_anchor();
-      if (gather_anchor()) {
-        note_round(exchange_->device());
-        write_params(exchange_->device());
-      } else {
-        need_state_ = true;  // the closing agreement hands this peer the root's parameters
-      }
-    }
+  if (last) {
+    drain();
+    close(r);
   }
-  if (last) close(r);
   ++rounds_;
   return true;
+}
+
+void Co2::drain() {
+  if (!drain_on_all(collect())) return;
+  // Drain: the final round's average is applied at once, so the run ends on x_{T+1}.
+  final_round_ = true;
+  update_momentum();
+  if (!zero()) {
+    step_anchor_by_part();
+  } else {
+    move_anchor();
+    if (gather_anchor()) {
+      note_round(exchange_->device());
+      write_params(exchange_->device());
+    } else {
+      need_state_ = true;  // the closing agreement hands this peer the root's parameters
+    }
+  }
+}
+
+void Co2::drain_early() {
+  if (!launched_early_) return;
+  final_round_ = true;
+  // The parameters hold this peer's own last round (y_t): where the average does not arrive,
+  // it ends on the anchor x_t instead, as every other peer whose average failed does (and as
+  // the published form, whose parameters are the anchor at a launch), so that a peer death in
+  // the last exchange still leaves the survivors one model.
+  if (!apply_early()) {
+    log("the last round's average did not arrive: this peer ends on the anchor before it");
+    adopt_anchor_by_part();
+  }
+}
+
+void Co2::end_in_last_round(train::Replica& r, int64_t) {
+  if (early())
+    drain_early();
+  else
+    drain();
+  close(r);
+  ++rounds_;
 }
 
 bool Co2::drain_on_all(bool collected) {

@@ -86,6 +86,8 @@ class Co2 final : public SwarmStrategy {
   void restore(train::Replica& r, const nlohmann::json& state,
                const SafetensorsFile& tensors) override;
   void started(const Agreement& a) override;
+  // A joiner of the last round: its drain and the closing agreement, as the others do.
+  void end_in_last_round(train::Replica& r, int64_t agreed_version) override;
 
  private:
   bool zero() const { return config_.strategy.zero; }
@@ -101,6 +103,13 @@ class Co2 final : public SwarmStrategy {
   // and its collectives would meet their closing agreement. Without zero each peer decides for
   // itself, and the closing agreement hands one whose drain went through to the others.
   bool drain_on_all(bool collected);
+  // The last round's drain, after its launch: its average is collected and applied at once, so
+  // the run ends on x_{T+1} (where drain_on_all says so; a peer that lacks it otherwise keeps
+  // the anchor x_T, which its parameters hold since the launch).
+  void drain();
+  // The early form's: the parameters hold this peer's own last round; where the average does
+  // not arrive, it goes back to the anchor before it, as every peer it failed on does.
+  void drain_early();
   // After the last round's drain: the closing agreement (close_run), and with zero the shards of
   // a state it moved.
   void close(train::Replica& r);

@@ -48,6 +48,12 @@ void DiLoCo::started(const Agreement& a) {
   if (a.exchange_follows) outer_step(a);
 }
 
+void DiLoCo::end_in_last_round(train::Replica& r, int64_t agreed_version) {
+  settle_last_round(
+      r, [this](const Agreement& a) { outer_step(a); }, agreed_version);
+  ++rounds_;
+}
+
 void DiLoCo::outer_step(const Agreement& a) {
   faults_.begin();
   if (anchor_.kept() || a.notes[1] > 0) {

@@ -38,6 +38,8 @@ class DiLoCo final : public SwarmStrategy {
   // A joiner whose opening agreement was the others' round boundary takes part in their
   // pseudo-gradient all-reduce (sending nothing) and takes the same outer step.
   void started(const Agreement& a) override;
+  // ... and where that boundary was the last, settles the run with them (last_round()).
+  void end_in_last_round(train::Replica& r, int64_t agreed_version) override;
 
  private:
   // The round's all-reduce of the pseudo-gradient and outer step.

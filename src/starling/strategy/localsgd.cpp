@@ -45,6 +45,12 @@ void LocalSgd::started(const Agreement& a) {
   if (a.exchange_follows) average(a);
 }
 
+void LocalSgd::end_in_last_round(train::Replica& r, int64_t agreed_version) {
+  settle_last_round(
+      r, [this](const Agreement& a) { average(a); }, agreed_version);
+  ++rounds_;
+}
+
 void LocalSgd::average(const Agreement& a) {
   faults_.begin();
   if (!buffer_ || a.notes[1] > 0) {

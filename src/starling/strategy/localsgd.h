@@ -22,6 +22,8 @@ class LocalSgd final : public SwarmStrategy {
   // A joiner whose opening agreement was the others' round boundary takes part in their
   // averaging (sending nothing) and ends on their average.
   void started(const Agreement& a) override;
+  // ... and where that boundary was the last, settles the run with them (last_round()).
+  void end_in_last_round(train::Replica& r, int64_t agreed_version) override;
 
  private:
   // The round's averaging of the parameters among the agreement's participants.

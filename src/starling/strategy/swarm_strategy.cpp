@@ -275,10 +275,16 @@ Agreement SwarmStrategy::close_run(train::Replica& r, bool round_through) {
 
 void SwarmStrategy::last_round(train::Replica& r,
                                const std::function<void(const Agreement&)>& round) {
-  Agreement a = agree(r, true);
+  const Agreement a = agree(r, true);
+  const int64_t agreed_version = version_;  // after any state the agreement brought
+  round(a);
+  settle_last_round(r, round, agreed_version);
+}
+
+void SwarmStrategy::settle_last_round(train::Replica& r,
+                                      const std::function<void(const Agreement&)>& round,
+                                      int64_t agreed_version) {
   for (int settle = 0;; ++settle) {
-    const int64_t agreed_version = version_;  // after any state the agreement brought
-    round(a);
     // Every participant holds the same state after the closing agreement: the round's, if it
     // went through on any of them. Whether it did comes from the agreement's sums, so all of them
     // decide alike here, whatever round each had reached before.
@@ -287,7 +293,9 @@ void SwarmStrategy::last_round(train::Replica& r,
     log("the last round went through on no peer; one more round without local steps, so that "
         "the peers end on one model (" +
         std::to_string(settle + 1) + " of " + std::to_string(kSettleRounds) + ")");
-    a = agree(r, true);
+    const Agreement a = agree(r, true);
+    agreed_version = version_;
+    round(a);
   }
 }
 
@@ -740,7 +748,11 @@ void SwarmStrategy::start(train::Replica& r, const nlohmann::json& state,
     need_state_ = false;
   }
   const Agreement a = agree(r, false, true);
+  const int64_t agreed_version = version_;  // after any state the agreement brought
   started(a);
+  // Joined in the others' last round: the adopted step is the run's last, and no step_done()
+  // follows to end that round.
+  if (a.exchange_follows && r.step >= config_.train.steps) end_in_last_round(r, agreed_version);
   log("training with " + std::to_string(a.peers) + " peer" + (a.peers == 1 ? "" : "s") +
       " from step " + std::to_string(r.step));
 }

@@ -118,6 +118,14 @@ class SwarmStrategy : public train::StepHooks {
   // participants exchange right after their agreement joins that exchange when
   // a.exchange_follows).
   virtual void started(const Agreement&) {}
+  // The opening agreement was the others' last round (a peer that joined in it, whose adopted
+  // step is already the run's last) and started() took part in its exchange: this peer has no
+  // step left, so it ends the round as the others do after that exchange. `agreed_version`: its
+  // round before the exchange. By default the closing agreement (close_run); localsgd and diloco
+  // settle as last_round() does, co2 drains its last average first.
+  virtual void end_in_last_round(train::Replica& r, int64_t agreed_version) {
+    close_run(r, version_ > agreed_version);
+  }
   // Numbers this peer adds to the agreement, summed over the participants into Agreement::notes,
   // so that every participant decides alike from them (co2: how long its last exchange took, in
   // steps). The last one (kClosingNote) is SwarmStrategy's: what a strategy puts there is ignored.
@@ -260,6 +268,10 @@ class SwarmStrategy : public train::StepHooks {
   // break hold each peer's own parameters), all of them run it again with no local steps in
   // between, among the peers still there, up to kSettleRounds times.
   void last_round(train::Replica& r, const std::function<void(const Agreement&)>& round);
+  // last_round() after its first `round`: the closing agreement, and the round again where it
+  // went through on no participant. `agreed_version`: this peer's round before that first one.
+  void settle_last_round(train::Replica& r, const std::function<void(const Agreement&)>& round,
+                         int64_t agreed_version);
   static constexpr int kSettleRounds = 3;
   // `crc` carried over the bytes of `part` (any dtype or device): chained over the pieces or
   // tensors of a vector in order, the CRC-32C of the whole vector, as note_round takes it.

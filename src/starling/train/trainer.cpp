@@ -86,10 +86,14 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
                                                               *s.optimizer, *s.loader, s.device);
   StepRunner& runner = *runner_owner;
   replica.runner = &runner;
+  const int64_t own_step = replica.step;  // a resumed run's; 0 for a fresh one
   if (hooks)
     hooks->start(replica, s.restored ? s.restored->meta.strategy : nlohmann::json(),
                  s.restored ? &s.restored->optimizer : nullptr);
   s.restored.reset();
+  // A peer that joined in the others' last round adopted their state at the run's last step: it
+  // takes no step, but evaluates and checkpoints that one as they do.
+  const bool adopted_last_step = hooks && replica.step != own_step && replica.step == c.train.steps;
 
   const double peak_gflops = c.train.peak_tflops > 0
                                  ? c.train.peak_tflops * 1e3
@@ -114,6 +118,35 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   // On a GPU: the most device memory a step allocated (evaluations and checkpoints, which may
   // gather a swapped state, fall between steps and do not count).
   int64_t step_peak = 0;
+  // At a round boundary: the evaluation and checkpoint due at replica.step.
+  const auto evaluate_and_save = [&] {
+    const bool final_step = replica.step == c.train.steps;
+    // "Crossed a multiple" rather than "is a multiple": rounds of a strategy may step past it.
+    auto crossed = [&](int64_t every, int64_t since) {
+      return every > 0 && replica.step / every > since / every;
+    };
+    if (!s.dataset.val_shards.empty() &&
+        (crossed(c.train.eval_every, evaluated_step) || final_step)) {
+      s.val_loss = evaluate(runner, *s.executor, s.dataset, c, s.device);
+      evaluated_step = replica.step;
+      reporter.eval(replica.step, s.val_loss, replica.tokens);
+    }
+    if (crossed(c.train.checkpoint_every, std::max<int64_t>(saved_step, 0)) || final_step) {
+      try {
+        last_ckpt = s.save(hooks);
+        progress.note("checkpoint " + last_ckpt.string());
+        if (options.on_record) options.on_record({{"checkpoint_step", replica.step}});
+      } catch (const CheckpointError& e) {
+        // Nothing of the failed save is left, and the previous checkpoints are as they were.
+        if (final_step || c.train.on_checkpoint_error != "continue")
+          throw CheckpointError(std::string(e.what()) +
+                                "; free some space and continue with --resume");
+        progress.log("checkpoint at step " + std::to_string(replica.step) + " skipped: " +
+                     e.what() + "; training goes on (train.on_checkpoint_error = \"continue\")");
+      }
+      saved_step = replica.step;
+    }
+  };
   // A signal stops at the next round boundary (at once for a single replica), where the
   // parameters are the shared model and a checkpoint can be taken.
   while (replica.step < last && !(g_stop.load() && at_boundary)) {
@@ -186,34 +219,9 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     if (fp16) outcome.loss_scale = s.scaler.scale();
     reporter.step(outcome, milestone, report_of(hooks, runner));
 
-    if (!at_boundary) continue;  // evaluation and checkpoints only see the shared model
-    const bool final_step = replica.step == c.train.steps;
-    // "Crossed a multiple" rather than "is a multiple": rounds of a strategy may step past it.
-    auto crossed = [&](int64_t every, int64_t since) {
-      return every > 0 && replica.step / every > since / every;
-    };
-    if (!s.dataset.val_shards.empty() &&
-        (crossed(c.train.eval_every, evaluated_step) || final_step)) {
-      s.val_loss = evaluate(runner, *s.executor, s.dataset, c, s.device);
-      evaluated_step = replica.step;
-      reporter.eval(replica.step, s.val_loss, replica.tokens);
-    }
-    if (crossed(c.train.checkpoint_every, std::max<int64_t>(saved_step, 0)) || final_step) {
-      try {
-        last_ckpt = s.save(hooks);
-        progress.note("checkpoint " + last_ckpt.string());
-        if (options.on_record) options.on_record({{"checkpoint_step", replica.step}});
-      } catch (const CheckpointError& e) {
-        // Nothing of the failed save is left, and the previous checkpoints are as they were.
-        if (final_step || c.train.on_checkpoint_error != "continue")
-          throw CheckpointError(std::string(e.what()) +
-                                "; free some space and continue with --resume");
-        progress.log("checkpoint at step " + std::to_string(replica.step) + " skipped: " +
-                     e.what() + "; training goes on (train.on_checkpoint_error = \"continue\")");
-      }
-      saved_step = replica.step;
-    }
+    if (at_boundary) evaluate_and_save();  // they only see the shared model
   }
+  if (adopted_last_step) evaluate_and_save();
   if (const std::string note = runner.report(); !note.empty()) progress.log(note);
   if (!s.device.is_cpu() && step_peak > 0)
     progress.log(
