@@ -30,10 +30,10 @@ class AlignSharedCopies final : public train::StepHooks {
   // The stage's runner, once the trainer has made it (it outlives the steps).
   void set_runner(PipelineStepRunner* runner) { runner_ = runner; }
 
+  // A replica whose stages joined in the last round took that round inside start(): its copies
+  // are aligned there, as after any round (every stage of the replica joined in it together).
   void start(train::Replica& replica, const nlohmann::json& state,
-             const SafetensorsFile* tensors) override {
-    strategy_->start(replica, state, tensors);
-  }
+             const SafetensorsFile* tensors) override;
   StepWork run_step(train::StepRunner& runner, train::Replica& replica,
                     double loss_scale) override {
     return strategy_->run_step(runner, replica, loss_scale);
@@ -47,6 +47,7 @@ class AlignSharedCopies final : public train::StepHooks {
     return strategy_->checkpoint_state(tensors);
   }
   train::StrategyReport report() const override { return strategy_->report(); }
+  bool ended_in_start() const override { return strategy_->ended_in_start(); }
   void finish(train::Replica& replica) override { strategy_->finish(replica); }
 
  private:

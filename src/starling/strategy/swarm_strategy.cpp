@@ -752,7 +752,10 @@ void SwarmStrategy::start(train::Replica& r, const nlohmann::json& state,
   started(a);
   // Joined in the others' last round: the adopted step is the run's last, and no step_done()
   // follows to end that round.
-  if (a.exchange_follows && r.step >= config_.train.steps) end_in_last_round(r, agreed_version);
+  if (a.exchange_follows && r.step >= config_.train.steps) {
+    end_in_last_round(r, agreed_version);
+    ended_in_start_ = true;
+  }
   log("training with " + std::to_string(a.peers) + " peer" + (a.peers == 1 ? "" : "s") +
       " from step " + std::to_string(r.step));
 }

@@ -83,6 +83,7 @@ class SwarmStrategy : public train::StepHooks {
   void restrict_to(std::vector<net::PeerId> group) { group_ = std::move(group); }
 
   train::StrategyReport report() const override;
+  bool ended_in_start() const override { return ended_in_start_; }
   void start(train::Replica& r, const nlohmann::json& state,
              const SafetensorsFile* tensors) override;
   void finish(train::Replica& r) override;
@@ -217,8 +218,9 @@ class SwarmStrategy : public train::StepHooks {
   // choice, so that a peer whose round went through and one whose round broke off count as one
   // history (the one further on is sent), while their lineages still tell them apart.
   uint32_t history_ = 0;
-  bool holds_state_ = false;  // restored from a checkpoint or adopted from the swarm: it votes
-  bool need_state_ = true;    // this peer's shared state is not known to match the swarm's
+  bool ended_in_start_ = false;  // start() took part in the swarm's last round: no step is left
+  bool holds_state_ = false;     // restored from a checkpoint or adopted from the swarm: it votes
+  bool need_state_ = true;       // this peer's shared state is not known to match the swarm's
   int peers_ = 1;
   int64_t rounds_ = 0;
   double net_wait_s_ = 0;

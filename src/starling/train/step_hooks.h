@@ -78,6 +78,11 @@ class StepHooks {
   // Counters for progress, metrics and the launcher.
   virtual StrategyReport report() const = 0;
 
+  // Whether start() ended the run: the peer joined in the swarm's last round, took part in it
+  // and in what ends it, and has no step left. The trainer then evaluates and checkpoints that
+  // last step, as the others do after theirs.
+  virtual bool ended_in_start() const { return false; }
+
   // Training ended (or stopped): finish or abandon communication in flight, leave the swarm.
   virtual void finish(Replica& replica) = 0;
 };

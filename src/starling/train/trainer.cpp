@@ -86,14 +86,12 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
                                                               *s.optimizer, *s.loader, s.device);
   StepRunner& runner = *runner_owner;
   replica.runner = &runner;
-  const int64_t own_step = replica.step;  // a resumed run's; 0 for a fresh one
+  // A resumed run's step: what its checkpoint on disk holds, whatever state start() adopts.
+  const int64_t own_step = replica.step;
   if (hooks)
     hooks->start(replica, s.restored ? s.restored->meta.strategy : nlohmann::json(),
                  s.restored ? &s.restored->optimizer : nullptr);
   s.restored.reset();
-  // A peer that joined in the others' last round adopted their state at the run's last step: it
-  // takes no step, but evaluates and checkpoints that one as they do.
-  const bool adopted_last_step = hooks && replica.step != own_step && replica.step == c.train.steps;
 
   const double peak_gflops = c.train.peak_tflops > 0
                                  ? c.train.peak_tflops * 1e3
@@ -111,7 +109,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   TrainResult result;
   fs::path last_ckpt;
   // A resumed run's starting step is already on disk; stopping at once must not rewrite it.
-  int64_t saved_step = s.resumed ? replica.step : -1;
+  int64_t saved_step = s.resumed ? own_step : -1;
   int64_t evaluated_step = replica.step;
   bool at_boundary = true;
   double loss = 0;  // the last loss read back from the device
@@ -221,7 +219,8 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
 
     if (at_boundary) evaluate_and_save();  // they only see the shared model
   }
-  if (adopted_last_step) evaluate_and_save();
+  // A peer that joined in the others' last round took no step: it ends on that one as they do.
+  if (hooks && hooks->ended_in_start()) evaluate_and_save();
   if (const std::string note = runner.report(); !note.empty()) progress.log(note);
   if (!s.device.is_cpu() && step_peak > 0)
     progress.log(
