@@ -8,25 +8,17 @@
 #
 # The other dependencies come from Debian's packages (scripts/install-deps.sh). On a machine
 # where apt cannot install them (a container image with CUDA and pip torch, say), download the
-# .deb files elsewhere with `apt-get download` (the list is DEPS_PACKAGES below) and point
-# DEPS_DEBS at them: they are unpacked into BUILD_DIR/deps (never into /), their pkg-config files
-# are rewritten to that prefix, and CMake looks there. Binaries built that way need
+# .deb files on a Debian 12 machine with scripts/download-debs.sh and point DEPS_DEBS at them:
+# they are unpacked into BUILD_DIR/deps (never into /), their pkg-config files are rewritten to
+# that prefix, and CMake looks there. Binaries built that way need
 #   export LD_LIBRARY_PATH=BUILD_DIR/deps/usr/lib/x86_64-linux-gnu
-# at run time. Tests: ctest --test-dir BUILD_DIR (the GPU tests run when a GPU is visible).
+# at run time. Tests: ctest --test-dir BUILD_DIR (the GPU tests run when a GPU is visible);
+# scripts/gpu-check.sh builds and runs everything a CPU-only machine cannot check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build-cuda}
 JOBS=${JOBS:-$(nproc)}
 PYTHON=${PYTHON:-python3}
-# What DEPS_DEBS must hold (runtime libraries included):
-# libzmq3-dev libzmq5 cppzmq-dev libtomlplusplus-dev libtomlplusplus3 libcli11-dev
-# nlohmann-json3-dev libsentencepiece-dev libsentencepiece0 libgtest-dev libgmock-dev libgloo-dev
-# libsodium23 libpgm-5.3-0 libnorm1 libbsd0 libmd0 libssl-dev libssl3 liburing-dev liburing2
-# libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3
-# libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1 zlib1g-dev
-# (and pkg-config if the machine lacks it:
-# pkg-config pkgconf pkgconf-bin libpkgconf3)
-
 if [ -z "${TORCH_DIR:-}" ]; then
   TORCH_DIR=$("$PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)') || {
     echo "build-cuda: no TORCH_DIR and '$PYTHON' cannot import torch" >&2

@@ -1092,6 +1092,58 @@ TEST_F(SwarmCliTest, SwappedCo2TrainsLikeUnswappedCo2) {
   }
 }
 
+// On a GPU a swapped peer's budget is the card's memory and its tier pinned host RAM, copied on
+// side streams; the strategies' outer state (diloco's anchor and momentum, co2's four vectors, a
+// localsgd round's pieces) goes through the same runner calls as on a CPU, from and to the card.
+// Each strategy's swapped pair on the GPU ends bit for bit where its unswapped pair on the GPU
+// ends (two peers: every sum is a + b), round by round, and stays within its budget.
+TEST_F(SwarmCliTest, SwappedPeersOnAGpuTrainLikeUnswappedOnes) {
+  if (!binary_sees_a_gpu())
+    GTEST_SKIP() << "no GPU: the binary is not built against a CUDA libtorch or sees no GPU "
+                    "(scripts/build-cuda.sh)";
+  const std::string on_gpu = as_sets({"train.device=\"cuda\"", "model.n_layer=2"});
+  const std::string swapped_on_gpu =
+      on_gpu + as_sets({"swap.budget=\"600KB\"", "swap.tier=\"host\""});
+  for (const auto& [name, strategy] : {
+           std::pair{"ddp", "kind = \"ddp\""},
+           std::pair{"localsgd", "kind = \"localsgd\"\nlocal_steps = 3\ntransfer_piece = \"4KB\""},
+           std::pair{"diloco", "kind = \"diloco\"\nlocal_steps = 3\ntransfer_piece = \"4KB\""},
+           std::pair{"co2", "kind = \"co2\"\nlocal_steps = 4\nstaleness_penalty = 0.5"},
+           std::pair{"co2_early", "kind = \"co2\"\nlocal_steps = 4\noverlap_steps = 2"},
+           std::pair{"co2_zero", "kind = \"co2\"\nlocal_steps = 4\nzero = true"},
+       }) {
+    SCOPED_TRACE(name);
+    const std::string body = std::string(strategy) + "\nfingerprint = true";
+    const std::string plain = std::string("gpu_plain_") + name,
+                      swap = std::string("gpu_swap_") + name;
+    const auto a =
+        run_cli("train -q --peers 2 --config " + write_config(plain, body).string() + on_gpu);
+    ASSERT_EQ(a.code, 0) << a.output << read_file(run_dir(plain) / "peer-0.log");
+    const auto b = run_cli("train -q --peers 2 --config " + write_config(swap, body).string() +
+                           swapped_on_gpu);
+    ASSERT_EQ(b.code, 0) << b.output << read_file(run_dir(swap) / "peer-0.log")
+                         << read_file(run_dir(swap) / "peer-1.log");
+    for (int i = 0; i < 2; ++i) {
+      const std::string peer = "peer-" + std::to_string(i);
+      EXPECT_EQ(val_losses(run_dir(swap) / peer), val_losses(run_dir(plain) / peer));
+      EXPECT_TRUE(final_model(run_dir(swap) / peer, 16) == final_model(run_dir(plain) / peer, 16))
+          << peer << ": the swapped replica's final model differs from the unswapped one's";
+      int64_t rounds = 0;
+      for (int64_t round = 1;; ++round, ++rounds) {
+        const auto print = fingerprint_of(run_dir(plain) / peer, round);
+        if (!print) break;
+        EXPECT_EQ(fingerprint_of(run_dir(swap) / peer, round), print)
+            << peer << ", round " << round;
+      }
+      EXPECT_GE(rounds, 2) << peer << ": the unswapped run recorded too few rounds to compare";
+      const std::string log = read_file(run_dir(swap) / (peer + ".log"));
+      std::smatch m;
+      ASSERT_TRUE(std::regex_search(log, m, std::regex("swap: peak resident ([0-9.]+) KB"))) << log;
+      EXPECT_LE(std::stod(m[1].str()), 600.0 * 1.024) << log;  // format_bytes' KB are 1000 B
+    }
+  }
+}
+
 // A swapped peer joins a running swarm of swapped atom peers: the running ones bring their whole
 // state in for the transfer and write the adopted values back to their tiers.
 // The joiner's state comes in pieces (strategy.transfer_piece), a tensor at a time: the sender
