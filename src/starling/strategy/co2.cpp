@@ -401,10 +401,7 @@ bool Co2::step_done_early(train::Replica& r, bool last) {
   ring_ = a.ring;
   launch_early(a);
   ++rounds_;
-  if (last) {
-    drain_early();  // the final round's average is applied at once: the run ends on x_{T+1}
-    close(r);
-  }
+  if (last) end_run(r);  // the final round's average is applied at once: the run ends on x_{T+1}
   return last || shared;
 }
 
@@ -423,51 +420,68 @@ bool Co2::step_done(train::Replica& r, bool last) {
   if (zero() && (a.synced || a.ring != ring_)) set_shard(a.ring);
   ring_ = a.ring;
   launch_at_boundary(a);
-  if (last) {
-    drain();
-    close(r);
-  }
+  if (last) end_run(r);
   ++rounds_;
   return true;
 }
 
-void Co2::drain() {
-  if (!drain_on_all(collect())) return;
+bool Co2::drain() {
+  if (!drain_on_all(collect())) return false;
   // Drain: the final round's average is applied at once, so the run ends on x_{T+1}.
   final_round_ = true;
   update_momentum();
   if (!zero()) {
     step_anchor_by_part();
-  } else {
-    move_anchor();
-    if (gather_anchor()) {
-      note_round(exchange_->device());
-      write_params(exchange_->device());
-    } else {
-      need_state_ = true;  // the closing agreement hands this peer the root's parameters
-    }
+    return true;
   }
+  move_anchor();
+  if (gather_anchor()) {
+    note_round(exchange_->device());
+    write_params(exchange_->device());
+  } else {
+    need_state_ = true;  // the closing agreement hands this peer the root's parameters
+  }
+  return true;
 }
 
-void Co2::drain_early() {
-  if (!launched_early_) return;
+bool Co2::drain_early() {
+  if (!launched_early_) return false;
   final_round_ = true;
-  // The parameters hold this peer's own last round (y_t): where the average does not arrive,
-  // it ends on the anchor x_t instead, as every other peer whose average failed does (and as
-  // the published form, whose parameters are the anchor at a launch), so that a peer death in
-  // the last exchange still leaves the survivors one model.
-  if (!apply_early()) {
+  return apply_early();
+}
+
+void Co2::end_run(train::Replica& r) {
+  for (int settle = 0;; ++settle) {
+    const bool applied = early() ? drain_early() : drain();
+    // Every participant holds the same state after the closing agreement: the drained one, if
+    // the drain went through on any of them (its notes say so alike to all).
+    const Agreement closing = close_run(r, applied);
+    if (zero() && (closing.synced || closing.ring != ring_)) set_shard(closing.ring);
+    ring_ = closing.ring;
+    if (closing.notes[kClosingNote] > 0 || zero()) return;
+    if (settle == kSettleRounds) break;
+    log("the last round went through on no peer; one more round without local steps, so that "
+        "the peers end on one model (" +
+        std::to_string(settle + 1) + " of " + std::to_string(kSettleRounds) + ")");
+    const Agreement a = agree(r, true);
+    ring_ = a.ring;
+    if (early())
+      launch_early(a);
+    else
+      launch_at_boundary(a);  // the parameters hold the anchor: the delta sent again, alone
+    ++rounds_;
+  }
+  // The early form's parameters still hold this peer's own last round: every peer goes back to
+  // the anchor before it (which the published form's parameters hold), so that the peers still
+  // end on one model.
+  if (early()) {
     log("the last round's average did not arrive: this peer ends on the anchor before it");
     adopt_anchor_by_part();
   }
 }
 
 void Co2::end_in_last_round(train::Replica& r, int64_t) {
-  if (early())
-    drain_early();
-  else
-    drain();
-  close(r);
+  end_run(r);
   ++rounds_;
 }
 
@@ -481,12 +495,6 @@ bool Co2::drain_on_all(bool collected) {
     log("the last average did not reach every peer: none applies it, and the run ends on the "
         "anchor before it");
   return all;
-}
-
-void Co2::close(train::Replica& r) {
-  const Agreement a = close_run(r);
-  if (zero() && (a.synced || a.ring != ring_)) set_shard(a.ring);
-  ring_ = a.ring;
 }
 
 void Co2::finish(train::Replica&) {

@@ -13,7 +13,9 @@
 // outer step that the momentum carries past it ("outer").
 // When a round's average is not applied (its exchange failed when a peer died, or with zero a
 // joiner lacks it), each peer sends its part of that round again with the next round's delta, so
-// the progress of the survivors is not lost (without zero).
+// the progress of the survivors is not lost (without zero). Where the last round's average goes
+// through on no peer, the survivors run that round again among themselves, with no local steps
+// (end_run).
 //
 // With strategy.overlap_steps = K < tau the average is applied K inner steps into the next round
 // instead of at its end (overlapped like Streaming DiLoCo's exchange): at the boundary the peer
@@ -104,15 +106,20 @@ class Co2 final : public SwarmStrategy {
   // itself, and the closing agreement hands one whose drain went through to the others.
   bool drain_on_all(bool collected);
   // The last round's drain, after its launch: its average is collected and applied at once, so
-  // the run ends on x_{T+1} (where drain_on_all says so; a peer that lacks it otherwise keeps
-  // the anchor x_T, which its parameters hold since the launch).
-  void drain();
-  // The early form's: the parameters hold this peer's own last round; where the average does
-  // not arrive, it goes back to the anchor before it, as every peer it failed on does.
-  void drain_early();
-  // After the last round's drain: the closing agreement (close_run), and with zero the shards of
-  // a state it moved.
-  void close(train::Replica& r);
+  // the run ends on x_{T+1}; whether it was (drain_on_all). A peer that lacks it keeps the
+  // anchor x_T, which its parameters hold since the launch, and its delta to send again.
+  bool drain();
+  // The early form's: the parameters hold this peer's own last round (y_T), and stay so where
+  // the average does not arrive; whether it was applied.
+  bool drain_early();
+  // The run's end, from the last round's launch: the drain and the closing agreement (with zero,
+  // the shards of a state it moved). Where the drain went through on no peer (a peer died in the
+  // last exchange), the round runs again among the peers still there, with no local steps, up to
+  // kSettleRounds times, each sending its part of it again (the published form its delta, the
+  // early form its parameters y_T), as localsgd and diloco run their last round again. zero
+  // sends no part of a round twice: its peers end on the anchor before it. So does the early
+  // form, going back to it, where no run of the round goes through.
+  void end_run(train::Replica& r);
   // Early: launches delta_t = x_t - y_t; the parameters stay y_t.
   void launch_early(const Agreement& a);
   // Early: collects the average and applies it; the parameters become x_{t+1} and the progress
