@@ -10,13 +10,15 @@
 # where apt cannot install them (a container image with CUDA and pip torch, say), download the
 # .deb files on a Debian 12 machine with scripts/download-debs.sh and point DEPS_DEBS at them:
 # they are unpacked into BUILD_DIR/deps (never into /), their pkg-config files are rewritten to
-# that prefix, and CMake looks there. Binaries built that way need
-#   export LD_LIBRARY_PATH=BUILD_DIR/deps/usr/lib/x86_64-linux-gnu
-# at run time. Tests: ctest --test-dir BUILD_DIR (the GPU tests run when a GPU is visible);
-# scripts/gpu-check.sh builds and runs everything a CPU-only machine cannot check.
+# that prefix, and CMake looks there. Binaries built that way need, at run time,
+#   export LD_LIBRARY_PATH=$PWD/BUILD_DIR/deps/usr/lib/x86_64-linux-gnu
+# (absolute: ctest runs each test in a directory of its own). Tests: ctest --test-dir BUILD_DIR
+# (the GPU tests run when a GPU is visible); scripts/gpu-check.sh builds and runs everything a
+# CPU-only machine cannot check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build-cuda}
+case "$BUILD_DIR" in /*) ;; *) BUILD_DIR="$PWD/$BUILD_DIR" ;; esac
 JOBS=${JOBS:-$(nproc)}
 PYTHON=${PYTHON:-python3}
 if [ -z "${TORCH_DIR:-}" ]; then
@@ -29,7 +31,7 @@ echo "build-cuda: libtorch from $TORCH_DIR"
 
 prefix_path="$TORCH_DIR"
 if [ -n "${DEPS_DEBS:-}" ]; then
-  deps="$PWD/$BUILD_DIR/deps"
+  deps="$BUILD_DIR/deps"
   if [ ! -f "$deps/.unpacked" ]; then
     mkdir -p "$deps"
     for deb in "$DEPS_DEBS"/*.deb; do dpkg -x "$deb" "$deps"; done

@@ -7,6 +7,7 @@
 #
 #   scripts/gpu-check.sh [OUT]                     # default OUT: gpu-check/ (ignored by git)
 #   PHASES="build tests" scripts/gpu-check.sh      # a subset of: build tests swap big
+#   TEST_TIMEOUT=300 (seconds a test may take), JOBS_TESTS=4, BUILD_DIR=build-cuda
 #   DEPS_DEBS=build-debs scripts/gpu-check.sh      # no apt there: see below
 #
 # Phases (default "build tests swap"):
@@ -21,7 +22,10 @@
 # first, and bring both along (they are ignored by git):
 #   scripts/download-debs.sh build-debs     # the Debian packages, about 11 MB
 #   scripts/fetch-gpt2-bpe.sh && scripts/fetch-brown.sh   # data/: tokenizer and corpus, 8 MB
-# The summary (OUT/summary.txt) ends with each phase's result; the full logs sit beside it.
+# The summary (OUT/summary.txt) ends with each phase's result; the full logs sit beside it. The
+# exit status is 1 when a phase failed (a test, the bench, the big run), whatever the others did.
+# Where one command may run only ten minutes, run "build tests" and then "swap": the second run
+# finds the build in place.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu-check}
@@ -35,11 +39,21 @@ OUT=$(cd "$OUT" && pwd)
 summary="$OUT/summary.txt"
 : >"$summary"
 say() { echo "gpu-check: $*" | tee -a "$summary"; }
+case "$BUILD_DIR" in /*) ;; *) BUILD_DIR="$PWD/$BUILD_DIR" ;; esac
 if [ -n "${DEPS_DEBS:-}" ]; then
+  [ -d "$DEPS_DEBS" ] || {
+    say "DEPS_DEBS=$DEPS_DEBS is not a directory (scripts/download-debs.sh makes one)"
+    exit 1
+  }
   DEPS_DEBS=$(cd "$DEPS_DEBS" && pwd)
   export DEPS_DEBS
-  export LD_LIBRARY_PATH="$PWD/$BUILD_DIR/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
+# A tree built from unpacked packages (DEPS_DEBS, now or in an earlier run) loads them from there;
+# absolute, since ctest runs each test in its own directory.
+if [ -n "${DEPS_DEBS:-}" ] || [ -d "$BUILD_DIR/deps" ]; then
+  export LD_LIBRARY_PATH="$BUILD_DIR/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+failed=0  # the exit status: 1 when any phase failed
 # Each phase's wall time, for sizing the next run.
 phase_start=0
 begin() {
@@ -70,11 +84,12 @@ for phase in $PHASES; do
     tests)
       begin "tests matching '$GPU_TESTS'"
       ctest --test-dir "$BUILD_DIR" -R "$GPU_TESTS" -j"$JOBS_TESTS" --output-on-failure \
-        --timeout 600 >"$OUT/tests.log" 2>&1
+        --timeout "${TEST_TIMEOUT:-300}" --no-tests=error >"$OUT/tests.log" 2>&1
       rc=$?
+      [ $rc -eq 0 ] || failed=1
       grep -E "tests passed|Total Test time" "$OUT/tests.log" | tee -a "$summary"
       # Every test picked here should run on a GPU machine: one that skips says why in its log.
-      grep -E "\(Failed\)|\(Timeout\)|\(Skipped\)|\*\*\*Exception" "$OUT/tests.log" |
+      grep -E "\((Failed|Timeout|Skipped|Not Run)\)|\*\*\*Exception" "$OUT/tests.log" |
         sed -e 's/^\s*/  /' -e 's/  # GetParam() = .* (/ (/' |
         tee -a "$summary"
       say "tests done in $(took), ctest exit status $rc (OUT/tests.log)"
@@ -85,6 +100,7 @@ for phase in $PHASES; do
         --preset gpt2-124m --batch 32 --seq-len 1024 --steps 8 --reps 1 \
         --fractions 1.0 0.5 0.3 0.2 >"$OUT/swap.log" 2>&1
       rc=$?
+      [ $rc -eq 0 ] || failed=1
       tail -20 "$OUT/swap.log" | tee -a "$summary"
       say "swap done in $(took), exit status $rc (OUT/swap.log)"
       ;;
@@ -98,8 +114,9 @@ for phase in $PHASES; do
       "$BUILD_DIR/starling" train --config configs/demo-big.toml --set train.device=cuda \
         --set train.device_memory=12GB --set swap.tier=host --set swap.budget=6GB \
         --set model.seq_len=1024 --set train.batch_size=2 --set train.steps=6 \
-        --set "train.out_dir=\"$run\"" >>"$OUT/big.log" 2>&1
+        --set train.checkpoint_every=6 --set "train.out_dir=\"$run\"" >>"$OUT/big.log" 2>&1
       rc=$?
+      [ $rc -eq 0 ] || failed=1
       rm -rf "$run"
       tail -12 "$OUT/big.log" | tee -a "$summary"
       say "big done in $(took), exit status $rc (OUT/big.log)"
@@ -110,3 +127,5 @@ for phase in $PHASES; do
       ;;
   esac
 done
+say "exit status $failed"
+exit $failed
