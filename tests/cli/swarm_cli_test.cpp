@@ -1101,7 +1101,9 @@ TEST_F(SwarmCliTest, SwappedPeersOnAGpuTrainLikeUnswappedOnes) {
   if (!binary_sees_a_gpu())
     GTEST_SKIP() << "no GPU: the binary is not built against a CUDA libtorch or sees no GPU "
                     "(scripts/build-cuda.sh)";
-  const std::string on_gpu = as_sets({"train.device=\"cuda\"", "model.n_layer=2"});
+  // Deterministic kernels: the swapped and unswapped runs are compared bit for bit.
+  const std::string on_gpu =
+      as_sets({"train.device=\"cuda\"", "train.deterministic=true", "model.n_layer=2"});
   const std::string swapped_on_gpu =
       on_gpu + as_sets({"swap.budget=\"600KB\"", "swap.tier=\"host\""});
   for (const auto& [name, strategy] : {
@@ -1140,6 +1142,11 @@ TEST_F(SwarmCliTest, SwappedPeersOnAGpuTrainLikeUnswappedOnes) {
       std::smatch m;
       ASSERT_TRUE(std::regex_search(log, m, std::regex("swap: peak resident ([0-9.]+) KB"))) << log;
       EXPECT_LE(std::stod(m[1].str()), 600.0 * 1.024) << log;  // format_bytes' KB are 1000 B
+      // co2's outer state lives in the tier; zero's shards stay in memory.
+      if (std::string(name) == "co2_zero")
+        EXPECT_NE(log.find("stay in memory beside swap.budget"), std::string::npos) << log;
+      else if (std::string(name).starts_with("co2"))
+        EXPECT_NE(log.find("kept in the swap tier"), std::string::npos) << log;
     }
   }
 }
@@ -1406,6 +1413,33 @@ TEST_F(SwarmCliTest, ALastRoundThroughOnSomePeersOnlyEndsThemOnOneModel) {
   }
 }
 
+// A peer stopped (SIGSTOP) near the run's end for longer than the peer timeout: the other two
+// end the run without it, together. Back, it finds them gone, finishes alone and says that its
+// final model is its own; the two do not say so.
+TEST_F(SwarmCliTest, APeerOutOfReachAtTheEndClosesTheRunAloneAndSaysSo) {
+  const std::string name = "end_stopped";
+  const int64_t steps = 40;
+  write_config(name, "kind = \"ddp\"", steps, 1);
+  fs::create_directories(run_dir(name));
+  const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+  std::vector<Process> peers;
+  const std::string entry = start_first_peer(name, peers, 3, 3, {});
+  ASSERT_FALSE(entry.empty());
+  for (int i = 1; i < 3; ++i) peers.emplace_back(peer_argv(name, i, 3, entry, 3), log(i).string());
+  ASSERT_TRUE(wait_event(
+      peers[2], [&](const json& j) { return j["event"] == "step" && j["step"] >= steps - 4; }, 60s))
+      << read_file(log(2));
+  peers[2].signal(SIGSTOP);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(peers[i].wait(60s), 0) << read_file(log(i));
+  peers[2].signal(SIGCONT);
+  EXPECT_EQ(peers[2].wait(60s), 0) << read_file(log(2));
+  const std::string alone = "this peer closes the run alone, after rounds of up to 3 peers";
+  EXPECT_EQ(count_of(read_file(log(2)), alone), 1) << read_file(log(2));
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(count_of(read_file(log(i)), alone), 0) << read_file(log(i));
+  EXPECT_TRUE(final_model(run_dir(name) / "peer-0", steps) ==
+              final_model(run_dir(name) / "peer-1", steps));
+}
+
 // One of three co2 peers dies in its last exchange, before it sends
 // (STARLING_FAULT_DIE_IN_EXCHANGE): the two survivors' last average (the drain) fails on both.
 // They run the round once more between them, with no local steps, each sending its part again
@@ -1438,6 +1472,12 @@ TEST_F(SwarmCliTest, APeerDeathInCo2sLastExchangeLeavesTheSurvivorsOneModel) {
                 again ? 1 : 0)
           << l;
       EXPECT_EQ(count_of(l, "the last round's average did not arrive"), 0) << l;
+      // The published form sends its kept delta again; neither survivor takes the other's state
+      // on the way (a taker would have no part of the round to send).
+      EXPECT_EQ(count_of(l, "this peer's part of it goes out again"), f.name == "co2" ? 1 : 0) << l;
+      if (again)
+        EXPECT_EQ(count_of(l.substr(l.find("one more round")), "adopting the swarm's state"), 0)
+            << l;
     }
     const std::string model = final_model(run_dir(name) / "peer-0", steps);
     ASSERT_FALSE(model.empty());
@@ -1451,6 +1491,25 @@ TEST_F(SwarmCliTest, APeerDeathInCo2sLastExchangeLeavesTheSurvivorsOneModel) {
       EXPECT_EQ(state["version"].get<int64_t>(), again ? f.exchanges : f.exchanges - 1)
           << "peer " << i;
     }
+  }
+}
+
+// A finished co2 run goes on for more steps from its final checkpoint: the last round's average
+// was drained into the anchor there, so the first round after the resume sends no part of it
+// again. (The peers' checkpoints marked their last delta as still to send, and the resumed run
+// applied the last round twice.)
+TEST_F(SwarmCliTest, AFinishedCo2RunGoesOnWithoutItsLastRoundTwice) {
+  const fs::path config = write_config("co2_more", "kind = \"co2\"\nlocal_steps = 4", 8);
+  const auto first = run_cli("train -q --peers 2 --config " + config.string());
+  ASSERT_EQ(first.code, 0) << first.output;
+  const auto more =
+      run_cli("train -q --peers 2 --resume --set train.steps=16 --config " + config.string());
+  ASSERT_EQ(more.code, 0) << more.output;
+  for (int i = 0; i < 2; ++i) {
+    const std::string log = read_file(run_dir("co2_more") / ("peer-" + std::to_string(i) + ".log"));
+    EXPECT_NE(log.find("at step 8\n"), std::string::npos) << "resumed from the end: " << log;
+    EXPECT_EQ(count_of(log, "this peer's part of it goes out again"), 0) << log;
+    EXPECT_FALSE(final_model(run_dir("co2_more") / ("peer-" + std::to_string(i)), 16).empty());
   }
 }
 

@@ -358,6 +358,7 @@ void Co2::restore_offset() {
 void Co2::launch_early(const Agreement& a) {
   restore_offset();  // a peer restored at an apply point launches from its whole progress
   launch_early_by_part(a);
+  own_part_ = a.contribute;
   if (!a.contribute) exchange_->device().zero_();
   if (a.contributors == 0) return;
   in_flight_contributors_ = a.contributors;
@@ -432,6 +433,7 @@ bool Co2::drain() {
   update_momentum();
   if (!zero()) {
     step_anchor_by_part();
+    carry_ = false;  // the delta is in the anchor now: a run that goes on must not send it again
     return true;
   }
   move_anchor();
@@ -463,6 +465,10 @@ void Co2::end_run(train::Replica& r) {
     log("the last round went through on no peer; one more round without local steps, so that "
         "the peers end on one model (" +
         std::to_string(settle + 1) + " of " + std::to_string(kSettleRounds) + ")");
+    // A peer that took another's state in the closing agreement (one whose agreement failed at
+    // first asks for it) holds no part of the round: it takes the state again and sends nothing,
+    // so that the average divides only the parts sent.
+    if (!(early() ? own_part_ : carry_)) need_state_ = true;
     const Agreement a = agree(r, true);
     ring_ = a.ring;
     if (early())
@@ -537,6 +543,7 @@ void Co2::state_adopted(train::Replica&) {
   adopt_anchor_by_part();
   offset_pending_ = false;
   carry_ = false;
+  own_part_ = false;
 }
 
 nlohmann::json Co2::checkpoint_state(std::vector<std::pair<std::string, at::Tensor>>& tensors) {

@@ -212,6 +212,9 @@ class Co2 final : public SwarmStrategy {
   // its average is applied (carry_), and sent again with the next round's if it is not.
   OuterVector own_;
   bool carry_ = false;
+  // Early: this peer's part of the last launch (its parameters y_t) is its own still, to send
+  // again where the last round runs again (end_run); a state it takes drops it.
+  bool own_part_ = false;
   bool launched_early_ = false;  // an exchange awaits its apply point
   bool final_round_ = false;     // the run's last average is being applied (strategy.final_step)
   int64_t round_k_ = 0;          // where it is applied, in steps after its launch

@@ -270,7 +270,17 @@ void SwarmStrategy::broke_off_after(int64_t tensors) {
 }
 
 Agreement SwarmStrategy::close_run(train::Replica& r, bool round_through) {
-  return agree(r, false, false, round_through);
+  const Agreement a = agree(r, false, false, round_through);
+  // A peer stopped for longer than the peer timeout while the others ended the run finds them
+  // gone: it ends on its own model. Say so, for whoever compares the peers' checkpoints.
+  if (a.ring.size() == 1 && most_participants_ > 1 && !said_alone_) {
+    said_alone_ = true;
+    log("this peer closes the run alone, after rounds of up to " +
+        std::to_string(most_participants_) +
+        " peers: the others finished without it (it was out of reach for longer than "
+        "net.peer_timeout_ms as they ended the run) or left, so its final model is its own");
+  }
+  return a;
 }
 
 void SwarmStrategy::last_round(train::Replica& r,
@@ -300,6 +310,7 @@ void SwarmStrategy::settle_last_round(train::Replica& r,
 }
 
 void SwarmStrategy::agreed(const Agreement& a) {
+  most_participants_ = std::max(most_participants_, a.ring.size());
   work_ += a.contributors;
   contributors_ = a.contributors;
   // CRC-32C over the old lineage and the ring's ids (sorted, the same on every participant).

@@ -210,10 +210,12 @@ class SwarmStrategy : public train::StepHooks {
   // start()).
   std::optional<Flat> flat_;
   net::WirePrecision precision_;
-  int64_t version_ = 0;   // averages applied to the shared state so far
-  int64_t work_ = 0;      // contributors summed over the rounds agreed on the shared state
-  int contributors_ = 0;  // the last agreed round's (reported as "contributors")
-  uint32_t lineage_ = 0;  // the shared state's history: each agreed round mixes in its ring
+  int64_t version_ = 0;           // averages applied to the shared state so far
+  int64_t work_ = 0;              // contributors summed over the rounds agreed on the shared state
+  int contributors_ = 0;          // the last agreed round's (reported as "contributors")
+  size_t most_participants_ = 0;  // the most peers any of this peer's agreements had
+  bool said_alone_ = false;       // close_run() said this peer ends the run alone
+  uint32_t lineage_ = 0;          // the shared state's history: each agreed round mixes in its ring
   // lineage_ before broke_off_after marked it: the history this peer votes for in the root
   // choice, so that a peer whose round went through and one whose round broke off count as one
   // history (the one further on is sent), while their lineages still tell them apart.
