@@ -102,6 +102,16 @@ def write_corpus(directory, seed):
                 f.write(" ".join(rng.choice(WORDS) for _ in range(12)) + ".\n")
 
 
+def prepare_corpus(starling, root, seed):
+    """The harness's corpus, tokenized under `root` (once): its data directory."""
+    text, data = os.path.join(root, "text"), os.path.join(root, "data")
+    if not os.path.isdir(data):
+        write_corpus(text, seed)
+        subprocess.run([starling, "data", "prepare", text, "--out", data,
+                        "--val-fraction", "0.2"], check=True, stdout=subprocess.DEVNULL)
+    return data
+
+
 def write_config(path, data, strategy, timeout_ms):
     local = STRATEGY_LINES.get(strategy, "")
     with open(path, "w") as f:
@@ -621,11 +631,7 @@ def main():
         ap.error(f"--starling {args.starling}: not an executable (build it with `make build`)")
     root = args.out or tempfile.mkdtemp(prefix="starling-chaos-")
     os.makedirs(root, exist_ok=True)
-    text, data = os.path.join(root, "text"), os.path.join(root, "data")
-    if not os.path.isdir(data):
-        write_corpus(text, args.seed)
-        subprocess.run([args.starling, "data", "prepare", text, "--out", data,
-                        "--val-fraction", "0.2"], check=True, stdout=subprocess.DEVNULL)
+    prepare_corpus(args.starling, root, args.seed)
     failed = False
     totals = {"kills": 0, "stragglers": 0, "cuts": 0, "rounds": 0}
     for strategy in args.strategies:
