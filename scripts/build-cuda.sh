@@ -31,6 +31,10 @@ echo "build-cuda: libtorch from $TORCH_DIR"
 
 prefix_path="$TORCH_DIR"
 if [ -n "${DEPS_DEBS:-}" ]; then
+  compgen -G "$DEPS_DEBS/*.deb" >/dev/null || {
+    echo "build-cuda: DEPS_DEBS=$DEPS_DEBS holds no .deb files (scripts/download-debs.sh)" >&2
+    exit 1
+  }
   deps="$BUILD_DIR/deps"
   if [ ! -f "$deps/.unpacked" ]; then
     mkdir -p "$deps"

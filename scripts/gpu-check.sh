@@ -37,12 +37,20 @@ GPU_TESTS=${GPU_TESTS:-Gpu|Cuda|Nccl|Fp16|bindings}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 summary="$OUT/summary.txt"
-: >"$summary"
 say() { echo "gpu-check: $*" | tee -a "$summary"; }
+# Appended to: a second run (say "swap" after "build tests") keeps the first one's lines.
+say "$(date -u +%FT%TZ) phases: $PHASES"
+for phase in $PHASES; do
+  case "$phase" in build | tests | swap | big) ;; *)
+    say "unknown phase '$phase' (build tests swap big)"
+    exit 2
+    ;;
+  esac
+done
 case "$BUILD_DIR" in /*) ;; *) BUILD_DIR="$PWD/$BUILD_DIR" ;; esac
 if [ -n "${DEPS_DEBS:-}" ]; then
-  [ -d "$DEPS_DEBS" ] || {
-    say "DEPS_DEBS=$DEPS_DEBS is not a directory (scripts/download-debs.sh makes one)"
+  compgen -G "$DEPS_DEBS/*.deb" >/dev/null || {
+    say "DEPS_DEBS=$DEPS_DEBS holds no .deb files (scripts/download-debs.sh fetches them)"
     exit 1
   }
   DEPS_DEBS=$(cd "$DEPS_DEBS" && pwd)
@@ -69,6 +77,8 @@ begin "machine"
                                     "GPUs", torch.cuda.device_count())' 2>&1
   nproc
 } | tee -a "$summary"
+# Without a GPU every test picked here skips, and ctest calls that a pass.
+gpus=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
 
 for phase in $PHASES; do
   case "$phase" in
@@ -87,6 +97,10 @@ for phase in $PHASES; do
         --timeout "${TEST_TIMEOUT:-300}" --no-tests=error >"$OUT/tests.log" 2>&1
       rc=$?
       [ $rc -eq 0 ] || failed=1
+      if [ "$gpus" = 0 ]; then
+        say "no GPU visible to $PYTHON's torch: the GPU tests skipped, which is no pass"
+        failed=1
+      fi
       grep -E "tests passed|Total Test time" "$OUT/tests.log" | tee -a "$summary"
       # Every test picked here should run on a GPU machine: one that skips says why in its log.
       grep -E "\((Failed|Timeout|Skipped|Not Run)\)|\*\*\*Exception" "$OUT/tests.log" |
@@ -120,10 +134,6 @@ for phase in $PHASES; do
       rm -rf "$run"
       tail -12 "$OUT/big.log" | tee -a "$summary"
       say "big done in $(took), exit status $rc (OUT/big.log)"
-      ;;
-    *)
-      say "unknown phase '$phase' (build tests swap big)"
-      exit 2
       ;;
   esac
 done

@@ -28,9 +28,9 @@ Then it waits for every process to exit, and checks:
             whose swarm had ended before it could join: it fails saying it could not join;
   step      every process that exits 0 ends at the run's last step, with its checkpoint there;
   one model the final checkpoints of all of them hold the same weights (the bytes of the
-            checkpoint's model file), whichever peers were there at the end; except a peer that
-            says it closed the run alone (stopped past the peer timeout while the others ended
-            it, it finds them gone), whose model is its own.
+            checkpoint's model file), whichever peers were there at the end; except the stopped
+            peer where it says it closed the run alone (stopped past the peer timeout while the
+            others ended it, it finds them gone): its model is its own.
 
 One line per run, a summary line per strategy ending in PASS or FAIL; exit status 1 if any run
 failed. --out keeps every process's log (default: a temporary directory, removed on success).
@@ -163,6 +163,7 @@ class Run:
         self.swarm_step = 0
         self.lock = threading.Lock()
         self.procs = []
+        self.stopped = None  # the peer a straggle stopped
 
     def reached(self, step):
         with self.lock:
@@ -238,6 +239,7 @@ class Run:
                 self.start(victim.name + "-again", join, 1, victim.rank)
             return f"{fault} {victim.name} at step {step}"
         if fault == "straggle" and victim:
+            self.stopped = victim
             pause = self.rng.uniform(0.5, 3.0) * self.args.peer_timeout_ms / 1000
             victim.proc.send_signal(signal.SIGSTOP)
             time.sleep(pause)
@@ -267,9 +269,10 @@ class Run:
                                 f"{self.steps} (last step {p.step}): see {p.log_path}")
                 continue
             finished.append((p, digest))
-        # A peer out of reach while the others ended the run closes it alone, on its own model,
-        # and says so; the others must still agree.
-        together = [(p, d) for p, d in finished if ENDED_ALONE not in p.log_text()]
+        # The stopped peer, out of reach while the others ended the run, closes it alone on its
+        # own model and says so; every other peer must agree.
+        together = [(p, d) for p, d in finished
+                    if p is not self.stopped or ENDED_ALONE not in p.log_text()]
         alone = len(finished) - len(together)
         models = {d for _, d in together}
         if len(models) > 1:
@@ -322,7 +325,14 @@ def main():
             shutil.rmtree(work, ignore_errors=True)
             os.makedirs(work)
             run = Run(args, strategy, rep, work)
-            problems, fault, at = run.execute()
+            try:
+                problems, fault, at = run.execute()
+            finally:  # nothing left behind, stopped or running, whatever happened
+                for p in run.procs:
+                    if p.proc.poll() is None:
+                        p.proc.send_signal(signal.SIGCONT)
+                        p.proc.kill()
+                        p.proc.wait()
             if isinstance(problems, str):
                 problems = [problems]
             print(f"  {strategy} run {rep}: {getattr(run, 'summary', fault)} -> "

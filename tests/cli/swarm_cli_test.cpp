@@ -1143,10 +1143,11 @@ TEST_F(SwarmCliTest, SwappedPeersOnAGpuTrainLikeUnswappedOnes) {
       ASSERT_TRUE(std::regex_search(log, m, std::regex("swap: peak resident ([0-9.]+) KB"))) << log;
       EXPECT_LE(std::stod(m[1].str()), 600.0 * 1.024) << log;  // format_bytes' KB are 1000 B
       // co2's outer state lives in the tier; zero's shards stay in memory.
-      if (std::string(name) == "co2_zero")
+      if (std::string(name) == "co2_zero") {
         EXPECT_NE(log.find("stay in memory beside swap.budget"), std::string::npos) << log;
-      else if (std::string(name).starts_with("co2"))
+      } else if (std::string(name).starts_with("co2")) {
         EXPECT_NE(log.find("kept in the swap tier"), std::string::npos) << log;
+      }
     }
   }
 }
@@ -1413,9 +1414,9 @@ TEST_F(SwarmCliTest, ALastRoundThroughOnSomePeersOnlyEndsThemOnOneModel) {
   }
 }
 
-// A peer stopped (SIGSTOP) near the run's end for longer than the peer timeout: the other two
-// end the run without it, together. Back, it finds them gone, finishes alone and says that its
-// final model is its own; the two do not say so.
+// A peer stopped (SIGSTOP) for longer than the peer timeout, until the other two have ended the
+// run without it, together (they go on without it after one timeout). Back, it finds them gone,
+// finishes alone and says that its final model is its own; the two do not say so.
 TEST_F(SwarmCliTest, APeerOutOfReachAtTheEndClosesTheRunAloneAndSaysSo) {
   const std::string name = "end_stopped";
   const int64_t steps = 40;
@@ -1427,7 +1428,7 @@ TEST_F(SwarmCliTest, APeerOutOfReachAtTheEndClosesTheRunAloneAndSaysSo) {
   ASSERT_FALSE(entry.empty());
   for (int i = 1; i < 3; ++i) peers.emplace_back(peer_argv(name, i, 3, entry, 3), log(i).string());
   ASSERT_TRUE(wait_event(
-      peers[2], [&](const json& j) { return j["event"] == "step" && j["step"] >= steps - 4; }, 60s))
+      peers[2], [&](const json& j) { return j["event"] == "step" && j["step"] >= 10; }, 60s))
       << read_file(log(2));
   peers[2].signal(SIGSTOP);
   for (int i = 0; i < 2; ++i) EXPECT_EQ(peers[i].wait(60s), 0) << read_file(log(i));
@@ -1436,8 +1437,9 @@ TEST_F(SwarmCliTest, APeerOutOfReachAtTheEndClosesTheRunAloneAndSaysSo) {
   const std::string alone = "this peer closes the run alone, after rounds of up to 3 peers";
   EXPECT_EQ(count_of(read_file(log(2)), alone), 1) << read_file(log(2));
   for (int i = 0; i < 2; ++i) EXPECT_EQ(count_of(read_file(log(i)), alone), 0) << read_file(log(i));
-  EXPECT_TRUE(final_model(run_dir(name) / "peer-0", steps) ==
-              final_model(run_dir(name) / "peer-1", steps));
+  const std::string model = final_model(run_dir(name) / "peer-0", steps);
+  ASSERT_FALSE(model.empty());
+  EXPECT_TRUE(final_model(run_dir(name) / "peer-1", steps) == model);
 }
 
 // One of three co2 peers dies in its last exchange, before it sends
@@ -1475,9 +1477,9 @@ TEST_F(SwarmCliTest, APeerDeathInCo2sLastExchangeLeavesTheSurvivorsOneModel) {
       // The published form sends its kept delta again; neither survivor takes the other's state
       // on the way (a taker would have no part of the round to send).
       EXPECT_EQ(count_of(l, "this peer's part of it goes out again"), f.name == "co2" ? 1 : 0) << l;
-      if (again)
-        EXPECT_EQ(count_of(l.substr(l.find("one more round")), "adopting the swarm's state"), 0)
-            << l;
+      if (const size_t rerun = l.find("one more round"); rerun != std::string::npos) {
+        EXPECT_EQ(count_of(l.substr(rerun), "adopting the swarm's state"), 0) << l;
+      }
     }
     const std::string model = final_model(run_dir(name) / "peer-0", steps);
     ASSERT_FALSE(model.empty());

@@ -449,7 +449,9 @@ bool Co2::drain() {
 bool Co2::drain_early() {
   if (!launched_early_) return false;
   final_round_ = true;
-  return apply_early();
+  if (!apply_early()) return false;
+  own_part_ = false;  // in the anchor now
+  return true;
 }
 
 void Co2::end_run(train::Replica& r) {
@@ -471,6 +473,7 @@ void Co2::end_run(train::Replica& r) {
     if (!(early() ? own_part_ : carry_)) need_state_ = true;
     const Agreement a = agree(r, true);
     ring_ = a.ring;
+    if (a.contributors == 0) break;  // nobody holds a part: every peer sees it, and stops
     if (early())
       launch_early(a);
     else

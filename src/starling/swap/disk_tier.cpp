@@ -187,7 +187,10 @@ bool DiskTier::reap(bool block) {
   auto node = chunks_.extract(id);
   if (node.empty()) throw std::logic_error("DiskTier: a completion for no request");
   Chunk c = node.mapped();
-  if (res == -EINTR || res == -EAGAIN) {  // interrupted before it moved a byte: queued again
+  // Interrupted before it moved a byte, or cancelled by the kernel (a request handed to io_uring's
+  // worker threads can complete with ECANCELED when a signal reaches this thread, which never
+  // cancels its own): queued again, the same bytes at the same offset.
+  if (res == -EINTR || res == -EAGAIN || res == -ECANCELED) {
     queue(c);
     io_uring_submit(ring_.get());
     return true;
