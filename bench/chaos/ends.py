@@ -49,7 +49,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run import ROOT, prepare_corpus  # noqa: E402  (the chaos harness's corpus)
+from run import ROOT, finish, prepare_corpus  # noqa: E402  (the chaos harness's helpers)
 
 # What each strategy writes into [strategy] past its kind; ROUNDS marks those with local steps.
 STRATEGIES = {
@@ -343,11 +343,7 @@ def main():
         print(f"ends {strategy}: {args.reps} runs, {bad} failed -> {'FAIL' if bad else 'PASS'}",
               flush=True)
         failed = failed or bad > 0
-    if failed:
-        print(f"logs kept in {root}")
-    elif not args.out:
-        shutil.rmtree(root, ignore_errors=True)
-    sys.exit(1 if failed else 0)
+    finish(root, args.out, failed)
 
 
 if __name__ == "__main__":

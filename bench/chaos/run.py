@@ -112,6 +112,16 @@ def prepare_corpus(starling, root, seed):
     return data
 
 
+def finish(root, keep, failed):
+    """Ends a harness run: the logs stay in `root` on failure or where asked for (`keep`), and
+    the exit status says whether anything failed."""
+    if failed:
+        print(f"logs kept in {root}")
+    elif not keep:
+        shutil.rmtree(root, ignore_errors=True)
+    sys.exit(1 if failed else 0)
+
+
 def write_config(path, data, strategy, timeout_ms):
     local = STRATEGY_LINES.get(strategy, "")
     with open(path, "w") as f:
@@ -649,11 +659,7 @@ def main():
           f"{totals['stragglers']} stragglers, {totals['cuts']} cuts, "
           f"{totals['rounds']} rounds compared -> "
           f"{'FAIL' if failed else 'PASS'}")
-    if failed:
-        print(f"logs kept in {root}")
-    elif not args.out:
-        shutil.rmtree(root, ignore_errors=True)
-    sys.exit(1 if failed else 0)
+    finish(root, args.out, failed)
 
 
 if __name__ == "__main__":

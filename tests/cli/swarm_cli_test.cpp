@@ -245,6 +245,31 @@ class SwarmCliTest : public ::testing::Test {
     for (const auto& s : sets) out += " --set '" + s + "'";
     return out;
   }
+  // Peer `peer` of the swapped run `swap` against the same peer of the unswapped run `plain` (16
+  // steps each): the same validation losses, final model and fingerprint at rounds 1 to `rounds`,
+  // and the swapped peer stayed within its 600 KB budget. Returns the swapped peer's log.
+  static std::string expect_swapped_like_plain(const std::string& swap, const std::string& plain,
+                                               const std::string& peer, int64_t rounds) {
+    EXPECT_EQ(val_losses(run_dir(swap) / peer), val_losses(run_dir(plain) / peer));
+    EXPECT_TRUE(final_model(run_dir(swap) / peer, 16) == final_model(run_dir(plain) / peer, 16))
+        << peer << ": the swapped replica's final model differs from the unswapped one's";
+    for (int64_t round = 1; round <= rounds; ++round) {
+      const auto print = fingerprint_of(run_dir(plain) / peer, round);
+      if (!print) {
+        ADD_FAILURE() << plain << " " << peer << ": no fingerprint of round " << round;
+        break;
+      }
+      EXPECT_EQ(fingerprint_of(run_dir(swap) / peer, round), print) << peer << ", round " << round;
+    }
+    const std::string log = read_file(run_dir(swap) / (peer + ".log"));
+    std::smatch m;
+    if (!std::regex_search(log, m, std::regex("swap: peak resident ([0-9.]+) KB"))) {
+      ADD_FAILURE() << "no swap report: " << log;
+    } else {
+      EXPECT_LE(std::stod(m[1].str()), 600.0 * 1.024) << log;  // format_bytes' KB are 1000 B
+    }
+    return log;
+  }
   static std::vector<std::string> as_argv(const std::vector<std::string>& sets) {
     std::vector<std::string> out;
     for (const auto& s : sets) out.insert(out.end(), {"--set", s});
@@ -1033,22 +1058,10 @@ TEST_F(SwarmCliTest, SwappedCo2TrainsLikeUnswappedCo2) {
     ASSERT_EQ(b.code, 0) << b.output << read_file(run_dir(swap) / "peer-0.log")
                          << read_file(run_dir(swap) / "peer-1.log");
     for (int i = 0; i < 2; ++i) {
-      const std::string peer = "peer-" + std::to_string(i);
-      EXPECT_EQ(val_losses(run_dir(swap) / peer), val_losses(run_dir(plain) / peer));
-      EXPECT_TRUE(final_model(run_dir(swap) / peer, 16) == final_model(run_dir(plain) / peer, 16))
-          << peer << ": the swapped co2 replica's final model differs from the unswapped one's";
       // Rounds stepped at 8 and 12 (late) or 6, 10 and 14 (early); step 16's record shows the
       // final drain's.
-      for (int64_t round = 1; round <= (form == "late" ? 2 : 3); ++round) {
-        const auto plain_round = fingerprint_of(run_dir(plain) / peer, round);
-        ASSERT_TRUE(plain_round) << "no fingerprint of round " << round;
-        EXPECT_EQ(fingerprint_of(run_dir(swap) / peer, round), plain_round)
-            << peer << ", round " << round;
-      }
-      const std::string log = read_file(run_dir(swap) / (peer + ".log"));
-      std::smatch m;
-      ASSERT_TRUE(std::regex_search(log, m, std::regex("swap: peak resident ([0-9.]+) KB"))) << log;
-      EXPECT_LE(std::stod(m[1].str()), 600.0 * 1.024) << log;
+      const std::string log = expect_swapped_like_plain(swap, plain, "peer-" + std::to_string(i),
+                                                        form == "late" ? 2 : 3);
       EXPECT_NE(log.find("kept in the swap tier"), std::string::npos) << log;
     }
     const auto state_bytes = [&](const std::string& run) {
@@ -1071,24 +1084,13 @@ TEST_F(SwarmCliTest, SwappedCo2TrainsLikeUnswappedCo2) {
   ASSERT_EQ(d.code, 0) << d.output << read_file(run_dir("co2_zero_swap") / "peer-0.log");
   for (int i = 0; i < 2; ++i) {
     const std::string peer = "peer-" + std::to_string(i);
-    EXPECT_EQ(val_losses(run_dir("co2_zero_swap") / peer),
-              val_losses(run_dir("co2_zero_plain") / peer));
-    EXPECT_TRUE(final_model(run_dir("co2_zero_swap") / peer, 16) ==
-                final_model(run_dir("co2_zero_plain") / peer, 16))
-        << peer << ": the swapped zero co2 replica's final model differs from the unswapped one's";
-    const std::string log = read_file(run_dir("co2_zero_swap") / (peer + ".log"));
-    std::smatch m;
-    ASSERT_TRUE(std::regex_search(log, m, std::regex("swap: peak resident ([0-9.]+) KB"))) << log;
-    EXPECT_LE(std::stod(m[1].str()), 600.0 * 1.024) << log;
+    // Applied at steps 8 and 12.
+    const std::string log = expect_swapped_like_plain("co2_zero_swap", "co2_zero_plain", peer, 2);
     EXPECT_NE(log.find("stay in memory beside swap.budget"), std::string::npos) << log;
-    for (int64_t round = 1; round <= 2; ++round) {  // applied at steps 8 and 12
-      const auto print = fingerprint_of(run_dir("co2_zero_plain") / "peer-0", round);
-      ASSERT_TRUE(print) << "no fingerprint of round " << round;
-      EXPECT_EQ(fingerprint_of(run_dir("co2_zero_plain") / peer, round), print)
+    for (int64_t round = 1; round <= 2; ++round)  // one anchor on both peers
+      EXPECT_EQ(fingerprint_of(run_dir("co2_zero_plain") / peer, round),
+                fingerprint_of(run_dir("co2_zero_plain") / "peer-0", round))
           << peer << ", round " << round;
-      EXPECT_EQ(fingerprint_of(run_dir("co2_zero_swap") / peer, round), print)
-          << peer << ", round " << round;
-    }
   }
 }
 
@@ -1127,21 +1129,10 @@ TEST_F(SwarmCliTest, SwappedPeersOnAGpuTrainLikeUnswappedOnes) {
                          << read_file(run_dir(swap) / "peer-1.log");
     for (int i = 0; i < 2; ++i) {
       const std::string peer = "peer-" + std::to_string(i);
-      EXPECT_EQ(val_losses(run_dir(swap) / peer), val_losses(run_dir(plain) / peer));
-      EXPECT_TRUE(final_model(run_dir(swap) / peer, 16) == final_model(run_dir(plain) / peer, 16))
-          << peer << ": the swapped replica's final model differs from the unswapped one's";
-      int64_t rounds = 0;
-      for (int64_t round = 1;; ++round, ++rounds) {
-        const auto print = fingerprint_of(run_dir(plain) / peer, round);
-        if (!print) break;
-        EXPECT_EQ(fingerprint_of(run_dir(swap) / peer, round), print)
-            << peer << ", round " << round;
-      }
+      int64_t rounds = 0;  // every round the unswapped run recorded
+      while (fingerprint_of(run_dir(plain) / peer, rounds + 1)) ++rounds;
       EXPECT_GE(rounds, 2) << peer << ": the unswapped run recorded too few rounds to compare";
-      const std::string log = read_file(run_dir(swap) / (peer + ".log"));
-      std::smatch m;
-      ASSERT_TRUE(std::regex_search(log, m, std::regex("swap: peak resident ([0-9.]+) KB"))) << log;
-      EXPECT_LE(std::stod(m[1].str()), 600.0 * 1.024) << log;  // format_bytes' KB are 1000 B
+      const std::string log = expect_swapped_like_plain(swap, plain, peer, rounds);
       // co2's outer state lives in the tier; zero's shards stay in memory.
       if (std::string(name) == "co2_zero") {
         EXPECT_NE(log.find("stay in memory beside swap.budget"), std::string::npos) << log;
