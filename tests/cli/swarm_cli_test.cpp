@@ -1433,6 +1433,45 @@ TEST_F(SwarmCliTest, APeerOutOfReachAtTheEndClosesTheRunAloneAndSaysSo) {
   EXPECT_TRUE(final_model(run_dir(name) / "peer-1", steps) == model);
 }
 
+// A peer let into a running swarm whose members then all finish before it takes their state
+// (STARLING_FAULT_STOP_AT_START stops it between its welcome and its opening agreement, as a
+// slow start-up would) finds itself alone: it says it could not join and trains nothing, rather
+// than a fresh run from step 0 of its own.
+TEST_F(SwarmCliTest, AJoinerWhoseSwarmEndsBeforeItTakesTheStateSaysSoAndTrainsNothing) {
+  const std::string name = "join_too_late";
+  const int64_t steps = 200;
+  write_config(name, "kind = \"ddp\"", steps, 20);
+  fs::create_directories(run_dir(name));
+  const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+  std::vector<Process> peers;
+  const std::string entry = start_first_peer(name, peers, 2, 1, {});
+  ASSERT_FALSE(entry.empty());
+  std::vector<std::string> late = peer_argv(name, 1, 2, entry, 1);
+  late.insert(late.begin(), {"/usr/bin/env", "STARLING_FAULT_STOP_AT_START=1"});
+  peers.emplace_back(late, log(1).string());
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (read_file(log(1)).find("stopping (SIGSTOP) before the opening agreement") ==
+             std::string::npos &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(50ms);
+  const std::string stopped = read_file(log(1));
+  ASSERT_NE(stopped.find("stopping (SIGSTOP)"), std::string::npos)
+      << stopped << "\n--- the entry peer:\n"
+      << read_file(log(0));
+  EXPECT_EQ(peers[0].wait(120s), 0) << read_file(log(0));
+  peers[1].signal(SIGCONT);
+  EXPECT_EQ(peers[1].wait(60s), 2) << read_file(log(1));
+  const std::string joiner = read_file(log(1));
+  EXPECT_EQ(count_of(joiner, "could not join the swarm through " + entry +
+                                 ": every member left or died before this peer took the "
+                                 "swarm's state"),
+            1)
+      << joiner;
+  EXPECT_EQ(count_of(joiner, "training with"), 0) << joiner;
+  EXPECT_FALSE(fs::exists(run_dir(name) / "peer-1" / "checkpoints"));
+  EXPECT_FALSE(final_model(run_dir(name) / "peer-0", steps).empty());
+}
+
 // One of three co2 peers dies in its last exchange, before it sends
 // (STARLING_FAULT_DIE_IN_EXCHANGE): the two survivors' last average (the drain) fails on both.
 // They run the round once more between them, with no local steps, each sending its part again

@@ -124,6 +124,27 @@ TEST(FaultsFromTheEnvironment, WholeNumbersOrAConfigError) {
   }
 }
 
+// STARLING_FAULT_STOP_AT_START is a switch: 1, or unset or empty for none.
+TEST(FaultsFromTheEnvironment, AStopAtTheStartIsOneOrNothing) {
+  const char* name = "STARLING_FAULT_STOP_AT_START";
+  ::unsetenv(name);
+  EXPECT_FALSE(stop_at_start_from_env());
+  ::setenv(name, "", 1);
+  EXPECT_FALSE(stop_at_start_from_env());
+  ::setenv(name, "1", 1);
+  EXPECT_TRUE(stop_at_start_from_env());
+  for (const char* bad : {"0", "2", "yes", "true"}) {
+    ::setenv(name, bad, 1);
+    try {
+      stop_at_start_from_env();
+      ADD_FAILURE() << bad;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  }
+  ::unsetenv(name);
+}
+
 TEST(FaultsFromTheEnvironment, APieceLossIsARoundAndAPiece) {
   const char* name = "STARLING_FAULT_LOSE_PIECE";
   ::unsetenv("STARLING_FAULT_DIE_IN_EXCHANGE");

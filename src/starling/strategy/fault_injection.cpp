@@ -110,6 +110,12 @@ std::optional<long long> refuse_state_from_env() {
                                "refuses");
 }
 
+bool stop_at_start_from_env() {
+  return whole_number_from_env("STARLING_FAULT_STOP_AT_START", 1, 1,
+                               "1, to stop this peer (SIGSTOP) before its opening agreement")
+      .has_value();
+}
+
 std::optional<long long> die_in_exchange_from_env() {
   return whole_number_from_env("STARLING_FAULT_DIE_IN_EXCHANGE", 1, kNoLimit,
                                "N, the exchange (from 1) in which this peer dies");

@@ -17,6 +17,9 @@
 //                                   (from 1), it refuses the header as malformed, as a peer
 //                                   whose header arrived damaged would: the transfer fails for
 //                                   it alone while every peer stays alive
+//   STARLING_FAULT_STOP_AT_START=1  before its opening agreement (after a joiner was let in),
+//                                   this peer stops itself (SIGSTOP), as one whose start-up
+//                                   outlasts the swarm's run would; SIGCONT lets it go on
 //   STARLING_FAULT_DIE_IN_EXCHANGE=N  in its N-th gradient exchange (ddp, atom; from 1), after
 //                                   the round's agreement and before it sends, it kills itself
 //                                   (SIGKILL): every other participant's exchange of that round
@@ -81,6 +84,10 @@ std::optional<long long> slow_transfer_from_env();
 // STARLING_FAULT_REFUSE_STATE; nullopt when unset or empty. ConfigError naming the value unless it
 // is a whole number N >= 1.
 std::optional<long long> refuse_state_from_env();
+
+// STARLING_FAULT_STOP_AT_START: whether it is set. ConfigError naming the value unless it is
+// unset, empty or 1.
+bool stop_at_start_from_env();
 
 // STARLING_FAULT_DIE_IN_EXCHANGE; nullopt when unset or empty. ConfigError naming the value
 // unless it is a whole number N >= 1.

@@ -147,6 +147,7 @@ void check_peer(const StrategyConfig& c, const std::string& net_backend) {
   die_in_transfer_from_env();
   slow_transfer_from_env();
   refuse_state_from_env();
+  stop_at_start_from_env();
   die_in_exchange_from_env();
   lose_piece_from_env();
   // The robust aggregate gathers whole updates in host memory, on Starling's swarm (whose rings

@@ -48,7 +48,8 @@ SwarmStrategy::SwarmStrategy(const train::RunConfig& config, net::Collectives& n
       poison_(UpdatePoison::from_env()),
       die_in_transfer_(die_in_transfer_from_env()),
       slow_transfer_ms_(slow_transfer_from_env()),
-      refuse_state_(refuse_state_from_env()) {
+      refuse_state_(refuse_state_from_env()),
+      stop_at_start_(stop_at_start_from_env()) {
   if (poison_)
     log("fault injection: every round update this peer sends is " + poison_->describe() +
         " (STARLING_FAULT_POISON)");
@@ -62,6 +63,9 @@ SwarmStrategy::SwarmStrategy(const train::RunConfig& config, net::Collectives& n
   if (refuse_state_)
     log("fault injection: this peer refuses the header of state transfer " +
         std::to_string(*refuse_state_) + " it takes (STARLING_FAULT_REFUSE_STATE)");
+  if (stop_at_start_)
+    log("fault injection: this peer stops itself before its opening agreement "
+        "(STARLING_FAULT_STOP_AT_START)");
 }
 
 c10::Device SwarmStrategy::net_device() const {
@@ -576,6 +580,25 @@ bool SwarmStrategy::take_state(train::Replica& r, Agreement& a, const RootChoice
   return true;
 }
 
+void SwarmStrategy::refuse_to_start_alone() const {
+  // A peer that joined through another holds no state of the swarm's until its opening
+  // agreement brings one. Alone there, every member it was let in by has left or died since:
+  // on its own it would train a fresh run from step 0 under the swarm's name. A peer that wrote
+  // part of a transfer before its sender died holds some of the swarm's state and goes on from
+  // it (take_state says so). A pipeline stage's group (restrict_to) is its counterparts only,
+  // one peer where the stage has one replica: the swarm it joined is the pipeline's.
+  if (!net_.elastic() || !group_.empty() || config_.net.join.empty() || holds_state_ ||
+      !torn_.empty())
+    return;
+  std::string where;
+  for (const std::string& e : config_.net.join) where += (where.empty() ? "" : ", ") + e;
+  throw NetError(
+      "could not join the swarm through " + where +
+      ": every member left or died before this peer took the swarm's state (most often the "
+      "swarm had finished its run), and alone it holds no state of the swarm to train on. Join "
+      "a running swarm, or start this peer without net.join (--join) to train a run of its own");
+}
+
 Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool opening,
                                std::optional<bool> closing) {
   for (int attempt = 0;; ++attempt) {
@@ -636,6 +659,7 @@ Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool op
     for (int i = 0; i < kRedealNotes; ++i) shares[i] = c[kShares + i];
     a.ring = result.ring;
     std::sort(a.ring.begin(), a.ring.end());
+    if (opening && a.ring.size() == 1) refuse_to_start_alone();
     const int needing = static_cast<int>(c[0]);
     const bool versions_agree =
         c[2] == static_cast<float>(a.peers) * (version_ % (1 << 20)) &&
@@ -757,6 +781,10 @@ void SwarmStrategy::start(train::Replica& r, const nlohmann::json& state,
     holds_state_ = true;
     restore(r, state, *tensors);
     need_state_ = false;
+  }
+  if (stop_at_start_) {
+    log("fault injection: stopping (SIGSTOP) before the opening agreement");
+    std::raise(SIGSTOP);
   }
   const Agreement a = agree(r, false, true);
   const int64_t agreed_version = version_;  // after any state the agreement brought

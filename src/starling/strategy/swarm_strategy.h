@@ -284,6 +284,10 @@ class SwarmStrategy : public train::StepHooks {
  private:
   // agree(), and with `closing` the closing agreement (close_run): this peer's last round went
   // through or not.
+  // Throws NetError ("could not join ...") when this peer joined through another, holds no
+  // state of the swarm's, and its opening agreement finds it alone: the members it joined have
+  // gone, and it would otherwise train a fresh run from step 0 on its own.
+  void refuse_to_start_alone() const;
   Agreement agree(train::Replica& r, bool exchange_follows, bool opening,
                   std::optional<bool> closing);
   // The root of a state transfer and its participants, from an all-gather of every participant's
@@ -314,6 +318,7 @@ class SwarmStrategy : public train::StepHooks {
   std::optional<TransferDeath> die_in_transfer_;  // STARLING_FAULT_DIE_IN_TRANSFER
   std::optional<long long> slow_transfer_ms_;     // STARLING_FAULT_SLOW_TRANSFER
   std::optional<long long> refuse_state_;         // STARLING_FAULT_REFUSE_STATE
+  bool stop_at_start_ = false;                    // STARLING_FAULT_STOP_AT_START
   long long transfers_sent_ = 0;                  // state transfers sent to other peers
   long long transfers_taken_ = 0;                 // headers received from other peers
   // Transfers this peer sent since its last whole one that failed for some taker, or whose
