@@ -292,7 +292,16 @@ TEST_F(CliTest, BadDataFilesNameTheFile) {
 
   r = run("train -q --config " + cfg.string() + " --set data.dir=" + (root_ / "absent").string());
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_NE(r.output.find("absent"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("data.dir = \"" + (root_ / "absent").string() +
+                          "\": no such dataset directory"),
+            std::string::npos)
+      << r.output;
+  // A relative path: the message says what it was resolved against.
+  r = run("train -q --config " + cfg.string() + " --set data.dir=no/such/data");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("resolved against the working directory, " + fs::current_path().string()),
+            std::string::npos)
+      << r.output;
 }
 
 TEST_F(CliTest, ATokenTheModelCannotEmbedNamesTheShardAndPosition) {
@@ -422,6 +431,12 @@ TEST_F(CliTest, BadCommandLinesAreUsageErrors) {
   Result r = run("sample --checkpoint x --max-tokens -3");
   EXPECT_NE(r.code, 0);
   EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
+  // A step to stop at is 1 or more: 0 or a negative one used to pass unchecked.
+  for (const char* bad : {"0", "-3"}) {
+    r = run(std::string("train --config x.toml --stop-at ") + bad);
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find("--stop-at"), std::string::npos) << r.output;
+  }
 }
 
 TEST_F(CliTest, BenchProfileWritesATraceOrSaysWhyNot) {

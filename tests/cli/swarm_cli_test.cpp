@@ -1545,6 +1545,32 @@ TEST_F(SwarmCliTest, AFinishedCo2RunGoesOnWithoutItsLastRoundTwice) {
   }
 }
 
+// `sample`, `eval` and `export` given a local swarm's output directory (a directory per peer)
+// read the lowest-numbered peer's checkpoint, and say which; a peer without one is passed over.
+TEST_F(SwarmCliTest, CheckpointCommandsReadASwarmsRunThroughItsFirstPeer) {
+  const fs::path config = write_config("swarm_out", "kind = \"ddp\"", 8);
+  const auto trained = run_cli("train -q --peers 2 --config " + config.string());
+  ASSERT_EQ(trained.code, 0) << trained.output;
+  const fs::path out = run_dir("swarm_out");
+  const std::string note = out.string() + " holds a swarm's run, a directory per peer: reading ";
+  const auto sampled = run_cli("sample --checkpoint " + out.string() + " --max-tokens 4");
+  EXPECT_EQ(sampled.code, 0) << sampled.output;
+  EXPECT_NE(sampled.output.find(note + checkpoint_dir(out / "peer-0", 8).string() + " (peer 0"),
+            std::string::npos)
+      << sampled.output;
+  fs::remove_all(out / "peer-0" / "checkpoints");
+  const auto evaluated = run_cli("eval --checkpoint " + out.string() + " --batches 1");
+  EXPECT_EQ(evaluated.code, 0) << evaluated.output;
+  EXPECT_NE(evaluated.output.find(note + checkpoint_dir(out / "peer-1", 8).string() + " (peer 1"),
+            std::string::npos)
+      << evaluated.output;
+  fs::remove_all(out / "peer-1" / "checkpoints");
+  const auto none = run_cli("export --checkpoint " + out.string() + " --out " +
+                            (root_ / "swarm_out_hf").string());
+  EXPECT_NE(none.code, 0);
+  EXPECT_NE(none.output.find("no checkpoint found"), std::string::npos) << none.output;
+}
+
 // A peer that joins in the others' last round (here their only round after the opening one:
 // local_steps = steps, and the joiner starts once they train) adopts their state at the last
 // step and takes part in that round's exchange, as any joiner does in the round it joins. It

@@ -30,6 +30,18 @@ net::KeyPair key_where(const std::function<bool(const std::string&)>& want) {
 
 }  // namespace
 
+// keygen --out keys/alice.key where keys/ does not exist yet: the folder is made.
+TEST(KeysTest, AKeyFilesFolderIsMade) {
+  const fs::path dir = fs::path(temp("new_keys_dir"));
+  fs::remove_all(dir);
+  const fs::path path = dir / "deeper" / "alice.key";
+  const auto keys = net::generate_keypair();
+  net::save_keypair(keys, path, "alice");
+  EXPECT_EQ(net::load_keypair(path).public_key, keys.public_key);
+  EXPECT_TRUE(fs::exists(dir / "deeper" / "alice.pub"));
+  fs::remove_all(dir);
+}
+
 TEST(KeysTest, KeyFileRoundTripsAndIsChecked) {
   const auto path = temp("a.key");
   fs::remove(path);

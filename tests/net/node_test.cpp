@@ -348,6 +348,10 @@ TEST(NodeTest, StatusReportsMembersAndLinks) {
   EXPECT_GE(bandwidths, 2);  // probes at first contact
   const std::string table = net::format_status(report);
   EXPECT_NE(table.find("p2"), std::string::npos) << table;
+  // An operator asks its own peer with that peer's key, at a plain address: the query tries
+  // every allowlisted key, its own too.
+  q.entry = nodes[0]->endpoint();
+  EXPECT_EQ(net::query_status(q).answered_by, nodes[0]->id());
 }
 
 TEST(NodeTest, AsyncHandleOverlapsWithTheCaller) {

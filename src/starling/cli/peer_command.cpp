@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "starling/cli/commands.h"
@@ -93,7 +94,8 @@ void add_peer_command(CLI::App& app) {
   cmd->add_option("--name", a->name, "this peer's name (net.name)");
   cmd->add_flag("--insecure", a->insecure, "plain TCP without CURVE (net.insecure)");
   cmd->add_flag("--resume", a->resume, "continue from the newest checkpoint in train.out_dir");
-  cmd->add_option("--stop-at", a->stop_at, "stop with a checkpoint after this step");
+  cmd->add_option("--stop-at", a->stop_at, "stop with a checkpoint after this step")
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   cmd->add_option("--data-rank", a->data_rank,
                   "this peer's share of the training data (default: RANK, else 0)");
   cmd->add_option("--data-world", a->data_world,

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <optional>
 
 #include "starling/cli/commands.h"
@@ -27,7 +28,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--set", a->sets, "override a key, e.g. --set train.steps=100 (repeatable)");
   cmd->add_flag("--resume", a->resume, "continue from the newest checkpoint in train.out_dir");
   cmd->add_option("--stop-at", a->stop_at,
-                  "stop with a checkpoint after this step (the schedule still spans train.steps)");
+                  "stop with a checkpoint after this step (the schedule still spans train.steps)")
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   cmd->add_option("--peers", a->peers,
                   "train as a swarm of N local peer processes ([strategy] says how; "
                   "docs/strategies.md)")

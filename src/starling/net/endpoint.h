@@ -26,8 +26,9 @@ EntryPoint parse_entry_point(const std::string& text, const std::string& what);
 std::string format_entry_point(const std::string& z85_public_key, const std::string& endpoint);
 
 // The public keys a client should try for `entry`: none needed (insecure: one empty key), the
-// one the entry names, or every allowlisted key but our own (only the right one completes the
-// CURVE handshake).
+// one the entry names, or every allowlisted key but `own_public_key` (only the right one
+// completes the CURVE handshake). A joiner passes its own key (it does not join itself); a status
+// query passes "", since it may ask the peer that runs with the same key.
 std::vector<std::string> candidate_server_keys(const EntryPoint& entry, bool insecure,
                                                const std::string& own_public_key,
                                                const std::vector<AllowedKey>& allowlist);

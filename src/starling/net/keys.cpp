@@ -101,6 +101,15 @@ void save_keypair(const KeyPair& keys, const std::filesystem::path& path, const 
     throw ConfigError(path.string() + ": already exists; refusing to overwrite a key");
   if (path.extension() == ".pub")
     throw ConfigError(path.string() + ": the secret key file must not end in .pub");
+  // keygen --out keys/alice.key in a fresh checkout: the folder is made (the secret key file
+  // itself is private to its owner, below).
+  if (const auto dir = path.parent_path(); !dir.empty() && !std::filesystem::exists(dir)) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec)
+      throw ConfigError(path.string() + ": cannot create its folder " + dir.string() + ": " +
+                        ec.message());
+  }
   {
     const int old = ::umask(077);
     std::ofstream out(path);

@@ -15,7 +15,8 @@ namespace starling::net {
 
 StatusReport query_status(const StatusQuery& q) {
   const EntryPoint entry = parse_entry_point(q.entry, "status entry point");
-  const auto server_keys = candidate_server_keys(entry, q.insecure, q.keys.public_key, q.allowlist);
+  // Every allowlisted key, this one's too: an operator asks the peer that runs with the same key.
+  const auto server_keys = candidate_server_keys(entry, q.insecure, "", q.allowlist);
   const PeerId self =
       q.insecure ? std::random_device{}() : peer_id_from_public_key(q.keys.public_key);
   zmq::context_t context(1);

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <iostream>
 
 #include "starling/common/cpu_runtime.h"
 #include "starling/common/error.h"
@@ -246,6 +247,11 @@ std::string plan_swap_for(const train::RunConfig& c, const std::string& budget) 
   setup_cpu_runtime(c.train.threads, c.train.cpu_allocator == "system");
   check_supported(c);
   auto dag = model::build_model(c.model, c.train.seed, c10::Device(c.train.device));
+  // The profile runs every node at the run's batch, and the probe writes and reads the tier: a
+  // minute or more for a large model on a CPU, which would otherwise pass in silence.
+  std::cerr << "plan: profiling the model's " << dag->nodes().size() << " nodes at batch "
+            << c.train.batch_size << " x " << c.model.seq_len << " on " << c.train.device
+            << ", and the " << c.swap.tier << " tier's bandwidth; the plan follows" << std::endl;
   const SwapProblem problem = problem_for(c, *dag, budget, true);
   return describe_plan(plan_swap(problem), problem);
 }

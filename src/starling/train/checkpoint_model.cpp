@@ -1,12 +1,46 @@
 #include "starling/train/checkpoint_model.h"
 
+#include <iostream>
+
 #include "starling/common/error.h"
 #include "starling/model/build.h"
 
 namespace starling::train {
 
+namespace {
+
+namespace fs = std::filesystem;
+
+// find_checkpoint(), and for the output directory of a local swarm (`train --peers N`: a
+// directory per peer, peer-0 to peer-N-1, and none of its own) the lowest-numbered peer's
+// newest checkpoint, which it names on stderr: the peers of a swarm end on one model.
+fs::path find_model_checkpoint(const fs::path& path) {
+  try {
+    return find_checkpoint(path);
+  } catch (const CheckpointError&) {
+    for (int i = 0; i < 1024; ++i) {
+      const fs::path peer = path / ("peer-" + std::to_string(i));
+      if (!fs::is_directory(peer)) break;
+      fs::path found;
+      try {
+        found = find_checkpoint(peer);
+      } catch (const CheckpointError&) {
+        continue;  // a peer that wrote none (it left early, say): the next one
+      }
+      std::cerr << path.string() << " holds a swarm's run, a directory per peer: reading "
+                << found.string() << " (peer " << i
+                << "; the peers end on one model, and another's is at " << path.string()
+                << "/peer-N)\n";
+      return found;
+    }
+    throw;
+  }
+}
+
+}  // namespace
+
 CheckpointModel load_checkpoint_model(const std::filesystem::path& path, c10::Device device) {
-  CheckpointModel m{.checkpoint = read_checkpoint(find_checkpoint(path))};
+  CheckpointModel m{.checkpoint = read_checkpoint(find_model_checkpoint(path))};
   m.config =
       parse_run_config(m.checkpoint.meta.config_toml, (m.checkpoint.dir / "meta.json").string());
   if (m.config.pipeline.count() > 1)

@@ -18,7 +18,8 @@ struct CheckpointModel {
   std::unique_ptr<graph::OpDag> dag;
 };
 
-// Reads the checkpoint (a run directory or a checkpoint directory), builds its model on `device`
+// Reads the checkpoint (a run directory or a checkpoint directory; for a local swarm's output
+// directory, its lowest-numbered peer's, named on stderr), builds its model on `device`
 // and loads the weights. ConfigError for a pipeline stage's checkpoint (part of a model);
 // CheckpointError for a bad checkpoint.
 CheckpointModel load_checkpoint_model(const std::filesystem::path& path,

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -76,6 +77,14 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
   cap_device_memory(c);
   auto s = std::make_unique<Session>(c, c10::Device(c.train.device));
   s->threads = threads;
+  if (const std::filesystem::path dir(c.data.dir); !std::filesystem::exists(dir))
+    throw DataError("data.dir = \"" + c.data.dir + "\": no such dataset directory" +
+                    (dir.is_relative()
+                         ? " (a relative path is resolved against the working "
+                           "directory, " +
+                               std::filesystem::current_path().string() + ", not the config file's)"
+                         : std::string()) +
+                    "; `starling data prepare TEXT --out DIR` makes one");
   s->dataset = data::open_dataset(c.data.dir);
   const data::DatasetInfo& ds = s->dataset;
   if (ds.vocab_size > static_cast<uint64_t>(c.model.vocab_size))
