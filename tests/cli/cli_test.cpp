@@ -124,6 +124,10 @@ TEST_F(CliTest, ResumeWithADifferentModelIsAnError) {
   const Result r = run("train -q --config " + cfg.string() + " --resume --set model.d_model=64");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("differs from the config's [model]"), std::string::npos) << r.output;
+  // It names the keys that differ, and only those.
+  EXPECT_NE(r.output.find("  model.d_model: the checkpoint's "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(", the config's 64\n"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("model.n_layer"), std::string::npos) << r.output;
 }
 
 TEST_F(CliTest, SampleFromCheckpoint) {
@@ -431,6 +435,10 @@ TEST_F(CliTest, BadCommandLinesAreUsageErrors) {
   Result r = run("sample --checkpoint x --max-tokens -3");
   EXPECT_NE(r.code, 0);
   EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
+  // A link rate is checked before any namespace is made (it used to fail in scripts/netlab.sh).
+  r = run("train --config x.toml --peers 2 --link-rate fast");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("\"fast\" is not a rate"), std::string::npos) << r.output;
   // A step to stop at is 1 or more: 0 or a negative one used to pass unchecked.
   for (const char* bad : {"0", "-3"}) {
     r = run(std::string("train --config x.toml --stop-at ") + bad);

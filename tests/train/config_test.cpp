@@ -256,7 +256,8 @@ TEST(RunConfigErrors, WrongType) {
 
 TEST(RunConfigErrors, OutOfRange) {
   expect_error("[data]\ndir = \"d\"\n[train]\nsteps = 0\n", {"run.toml:4", "train.steps", ">= 1"});
-  expect_error("[data]\ndir = \"d\"\n[optim]\nlr = -1.0\n", {"run.toml:4", "optim.lr"});
+  expect_error("[data]\ndir = \"d\"\n[optim]\nlr = -1.0\n",
+               {"run.toml:4", "optim.lr", "must be >= 0, got -1"});
   expect_error("[data]\ndir = \"d\"\n[train]\nthreads = 5000000\n",
                {"run.toml:4", "train.threads"});
   expect_error("[data]\ndir = \"d\"\n[train]\nseed = -1\n", {"run.toml:4", "train.seed"});
@@ -308,6 +309,9 @@ TEST(RunConfigErrors, BadSet) {
   expect_error(ok, {"--set", "train.steps", "integer"}, {"train.steps=many"});
   expect_error(ok, {"--set", "train.steps"}, {"train.steps=0"});
   expect_error(ok, {"--set", "model.preset"}, {"model.preset=3"});
+  // A rule over several keys names the overrides beside the file: either may be at fault.
+  expect_error(ok, {"run.toml with --set model.n_head=3, --set train.steps=5: model.d_model"},
+               {"model.n_head=3", "train.steps=5"});
 }
 
 TEST(RunConfig, LoadRunConfigMissingFile) {

@@ -200,6 +200,30 @@ void report_against_peers_plan(const fs::path& root, int peers, const train::Run
   if (plan) report_against_plan(*plan, records, config, hint);
 }
 
+// Where each peer of a resumed swarm goes on from, from its checkpoints' `latest` file: "resuming
+// every peer from step 80 (runs/x/peer-<i>/checkpoints)", or peer by peer where they differ.
+std::string resume_note(const fs::path& out, int peers) {
+  std::vector<std::string> steps;
+  for (int i = 0; i < peers; ++i) {
+    std::ifstream in(out / ("peer-" + std::to_string(i)) / "checkpoints" / "latest");
+    std::string name;
+    std::getline(in, name);
+    const bool named = name.rfind("step_", 0) == 0 && name.size() > 5 &&
+                       name.find_first_not_of("0123456789", 5) == std::string::npos;
+    steps.push_back(named ? std::to_string(std::stoll(name.substr(5))) : "");
+  }
+  if (std::all_of(steps.begin(), steps.end(), [&](const auto& s) { return s == steps[0]; }))
+    return steps[0].empty() ? "--resume found no checkpoint in " + out.string() +
+                                  "/peer-<i>/checkpoints: the peers start fresh"
+                            : "resuming every peer from step " + steps[0] + " (" + out.string() +
+                                  "/peer-<i>/checkpoints)";
+  std::string note = "resuming";
+  for (int i = 0; i < peers; ++i)
+    note += (i == 0 ? " peer " : ", peer ") + std::to_string(i) +
+            (steps[i].empty() ? " without a checkpoint" : " from step " + steps[i]);
+  return note + " (the swarm's first agreement gives every peer one state)";
+}
+
 }  // namespace
 
 LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const LocalSwarmOptions& o) {
@@ -221,6 +245,7 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     throw ConfigError(out.string() +
                       " already holds a swarm's checkpoints; pass --resume to continue that run, "
                       "or set train.out_dir to a new directory");
+  if (o.resume) std::cerr << "swarm: " << resume_note(out, o.peers) << "\n";
   // Unequal peers on one machine: each peer's process tree gets its share of the CPUs.
   std::vector<std::unique_ptr<CpuQuota>> quotas;
   const std::vector<double>& peer_cpus = o.lab ? o.lab->cpus : o.peer_cpus;
@@ -533,6 +558,8 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
             progress.note("swarm: dashboard at " + j.value("url", std::string()));
           } else if (event == "done") {
             if (i == 0) result.sample = j.value("sample", "");
+            // The peer's last step: step events come every train.log_every steps only.
+            v.step = std::max(v.step, j.value("step", int64_t{0}));
             j["peer"] = i;
             done_events.push_back(j);
           }

@@ -4,6 +4,7 @@
 #include <iostream>
 #include <limits>
 #include <optional>
+#include <regex>
 
 #include "starling/cli/commands.h"
 #include "starling/cli/cpu_quota.h"
@@ -53,6 +54,13 @@ void add_train_command(CLI::App& app) {
       return;
     }
     if (a->config.empty()) throw CLI::RequiredError("--config");
+    // Checked here, before any namespace is made: the rates scripts/netlab.sh (tc) takes.
+    static const std::regex kRate("[0-9]+(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)?|unlimited",
+                                  std::regex::icase);
+    if (!a->link_rate.empty() && !std::regex_match(a->link_rate, kRate))
+      throw CLI::ValidationError("--link-rate", "\"" + a->link_rate +
+                                                    "\" is not a rate: a whole number and a unit, "
+                                                    "e.g. 20mbit, 500kbit, 1gbit, or unlimited");
     const auto config = train::load_run_config(a->config, a->sets);
     std::optional<sched::LabSpec> lab;
     if (!a->lab.empty()) {

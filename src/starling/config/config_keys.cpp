@@ -1,6 +1,7 @@
 #include "starling/config/config_keys.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <sstream>
 
 #include "starling/common/error.h"
@@ -11,6 +12,13 @@ namespace {
 int64_t read_int(const toml::node& n, const std::string& where) {
   if (!n.is_integer()) wrong_type(n, where, "an integer");
   return n.as_integer()->get();
+}
+
+// A float as a person writes it: "0", "1e-08", "-1" (std::to_string gives six decimals).
+std::string number_text(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", v);
+  return text;
 }
 
 }  // namespace
@@ -65,24 +73,24 @@ Key seed_key(const char* table, const char* name, uint64_t* p, const char* doc) 
 }
 
 Key float_key(const char* table, const char* name, double* p, double min, const char* doc) {
-  return {table,
-          name,
-          "float",
-          doc,
-          [=](const toml::node& n, const std::string& where) {
-            double v;
-            if (n.is_floating_point())
-              v = n.as_floating_point()->get();
-            else if (n.is_integer())
-              v = static_cast<double>(n.as_integer()->get());
-            else
-              wrong_type(n, where, "a number");
-            if (!(v >= min))
-              throw ConfigError(where + ": must be >= " + std::to_string(min) + ", got " +
-                                std::to_string(v));
-            *p = v;
-          },
-          [=](toml::table& t) { t.insert_or_assign(name, *p); }};
+  return {
+      table,
+      name,
+      "float",
+      doc,
+      [=](const toml::node& n, const std::string& where) {
+        double v;
+        if (n.is_floating_point())
+          v = n.as_floating_point()->get();
+        else if (n.is_integer())
+          v = static_cast<double>(n.as_integer()->get());
+        else
+          wrong_type(n, where, "a number");
+        if (!(v >= min))  // %g: 0 and 1e-08, not 0.000000 and 0.000000
+          throw ConfigError(where + ": must be >= " + number_text(min) + ", got " + number_text(v));
+        *p = v;
+      },
+      [=](toml::table& t) { t.insert_or_assign(name, *p); }};
 }
 
 Key bool_key(const char* table, const char* name, bool* p, const char* doc) {

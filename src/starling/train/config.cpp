@@ -238,25 +238,30 @@ RunConfig parse_run_config(std::string_view text, const std::string& source,
     key->read(*s.value.get("v"), "--set " + key->full());
   }
 
+  // Rules checked after every value is in: a value from the command line may be the one at
+  // fault, so the label names those too ("run.toml with --set model.n_head=3").
+  std::string where = source;
+  for (size_t i = 0; i < sets.size(); ++i)
+    where += (i == 0 ? " with --set " : ", --set ") + sets[i].text;
   try {
     config.model.validate();
   } catch (const ConfigError& e) {
-    throw ConfigError(source + ": " + e.what());
+    throw ConfigError(where + ": " + e.what());
   }
   if (config.data.dir.empty())
-    throw ConfigError(source +
+    throw ConfigError(where +
                       ": data.dir is required (a directory made by `starling data prepare`)");
   if (config.optim.min_lr > config.optim.lr)
-    throw ConfigError(source + ": optim.min_lr (" + std::to_string(config.optim.min_lr) +
+    throw ConfigError(where + ": optim.min_lr (" + std::to_string(config.optim.min_lr) +
                       ") must not exceed optim.lr (" + std::to_string(config.optim.lr) + ")");
   if (config.optim.beta1 >= 1 || config.optim.beta2 >= 1)
-    throw ConfigError(source + ": optim.beta1 and optim.beta2 must be < 1");
+    throw ConfigError(where + ": optim.beta1 and optim.beta2 must be < 1");
   if (config.sample.top_p <= 0 || config.sample.top_p > 1)
-    throw ConfigError(source + ": sample.top_p must be in (0, 1]");
-  strategy::check(config.strategy, source);
-  net::check(config.net, source);
-  swap::check(config.swap, source);
-  strategy::check(config.pipeline, source);
+    throw ConfigError(where + ": sample.top_p must be in (0, 1]");
+  strategy::check(config.strategy, where);
+  net::check(config.net, where);
+  swap::check(config.swap, where);
+  strategy::check(config.pipeline, where);
   return config;
 }
 

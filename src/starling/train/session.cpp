@@ -3,9 +3,11 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "starling/common/cpu_runtime.h"
 #include "starling/common/device.h"
@@ -31,6 +33,30 @@ std::string model_signature(const RunConfig& c) {
   return text.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
 }
 
+// The keys of two [model] tables (model_signature) whose values differ, one line each:
+// "  model.arch: the checkpoint's "gpt2", the config's "llama"".
+std::string model_differences(const std::string& saved, const std::string& wanted) {
+  const auto entries = [](const std::string& table) {
+    std::vector<std::pair<std::string, std::string>> out;
+    std::istringstream lines(table);
+    for (std::string line; std::getline(lines, line);) {
+      const auto eq = line.find(" = ");
+      if (eq != std::string::npos) out.emplace_back(line.substr(0, eq), line.substr(eq + 3));
+    }
+    return out;
+  };
+  const auto theirs = entries(wanted);
+  std::string out;
+  for (const auto& [key, value] : entries(saved)) {
+    const auto it = std::find_if(theirs.begin(), theirs.end(),
+                                 [&key](const auto& e) { return e.first == key; });
+    const std::string other = it == theirs.end() ? "(none)" : it->second;
+    if (other != value)
+      out += "  model." + key + ": the checkpoint's " + value + ", the config's " + other + "\n";
+  }
+  return out;
+}
+
 void cap_device_memory(const RunConfig& c) {
   if (c.train.device_memory.empty()) return;
   const int64_t bytes = swap::parse_bytes(c.train.device_memory, "train.device_memory");
@@ -50,8 +76,9 @@ void restore(Session& s, const Checkpoint& ckpt) {
       parse_run_config(ckpt.meta.config_toml, (ckpt.dir / "meta.json").string());
   if (model_signature(saved) != model_signature(s.config))
     throw ConfigError("--resume: the model in " + ckpt.dir.string() +
-                      " differs from the config's [model]:\n" + model_signature(saved) +
-                      "\nversus\n" + model_signature(s.config));
+                      " differs from the config's [model] (a run resumes with the model it "
+                      "was trained with; train a new one into another train.out_dir):\n" +
+                      model_differences(model_signature(saved), model_signature(s.config)));
   load_params(ckpt.model, s.dag->params());
   s.optimizer->load_state(ckpt.optimizer, ckpt.meta.step);
   s.loader->restore(ckpt.meta.loader);
