@@ -1571,6 +1571,26 @@ TEST_F(SwarmCliTest, CheckpointCommandsReadASwarmsRunThroughItsFirstPeer) {
   EXPECT_NE(none.output.find("no checkpoint found"), std::string::npos) << none.output;
 }
 
+// A local swarm's output directory and a single process's are kept apart: neither run starts in
+// the other's, so `sample --checkpoint DIR` never reads a checkpoint of the other run.
+TEST_F(SwarmCliTest, ASwarmAndASingleProcessKeepToTheirOwnOutputDirectories) {
+  const fs::path config = write_config("apart", "kind = \"ddp\"", 4);
+  const auto swarm = run_cli("train -q --peers 2 --config " + config.string());
+  ASSERT_EQ(swarm.code, 0) << swarm.output;
+  const auto one = run_cli("train -q --config " + config.string());
+  EXPECT_EQ(one.code, 2) << one.output;
+  EXPECT_NE(one.output.find(run_dir("apart").string() + " holds a swarm's run"), std::string::npos)
+      << one.output;
+  EXPECT_FALSE(fs::exists(run_dir("apart") / "checkpoints"));
+  const std::string elsewhere = " --set 'train.out_dir=\"" + (root_ / "apart_one").string() +
+                                "\"' --config " + config.string();
+  ASSERT_EQ(run_cli("train -q" + elsewhere).code, 0);
+  const auto peers = run_cli("train -q --peers 2" + elsewhere);
+  EXPECT_EQ(peers.code, 2) << peers.output;
+  EXPECT_NE(peers.output.find("holds a single process's run"), std::string::npos) << peers.output;
+  EXPECT_FALSE(fs::exists(root_ / "apart_one" / "peer-0"));
+}
+
 // A peer that joins in the others' last round (here their only round after the opening one:
 // local_steps = steps, and the joiner starts once they train) adopts their state at the last
 // step and takes part in that round's exchange, as any joiner does in the round it joins. It
