@@ -285,6 +285,12 @@ TEST(Prepare, RejectsBadInputs) {
   o.tokenizer = "sentencepiece";
   o.sentencepiece_model = dir / "no.model";
   EXPECT_NE(error_of([&] { prepare_dataset(o); }).find("no.model"), std::string::npos);
+  // The output directory that failed call made is gone (it held nothing of use); one that was
+  // there before stays.
+  EXPECT_FALSE(std::filesystem::exists(o.out_dir));
+  std::filesystem::create_directories(o.out_dir);
+  EXPECT_NE(error_of([&] { prepare_dataset(o); }).find("no.model"), std::string::npos);
+  EXPECT_TRUE(std::filesystem::is_directory(o.out_dir));
 }
 
 class OpenDatasetTest : public ::testing::Test {

@@ -258,24 +258,9 @@ void remove_stale_shards(const fs::path& out_dir, const ShardSink& train, const 
   }
 }
 
-}  // namespace
-
-DatasetInfo prepare_dataset(const PrepareOptions& options, const PrepareProgress& progress) {
-  validate(options);
-  const std::vector<fs::path> docs = collect_documents(options);
-  const std::vector<bool> is_val =
-      choose_validation(docs.size(), options.val_fraction, options.seed);
-  if (progress) progress("find documents", docs.size(), docs.size());
-
-  std::error_code ec;
-  fs::create_directories(options.out_dir, ec);
-  if (!fs::is_directory(options.out_dir)) {
-    throw DataError("cannot create output directory '" + options.out_dir.string() + "'" +
-                    (ec ? ": " + ec.message() : ""));
-  }
-  // Until the new meta.json lands, the directory must not look like a finished dataset.
-  fs::remove(options.out_dir / kMetaFile, ec);
-
+// prepare_dataset() once its output directory is there.
+DatasetInfo prepare_into(const PrepareOptions& options, const std::vector<fs::path>& docs,
+                         const std::vector<bool>& is_val, const PrepareProgress& progress) {
   std::vector<fs::path> train_docs;
   for (std::size_t i = 0; i < docs.size(); ++i) {
     if (!is_val[i]) train_docs.push_back(docs[i]);
@@ -324,6 +309,34 @@ DatasetInfo prepare_dataset(const PrepareOptions& options, const PrepareProgress
   remove_stale_shards(options.out_dir, train, val);
   write_meta(options.out_dir, *tokenizer, train, val);
   return open_dataset(options.out_dir);
+}
+
+}  // namespace
+
+DatasetInfo prepare_dataset(const PrepareOptions& options, const PrepareProgress& progress) {
+  validate(options);
+  const std::vector<fs::path> docs = collect_documents(options);
+  const std::vector<bool> is_val =
+      choose_validation(docs.size(), options.val_fraction, options.seed);
+  if (progress) progress("find documents", docs.size(), docs.size());
+
+  std::error_code ec;
+  const bool made = !fs::exists(options.out_dir);
+  fs::create_directories(options.out_dir, ec);
+  if (!fs::is_directory(options.out_dir)) {
+    throw DataError("cannot create output directory '" + options.out_dir.string() + "'" +
+                    (ec ? ": " + ec.message() : ""));
+  }
+  // Until the new meta.json lands, the directory must not look like a finished dataset.
+  fs::remove(options.out_dir / kMetaFile, ec);
+  try {
+    return prepare_into(options, docs, is_val, progress);
+  } catch (...) {
+    // A directory this call made holds nothing of use after a failure (missing tokenizer
+    // files, a bad document): it goes, rather than stay behind empty or half-written.
+    if (made) fs::remove_all(options.out_dir, ec);
+    throw;
+  }
 }
 
 }  // namespace starling::data
