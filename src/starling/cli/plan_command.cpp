@@ -36,8 +36,10 @@ void set_devices(sched::CostTable& t, const std::string& speed_list, const std::
     char rest[64] = {};
     if (std::sscanf(l.c_str(), "%d-%d=%63s", &a, &b, rest) != 3 || a < 0 || b < 0 ||
         a >= static_cast<int>(speeds.size()) || b >= static_cast<int>(speeds.size()) || a == b)
-      throw ConfigError("--link " + l + ": expected A-B=RATE with two different devices of " +
-                        std::to_string(speeds.size()));
+      throw ConfigError("--link " + l +
+                        ": expected A-B=RATE, A and B two different devices from 0 to " +
+                        std::to_string(speeds.size() - 1) + " (--speeds lists " +
+                        std::to_string(speeds.size()) + "), e.g. 0-1=10mbit");
     const double r = sched::parse_link_rate(rest, "--link " + l);
     t.links[static_cast<size_t>(a)][static_cast<size_t>(b)] = {r, 0};
     t.links[static_cast<size_t>(b)][static_cast<size_t>(a)] = {r, 0};

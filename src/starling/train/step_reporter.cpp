@@ -63,12 +63,15 @@ void StepReporter::step(const StepOutcome& s, bool milestone,
                               net)
                      .dump()
               << std::endl;
-  progress_.update("step " + std::to_string(s.step) + "/" + std::to_string(steps) + " | loss " +
-                       fmt("%.4f", s.loss) + " | lr " + fmt("%.2e", s.lr) + " | " +
-                       fmt("%.0f", tps) + " tok/s | " + fmt("%.1f", tflops) + " TFLOP/s | MFU " +
-                       fmt("%.1f%%", 100 * mfu) + " | " + format_duration(elapsed_s()) +
-                       " elapsed, eta " + format_duration(eta) + net_summary(net),
-                   milestone);
+  progress_.update(
+      "step " + std::to_string(s.step) + "/" + std::to_string(steps) + " | loss " +
+          fmt("%.4f", s.loss) + " | lr " + fmt("%.2e", s.lr) + " | " + fmt("%.0f", tps) +
+          " tok/s | " +
+          // A small model on a CPU runs at a few GFLOP/s: 0.0 TFLOP/s says nothing.
+          (tflops < 1 ? fmt("%.1f", tflops * 1e3) + " GFLOP/s" : fmt("%.1f", tflops) + " TFLOP/s") +
+          " | MFU " + fmt("%.1f%%", 100 * mfu) + " | " + format_duration(elapsed_s()) +
+          " elapsed, eta " + format_duration(eta) + net_summary(net),
+      milestone);
   if (!milestone) return;
   nlohmann::json record = {
       {"step", s.step},           {"loss", s.loss},     {"lr", s.lr},
