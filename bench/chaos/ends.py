@@ -165,7 +165,8 @@ class Run:
         self.lock = threading.Lock()
         self.procs = []
         self.stopped = None  # the peer a straggle stopped
-        self.struck = True  # false where the fault found nothing to strike (the run had ended)
+        self.struck = True  # false where the fault found nothing to strike, or a joiner nobody
+        # to join (the run had ended)
 
     def reached(self, step):
         with self.lock:
@@ -237,7 +238,6 @@ class Run:
                 time.sleep(self.rng.uniform(0.2, 1.5))
                 join = self.endpoints()
                 if not join:  # the others have ended: a process alone would be a new swarm
-                    self.struck = False
                     return f"kill {victim.name} at step {step} (too late to restart it)"
                 self.start(victim.name + "-again", join, 1, victim.rank)
             return f"{fault} {victim.name} at step {step}"
@@ -264,6 +264,8 @@ class Run:
             late = p.name.endswith("-again") or p.name == "joiner"
             if code != 0:
                 if late and COULD_NOT_JOIN in p.log_text():
+                    if p.name == "joiner":
+                        self.struck = False  # the join did not happen: the run ended plainly
                     continue  # the swarm had ended: nobody left to join
                 problems.append(f"{p.name} exited {code}: see {p.log_path}")
                 continue

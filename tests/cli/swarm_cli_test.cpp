@@ -1433,43 +1433,56 @@ TEST_F(SwarmCliTest, APeerOutOfReachAtTheEndClosesTheRunAloneAndSaysSo) {
   EXPECT_TRUE(final_model(run_dir(name) / "peer-1", steps) == model);
 }
 
-// A peer let into a running swarm whose members then all finish before it takes their state
+// A peer let into a swarm whose members then all finish before it takes their state
 // (STARLING_FAULT_STOP_AT_START stops it between its welcome and its opening agreement, as a
-// slow start-up would) finds itself alone: it says it could not join and trains nothing, rather
-// than a fresh run from step 0 of its own.
+// slow start-up would) finds itself alone with every member departed: it says it could not join
+// and trains nothing, rather than a fresh run from step 0 of its own. Where the member died
+// instead (it may come back), the joiner trains alone meanwhile, as a peer alone does.
 TEST_F(SwarmCliTest, AJoinerWhoseSwarmEndsBeforeItTakesTheStateSaysSoAndTrainsNothing) {
-  const std::string name = "join_too_late";
-  const int64_t steps = 200;
-  write_config(name, "kind = \"ddp\"", steps, 20);
-  fs::create_directories(run_dir(name));
-  const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
-  std::vector<Process> peers;
-  const std::string entry = start_first_peer(name, peers, 2, 1, {});
-  ASSERT_FALSE(entry.empty());
-  std::vector<std::string> late = peer_argv(name, 1, 2, entry, 1);
-  late.insert(late.begin(), {"/usr/bin/env", "STARLING_FAULT_STOP_AT_START=1"});
-  peers.emplace_back(late, log(1).string());
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (read_file(log(1)).find("stopping (SIGSTOP) before the opening agreement") ==
-             std::string::npos &&
-         std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(50ms);
-  const std::string stopped = read_file(log(1));
-  ASSERT_NE(stopped.find("stopping (SIGSTOP)"), std::string::npos)
-      << stopped << "\n--- the entry peer:\n"
-      << read_file(log(0));
-  EXPECT_EQ(peers[0].wait(120s), 0) << read_file(log(0));
-  peers[1].signal(SIGCONT);
-  EXPECT_EQ(peers[1].wait(60s), 2) << read_file(log(1));
-  const std::string joiner = read_file(log(1));
-  EXPECT_EQ(count_of(joiner, "could not join the swarm through " + entry +
-                                 ": every member left or died before this peer took the "
-                                 "swarm's state"),
-            1)
-      << joiner;
-  EXPECT_EQ(count_of(joiner, "training with"), 0) << joiner;
-  EXPECT_FALSE(fs::exists(run_dir(name) / "peer-1" / "checkpoints"));
-  EXPECT_FALSE(final_model(run_dir(name) / "peer-0", steps).empty());
+  for (const bool died : {false, true}) {
+    SCOPED_TRACE(died ? "the member died" : "the member finished");
+    const std::string name = died ? "join_too_late_died" : "join_too_late";
+    const int64_t steps = 40;
+    write_config(name, "kind = \"ddp\"", steps, 20);
+    fs::create_directories(run_dir(name));
+    const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+    std::vector<Process> peers;
+    // net.min_peers = 2: the first peer trains only once the joiner is a member, so it cannot
+    // end its run before the joiner is let in.
+    const std::string entry = start_first_peer(name, peers, 2, 2, {});
+    ASSERT_FALSE(entry.empty());
+    std::vector<std::string> late = peer_argv(name, 1, 2, entry, 1);
+    late.insert(late.begin(), {"/usr/bin/env", "STARLING_FAULT_STOP_AT_START=1"});
+    peers.emplace_back(late, log(1).string());
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (read_file(log(1)).find("stopping (SIGSTOP) before the opening agreement") ==
+               std::string::npos &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(50ms);
+    ASSERT_NE(read_file(log(1)).find("stopping (SIGSTOP)"), std::string::npos)
+        << read_file(log(1)) << "\n--- the entry peer:\n"
+        << read_file(log(0));
+    if (died) {
+      ASSERT_TRUE(wait_event(
+          peers[0], [](const json& j) { return j["event"] == "step"; }, 60s))
+          << read_file(log(0));
+      peers[0].signal(SIGKILL);
+      EXPECT_EQ(peers[0].wait(30s), 128 + SIGKILL);
+    } else {
+      EXPECT_EQ(peers[0].wait(120s), 0) << read_file(log(0));
+    }
+    peers[1].signal(SIGCONT);
+    EXPECT_EQ(peers[1].wait(60s), died ? 0 : 2) << read_file(log(1));
+    const std::string joiner = read_file(log(1));
+    const std::string refused = "could not join the swarm through " + entry +
+                                ": its 1 member(s) left the swarm before this peer took its state";
+    EXPECT_EQ(count_of(joiner, refused), died ? 0 : 1) << joiner;
+    EXPECT_EQ(count_of(joiner, "training with 1 peer from step 0"), died ? 1 : 0) << joiner;
+    EXPECT_EQ(fs::exists(checkpoint_dir(run_dir(name) / "peer-1", steps)), died) << joiner;
+    if (!died) {
+      EXPECT_FALSE(final_model(run_dir(name) / "peer-0", steps).empty());
+    }
+  }
 }
 
 // One of three co2 peers dies in its last exchange, before it sends
@@ -1582,9 +1595,11 @@ TEST_F(SwarmCliTest, ASwarmAndASingleProcessKeepToTheirOwnOutputDirectories) {
   EXPECT_NE(one.output.find(run_dir("apart").string() + " holds a swarm's run"), std::string::npos)
       << one.output;
   EXPECT_FALSE(fs::exists(run_dir("apart") / "checkpoints"));
-  const std::string elsewhere = " --set 'train.out_dir=\"" + (root_ / "apart_one").string() +
-                                "\"' --config " + config.string();
+  // --out sets train.out_dir, for a single process and a swarm alike.
+  const std::string elsewhere =
+      " --out " + (root_ / "apart_one").string() + " --config " + config.string();
   ASSERT_EQ(run_cli("train -q" + elsewhere).code, 0);
+  ASSERT_TRUE(fs::exists(root_ / "apart_one" / "checkpoints" / "latest"));
   const auto peers = run_cli("train -q --peers 2" + elsewhere);
   EXPECT_EQ(peers.code, 2) << peers.output;
   EXPECT_NE(peers.output.find("holds a single process's run"), std::string::npos) << peers.output;

@@ -221,7 +221,7 @@ std::string resume_note(const fs::path& out, int peers) {
   for (int i = 0; i < peers; ++i)
     note += (i == 0 ? " peer " : ", peer ") + std::to_string(i) +
             (steps[i].empty() ? " without a checkpoint" : " from step " + steps[i]);
-  return note + " (the swarm's first agreement gives every peer one state)";
+  return note;
 }
 
 }  // namespace
@@ -562,8 +562,9 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
             progress.note("swarm: dashboard at " + j.value("url", std::string()));
           } else if (event == "done") {
             if (i == 0) result.sample = j.value("sample", "");
-            // The peer's last step: step events come every train.log_every steps only.
-            v.step = std::max(v.step, j.value("step", int64_t{0}));
+            // The peer's last step: step events come every train.log_every steps only. (A peer
+            // that reported no step trained none: a swarm resumed at its last step.)
+            if (v.step > 0) v.step = std::max(v.step, j.value("step", int64_t{0}));
             j["peer"] = i;
             done_events.push_back(j);
           }

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <iostream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
 
@@ -18,7 +19,7 @@ namespace starling::cli {
 void add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "train a model from a TOML config (docs/config.md)");
   struct Args {
-    std::string config, link_rate, peer_cpus, lab;
+    std::string config, out, link_rate, peer_cpus, lab;
     std::vector<std::string> sets;
     bool resume = false, quiet = false, list_keys = false;
     int64_t stop_at = -1;
@@ -27,6 +28,8 @@ void add_train_command(CLI::App& app) {
   auto a = std::make_shared<Args>();
   cmd->add_option("-c,--config", a->config, "config file (TOML)");
   cmd->add_option("--set", a->sets, "override a key, e.g. --set train.steps=100 (repeatable)");
+  cmd->add_option("-o,--out", a->out,
+                  "the run's output directory, for train.out_dir (a new run needs a new one)");
   cmd->add_flag("--resume", a->resume, "continue from the newest checkpoint in train.out_dir");
   cmd->add_option("--stop-at", a->stop_at,
                   "stop with a checkpoint after this step (the schedule still spans train.steps)")
@@ -54,9 +57,11 @@ void add_train_command(CLI::App& app) {
       return;
     }
     if (a->config.empty()) throw CLI::RequiredError("--config");
+    // A JSON string is a TOML basic string: quotes, backslashes and the rest escaped alike.
+    if (!a->out.empty()) a->sets.push_back("train.out_dir=" + nlohmann::json(a->out).dump());
     // Checked here, before any namespace is made: the rates scripts/netlab.sh (tc) takes.
-    static const std::regex kRate("[0-9]+(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)?|unlimited",
-                                  std::regex::icase);
+    static const std::regex kRate(
+        "[1-9][0-9]*(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)?|unlimited", std::regex::icase);
     if (!a->link_rate.empty() && !std::regex_match(a->link_rate, kRate))
       throw CLI::ValidationError("--link-rate", "\"" + a->link_rate +
                                                     "\" is not a rate: a whole number and a unit, "

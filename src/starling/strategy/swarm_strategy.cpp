@@ -14,6 +14,7 @@
 #include "starling/common/finite.h"
 #include "starling/data/loader.h"
 #include "starling/net/crc32c.h"
+#include "starling/net/node.h"
 #include "starling/strategy/data_redeal.h"
 #include "starling/strategy/robust_aggregate.h"
 #include "starling/strategy/state_stream.h"
@@ -582,21 +583,32 @@ bool SwarmStrategy::take_state(train::Replica& r, Agreement& a, const RootChoice
 
 void SwarmStrategy::refuse_to_start_alone() const {
   // A peer that joined through another holds no state of the swarm's until its opening
-  // agreement brings one. Alone there, every member it was let in by has left or died since:
-  // on its own it would train a fresh run from step 0 under the swarm's name. A peer that wrote
-  // part of a transfer before its sender died holds some of the swarm's state and goes on from
-  // it (take_state says so). A pipeline stage's group (restrict_to) is its counterparts only,
-  // one peer where the stage has one replica: the swarm it joined is the pipeline's.
+  // agreement brings one. Alone there because every member it was let in by has left (announced
+  // its departure: the swarm finished its run), it would train a fresh run from step 0 on its
+  // own under the swarm's name. Members that went silent instead (dead, or cut off from it) may
+  // come back, and it trains meanwhile as a peer alone does, to adopt the swarm's state when they
+  // do. A peer that wrote part of a transfer before its sender died holds some of the swarm's
+  // state and goes on from it (take_state says so). A pipeline stage's group (restrict_to) is
+  // its counterparts only, one peer where the stage has one replica.
   if (!net_.elastic() || !group_.empty() || config_.net.join.empty() || holds_state_ ||
       !torn_.empty())
     return;
+  const auto* node = dynamic_cast<const net::Node*>(&net_);
+  if (node == nullptr) return;
+  int left = 0;
+  for (const net::MemberView& m : node->members()) {
+    if (m.info.id == net_.self()) continue;
+    if (m.state != net::MemberState::left) return;
+    ++left;
+  }
+  if (left == 0) return;
   std::string where;
   for (const std::string& e : config_.net.join) where += (where.empty() ? "" : ", ") + e;
-  throw NetError(
-      "could not join the swarm through " + where +
-      ": every member left or died before this peer took the swarm's state (most often the "
-      "swarm had finished its run), and alone it holds no state of the swarm to train on. Join "
-      "a running swarm, or start this peer without net.join (--join) to train a run of its own");
+  throw NetError("could not join the swarm through " + where + ": its " + std::to_string(left) +
+                 " member(s) left the swarm before this peer took its state (the swarm finished "
+                 "its run, or its peers were stopped), and alone this peer holds no state of the "
+                 "swarm to train on. Join a running swarm, or start this peer without net.join "
+                 "(--join) to train a run of its own");
 }
 
 Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool opening,

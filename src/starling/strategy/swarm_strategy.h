@@ -285,8 +285,9 @@ class SwarmStrategy : public train::StepHooks {
   // agree(), and with `closing` the closing agreement (close_run): this peer's last round went
   // through or not.
   // Throws NetError ("could not join ...") when this peer joined through another, holds no
-  // state of the swarm's, and its opening agreement finds it alone: the members it joined have
-  // gone, and it would otherwise train a fresh run from step 0 on its own.
+  // state of the swarm's, and its opening agreement finds it alone with every other member
+  // departed (left, not dead): the swarm has ended, and it would otherwise train a fresh run from
+  // step 0 on its own.
   void refuse_to_start_alone() const;
   Agreement agree(train::Replica& r, bool exchange_follows, bool opening,
                   std::optional<bool> closing);

@@ -12,8 +12,8 @@ namespace {
 namespace fs = std::filesystem;
 
 // find_checkpoint(), and for the output directory of a local swarm (`train --peers N`: a
-// directory per peer, peer-0 to peer-N-1, and none of its own) the lowest-numbered peer's
-// newest checkpoint, which it names on stderr: the peers of a swarm end on one model.
+// directory per peer, peer-0 to peer-N-1, and none of its own) the newest checkpoint of the
+// lowest-numbered peer that wrote one, named on stderr.
 fs::path find_model_checkpoint(const fs::path& path) {
   try {
     return find_checkpoint(path);
@@ -21,16 +21,14 @@ fs::path find_model_checkpoint(const fs::path& path) {
     for (int i = 0; i < 1024; ++i) {
       const fs::path peer = path / ("peer-" + std::to_string(i));
       if (!fs::is_directory(peer)) break;
-      fs::path found;
-      try {
-        found = find_checkpoint(peer);
-      } catch (const CheckpointError&) {
-        continue;  // a peer that wrote none (it left early, say): the next one
-      }
+      // A peer that wrote none (it failed or left early) is passed over; a broken one is not.
+      if (!fs::exists(peer / "checkpoints" / "latest") && !fs::exists(peer / "latest") &&
+          !fs::exists(peer / "meta.json"))
+        continue;
+      const fs::path found = find_checkpoint(peer);
       std::cerr << path.string() << " holds a swarm's run, a directory per peer: reading "
-                << found.string() << " (peer " << i
-                << "; the peers end on one model, and another's is at " << path.string()
-                << "/peer-N)\n";
+                << found.string() << " (peer " << i << "'s newest; another peer's is in "
+                << path.string() << "/peer-N)\n";
       return found;
     }
     throw;

@@ -123,7 +123,7 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
   const fs::path run_dir = c.train.out_dir;
   // A local swarm's output (train --peers N) keeps each peer's run in peer-<i>: a single
   // process's checkpoints beside them would be the ones `sample --checkpoint DIR` reads.
-  if (fs::is_directory(run_dir / "peer-0"))
+  if (fs::exists(run_dir / "peer-0" / "checkpoints" / "latest"))
     throw ConfigError(run_dir.string() +
                       " holds a swarm's run (a directory per peer, peer-<i>); set train.out_dir "
                       "to a new directory, or go on with the swarm (train --peers N --resume)");
