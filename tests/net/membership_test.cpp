@@ -68,6 +68,25 @@ TEST(MembershipTest, AMemberOnceActiveStaysActiveUntilItRestarts) {
   EXPECT_EQ(table.participants({1, 2}), (std::vector<net::PeerId>{1}));
 }
 
+// A departure heard through gossip is kept in the member's record, which this peer's own
+// heartbeats pass on: a third peer that did not know the member must learn that it left, not
+// take it for an alive one.
+TEST(MembershipTest, ADepartureHeardSecondHandIsPassedOnAsADeparture) {
+  net::Membership table(member(1, 100, true));
+  const auto now = net::Clock::now();
+  EXPECT_TRUE(table.merge(member(2, 200, true), now));
+  net::MemberInfo gone = member(2, 200, true);
+  gone.left = true;
+  EXPECT_FALSE(table.merge(gone, now));
+  const net::Member* m = table.find(2);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->state, net::MemberState::left);
+  EXPECT_TRUE(m->info.left);
+  net::Membership third(member(3, 300, true));
+  EXPECT_FALSE(third.merge(m->info, now));
+  EXPECT_EQ(third.find(2), nullptr);
+}
+
 TEST(MembershipTest, ARoleChangeSpreadsAndOlderGossipCannotUndoIt) {
   net::Membership table(member(1, 100, true));
   const auto now = net::Clock::now();

@@ -244,11 +244,11 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
   if (!o.resume && checkpointed)
     throw ConfigError(out.string() +
                       " already holds a swarm's checkpoints; pass --resume to continue that run, "
-                      "or set train.out_dir to a new directory");
+                      "or set train.out_dir (--out) to a new directory");
   if (fs::exists(out / "checkpoints" / "latest"))
     throw ConfigError(out.string() +
                       " holds a single process's run (checkpoints/): the peers' runs would go "
-                      "beside it; set train.out_dir to a new directory");
+                      "beside it; set train.out_dir (--out) to a new directory");
   if (o.resume) std::cerr << "swarm: " << resume_note(out, o.peers) << "\n";
   // Unequal peers on one machine: each peer's process tree gets its share of the CPUs.
   std::vector<std::unique_ptr<CpuQuota>> quotas;

@@ -180,11 +180,15 @@ void Gossip::tick(Clock::time_point now) {
 }
 
 void Gossip::announce_leave() {
+  // Every member the heartbeats still go to, the ones found dead too: a peer paused past the
+  // timeout (stopped, starved of CPU) reads the message from its connection when it goes on, and
+  // learns that this one finished rather than died (a joiner that finds every member gone this
+  // way knows the swarm has ended: SwarmStrategy::refuse_to_start_alone).
   std::vector<PeerId> others;
   {
     std::lock_guard lock(table_.mutex);
-    for (PeerId id : table_.members.alive())
-      if (id != self_) others.push_back(id);
+    for (const Member& m : table_.members.all())
+      if (m.info.id != self_ && m.state != MemberState::left) others.push_back(m.info.id);
   }
   for (PeerId id : others) send(id, MsgType::leave, zmq::message_t());
 }

@@ -141,7 +141,12 @@ bool Membership::merge(const MemberInfo& info, Clock::time_point now) {
     return !info.left;
   }
   if (info.joined_at_ms == m.info.joined_at_ms) {
-    if (info.left) m.state = MemberState::left;
+    // Kept in the record too: this peer's heartbeats pass the departure on, and a peer that
+    // did not know the member must not take it for an alive one.
+    if (info.left) {
+      m.state = MemberState::left;
+      m.info.left = true;
+    }
     if (info.active) m.info.active = true;
     if (info.role_version > m.info.role_version) {
       m.info.role = info.role;

@@ -19,9 +19,9 @@ struct CheckpointModel {
 };
 
 // Reads the checkpoint (a run directory or a checkpoint directory; for a local swarm's output
-// directory, its lowest-numbered peer's, named on stderr), builds its model on `device`
-// and loads the weights. ConfigError for a pipeline stage's checkpoint (part of a model);
-// CheckpointError for a bad checkpoint.
+// directory, that of the lowest-numbered peer with a checkpoint, named on stderr), builds its
+// model on `device` and loads the weights. ConfigError for a pipeline stage's checkpoint (part of
+// a model); CheckpointError for a bad checkpoint.
 CheckpointModel load_checkpoint_model(const std::filesystem::path& path,
                                       c10::Device device = c10::Device(c10::kCPU));
 

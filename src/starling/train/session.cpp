@@ -123,16 +123,18 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
   const fs::path run_dir = c.train.out_dir;
   // A local swarm's output (train --peers N) keeps each peer's run in peer-<i>: a single
   // process's checkpoints beside them would be the ones `sample --checkpoint DIR` reads.
-  if (fs::exists(run_dir / "peer-0" / "checkpoints" / "latest"))
-    throw ConfigError(run_dir.string() +
-                      " holds a swarm's run (a directory per peer, peer-<i>); set train.out_dir "
-                      "to a new directory, or go on with the swarm (train --peers N --resume)");
+  for (int i = 0; fs::is_directory(run_dir / ("peer-" + std::to_string(i))); ++i)
+    if (fs::exists(run_dir / ("peer-" + std::to_string(i)) / "checkpoints" / "latest"))
+      throw ConfigError(run_dir.string() +
+                        " holds a swarm's run (a directory per peer, peer-<i>); set "
+                        "train.out_dir (--out) to a new directory, or go on with the swarm "
+                        "(train --peers N --resume)");
   fs::create_directories(run_dir);
   const bool has_checkpoint = fs::exists(run_dir / "checkpoints" / "latest");
   if (has_checkpoint && !options.resume)
     throw ConfigError(run_dir.string() +
                       " already holds a checkpoint; pass --resume to continue "
-                      "that run, or set train.out_dir to a new directory");
+                      "that run, or set train.out_dir (--out) to a new directory");
 
   if (options.model_part) {
     s->dag =
