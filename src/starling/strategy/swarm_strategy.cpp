@@ -586,10 +586,11 @@ void SwarmStrategy::refuse_to_start_alone() const {
   // agreement brings one. Alone there because every member it was let in by has left (announced
   // its departure: the swarm finished its run), it would train a fresh run from step 0 on its
   // own under the swarm's name. Members that went silent instead (dead, or cut off from it) may
-  // come back, and it trains meanwhile as a peer alone does, to adopt the swarm's state when they
-  // do. A peer that wrote part of a transfer before its sender died holds some of the swarm's
-  // state and goes on from it (take_state says so). A pipeline stage's group (restrict_to) is
-  // its counterparts only, one peer where the stage has one replica.
+  // come back: it trains meanwhile as a peer alone does, and meets them again when they do
+  // (choose_root: the history more participants hold, then more work, wins). A peer that wrote part
+  // of a transfer before its sender died holds some of the swarm's state and goes on from it
+  // (take_state says so). A pipeline stage's group (restrict_to) is its counterparts only, one peer
+  // where the stage has one replica.
   if (!net_.elastic() || !group_.empty() || config_.net.join.empty() || holds_state_ ||
       !torn_.empty())
     return;
