@@ -439,6 +439,10 @@ TEST_F(CliTest, BadCommandLinesAreUsageErrors) {
   r = run("train --config x.toml --peers 2 --link-rate fast");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("\"fast\" is not a rate"), std::string::npos) << r.output;
+  // --out is train.out_dir: giving both is refused rather than one silently winning.
+  r = run("train --config x.toml --out a --set train.out_dir=b");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("both give the output directory"), std::string::npos) << r.output;
   // A step to stop at is 1 or more: 0 or a negative one used to pass unchecked.
   for (const char* bad : {"0", "-3"}) {
     r = run(std::string("train --config x.toml --stop-at ") + bad);

@@ -57,8 +57,14 @@ void add_train_command(CLI::App& app) {
       return;
     }
     if (a->config.empty()) throw CLI::RequiredError("--config");
-    // A JSON string is a TOML basic string: quotes, backslashes and the rest escaped alike.
-    if (!a->out.empty()) a->sets.push_back("train.out_dir=" + nlohmann::json(a->out).dump());
+    if (!a->out.empty()) {
+      for (const std::string& s : a->sets)
+        if (s.rfind("train.out_dir=", 0) == 0)
+          throw CLI::ValidationError(
+              "--out", "and --set " + s + " both give the output directory: keep one");
+      // A JSON string is a TOML basic string: quotes, backslashes and the rest escaped alike.
+      a->sets.push_back("train.out_dir=" + nlohmann::json(a->out).dump());
+    }
     // Checked here, before any namespace is made: the rates scripts/netlab.sh (tc) takes.
     static const std::regex kRate(
         "[1-9][0-9]*(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)?|unlimited", std::regex::icase);
