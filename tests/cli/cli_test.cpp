@@ -161,7 +161,20 @@ TEST_F(CliTest, SampleFromCheckpoint) {
           " --prompt 'the jury' --max-tokens 20 --temperature 0 --stop '" + stop + "'");
   ASSERT_EQ(stopped.code, 0) << stopped.output;
   EXPECT_EQ(stopped.output, "the jury" + generated.substr(0, generated.find(stop)) + "\n");
-  EXPECT_NE(run("sample --checkpoint " + (root_ / "run_sample").string() + " --top-p 0").code, 0);
+  for (const char* p : {"0", "1.5", "-1", "x"}) {
+    const Result bad =
+        run("sample --checkpoint " + (root_ / "run_sample").string() + " --top-p " + p);
+    EXPECT_NE(bad.code, 0) << p;
+    EXPECT_NE(bad.output.find(std::string("--top-p: must be")), std::string::npos) << bad.output;
+    EXPECT_NE(bad.output.find(std::string("got ") + p), std::string::npos) << bad.output;
+  }
+  // On one thread (another reduction order: the text may differ in a near tie).
+  const Result one = run("sample --checkpoint " + (root_ / "run_sample").string() +
+                         " --prompt 'the jury' --max-tokens 20 --temperature 0 --threads 1");
+  ASSERT_EQ(one.code, 0) << one.output;
+  EXPECT_EQ(one.output.rfind("the jury", 0), 0u) << one.output;
+  EXPECT_NE(run("sample --checkpoint " + (root_ / "run_sample").string() + " --threads -1").code,
+            0);
 }
 
 // Text through GPT-2's BPE trains a model of GPT-2's vocabulary, and its checkpoint samples text
@@ -218,7 +231,8 @@ TEST_F(CliTest, EvalGivesTheRunsValidationLoss) {
   ASSERT_NE(at, std::string::npos) << text;
   EXPECT_NEAR(std::stod(text.substr(at + 7)), run_loss, 1e-9) << text;
 
-  const Result whole = run("eval -q --checkpoint " + (root_ / "run_eval").string());
+  const Result whole =
+      run("eval -q --checkpoint " + (root_ / "run_eval").string() + " --threads 1");
   EXPECT_EQ(whole.code, 0) << whole.output;
   const Result split =
       run("eval -q --checkpoint " + (root_ / "run_eval").string() + " --split test");

@@ -1608,6 +1608,13 @@ TEST_F(SwarmCliTest, ASwarmAndASingleProcessKeepToTheirOwnOutputDirectories) {
   EXPECT_EQ(peers.code, 2) << peers.output;
   EXPECT_NE(peers.output.find("holds a single process's run"), std::string::npos) << peers.output;
   EXPECT_FALSE(fs::exists(root_ / "apart_one" / "peer-0"));
+  // A directory whose name TOML must escape reaches the peers whole (their --set values are
+  // TOML strings).
+  const fs::path odd = root_ / "apart \"odd\" \\ dir";
+  const auto quoted =
+      run_cli("train -q --peers 2 --out '" + odd.string() + "' --config " + config.string());
+  ASSERT_EQ(quoted.code, 0) << quoted.output;
+  EXPECT_TRUE(fs::exists(odd / "peer-1" / "checkpoints" / "latest"));
 }
 
 // A peer that joins in the others' last round (here their only round after the opening one:

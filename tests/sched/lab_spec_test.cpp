@@ -127,6 +127,34 @@ TEST(LabSpec, MistakesAreNamed) {
   EXPECT_THROW(read_lab_spec("/nonexistent/lab.toml"), ConfigError);
 }
 
+// The rates --link-rate, plan pipeline and a lab file take: tc's units, as scripts/netlab.sh
+// reads them, so a rate the lab accepts is one the planner reads the same.
+TEST(LinkRate, ReadsTcsUnitsInAnyCase) {
+  EXPECT_DOUBLE_EQ(parse_link_rate("10mbit", "r"), 10e6 / 8);
+  EXPECT_DOUBLE_EQ(parse_link_rate("10Mbit", "r"), 10e6 / 8);
+  EXPECT_DOUBLE_EQ(parse_link_rate("250kbit", "r"), 250e3 / 8);
+  EXPECT_DOUBLE_EQ(parse_link_rate("1GBIT", "r"), 1e9 / 8);
+  EXPECT_DOUBLE_EQ(parse_link_rate("1tbit", "r"), 1e12 / 8);
+  EXPECT_DOUBLE_EQ(parse_link_rate("8000bit", "r"), 1000);
+  EXPECT_DOUBLE_EQ(parse_link_rate("8000", "r"), 1000);
+  EXPECT_DOUBLE_EQ(parse_link_rate("5MBps", "r"), 5e6);
+  EXPECT_DOUBLE_EQ(parse_link_rate("5kbps", "r"), 5e3);
+  EXPECT_DOUBLE_EQ(parse_link_rate("2gbps", "r"), 2e9);
+  EXPECT_DOUBLE_EQ(parse_link_rate("100bps", "r"), 100);
+  for (const char* bad : {"", "mbit", "0mbit", "-1mbit", "10 mbit", "10xbit", "fast", "infmbit"}) {
+    try {
+      parse_link_rate(bad, "--link-rate");
+      ADD_FAILURE() << "accepted \"" << bad << "\"";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("--link-rate = \"") + bad + "\""),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_DOUBLE_EQ(parse_lab_spec("peers = 2\nrate = \"Unlimited\"", "lab.toml").bits_per_s[0][1],
+                   0);
+}
+
 TEST(LabSpec, AppliedToACostTable) {
   CostTable t;
   t.nodes = {{"a", 1, 0, 10}, {"b", 1, 0, 0}};

@@ -14,6 +14,7 @@ void add_eval_command(CLI::App& app) {
   auto ckpt = std::make_shared<std::string>();
   auto json = std::make_shared<std::string>();
   auto quiet = std::make_shared<bool>(false);
+  auto threads = std::make_shared<int>(0);
   auto o = std::make_shared<train::EvalOptions>();
   cmd->add_option("--checkpoint", *ckpt, "run directory or checkpoint directory")->required();
   cmd->add_option("--data", o->data, "prepared dataset directory (default: the run's data.dir)");
@@ -24,9 +25,12 @@ void add_eval_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--device", o->device, "cpu or cuda")->capture_default_str();
   cmd->add_option("--json", *json, "also write the result to this file as JSON");
+  cmd->add_option("--threads", *threads, "intra-op threads on the CPU; 0 = physical cores")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_flag("-q,--quiet", *quiet, "no progress line");
-  cmd->callback([ckpt, json, quiet, o] {
-    setup_cpu_runtime(0);
+  cmd->callback([ckpt, json, quiet, threads, o] {
+    setup_cpu_runtime(*threads);
     o->progress = !*quiet;
     const train::EvalResult r = train::eval_checkpoint(*ckpt, *o);
     std::cout << "step " << r.step << " of " << r.checkpoint.string() << " on the " << r.split

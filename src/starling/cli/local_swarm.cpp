@@ -34,6 +34,10 @@ namespace {
 
 using train::fmt;
 
+// `s` as a TOML basic string for a --set value. A JSON string is one: quotes, backslashes and
+// control characters are escaped alike, so a directory named `a"b` or `c:\d` reaches the peer.
+std::string toml_string(const std::string& s) { return nlohmann::json(s).dump(); }
+
 std::atomic<int> g_signal{0};
 extern "C" void on_swarm_signal(int sig) { g_signal.store(sig); }
 
@@ -428,20 +432,20 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     const fs::path dir = root / ("peer-" + std::to_string(i));
     std::vector<std::string> sets;
     if (group) {
-      sets = {"train.out_dir=\"" + dir.string() + "\"", "net.rank=" + std::to_string(i),
+      sets = {"train.out_dir=" + toml_string(dir.string()), "net.rank=" + std::to_string(i),
               "net.world_size=" + std::to_string(o.peers),
-              "net.store=\"" + (join.empty() ? std::string("127.0.0.1:0") : join) + "\"",
+              "net.store=" + toml_string(join.empty() ? std::string("127.0.0.1:0") : join),
               "net.interface=\"127.0.0.1\""};
     } else {
       const std::string listen = lab ? "tcp://" + lab->ip(i) + ":0" : "tcp://127.0.0.1:0";
       sets = {
-          "train.out_dir=\"" + dir.string() + "\"", "net.key=\"" + keys[i].string() + "\"",
-          "net.allow=\"" + (out / "keys" / "allowlist").string() + "\"",
-          "net.name=\"peer-" + std::to_string(i) + "\"", "net.listen=\"" + listen + "\"",
+          "train.out_dir=" + toml_string(dir.string()), "net.key=" + toml_string(keys[i].string()),
+          "net.allow=" + toml_string((out / "keys" / "allowlist").string()),
+          "net.name=\"peer-" + std::to_string(i) + "\"", "net.listen=" + toml_string(listen),
           std::string("net.insecure=false"), "net.min_peers=" + std::to_string(o.peers),
           // N libtorch processes starting at once on a busy machine can take a while.
           "net.join_timeout_s=" + std::to_string(std::max<int64_t>(config.net.join_timeout_s, 120)),
-          "net.join=[" + (join.empty() ? "" : "\"" + join + "\"") + "]"};
+          "net.join=[" + (join.empty() ? "" : toml_string(join)) + "]"};
       // One page for the swarm: peer 0 serves [net] dashboard, the others would want its port.
       if (i != 0) sets.push_back("net.dashboard=\"\"");
     }

@@ -25,7 +25,18 @@ void add_sample_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--top-p", opts->top_p,
                   "sample among the likeliest tokens holding this probability; 1 = off")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            // CLI::Range would say "not in range 0.000000 to 1.000000" and take 0.
+            double v = 0;
+            try {
+              v = std::stod(text);
+            } catch (const std::exception&) {
+              return "must be a number in (0, 1], got " + text;
+            }
+            return v > 0 && v <= 1 ? "" : "must be in (0, 1], got " + text;
+          },
+          "(0, 1]"))
       ->capture_default_str();
   cmd->add_option("--stop", opts->stop, "text that ends the sample (repeatable)");
   cmd->add_option("--seed", opts->seed, "sampling seed")->capture_default_str();
@@ -34,16 +45,19 @@ void add_sample_command(CLI::App& app) {
                   "1 = token by token (each token reruns the whole window); 0 = half of it")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  auto threads = std::make_shared<int>(0);
+  cmd->add_option("--threads", *threads, "intra-op threads on the CPU; 0 = physical cores")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   auto no_cache = std::make_shared<bool>(false), timing = std::make_shared<bool>(false);
   cmd->add_flag("--no-cache", *no_cache,
                 "rerun the whole context for every token instead of keeping each layer's keys "
                 "and values (sample.cache = false)");
   cmd->add_flag("--timing", *timing,
                 "print the tokens generated per second on stderr (the model's loading excluded)");
-  cmd->callback([ckpt, opts, no_cache, timing] {
-    if (opts->top_p <= 0) throw ConfigError("--top-p: must be in (0, 1]");
+  cmd->callback([ckpt, opts, threads, no_cache, timing] {
     opts->cache = !*no_cache;
-    setup_cpu_runtime(0);
+    setup_cpu_runtime(*threads);
     train::SampleTiming t;
     std::cout << train::sample_from_checkpoint(*ckpt, *opts, *timing ? &t : nullptr) << "\n";
     if (*timing)

@@ -1,5 +1,6 @@
 #include <unistd.h>
 
+#include <cctype>
 #include <filesystem>
 #include <iostream>
 #include <limits>
@@ -72,6 +73,8 @@ void add_train_command(CLI::App& app) {
       throw CLI::ValidationError("--link-rate", "\"" + a->link_rate +
                                                     "\" is not a rate: a whole number and a unit, "
                                                     "e.g. 20mbit, 500kbit, 1gbit, or unlimited");
+    // tc takes its units in any case; the swarm and its planner read them in lowercase.
+    for (char& c : a->link_rate) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     const auto config = train::load_run_config(a->config, a->sets);
     std::optional<sched::LabSpec> lab;
     if (!a->lab.empty()) {

@@ -1,5 +1,6 @@
 #include "starling/sched/cost_table.h"
 
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -98,17 +99,23 @@ void CostTable::scale_cuts(double fraction) {
 }
 
 double parse_link_rate(const std::string& text, const std::string& what) {
+  // tc's units (decimal; "bps" is bytes a second), in any case, as scripts/netlab.sh takes them.
   static const std::pair<const char*, double> units[] = {
-      {"kbit", 1e3}, {"mbit", 1e6}, {"gbit", 1e9}};
+      {"kbit", 1e3}, {"mbit", 1e6}, {"gbit", 1e9}, {"tbit", 1e12}, {"bit", 1},
+      {"kbps", 8e3}, {"mbps", 8e6}, {"gbps", 8e9}, {"bps", 8},     {"", 1}};
+  std::string lower = text;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   for (const auto& [unit, bits] : units) {
     const std::string u = unit;
-    if (text.size() <= u.size() || text.compare(text.size() - u.size(), u.size(), u) != 0) continue;
-    if (const auto v = parse_positive_number(text.substr(0, text.size() - u.size())))
+    if (lower.size() <= u.size() || lower.compare(lower.size() - u.size(), u.size(), u) != 0)
+      continue;
+    if (const auto v = parse_positive_number(lower.substr(0, lower.size() - u.size())))
       return *v * bits / 8;
     break;
   }
   throw ConfigError(what + " = \"" + text +
-                    "\": expected a rate such as \"250kbit\", \"10mbit\" or \"1gbit\"");
+                    "\": expected a rate such as \"250kbit\", \"10mbit\" or \"1gbit\" (tc's "
+                    "units: bit, kbit, mbit, gbit, tbit, bps, kbps, mbps, gbps)");
 }
 
 json to_json(const CostTable& t) {

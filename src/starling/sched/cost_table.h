@@ -78,8 +78,9 @@ struct CostTable {
   void scale_cuts(double fraction);
 };
 
-// A link rate as tc and `--link-rate` write it ("250kbit", "10mbit", "1gbit", decimal units) in
-// bytes per second. ConfigError naming `what` on anything else.
+// A link rate as tc and `--link-rate` write it ("250kbit", "10mbit", "1gbit", "5MBps"; tc's
+// decimal units in any case, a bare number in bits) in bytes per second. ConfigError naming
+// `what` on anything else.
 double parse_link_rate(const std::string& text, const std::string& what);
 
 nlohmann::json to_json(const CostTable& t);

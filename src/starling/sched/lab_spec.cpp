@@ -3,6 +3,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -32,7 +33,10 @@ std::string text_of(const toml::node& n) {
 double rate_bits(const toml::node& n, const std::string& source, const std::string& key) {
   if (!n.is_string()) fail(source, key + " = " + text_of(n) + ": expected a rate string");
   const std::string s = n.as_string()->get();
-  if (s == "unlimited") return 0;
+  if (s.size() == 9 && std::equal(s.begin(), s.end(), "unlimited", [](char a, char b) {
+        return std::tolower(static_cast<unsigned char>(a)) == b;
+      }))
+    return 0;
   const double bits = parse_link_rate(s, source + ": " + key) * 8;
   if (bits < 1000) fail(source, key + " = \"" + s + "\": a lab's links run at 1kbit or more");
   return std::round(bits);
