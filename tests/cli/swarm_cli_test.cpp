@@ -1594,6 +1594,17 @@ TEST_F(SwarmCliTest, ASwarmAndASingleProcessKeepToTheirOwnOutputDirectories) {
   const fs::path config = write_config("apart", "kind = \"ddp\"", 4);
   const auto swarm = run_cli("train -q --peers 2 --config " + config.string());
   ASSERT_EQ(swarm.code, 0) << swarm.output;
+  // A fresh swarm in a swarm's directory is refused before it starts a peer, whichever peers
+  // wrote checkpoints.
+  for (const bool peer_zero : {true, false}) {
+    if (!peer_zero) fs::remove_all(run_dir("apart") / "peer-0" / "checkpoints");
+    const auto again = run_cli("train -q --peers 2 --config " + config.string());
+    EXPECT_EQ(again.code, 2) << again.output;
+    EXPECT_NE(again.output.find("already holds a swarm's checkpoints; pass --resume"),
+              std::string::npos)
+        << again.output;
+    EXPECT_EQ(again.output.find("swarm: 2 peers"), std::string::npos) << again.output;
+  }
   const auto one = run_cli("train -q --config " + config.string());
   EXPECT_EQ(one.code, 2) << one.output;
   EXPECT_NE(one.output.find(run_dir("apart").string() + " holds a swarm's run"), std::string::npos)

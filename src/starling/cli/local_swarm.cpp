@@ -244,8 +244,13 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
         "pipeline.replica");
   const fs::path out = user_config.train.out_dir;
   const bool checkpointed = fs::exists(out / "peer-0" / "checkpoints" / "latest");
-  // Each peer would refuse on its own; saying so here spares the others a join timeout.
-  if (!o.resume && checkpointed)
+  // Each peer would refuse on its own; saying so here spares the others a join timeout. Any
+  // peer's checkpoints count: peer-0 may have written none where the others did.
+  bool any_checkpointed = false;
+  for (int i = 0; fs::is_directory(out / ("peer-" + std::to_string(i))); ++i)
+    any_checkpointed = any_checkpointed ||
+                       fs::exists(out / ("peer-" + std::to_string(i)) / "checkpoints" / "latest");
+  if (!o.resume && any_checkpointed)
     throw ConfigError(out.string() +
                       " already holds a swarm's checkpoints; pass --resume to continue that run, "
                       "or set train.out_dir (--out) to a new directory");
