@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -325,6 +326,112 @@ TEST(NodeTest, InsecurePeerCannotJoinASecureSwarm) {
   o.join_timeout = 1500ms;
   EXPECT_THROW(net::Node{o}, starling::NetError);
   EXPECT_EQ(nodes[0]->members().size(), 1u);
+}
+
+// A message of another release (the magic right, the version not) from an allowlisted peer: the
+// member drops it, logs both versions, and answers once per connection with other_version in
+// its own version, however many such messages come.
+TEST(NodeTest, AMemberAnswersAPeerOfAnotherReleaseOnceInItsOwnVersion) {
+  Swarm swarm(2);
+  auto nodes = swarm.start(1);
+  zmq::context_t ctx;
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::curve_serverkey, swarm.keys_[0].public_key);
+  s.set(zmq::sockopt::curve_publickey, swarm.keys_[1].public_key);
+  s.set(zmq::sockopt::curve_secretkey, swarm.keys_[1].secret_key);
+  s.connect(nodes[0]->endpoint());
+  net::Header h;
+  h.type = net::MsgType::hello;
+  h.sender = net::peer_id_from_public_key(swarm.keys_[1].public_key);
+  std::byte raw[net::kHeaderBytes];
+  net::seal_header(h, {}, raw);
+  raw[4] = std::byte{net::kWireVersion + 1};
+  for (int i = 0; i < 3; ++i) {
+    s.send(zmq::const_buffer(raw, sizeof raw), zmq::send_flags::sndmore);
+    s.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::none);
+  }
+  zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
+  ASSERT_EQ(zmq::poll(&item, 1, 3000ms), 1) << "no answer to a message of another version";
+  zmq::message_t header, payload;
+  ASSERT_TRUE(s.recv(header));
+  ASSERT_TRUE(header.more());
+  ASSERT_TRUE(s.recv(payload));
+  const auto decoded =
+      net::decode_header({static_cast<const std::byte*>(header.data()), header.size()}, 1 << 20);
+  ASSERT_TRUE(decoded.ok()) << decoded.error;
+  EXPECT_EQ(decoded.header.type, net::MsgType::other_version);
+  EXPECT_EQ(decoded.header.sender, nodes[0]->id());
+  EXPECT_EQ(payload.size(), 0u);
+  // One answer for the three messages.
+  EXPECT_EQ(zmq::poll(&item, 1, 500ms), 0);
+  EXPECT_TRUE(swarm.sink.contains("wire version " + std::to_string(net::kWireVersion + 1) +
+                                  ", this peer speaks version " +
+                                  std::to_string(net::kWireVersion)));
+  EXPECT_EQ(nodes[0]->members().size(), 1u);
+}
+
+// A joiner whose entry point runs another release hears so at once and stops with both versions
+// named, instead of waiting out its join timeout. (The member of another release is a CURVE
+// server holding an allowlisted key that answers anything in wire version kWireVersion + 1.) With
+// a second entry point of its own release beside it, the joiner gets in through that one.
+TEST(NodeTest, AJoinerOfAnotherReleaseStopsAtOnceNamingBothVersions) {
+  Swarm swarm(3);
+  zmq::context_t ctx;
+  zmq::socket_t other(ctx, zmq::socket_type::router);
+  other.set(zmq::sockopt::linger, 0);
+  other.set(zmq::sockopt::curve_server, 1);
+  other.set(zmq::sockopt::curve_secretkey, swarm.keys_[0].secret_key);
+  other.bind("tcp://127.0.0.1:0");
+  const std::string where = other.get(zmq::sockopt::last_endpoint);
+  std::atomic<bool> done{false};
+  std::thread member([&] {
+    while (!done) {
+      zmq::pollitem_t item{other.handle(), 0, ZMQ_POLLIN, 0};
+      if (zmq::poll(&item, 1, 50ms) <= 0) continue;
+      std::vector<zmq::message_t> frames;
+      for (bool more = true; more;) {
+        zmq::message_t f;
+        if (!other.recv(f)) break;
+        more = f.more();
+        frames.push_back(std::move(f));
+      }
+      net::Header h;
+      h.type = net::MsgType::other_version;
+      std::byte raw[net::kHeaderBytes];
+      net::seal_header(h, {}, raw);
+      raw[4] = std::byte{net::kWireVersion + 1};
+      other.send(frames[0], zmq::send_flags::sndmore);
+      other.send(zmq::const_buffer(raw, sizeof raw), zmq::send_flags::sndmore);
+      other.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::none);
+    }
+  });
+  auto joiner = swarm.options(1, where);
+  joiner.join_timeout = 30000ms;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    net::Node node(joiner);
+  } catch (const starling::NetError& e) {
+    error = e.what();
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(seconds, 10) << "waited for the join timeout";
+  EXPECT_NE(error.find("could not join the swarm through " + where +
+                       ": it runs another Starling release (wire version: " + where +
+                       " speaks version " + std::to_string(net::kWireVersion + 1) +
+                       "; this peer speaks version " + std::to_string(net::kWireVersion) + ")"),
+            std::string::npos)
+      << error;
+
+  // Another entry point of this release beside it: the joiner gets in there.
+  auto first = std::make_unique<net::Node>(swarm.options(2));
+  joiner.join = {where, first->endpoint()};
+  net::Node node(joiner);
+  EXPECT_TRUE(node.wait_for_members(2, 5s));
+  done = true;
+  member.join();
 }
 
 TEST(NodeTest, StatusReportsMembersAndLinks) {

@@ -52,6 +52,8 @@ void Gossip::begin_join() {
                                                  options_.allowlist)) {
       const std::string slot = std::string("j").append(std::to_string(n++));
       transport_.connect(slot, e.endpoint, key);
+      // A member of another release answers here, in its own version (Transport::receive).
+      transport_.watch_replies(slot);
       Header h;
       h.type = MsgType::hello;
       h.sender = self_;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -30,6 +31,9 @@ struct MemberTable {
   // Guarded by mutex: the entry point that let this peer in knew its id from an earlier start (a
   // process that died or left, and this one took its key).
   bool returning = false;
+  // Guarded by mutex: entry points (their endpoints) that answered the join request in another
+  // wire version, with that version.
+  std::map<std::string, int> other_versions;
 };
 
 }  // namespace starling::net

@@ -55,6 +55,12 @@ Node::Impl::Impl(NodeOptions options) : options_(std::move(options)), table_(Mem
                            static_cast<uint64_t>(Clock::now().time_since_epoch().count()));
     self_id_ = random();
   }
+  t.self = self_id_;
+  t.on_other_version = [this](const std::string& endpoint, int version) {
+    std::lock_guard lock(table_.mutex);
+    table_.other_versions[endpoint] = version;
+    table_.changed.notify_all();
+  };
   transport_ = std::make_unique<Transport>(t);
   endpoint_ = advertised_endpoint(transport_->endpoint(), options_.advertise, entries);
   if (options_.direct_data) {
@@ -107,6 +113,8 @@ Node::Impl::Impl(NodeOptions options) : options_(std::move(options)), table_(Mem
     // Only our left neighbour's departure means our data will not come.
     fail_runs(id, "peer " + table_.who(id) + " left during the operation", true);
   };
+  std::vector<std::string> entry_endpoints;
+  for (const auto& e : entries) entry_endpoints.push_back(e.endpoint);
   gossip_ = std::make_unique<Gossip>(options_, std::move(entries), *transport_, table_, events);
 
   AgreementOptions a;
@@ -124,16 +132,36 @@ Node::Impl::Impl(NodeOptions options) : options_(std::move(options)), table_(Mem
   thread_ = quiet_thread([this] { run(); });
   if (joining_) {
     std::unique_lock lock(table_.mutex);
-    if (!table_.changed.wait_for(lock, options_.join_timeout, [&] { return table_.welcomed; })) {
+    // Every entry point runs another release: none of them will let this peer in.
+    const auto all_other = [&] {
+      for (const auto& e : entry_endpoints)
+        if (!table_.other_versions.count(e)) return false;
+      return true;
+    };
+    table_.changed.wait_for(lock, options_.join_timeout,
+                            [&] { return table_.welcomed || all_other(); });
+    if (!table_.welcomed) {
+      const bool other_release = all_other();
+      std::string others;
+      for (const auto& [endpoint, version] : table_.other_versions)
+        others += std::string(others.empty() ? "" : ", ") + endpoint + " speaks version " +
+                  std::to_string(version);
       lock.unlock();
       stop(false);
       std::string where;
       for (const auto& e : options_.join) where += (where.empty() ? "" : ", ") + e;
+      if (other_release)
+        throw NetError("could not join the swarm through " + where +
+                       ": it runs another Starling release (wire version: " + others +
+                       "; this peer speaks version " + std::to_string(kWireVersion) +
+                       "); run one release on every peer");
       throw NetError("could not join the swarm through " + where + ": no answer within " +
                      seconds_text(options_.join_timeout) +
                      " (is the address right, is this peer's key on its allowlist, and does "
-                     "the peer there run the same Starling? A member drops the messages of "
-                     "another wire version, and its log says so)");
+                     "the peer there run the same Starling?" +
+                     (others.empty() ? std::string(")")
+                                     : "; " + others + ", this peer version " +
+                                           std::to_string(kWireVersion) + ")"));
     }
   }
 }

@@ -80,12 +80,18 @@ bool Transport::connected_to(const std::string& slot, const std::string& endpoin
 void Transport::disconnect(const std::string& slot) {
   dealers_.erase(slot);
   targets_.erase(slot);
+  watched_.erase(slot);
+}
+
+void Transport::watch_replies(const std::string& slot) {
+  if (dealers_.count(slot)) watched_.insert(slot);
 }
 
 void Transport::close_all(std::chrono::milliseconds linger) {
   for (auto& [slot, s] : dealers_) s.set(zmq::sockopt::linger, static_cast<int>(linger.count()));
   dealers_.clear();
   targets_.clear();
+  watched_.clear();
 }
 
 bool Transport::send(const std::string& slot, Header header, zmq::message_t payload) {
@@ -120,19 +126,57 @@ void Transport::reject(const std::string& address, const std::string& reason) {
   options_.log("rejected a message from " + address + ": " + reason);
 }
 
+void Transport::answer_other_version(const zmq::message_t& routing) {
+  // Once per connection: a peer of another release that keeps sending (heartbeats to a member
+  // it was told of) gets one answer, and a flood of them costs this peer a set lookup each.
+  std::string id(static_cast<const char*>(routing.data()), routing.size());
+  if (!answered_.insert(std::move(id)).second) return;
+  if (answered_.size() > 4096) answered_.clear();
+  reply(routing, Header{MsgType::other_version, 0, options_.self}, zmq::message_t());
+}
+
+void Transport::read_reply(const std::string& slot, zmq::socket_t& socket) {
+  std::vector<zmq::message_t> frames;
+  while (true) {
+    zmq::message_t frame;
+    if (!socket.recv(frame, zmq::recv_flags::dontwait)) break;
+    const bool more = frame.more();
+    frames.push_back(std::move(frame));
+    if (!more) break;
+  }
+  if (frames.empty()) return;
+  const auto target = targets_.find(slot);
+  const std::string endpoint = target != targets_.end() ? target->second.first : slot;
+  const std::span<const std::byte> header{static_cast<const std::byte*>(frames[0].data()),
+                                          frames[0].size()};
+  if (const auto version = other_wire_version(header)) {
+    options_.log("the peer at " + endpoint + " speaks wire version " + std::to_string(*version) +
+                 " and this peer version " + std::to_string(kWireVersion) +
+                 ": it runs another Starling release");
+    if (options_.on_other_version) options_.on_other_version(endpoint, *version);
+    return;
+  }
+  reject(endpoint, "a message came back on a join request's connection (none is expected there)");
+}
+
 std::optional<Incoming> Transport::receive(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
-    zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
-                               {wake_pull_.handle(), 0, ZMQ_POLLIN, 0}};
+    std::vector<zmq::pollitem_t> items = {{router_.handle(), 0, ZMQ_POLLIN, 0},
+                                          {wake_pull_.handle(), 0, ZMQ_POLLIN, 0}};
+    const std::vector<std::string> watched(watched_.begin(), watched_.end());
+    for (const auto& slot : watched)
+      items.push_back({dealers_.at(slot).handle(), 0, ZMQ_POLLIN, 0});
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     try {
-      zmq::poll(items, 2, std::max(left, std::chrono::milliseconds(0)));
+      zmq::poll(items.data(), items.size(), std::max(left, std::chrono::milliseconds(0)));
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) throw;
       continue;  // a signal (or a stop and continue): poll again for the time left
     }
+    for (size_t i = 0; i < watched.size(); ++i)
+      if (items[2 + i].revents & ZMQ_POLLIN) read_reply(watched[i], dealers_.at(watched[i]));
     if (items[1].revents & ZMQ_POLLIN) {
       zmq::message_t drop;
       while (wake_pull_.recv(drop, zmq::recv_flags::dontwait)) {
@@ -155,6 +199,15 @@ std::optional<Incoming> Transport::receive(std::chrono::milliseconds timeout) {
       try {
         address = frames[1].gets("Peer-Address");
       } catch (const zmq::error_t&) {
+      }
+    }
+    // Another release's message is answered whatever its shape: the version says why it fails.
+    if (frames.size() >= 2) {
+      if (const auto version = other_wire_version(
+              {static_cast<const std::byte*>(frames[1].data()), frames[1].size()})) {
+        reject(address, other_wire_version_error(*version));
+        answer_other_version(frames[0]);
+        continue;
       }
     }
     if (frames.size() != 3) {

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,6 +33,10 @@ struct TransportOptions {
   std::set<std::string> allowed_keys;        // public keys allowed to connect (CURVE)
   uint64_t max_payload_bytes = 256ull << 20;
   LogFn log;
+  PeerId self = 0;  // the sender of the replies the transport makes itself (other_version)
+  // Called (on the receiving thread) when a socket opened with watch_replies() gets a reply in
+  // another wire version: the peer at `endpoint` runs another Starling release.
+  std::function<void(const std::string& endpoint, int version)> on_other_version;
 };
 
 struct Incoming {
@@ -55,6 +60,10 @@ class Transport {
   // the listener there must prove it holds (CURVE); a wrong key means nothing gets through.
   void connect(const std::string& slot, const std::string& endpoint, const std::string& server_key);
   void disconnect(const std::string& slot);
+  // receive() also reads what comes back on `slot` (a join request's): a peer of another release
+  // answers there in its own version, and on_other_version hears of it. Nothing else is expected
+  // there; anything else is logged and dropped. Ends with disconnect().
+  void watch_replies(const std::string& slot);
   bool connected(const std::string& slot) const { return dealers_.count(slot) > 0; }
   // Whether `slot` is open to exactly this endpoint and key.
   bool connected_to(const std::string& slot, const std::string& endpoint,
@@ -71,7 +80,8 @@ class Transport {
   void reply(const zmq::message_t& routing, Header header, zmq::message_t payload);
 
   // Waits up to `timeout` for one valid message. Invalid messages are logged with the sender's
-  // address and reason, counted, and dropped. Returns nullopt on timeout or wake().
+  // address and reason, counted, and dropped; one of another wire version is answered with
+  // other_version, once per connection. Returns nullopt on timeout or wake().
   std::optional<Incoming> receive(std::chrono::milliseconds timeout);
 
   // Interrupts a receive() in progress (any thread).
@@ -83,6 +93,10 @@ class Transport {
 
  private:
   void reject(const std::string& address, const std::string& reason);
+  // Tells the connection `routing` (once) that this peer speaks another wire version.
+  void answer_other_version(const zmq::message_t& routing);
+  // Reads one message from the watched socket `slot`.
+  void read_reply(const std::string& slot, zmq::socket_t& socket);
 
   TransportOptions options_;
   zmq::context_t context_;
@@ -93,6 +107,8 @@ class Transport {
   zmq::socket_t wake_push_;
   std::map<std::string, zmq::socket_t> dealers_;
   std::map<std::string, std::pair<std::string, std::string>> targets_;  // slot -> endpoint, key
+  std::set<std::string> watched_;                                       // slots
+  std::set<std::string> answered_;  // routing ids told of another version (bounded)
   std::string endpoint_;
   std::atomic<uint64_t> rejected_{0};  // read by other threads for counters
   std::atomic<uint64_t> bytes_sent_{0};

@@ -67,6 +67,8 @@ std::string to_string(MsgType type) {
       return "abort";
     case MsgType::data:
       return "data";
+    case MsgType::other_version:
+      return "other_version";
     case MsgType::p2p:
       return "p2p";
   }
@@ -94,6 +96,19 @@ void seal_header(Header& h, std::span<const std::byte> payload, std::byte* out, 
   encode_header(h, out);
 }
 
+std::optional<uint8_t> other_wire_version(std::span<const std::byte> header_frame) {
+  if (header_frame.size() < 5 || get<uint32_t>(header_frame.data(), 0) != kWireMagic)
+    return std::nullopt;
+  const auto v = get<uint8_t>(header_frame.data(), 4);
+  if (v == kWireVersion) return std::nullopt;
+  return v;
+}
+
+std::string other_wire_version_error(uint8_t version) {
+  return "wire version " + std::to_string(version) + ", this peer speaks version " +
+         std::to_string(kWireVersion) + " (another Starling release)";
+}
+
 HeaderResult decode_header(std::span<const std::byte> bytes, uint64_t max_payload_bytes) {
   HeaderResult r;
   if (bytes.size() != kHeaderBytes) {
@@ -107,8 +122,7 @@ HeaderResult decode_header(std::span<const std::byte> bytes, uint64_t max_payloa
     return r;
   }
   if (const auto v = get<uint8_t>(b, 4); v != kWireVersion) {
-    r.error = "wire version " + std::to_string(v) + ", this peer speaks version " +
-              std::to_string(kWireVersion);
+    r.error = other_wire_version_error(v);
     return r;
   }
   const auto type = get<uint8_t>(b, 5);

@@ -17,10 +17,16 @@
 //
 // decode_header() and check_payload() validate every field; anything malformed yields a reason
 // (never an exception, never a crash), which the transport logs with the sender's address.
+//
+// The magic and the version keep their offsets (0 and 4) in every version: a peer of another
+// release reads them to say whom it met. A peer answers a message whose only fault is its version
+// with `other_version`, in its own version, so a joiner of another release stops at once with
+// both versions named instead of waiting out its join timeout.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -50,8 +56,11 @@ enum class MsgType : uint8_t {
   abort = 11,  // a collective failed; stop waiting for it
   data = 12,   // a chunk of a collective's tensor
   p2p = 13,    // a point-to-point message; Header::op carries its tag
+  // Reply to a message of another wire version, once per connection: the header's version is
+  // the news (the payload is empty, the sender 0 where the transport does not know its peer).
+  other_version = 14,
 };
-inline constexpr uint8_t kMaxMsgType = 13;
+inline constexpr uint8_t kMaxMsgType = 14;
 
 std::string to_string(MsgType type);
 
@@ -83,6 +92,12 @@ struct HeaderResult {
   std::string error;  // empty when the header is valid
   bool ok() const { return error.empty(); }
 };
+
+// The version of a Starling message of another wire version (the first frame starts with the
+// magic and a version other than kWireVersion), whatever its length; nullopt otherwise.
+std::optional<uint8_t> other_wire_version(std::span<const std::byte> header_frame);
+// "wire version V, this peer speaks version K (another Starling release)".
+std::string other_wire_version_error(uint8_t version);
 
 // Validates magic, version, type, precision, reserved fields and the payload-size limit.
 HeaderResult decode_header(std::span<const std::byte> bytes, uint64_t max_payload_bytes);
