@@ -126,6 +126,14 @@ TEST_F(SwapCliTest, PlanRefusesATooSmallBudgetAndPrintsAFeasibleOne) {
   const auto all = run_cli("plan swap --config " + cfg.string() + " --budget 10GB");
   ASSERT_EQ(all.code, 0) << all.output;
   EXPECT_NE(all.output.find("nothing is swapped"), std::string::npos) << all.output;
+
+  // Training with such a budget stops at its start, and leaves no config.toml behind.
+  const auto train =
+      run_cli("train -q --config " + cfg.string() +
+              " --set swap.budget=1KB --set swap.tier=disk --set swap.dir=" + root_.string());
+  EXPECT_EQ(train.code, 2) << train.output;
+  EXPECT_NE(train.output.find("smallest feasible budget"), std::string::npos) << train.output;
+  EXPECT_FALSE(fs::exists(root_ / "run_plan" / "config.toml"));
 }
 
 TEST_F(SwapCliTest, BadSettingsGetClearErrors) {

@@ -176,9 +176,10 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
   } else if (options.resume) {
     progress.note("--resume: no checkpoint in " + run_dir.string() + ", starting fresh");
   }
-  { std::ofstream(run_dir / "config.toml") << to_toml(c); }
   return s;
 }
+
+void Session::write_config() const { std::ofstream(run_dir() / "config.toml") << to_toml(config); }
 
 fs::path Session::save(StepHooks* hooks) {
   std::vector<std::pair<std::string, at::Tensor>> strategy_tensors;

@@ -45,6 +45,10 @@ struct Session {
 
   std::filesystem::path run_dir() const { return config.train.out_dir; }
 
+  // Writes the resolved config, every key, to run_dir()/config.toml. The trainer calls it once
+  // the run has started (its runner built, its swarm joined), so a start that fails leaves none.
+  void write_config() const;
+
   // Saves a checkpoint of the current step, with the strategy's state when `hooks` is given.
   std::filesystem::path save(StepHooks* hooks);
 };

@@ -105,6 +105,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   const auto tokens_per_step =
       static_cast<uint64_t>(c.train.batch_size * c.train.grad_accum * c.model.seq_len);
 
+  s.write_config();
   StopSignals signals;
   TrainResult result;
   fs::path last_ckpt;
