@@ -291,6 +291,11 @@ TEST(Prepare, RejectsBadInputs) {
   std::filesystem::create_directories(o.out_dir);
   EXPECT_NE(error_of([&] { prepare_dataset(o); }).find("no.model"), std::string::npos);
   EXPECT_TRUE(std::filesystem::is_directory(o.out_dir));
+  // Parents it made go too; the ones that were there stay.
+  o.out_dir = dir / "made" / "for" / "out";
+  EXPECT_NE(error_of([&] { prepare_dataset(o); }).find("no.model"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(dir / "made"));
+  EXPECT_TRUE(std::filesystem::is_directory(dir.path()));
 }
 
 class OpenDatasetTest : public ::testing::Test {

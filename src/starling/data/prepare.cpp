@@ -321,7 +321,12 @@ DatasetInfo prepare_dataset(const PrepareOptions& options, const PrepareProgress
   if (progress) progress("find documents", docs.size(), docs.size());
 
   std::error_code ec;
-  const bool made = !fs::exists(options.out_dir);
+  // The outermost directory this call makes (the output's or a missing parent's), if any.
+  fs::path made;
+  for (fs::path p = options.out_dir; !p.empty() && !fs::exists(p); p = p.parent_path()) {
+    made = p;
+    if (p == p.parent_path()) break;
+  }
   fs::create_directories(options.out_dir, ec);
   if (!fs::is_directory(options.out_dir)) {
     throw DataError("cannot create output directory '" + options.out_dir.string() + "'" +
@@ -332,9 +337,10 @@ DatasetInfo prepare_dataset(const PrepareOptions& options, const PrepareProgress
   try {
     return prepare_into(options, docs, is_val, progress);
   } catch (...) {
-    // A directory this call made holds nothing of use after a failure (missing tokenizer
-    // files, a bad document): it goes, rather than stay behind empty or half-written.
-    if (made) fs::remove_all(options.out_dir, ec);
+    // Directories this call made hold nothing of use after a failure (missing tokenizer
+    // files, a bad document): they go, parents it made included, rather than stay behind empty
+    // or half-written.
+    if (!made.empty()) fs::remove_all(made, ec);
     throw;
   }
 }
