@@ -60,9 +60,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "the fuzzer's seed")->capture_default_str();
   app.add_flag("--insecure", insecure, "plain TCP: no CURVE handshake or sender check");
   app.add_option("--type", only_type,
-                 "only messages of this wire type (1-13, net/wire.h; 0 = all): which one a "
-                 "problem comes from")
-      ->check(CLI::Range(0, 13))
+                 "only messages of this wire type (1-" + std::to_string(net::kMaxMsgType) +
+                     ", net/wire.h; 0 = all): which one a problem comes from")
+      ->check(CLI::Range(0, static_cast<int>(net::kMaxMsgType)))
       ->capture_default_str();
   app.add_option("--max-early-mb", early_mb,
                  "the target's bound on chunks of collectives not started yet "

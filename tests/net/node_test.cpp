@@ -406,6 +406,15 @@ TEST(NodeTest, AJoinerOfAnotherReleaseStopsAtOnceNamingBothVersions) {
       other.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::none);
     }
   });
+  // Stops the member however the test ends (a thread still joinable at its end would abort).
+  struct Stop {
+    std::atomic<bool>& done;
+    std::thread& member;
+    ~Stop() {
+      done = true;
+      member.join();
+    }
+  } stop{done, member};
   auto joiner = swarm.options(1, where);
   joiner.join_timeout = 30000ms;
   const auto t0 = std::chrono::steady_clock::now();
@@ -430,8 +439,6 @@ TEST(NodeTest, AJoinerOfAnotherReleaseStopsAtOnceNamingBothVersions) {
   joiner.join = {where, first->endpoint()};
   net::Node node(joiner);
   EXPECT_TRUE(node.wait_for_members(2, 5s));
-  done = true;
-  member.join();
 }
 
 TEST(NodeTest, StatusReportsMembersAndLinks) {

@@ -197,6 +197,27 @@ TEST(RunConfig, SetOverrides) {
   EXPECT_EQ(parse_run_config("", "run.toml", {"data.dir=x"}).data.dir, "x");
 }
 
+// A value handed to another process as an override (a local swarm's peers get their paths so)
+// comes back whole, whatever characters it holds.
+TEST(RunConfig, TomlStringsCarryAnyTextBackWhole) {
+  for (const std::string& text :
+       {std::string("plain/dir"), std::string("a \"quoted\" dir"), std::string("back\\slash\\"),
+        std::string("tab\there"), std::string("del\x7fhere"), std::string("new\nline"),
+        std::string("unit\x1fsep"), std::string("caf\xc3\xa9"), std::string()}) {
+    const std::string quoted = toml_string(text, "train.out_dir");
+    const RunConfig c =
+        parse_run_config("[data]\ndir = \"d\"\n", "run.toml", {"train.out_dir=" + quoted});
+    EXPECT_EQ(c.train.out_dir, text) << quoted;
+  }
+  try {
+    toml_string("bad\xff", "--out");
+    ADD_FAILURE() << "took a string that is not UTF-8";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--out: "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not valid UTF-8"), std::string::npos) << e.what();
+  }
+}
+
 TEST(RunConfigErrors, UnknownKey) {
   expect_error("[data]\ndir = \"d\"\n[train]\nsteps = 3\nstepz = 4\n",
                {"run.toml:5", "train.stepz", "steps"});

@@ -34,10 +34,6 @@ namespace {
 
 using train::fmt;
 
-// `s` as a TOML basic string for a --set value. A JSON string is one: quotes, backslashes and
-// control characters are escaped alike, so a directory named `a"b` or `c:\d` reaches the peer.
-std::string toml_string(const std::string& s) { return nlohmann::json(s).dump(); }
-
 std::atomic<int> g_signal{0};
 extern "C" void on_swarm_signal(int sig) { g_signal.store(sig); }
 
@@ -243,14 +239,14 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
         "--peers places each peer itself: drop pipeline.stage and "
         "pipeline.replica");
   const fs::path out = user_config.train.out_dir;
-  const bool checkpointed = fs::exists(out / "peer-0" / "checkpoints" / "latest");
-  // Each peer would refuse on its own; saying so here spares the others a join timeout. Any
-  // peer's checkpoints count: peer-0 may have written none where the others did.
-  bool any_checkpointed = false;
+  // Any peer's checkpoints make this a swarm's run: peer-0 may have written none where the
+  // others did.
+  bool checkpointed = false;
   for (int i = 0; fs::is_directory(out / ("peer-" + std::to_string(i))); ++i)
-    any_checkpointed = any_checkpointed ||
-                       fs::exists(out / ("peer-" + std::to_string(i)) / "checkpoints" / "latest");
-  if (!o.resume && any_checkpointed)
+    checkpointed =
+        checkpointed || fs::exists(out / ("peer-" + std::to_string(i)) / "checkpoints" / "latest");
+  // Each peer would refuse on its own; saying so here spares the others a join timeout.
+  if (!o.resume && checkpointed)
     throw ConfigError(out.string() +
                       " already holds a swarm's checkpoints; pass --resume to continue that run, "
                       "or set train.out_dir (--out) to a new directory");
@@ -437,20 +433,23 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     const fs::path dir = root / ("peer-" + std::to_string(i));
     std::vector<std::string> sets;
     if (group) {
-      sets = {"train.out_dir=" + toml_string(dir.string()), "net.rank=" + std::to_string(i),
-              "net.world_size=" + std::to_string(o.peers),
-              "net.store=" + toml_string(join.empty() ? std::string("127.0.0.1:0") : join),
+      sets = {"train.out_dir=" + train::toml_string(dir.string(), "train.out_dir"),
+              "net.rank=" + std::to_string(i), "net.world_size=" + std::to_string(o.peers),
+              "net.store=" +
+                  train::toml_string(join.empty() ? std::string("127.0.0.1:0") : join, "net.store"),
               "net.interface=\"127.0.0.1\""};
     } else {
       const std::string listen = lab ? "tcp://" + lab->ip(i) + ":0" : "tcp://127.0.0.1:0";
       sets = {
-          "train.out_dir=" + toml_string(dir.string()), "net.key=" + toml_string(keys[i].string()),
-          "net.allow=" + toml_string((out / "keys" / "allowlist").string()),
-          "net.name=\"peer-" + std::to_string(i) + "\"", "net.listen=" + toml_string(listen),
+          "train.out_dir=" + train::toml_string(dir.string(), "train.out_dir"),
+          "net.key=" + train::toml_string(keys[i].string(), "net.key"),
+          "net.allow=" + train::toml_string((out / "keys" / "allowlist").string(), "net.allow"),
+          "net.name=\"peer-" + std::to_string(i) + "\"",
+          "net.listen=" + train::toml_string(listen, "net.listen"),
           std::string("net.insecure=false"), "net.min_peers=" + std::to_string(o.peers),
           // N libtorch processes starting at once on a busy machine can take a while.
           "net.join_timeout_s=" + std::to_string(std::max<int64_t>(config.net.join_timeout_s, 120)),
-          "net.join=[" + (join.empty() ? "" : toml_string(join)) + "]"};
+          "net.join=[" + (join.empty() ? "" : train::toml_string(join, "net.join")) + "]"};
       // One page for the swarm: peer 0 serves [net] dashboard, the others would want its port.
       if (i != 0) sets.push_back("net.dashboard=\"\"");
     }

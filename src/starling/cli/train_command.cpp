@@ -4,7 +4,6 @@
 #include <filesystem>
 #include <iostream>
 #include <limits>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
 
@@ -63,8 +62,7 @@ void add_train_command(CLI::App& app) {
         if (s.rfind("train.out_dir=", 0) == 0)
           throw CLI::ValidationError(
               "--out", "and --set " + s + " both give the output directory: keep one");
-      // A JSON string is a TOML basic string: quotes, backslashes and the rest escaped alike.
-      a->sets.push_back("train.out_dir=" + nlohmann::json(a->out).dump());
+      a->sets.push_back("train.out_dir=" + train::toml_string(a->out, "--out"));
     }
     // Checked here, before any namespace is made: the rates scripts/netlab.sh (tc) takes.
     static const std::regex kRate(

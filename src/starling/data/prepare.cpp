@@ -339,8 +339,16 @@ DatasetInfo prepare_dataset(const PrepareOptions& options, const PrepareProgress
   } catch (...) {
     // Directories this call made hold nothing of use after a failure (missing tokenizer
     // files, a bad document): they go, parents it made included, rather than stay behind empty
-    // or half-written.
-    if (!made.empty()) fs::remove_all(made, ec);
+    // or half-written. A parent goes only if empty: another prepare may have made an output
+    // beside this one in it meanwhile.
+    if (!made.empty()) {
+      fs::remove_all(options.out_dir, ec);
+      fs::path out = options.out_dir;
+      if (!out.has_filename()) out = out.parent_path();  // "a/b/" is "a/b"
+      for (fs::path p = out.parent_path(); !p.empty() && p != made.parent_path();
+           p = p.parent_path())
+        if (!fs::remove(p, ec)) break;  // not empty (or gone): its own parents stay too
+    }
     throw;
   }
 }

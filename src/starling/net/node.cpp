@@ -155,12 +155,15 @@ Node::Impl::Impl(NodeOptions options) : options_(std::move(options)), table_(Mem
                        ": it runs another Starling release (wire version: " + others +
                        "; this peer speaks version " + std::to_string(kWireVersion) +
                        "); run one release on every peer");
+      // Members of releases older than the other_version answer drop the request in silence
+      // and say so in their log only.
       throw NetError("could not join the swarm through " + where + ": no answer within " +
                      seconds_text(options_.join_timeout) +
                      " (is the address right, is this peer's key on its allowlist, and does "
-                     "the peer there run the same Starling?" +
-                     (others.empty() ? std::string(")")
-                                     : "; " + others + ", this peer version " +
+                     "the peer there run the same Starling? A member of another release drops "
+                     "the messages of this one, and its log says so)" +
+                     (others.empty() ? std::string()
+                                     : "; " + others + " (this peer speaks version " +
                                            std::to_string(kWireVersion) + ")"));
     }
   }

@@ -128,7 +128,8 @@ void Transport::reject(const std::string& address, const std::string& reason) {
 
 void Transport::answer_other_version(const zmq::message_t& routing) {
   // Once per connection: a peer of another release that keeps sending (heartbeats to a member
-  // it was told of) gets one answer, and a flood of them costs this peer a set lookup each.
+  // it was told of) gets one answer; each of its messages costs this peer a set lookup and the
+  // log line of its rejection.
   std::string id(static_cast<const char*>(routing.data()), routing.size());
   if (!answered_.insert(std::move(id)).second) return;
   if (answered_.size() > 4096) answered_.clear();
@@ -162,10 +163,10 @@ void Transport::read_reply(const std::string& slot, zmq::socket_t& socket) {
 std::optional<Incoming> Transport::receive(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
-    std::vector<zmq::pollitem_t> items = {{router_.handle(), 0, ZMQ_POLLIN, 0},
-                                          {wake_pull_.handle(), 0, ZMQ_POLLIN, 0}};
-    const std::vector<std::string> watched(watched_.begin(), watched_.end());
-    for (const auto& slot : watched)
+    std::vector<zmq::pollitem_t>& items = poll_items_;
+    items.assign({{router_.handle(), 0, ZMQ_POLLIN, 0}, {wake_pull_.handle(), 0, ZMQ_POLLIN, 0}});
+    poll_slots_.assign(watched_.begin(), watched_.end());
+    for (const auto& slot : poll_slots_)
       items.push_back({dealers_.at(slot).handle(), 0, ZMQ_POLLIN, 0});
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
@@ -175,8 +176,11 @@ std::optional<Incoming> Transport::receive(std::chrono::milliseconds timeout) {
       if (e.num() != EINTR) throw;
       continue;  // a signal (or a stop and continue): poll again for the time left
     }
-    for (size_t i = 0; i < watched.size(); ++i)
-      if (items[2 + i].revents & ZMQ_POLLIN) read_reply(watched[i], dealers_.at(watched[i]));
+    for (size_t i = 0; i < poll_slots_.size(); ++i) {
+      const auto it = dealers_.find(poll_slots_[i]);
+      if ((items[2 + i].revents & ZMQ_POLLIN) && it != dealers_.end())
+        read_reply(it->first, it->second);
+    }
     if (items[1].revents & ZMQ_POLLIN) {
       zmq::message_t drop;
       while (wake_pull_.recv(drop, zmq::recv_flags::dontwait)) {

@@ -17,6 +17,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 #include <zmq.hpp>
 
 #include "starling/net/keys.h"
@@ -108,7 +109,9 @@ class Transport {
   std::map<std::string, zmq::socket_t> dealers_;
   std::map<std::string, std::pair<std::string, std::string>> targets_;  // slot -> endpoint, key
   std::set<std::string> watched_;                                       // slots
-  std::set<std::string> answered_;  // routing ids told of another version (bounded)
+  std::vector<zmq::pollitem_t> poll_items_;  // receive()'s, kept to spare an allocation a call
+  std::vector<std::string> poll_slots_;      // the watched slots of poll_items_[2...]
+  std::set<std::string> answered_;           // routing ids told of another version (bounded)
   std::string endpoint_;
   std::atomic<uint64_t> rejected_{0};  // read by other threads for counters
   std::atomic<uint64_t> bytes_sent_{0};

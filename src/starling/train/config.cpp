@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "starling/common/error.h"
@@ -272,6 +273,18 @@ RunConfig load_run_config(const std::filesystem::path& file,
   std::stringstream text;
   text << in.rdbuf();
   return parse_run_config(text.str(), file.string(), overrides);
+}
+
+std::string toml_string(const std::string& text, const std::string& what) {
+  std::string out;
+  try {
+    // A JSON string is a TOML basic string, but for DEL, which JSON leaves as it is.
+    out = nlohmann::json(text).dump();
+  } catch (const nlohmann::json::exception&) {
+    throw ConfigError(what + ": \"" + text + "\" is not valid UTF-8, which a TOML string must be");
+  }
+  for (size_t at; (at = out.find('\x7f')) != std::string::npos;) out.replace(at, 1, "\\u007f");
+  return out;
 }
 
 std::string to_toml(const RunConfig& config) {

@@ -104,6 +104,11 @@ RunConfig parse_run_config(std::string_view text, const std::string& source,
 RunConfig load_run_config(const std::filesystem::path& file,
                           const std::vector<std::string>& overrides = {});
 
+// `text` as a TOML basic string (quoted, escaped) for an override's value, e.g. a path handed
+// to another process as --set train.out_dir=...; ConfigError naming `what` where `text` is not
+// valid UTF-8, which no TOML string can hold.
+std::string toml_string(const std::string& text, const std::string& what);
+
 // The complete configuration as TOML, every key written out; parse_run_config(to_toml(c)) == c.
 std::string to_toml(const RunConfig& config);
 
