@@ -450,9 +450,11 @@ TEST_F(CliTest, BadCommandLinesAreUsageErrors) {
   EXPECT_NE(r.code, 0);
   EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
   // A link rate is checked before any namespace is made (it used to fail in scripts/netlab.sh).
-  r = run("train --config x.toml --peers 2 --link-rate fast");
-  EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_NE(r.output.find("\"fast\" is not a rate"), std::string::npos) << r.output;
+  for (const std::string rate : {"fast", "5"}) {
+    r = run("train --config x.toml --peers 2 --link-rate " + rate);
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find("\"" + rate + "\" is not a rate"), std::string::npos) << r.output;
+  }
   // --out is train.out_dir: giving both is refused rather than one silently winning.
   r = run("train --config x.toml --out a --set train.out_dir=b");
   EXPECT_EQ(r.code, 2) << r.output;

@@ -136,12 +136,12 @@ TEST(LinkRate, ReadsTcsUnitsInAnyCase) {
   EXPECT_DOUBLE_EQ(parse_link_rate("1GBIT", "r"), 1e9 / 8);
   EXPECT_DOUBLE_EQ(parse_link_rate("1tbit", "r"), 1e12 / 8);
   EXPECT_DOUBLE_EQ(parse_link_rate("8000bit", "r"), 1000);
-  EXPECT_DOUBLE_EQ(parse_link_rate("8000", "r"), 1000);
   EXPECT_DOUBLE_EQ(parse_link_rate("5MBps", "r"), 5e6);
   EXPECT_DOUBLE_EQ(parse_link_rate("5kbps", "r"), 5e3);
   EXPECT_DOUBLE_EQ(parse_link_rate("2gbps", "r"), 2e9);
   EXPECT_DOUBLE_EQ(parse_link_rate("100bps", "r"), 100);
-  for (const char* bad : {"", "mbit", "0mbit", "-1mbit", "10 mbit", "10xbit", "fast", "infmbit"}) {
+  for (const char* bad :
+       {"", "5", "mbit", "0mbit", "-1mbit", "10 mbit", "10xbit", "fast", "infmbit"}) {
     try {
       parse_link_rate(bad, "--link-rate");
       ADD_FAILURE() << "accepted \"" << bad << "\"";

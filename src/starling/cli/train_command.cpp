@@ -66,7 +66,7 @@ void add_train_command(CLI::App& app) {
     }
     // Checked here, before any namespace is made: the rates scripts/netlab.sh (tc) takes.
     static const std::regex kRate(
-        "[1-9][0-9]*(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)?|unlimited", std::regex::icase);
+        "[1-9][0-9]*(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)|unlimited", std::regex::icase);
     if (!a->link_rate.empty() && !std::regex_match(a->link_rate, kRate))
       throw CLI::ValidationError("--link-rate", "\"" + a->link_rate +
                                                     "\" is not a rate: a whole number and a unit, "

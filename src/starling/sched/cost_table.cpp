@@ -100,9 +100,10 @@ void CostTable::scale_cuts(double fraction) {
 
 double parse_link_rate(const std::string& text, const std::string& what) {
   // tc's units (decimal; "bps" is bytes a second), in any case, as scripts/netlab.sh takes them.
+  // A bare number, bits to tc, is refused: "5" is far likelier a missing "mbit" than 5 bit/s.
   static const std::pair<const char*, double> units[] = {
       {"kbit", 1e3}, {"mbit", 1e6}, {"gbit", 1e9}, {"tbit", 1e12}, {"bit", 1},
-      {"kbps", 8e3}, {"mbps", 8e6}, {"gbps", 8e9}, {"bps", 8},     {"", 1}};
+      {"kbps", 8e3}, {"mbps", 8e6}, {"gbps", 8e9}, {"bps", 8}};
   std::string lower = text;
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   for (const auto& [unit, bits] : units) {
