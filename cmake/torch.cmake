@@ -5,6 +5,7 @@ find_package(Torch REQUIRED)
 add_library(starling STATIC
   src/starling/common/safetensors.cpp
   src/starling/common/cpu_runtime.cpp
+  src/starling/common/dir_lock.cpp
   src/starling/common/device.cpp
   src/starling/model/config.cpp
   src/starling/model/build.cpp

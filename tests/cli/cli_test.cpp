@@ -6,6 +6,7 @@
 
 #include <cctype>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -14,10 +15,12 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "run_cli.h"
 #include "run_files.h"
+#include "starling/common/process.h"
 
 namespace fs = std::filesystem;
 
@@ -116,6 +119,36 @@ TEST_F(CliTest, RefusesToOverwriteARunWithoutResume) {
   const Result again = run("train -q --config " + cfg.string() + " --set train.steps=2");
   EXPECT_EQ(again.code, 2);
   EXPECT_NE(again.output.find("already holds a checkpoint"), std::string::npos) << again.output;
+}
+
+// Two runs into one directory at once: the second is refused while the first holds it (it used
+// to truncate the first's metrics.jsonl and write checkpoints beside it), and a run that ended,
+// however it ended (here killed), leaves the directory free.
+TEST_F(CliTest, TwoRunsAtOnceInOneDirectoryAreRefused) {
+  const fs::path cfg = write_config("busy");
+  const fs::path dir = root_ / "run_busy";
+  starling::Process first({STARLING_CLI_PATH, "train", "-q", "--config", cfg.string(), "--set",
+                           "train.steps=1000000", "--set", "train.eval_every=0"},
+                          (root_ / "busy_first.log").string());
+  // The lock file holds its holder's pid once it is taken.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::string holder;
+  while (holder.empty() && std::chrono::steady_clock::now() < until) {
+    std::ifstream in(dir / ".lock");
+    std::getline(in, holder);
+    if (holder.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(holder, std::to_string(first.pid()));
+  const Result second = run("train -q --config " + cfg.string() + " --set train.steps=2");
+  EXPECT_EQ(second.code, 2) << second.output;
+  EXPECT_NE(second.output.find(dir.string() + " is in use by another run (process " + holder + ")"),
+            std::string::npos)
+      << second.output;
+  first.signal(SIGKILL);
+  ASSERT_TRUE(first.wait(std::chrono::seconds(30)));
+  // Free again: a resumed run takes it.
+  const Result after = run("train -q --resume --config " + cfg.string() + " --set train.steps=2");
+  EXPECT_EQ(after.code, 0) << after.output;
 }
 
 TEST_F(CliTest, ResumeWithADifferentModelIsAnError) {

@@ -16,6 +16,7 @@
 
 #include "starling/cli/cpu_quota.h"
 #include "starling/common/cpu_runtime.h"
+#include "starling/common/dir_lock.h"
 #include "starling/common/error.h"
 #include "starling/common/process.h"
 #include "starling/net/keys.h"
@@ -239,6 +240,9 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
         "--peers places each peer itself: drop pipeline.stage and "
         "pipeline.replica");
   const fs::path out = user_config.train.out_dir;
+  // One launcher (or single process) at a time in `out`; the peers hold their own directories.
+  fs::create_directories(out);
+  const DirLock out_lock(out);
   // Any peer's checkpoints make this a swarm's run: peer-0 may have written none where the
   // others did.
   bool checkpointed = false;

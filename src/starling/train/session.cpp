@@ -130,6 +130,8 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
                         "train.out_dir (--out) to a new directory, or go on with the swarm "
                         "(train --peers N --resume)");
   fs::create_directories(run_dir);
+  // Before the checkpoint check: two runs starting together must not both find none.
+  s->run_dir_lock = std::make_unique<DirLock>(run_dir);
   const bool has_checkpoint = fs::exists(run_dir / "checkpoints" / "latest");
   if (has_checkpoint && !options.resume)
     throw ConfigError(run_dir.string() +

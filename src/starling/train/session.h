@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "starling/common/dir_lock.h"
 #include "starling/data/dataset.h"
 #include "starling/data/loader.h"
 #include "starling/graph/dag.h"
@@ -30,7 +31,8 @@ struct Session {
 
   const RunConfig& config;
   c10::Device device;
-  int threads = 1;  // CPU threads the runtime uses
+  int threads = 1;                        // CPU threads the runtime uses
+  std::unique_ptr<DirLock> run_dir_lock;  // held while the run writes run_dir()
   data::DatasetInfo dataset;
   std::unique_ptr<graph::OpDag> dag;
   std::unique_ptr<graph::Executor> executor;

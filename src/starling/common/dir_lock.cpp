@@ -1,0 +1,51 @@
+#include "starling/common/dir_lock.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "starling/common/error.h"
+
+namespace starling {
+
+DirLock::DirLock(const std::filesystem::path& dir, std::chrono::milliseconds wait) {
+  const std::filesystem::path file = dir / ".lock";
+  fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw ConfigError("cannot open " + file.string() +
+                      " to claim the run directory: " + std::strerror(errno));
+  const auto until = std::chrono::steady_clock::now() + wait;
+  while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK && errno != EINTR) {
+      const std::string why = std::strerror(errno);
+      ::close(fd_);
+      throw ConfigError("cannot lock " + file.string() + ": " + why);
+    }
+    if (std::chrono::steady_clock::now() >= until) {
+      char pid[32] = {};
+      const ssize_t n = ::pread(fd_, pid, sizeof pid - 1, 0);
+      ::close(fd_);
+      throw ConfigError(
+          dir.string() + " is in use by another run" +
+          (n > 0 ? " (process " + std::string(pid, static_cast<size_t>(n)) + ")" : std::string()) +
+          ": two runs in one directory would overwrite each other's metrics and "
+          "checkpoints; wait for it to end, or set train.out_dir (--out) to another "
+          "directory");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  // The holder's pid, for the message another run gets.
+  const std::string pid = std::to_string(::getpid());
+  if (::ftruncate(fd_, 0) == 0) (void)::pwrite(fd_, pid.data(), pid.size(), 0);
+}
+
+DirLock::~DirLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the lock
+}
+
+}  // namespace starling
