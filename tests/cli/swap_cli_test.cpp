@@ -134,6 +134,13 @@ TEST_F(SwapCliTest, PlanRefusesATooSmallBudgetAndPrintsAFeasibleOne) {
   EXPECT_EQ(train.code, 2) << train.output;
   EXPECT_NE(train.output.find("smallest feasible budget"), std::string::npos) << train.output;
   EXPECT_FALSE(fs::exists(root_ / "run_plan" / "config.toml"));
+  // A budget that is no size, or none, is refused before the profile (minutes on a large model).
+  for (const std::string b : {"abc", "6", "0MB"}) {
+    const auto bad = run_cli("plan swap --config " + cfg.string() + " --budget " + b);
+    EXPECT_EQ(bad.code, 2) << bad.output;
+    EXPECT_EQ(bad.output.find("profiling"), std::string::npos) << bad.output;
+    EXPECT_NE(bad.output.find("--budget"), std::string::npos) << bad.output;
+  }
 }
 
 TEST_F(SwapCliTest, BadSettingsGetClearErrors) {

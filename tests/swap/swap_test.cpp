@@ -36,9 +36,10 @@ TEST(SwapConfig, ParsesSizesWithUnits) {
   EXPECT_EQ(parse_bytes("2GB", "k"), 2000000000);
   EXPECT_EQ(parse_bytes("1.5 GiB", "k"), 1610612736);
   EXPECT_EQ(parse_bytes("512mb", "k"), 512000000);
-  EXPECT_EQ(parse_bytes("4096", "k"), 4096);
+  EXPECT_EQ(parse_bytes("4096B", "k"), 4096);
   EXPECT_EQ(parse_bytes("3KiB", "k"), 3072);
-  for (const char* bad : {"", "GB", "2 GBs", "1.2.3MB", "-5MB", "lots"}) {
+  // A unit is required: "6" is likelier a missing GB than 6 bytes.
+  for (const char* bad : {"", "GB", "2 GBs", "1.2.3MB", "-5MB", "lots", "4096", "6"}) {
     try {
       parse_bytes(bad, "swap.budget");
       ADD_FAILURE() << "accepted \"" << bad << "\"";
@@ -806,8 +807,9 @@ TEST(SwapTier, DiskRefusesAFilesystemWithoutODirect) {
   }
   if (!shm_tmpfs) GTEST_SKIP() << "no tmpfs at /dev/shm to try";
   try {
-    make_tier("disk", "/dev/shm");
-    // Newer kernels give tmpfs O_DIRECT; then the tier works there.
+    // Newer kernels give tmpfs O_DIRECT; then the tier works there, and says it is in RAM.
+    const auto tier = make_tier("disk", "/dev/shm");
+    EXPECT_NE(tier->describe().find("tmpfs: in RAM"), std::string::npos) << tier->describe();
   } catch (const starling::Error& e) {
     EXPECT_NE(std::string(e.what()).find("O_DIRECT"), std::string::npos) << e.what();
   }

@@ -71,6 +71,9 @@ void add_plan_command(CLI::App& app) {
     if (budget.empty())
       throw CLI::ValidationError("--budget",
                                  "give a budget (e.g. --budget 2GB) or set swap.budget");
+    // Checked before the profile, which takes minutes on a large model.
+    if (!a->budget.empty() && swap::parse_bytes(a->budget, "--budget") <= 0)
+      throw CLI::ValidationError("--budget", "must be more than 0 bytes");
     std::cout << swap::plan_swap_for(config, budget);
   });
 

@@ -2,13 +2,16 @@
 
 #include <fcntl.h>
 #include <liburing.h>
+#include <linux/magic.h>
 #include <sys/statvfs.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <stdexcept>
 
 #include "starling/common/error.h"
@@ -62,6 +65,13 @@ DiskTier::DiskTier(const std::filesystem::path& dir)
     throw Error("swap.dir " + dir.string() + ": cannot create the swap file: " + errno_text(err));
   }
   ::unlink(path_.c_str());  // the file lives until the descriptor closes, crash or not
+  // Kernels from 6.6 give tmpfs O_DIRECT: the tier works there, but its bytes stay in RAM.
+  struct statfs fs {};
+  in_memory_ = ::fstatfs(fd_, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
+  if (in_memory_)
+    std::cerr << "swap.dir " << dir.string()
+              << " is on tmpfs: the disk tier's bytes stay in RAM there, which saves no memory; "
+                 "point swap.dir at a directory on a disk\n";
   if (const int r = io_uring_queue_init(kRingEntries, ring_.get(), 0); r < 0) {
     ::close(fd_);
     throw Error("swap.tier = \"disk\" needs io_uring, which the kernel refused (" + errno_text(-r) +
@@ -94,7 +104,8 @@ DiskTier::~DiskTier() {
 }
 
 std::string DiskTier::describe() const {
-  return "disk " + path_.parent_path().string() + " (O_DIRECT, io_uring)";
+  return "disk " + path_.parent_path().string() +
+         (in_memory_ ? " (tmpfs: in RAM; O_DIRECT, io_uring)" : " (O_DIRECT, io_uring)");
 }
 
 uint64_t DiskTier::reserve(size_t bytes) {

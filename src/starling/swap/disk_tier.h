@@ -55,6 +55,7 @@ class DiskTier final : public Tier {
   bool reap(bool block);
 
   std::filesystem::path dir_, path_;
+  bool in_memory_ = false;  // swap.dir is on tmpfs or ramfs
   int fd_ = -1;
   std::unique_ptr<io_uring> ring_;
   std::map<uint64_t, size_t> extents_;  // key (file offset) -> reserved bytes

@@ -24,7 +24,8 @@ void add_config_keys(SwapConfig& c, config::Keys& k) {
                          {"host", "disk"}));
   k.push_back(string_key("swap", "dir", &c.dir,
                          "directory of the disk tier's file (unlinked while open); \"\" = "
-                         "train.out_dir. Must be on a filesystem with O_DIRECT (not tmpfs)"));
+                         "train.out_dir. Must be on a disk: a filesystem with O_DIRECT (tmpfs "
+                         "keeps the bytes in RAM)"));
   k.push_back(int_key("swap", "group_nodes", &c.group_nodes, 0,
                       "nodes per swapped layer group; 0 = the planner chooses"));
   k.push_back(int_key("swap", "depth", &c.depth, -1,
@@ -107,16 +108,11 @@ int64_t parse_bytes(const std::string& text, const std::string& what) {
   } catch (const std::logic_error&) {
     throw bad();
   }
-  static const std::vector<std::pair<std::string, double>> units = {{"", 1},
-                                                                    {"b", 1},
-                                                                    {"kb", 1e3},
-                                                                    {"mb", 1e6},
-                                                                    {"gb", 1e9},
-                                                                    {"tb", 1e12},
-                                                                    {"kib", 1024.0},
-                                                                    {"mib", 1048576.0},
-                                                                    {"gib", 1073741824.0},
-                                                                    {"tib", 1099511627776.0}};
+  // A unit is required: "6" is far likelier a missing "GB" than 6 bytes.
+  static const std::vector<std::pair<std::string, double>> units = {
+      {"b", 1},           {"kb", 1e3},           {"mb", 1e6},
+      {"gb", 1e9},        {"tb", 1e12},          {"kib", 1024.0},
+      {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0}};
   for (const auto& [name, scale] : units)
     if (unit == name) {
       const double bytes = number * scale;

@@ -57,8 +57,8 @@ void add_config_keys(SwapConfig& c, config::Keys& keys);
 // Checks what spans keys (the budget's syntax); ConfigError prefixed with `source`.
 void check(const SwapConfig& c, const std::string& source);
 
-// "2GB", "1.5 GiB", "512MB", "300000000": decimal (KB, MB, GB, TB) and binary (KiB, MiB, GiB,
-// TiB) units, case-insensitive, a bare number is bytes. ConfigError naming `what` otherwise.
+// "2GB", "1.5 GiB", "512MB", "300000000B": decimal (KB, MB, GB, TB) and binary (KiB, MiB, GiB,
+// TiB) units and B, case-insensitive; a unit is required. ConfigError naming `what` otherwise.
 int64_t parse_bytes(const std::string& text, const std::string& what);
 // 1536 MB -> "1.50 GB": three significant digits with a decimal unit.
 std::string format_bytes(double bytes);

@@ -80,8 +80,11 @@ SwapProblem problem_for(const train::RunConfig& c, graph::OpDag& dag, const std:
       speculation = Speculation::kAlways;
     }
   }
+  // Read before the profile, which takes minutes on a large model.
+  const int64_t budget_bytes = parse_bytes(budget, "swap.budget");
+  if (budget_bytes <= 0) throw ConfigError("swap.budget must be more than 0 bytes");
   SwapProblem p = profile_nodes(dag, options, c.train.batch_size, c.model.seq_len, device);
-  p.budget = parse_bytes(budget, "swap.budget");
+  p.budget = budget_bytes;
   p.micro_batches = c.train.grad_accum;
   p.group_nodes = c.swap.group_nodes;
   p.depth = static_cast<int>(c.swap.depth);
