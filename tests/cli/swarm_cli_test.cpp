@@ -1559,6 +1559,11 @@ TEST_F(SwarmCliTest, AFinishedCo2RunGoesOnWithoutItsLastRoundTwice) {
     EXPECT_NE(log.find("at step 8\n"), std::string::npos) << "resumed from the end: " << log;
     EXPECT_EQ(count_of(log, "this peer's part of it goes out again"), 0) << log;
     EXPECT_FALSE(final_model(run_dir("co2_more") / ("peer-" + std::to_string(i)), 16).empty());
+    // The first run's log is kept beside it.
+    const std::string before =
+        read_file(run_dir("co2_more") / ("peer-" + std::to_string(i) + ".log.1"));
+    EXPECT_EQ(before.find("resumed from"), std::string::npos) << before;
+    EXPECT_NE(before.find("listening at"), std::string::npos) << before;
   }
 }
 

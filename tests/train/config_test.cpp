@@ -315,6 +315,17 @@ TEST(RunConfigErrors, InconsistentValues) {
                {"run.toml", "pipeline.adatopk_topk_beyond", "must be >= 1"});
   expect_error("[data]\ndir = \"d\"\n[swap]\nbudget = \"1GB\"\nio_slowdown = -0.5\n",
                {"run.toml", "swap.io_slowdown", "-1 (probed) or 0 and up", "-0.5"});
+  expect_error(
+      "[data]\ndir = \"d\"\n[train]\nbatch_size = 8\n[strategy]\nkind = \"atom\"\n"
+      "target_batch = 4\n",
+      {"run.toml", "strategy.target_batch (4) is less than one micro-batch",
+       "set strategy.target_batch to 8 or more"});
+  // One micro-batch is a target a peer can meet.
+  EXPECT_EQ(parse_run_config("[data]\ndir = \"d\"\n[train]\nbatch_size = 8\n[strategy]\nkind = "
+                             "\"atom\"\ntarget_batch = 8\n",
+                             "run.toml")
+                .strategy.target_batch,
+            8);
 }
 
 TEST(RunConfigErrors, InvalidTomlSyntax) {

@@ -484,7 +484,15 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     std::vector<PeerView> views(o.peers);
     auto log_of = [&](int i) { return (root / ("peer-" + std::to_string(i) + ".log")).string(); };
     fs::create_directories(root);
-    for (int i = 0; i < o.peers; ++i) fs::remove(log_of(i));
+    for (int i = 0; i < o.peers; ++i) {
+      // A resumed run keeps the logs of the runs before it: peer-<i>.log.1, .2, ... in order.
+      if (o.resume && fs::exists(log_of(i))) {
+        int n = 1;
+        while (fs::exists(log_of(i) + "." + std::to_string(n))) ++n;
+        fs::rename(log_of(i), log_of(i) + "." + std::to_string(n));
+      }
+      fs::remove(log_of(i));
+    }
     procs.emplace_back(argv_for(0, "", root, extra), log_of(0));
     std::string entry;
     for (int tries = 0; tries < 600 && entry.empty(); ++tries) {

@@ -259,6 +259,17 @@ RunConfig parse_run_config(std::string_view text, const std::string& source,
     throw ConfigError(where + ": optim.beta1 and optim.beta2 must be < 1");
   if (config.sample.top_p <= 0 || config.sample.top_p > 1)
     throw ConfigError(where + ": sample.top_p must be in (0, 1]");
+  // Every atom peer gathers at least one micro-batch a step: a smaller target is never met, it
+  // is overshot every step.
+  if (config.strategy.kind == "atom" && config.strategy.target_batch > 0 &&
+      config.strategy.target_batch < config.train.batch_size)
+    throw ConfigError(where + ": strategy.target_batch (" +
+                      std::to_string(config.strategy.target_batch) +
+                      ") is less than one micro-batch (train.batch_size = " +
+                      std::to_string(config.train.batch_size) +
+                      "): each atom peer gathers at least one a step, so the swarm would take "
+                      "more every step; set strategy.target_batch to " +
+                      std::to_string(config.train.batch_size) + " or more");
   strategy::check(config.strategy, where);
   net::check(config.net, where);
   swap::check(config.swap, where);
