@@ -151,6 +151,36 @@ TEST_F(CliTest, TwoRunsAtOnceInOneDirectoryAreRefused) {
   EXPECT_EQ(after.code, 0) << after.output;
 }
 
+// A run stopped by a signal logs the step it stops at, whatever train.log_every says, beside the
+// checkpoint it takes there.
+TEST_F(CliTest, ARunStoppedByASignalLogsItsLastStep) {
+  const fs::path cfg = write_config("signal");
+  const fs::path log = root_ / "signal.log";
+  starling::Process run_(
+      {STARLING_CLI_PATH, "train", "-q", "--config", cfg.string(), "--set", "train.steps=1000000",
+       "--set", "train.log_every=100000", "--set", "train.eval_every=0"},
+      log.string());
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(root_ / "run_signal" / "config.toml") &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  run_.signal(SIGINT);
+  const auto code = run_.wait(std::chrono::seconds(60));
+  ASSERT_TRUE(code);
+  EXPECT_EQ(*code, 0);
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(text, m, std::regex("stopped at step ([0-9]+); checkpoint")))
+      << text;
+  std::ifstream metrics(root_ / "run_signal" / "metrics.jsonl");
+  std::string line, last;
+  while (std::getline(metrics, line)) last = line;
+  EXPECT_NE(last.find("\"step\":" + m[1].str() + ","), std::string::npos) << last;
+  EXPECT_NE(last.find("\"loss\":"), std::string::npos) << last;
+}
+
 TEST_F(CliTest, ResumeWithADifferentModelIsAnError) {
   const fs::path cfg = write_config("mismatch");
   ASSERT_EQ(run("train -q --config " + cfg.string() + " --stop-at 2").code, 0);

@@ -197,7 +197,9 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     // A signal stops only this peer (it leaves the swarm); train.steps is the same on every peer.
     // --stop-at ends this run but not training: a round boundary, not the end of the schedule.
     at_boundary = hooks ? hooks->step_done(replica, replica.step == c.train.steps) : true;
-    const bool milestone = replica.step % c.train.log_every == 0 || replica.step == last;
+    // The run's last step is logged, and so is the step a signal stops it at.
+    const bool milestone = replica.step % c.train.log_every == 0 || replica.step == last ||
+                           (g_stop.load() && at_boundary);
     // On a CPU the value is there already; a GPU is waited for only at milestones (which also
     // makes the window's wall-clock time cover the device work it queued).
     if (milestone || !s.device.is_cuda()) {
