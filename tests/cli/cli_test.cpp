@@ -102,8 +102,9 @@ TEST_F(CliTest, ResumeIsBitIdenticalToAStraightRun) {
   ASSERT_TRUE(fs::exists(b / "model.safetensors"));
   EXPECT_TRUE(read_file(a / "model.safetensors") == read_file(b / "model.safetensors"))
       << "weights after 8 straight steps differ from 4 + resume + 4";
-  // The optimizer file, bit for bit, up to the saved RNG state: libtorch's CPU generator state
-  // serialises a struct with uninitialised padding, so those bytes differ between processes.
+  // The optimizer file, bit for bit, up to the saved RNG state: the generator is seeded from
+  // train.seed, but its state serialises a struct with uninitialised padding, which may differ
+  // between processes.
   const std::string opt_a = read_file(a / "optimizer.safetensors");
   const std::string opt_b = read_file(b / "optimizer.safetensors");
   const size_t rng_a = rng_data_start(opt_a), rng_b = rng_data_start(opt_b);

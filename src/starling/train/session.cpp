@@ -102,6 +102,10 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
   configure_matmul_precision(c.train.device, c.train.tf32);
   configure_determinism(c.train.device, c.train.deterministic);
   cap_device_memory(c);
+  // The global generators draw nothing in training (the model, the loader and the sampler keep
+  // their own), but a checkpoint saves the CPU one's state: seeded here, two runs with the same
+  // seeds write the same bytes, where a seed from the process's start made them differ.
+  at::manual_seed(static_cast<uint64_t>(c.train.seed));
   auto s = std::make_unique<Session>(c, c10::Device(c.train.device));
   s->threads = threads;
   if (const std::filesystem::path dir(c.data.dir); !std::filesystem::exists(dir))
