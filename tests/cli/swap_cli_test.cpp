@@ -134,6 +134,17 @@ TEST_F(SwapCliTest, PlanRefusesATooSmallBudgetAndPrintsAFeasibleOne) {
   EXPECT_EQ(train.code, 2) << train.output;
   EXPECT_NE(train.output.find("smallest feasible budget"), std::string::npos) << train.output;
   EXPECT_FALSE(fs::exists(root_ / "run_plan" / "config.toml"));
+  // So does a swarm of such peers, which says why (quiet too) and trained nothing.
+  const auto swarm = run_cli("train -q --peers 2 --config " + cfg.string() +
+                             " --set strategy.kind=ddp --set swap.budget=1KB --set swap.tier=disk "
+                             "--set swap.dir=" +
+                             root_.string() + " --out " + (root_ / "plan_swarm").string());
+  EXPECT_NE(swarm.code, 0) << swarm.output;
+  EXPECT_NE(swarm.output.find("exited with code 2: error: swap.budget 1.00 KB cannot hold"),
+            std::string::npos)
+      << swarm.output;
+  EXPECT_NE(swarm.output.find("2 of 2 peers failed"), std::string::npos) << swarm.output;
+  EXPECT_EQ(swarm.output.find("trained 0 steps"), std::string::npos) << swarm.output;
   // A budget that is no size, or none, is refused before the profile (minutes on a large model).
   for (const std::string b : {"abc", "6", "0MB"}) {
     const auto bad = run_cli("plan swap --config " + cfg.string() + " --budget " + b);

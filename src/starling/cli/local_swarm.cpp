@@ -595,9 +595,10 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
           if (v.exit_code.value_or(-1) != 0) {
             ++result.failed_peers;
             const std::string why = last_line(log_of(i));
-            progress.note("swarm: peer " + std::to_string(i) + " exited with code " +
-                          std::to_string(v.exit_code.value_or(-1)) +
-                          (why.empty() ? "" : ": " + why) + "; see " + log_of(i));
+            // Printed in a quiet run too: the summary's "N peers failed" needs its reason.
+            progress.log("swarm: peer " + std::to_string(i) + " exited with code " +
+                         std::to_string(v.exit_code.value_or(-1)) +
+                         (why.empty() ? "" : ": " + why) + "; see " + log_of(i));
           }
         }
         any_running = any_running || v.running;
