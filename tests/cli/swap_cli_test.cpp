@@ -123,6 +123,13 @@ TEST_F(SwapCliTest, PlanRefusesATooSmallBudgetAndPrintsAFeasibleOne) {
   EXPECT_NE(slowed.output.find("runs 50% slower while the tier moves data"), std::string::npos)
       << slowed.output;
 
+  // Probing in train.out_dir (no swap.dir), the plan leaves no directory it made.
+  ASSERT_FALSE(fs::exists(root_ / "run_plan"));
+  const auto in_out_dir = run_cli("plan swap --config " + cfg.string() + " --budget " + budget +
+                                  " --set swap.tier=disk");
+  ASSERT_EQ(in_out_dir.code, 0) << in_out_dir.output;
+  EXPECT_FALSE(fs::exists(root_ / "run_plan"));
+
   const auto all = run_cli("plan swap --config " + cfg.string() + " --budget 10GB");
   ASSERT_EQ(all.code, 0) << all.output;
   EXPECT_NE(all.output.find("nothing is swapped"), std::string::npos) << all.output;

@@ -255,6 +255,21 @@ std::string plan_swap_for(const train::RunConfig& c, const std::string& budget) 
   std::cerr << "plan: profiling the model's " << dag->nodes().size() << " nodes at batch "
             << c.train.batch_size << " x " << c.model.seq_len << " on " << c.train.device
             << ", and the " << c.swap.tier << " tier's bandwidth; the plan follows" << std::endl;
+  // The probe makes the tier's directory (train.out_dir by default) where it is missing; a plan
+  // leaves no empty directories behind, however it ends.
+  struct RemoveMadeDirs {
+    fs::path dir, made;  // the tier's directory; its outermost ancestor that did not exist
+    ~RemoveMadeDirs() {
+      std::error_code ec;
+      for (fs::path p = dir; !made.empty() && !p.empty(); p = p.parent_path())
+        if (!fs::remove(p, ec) || p == made) break;  // only empty ones go
+    }
+  } cleanup{tier_dir(c).lexically_normal(), {}};
+  if (!cleanup.dir.has_filename()) cleanup.dir = cleanup.dir.parent_path();
+  for (fs::path p = cleanup.dir; !p.empty() && !fs::exists(p); p = p.parent_path()) {
+    cleanup.made = p;
+    if (p == p.parent_path()) break;
+  }
   const SwapProblem problem = problem_for(c, *dag, budget, true);
   return describe_plan(plan_swap(problem), problem);
 }
