@@ -306,19 +306,11 @@ class SwarmCliTest : public ::testing::Test {
     std::vector<Process> ranks;
     for (int rank = 0; rank < 2; ++rank) {
       std::vector<std::string> argv = {
-          "/usr/bin/env",
-          "RANK=" + std::to_string(rank),
-          "WORLD_SIZE=2",
-          "MASTER_ADDR=127.0.0.1",
-          "MASTER_PORT=" + port,
-          STARLING_CLI_PATH,
-          "peer",
-          "--json",
-          "-q",
-          "--config",
-          (root_ / (name + ".toml")).string(),
-          "--set",
-          "train.out_dir=\"" + (run_dir(name) / std::to_string(rank)).string() + "\""};
+          "/usr/bin/env", "RANK=" + std::to_string(rank), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+          "MASTER_PORT=" + port, STARLING_CLI_PATH, "peer", "--json", "-q", "--config",
+          (root_ / (name + ".toml")).string(), "--set",
+          // One config for every rank, as a launcher gives: "{rank}" makes each one's directory.
+          "train.out_dir=\"" + (run_dir(name) / "{rank}").string() + "\""};
       argv.insert(argv.end(), extra.begin(), extra.end());
       ranks.emplace_back(argv, (root_ / (name + std::to_string(rank) + ".log")).string());
     }

@@ -1424,7 +1424,7 @@ int run_torchrun_group(const fs::path& cfg, const fs::path& run, int ranks, int 
           << " MASTER_ADDR=127.0.0.1 MASTER_PORT=" << port << " timeout 180 " << STARLING_CLI_PATH
           << " peer -q --insecure --config " << cfg.string() << settings << " "
           << (r < static_cast<int>(rank_settings.size()) ? rank_settings[r] : "")
-          << " --set 'train.out_dir=\"" << (run / std::to_string(r)).string() << "\"' > "
+          << " --set 'train.out_dir=\"" << (run / "{rank}").string() << "\"' > "
           << (run.string() + std::to_string(r)) << ".log 2>&1 &\n";
     out << "wait\n";
   }

@@ -218,6 +218,21 @@ TEST(RunConfig, TomlStringsCarryAnyTextBackWhole) {
   }
 }
 
+// A checkpoint of an older release keeps the config it ran with: its [model] is read back, and
+// rules across keys added since (sizes need a unit; atom's target of one micro-batch or more)
+// do not stop it being resumed, sampled or exported.
+TEST(RunConfig, ASavedConfigIsReadWithoutTheRulesAcrossKeys) {
+  const std::string saved =
+      "[data]\ndir = \"d\"\n[model]\npreset = \"gpt2-tiny\"\n[train]\nbatch_size = 8\n"
+      "[strategy]\nkind = \"atom\"\ntarget_batch = 4\n[swap]\nbudget = \"600000000\"\n";
+  EXPECT_THROW(parse_run_config(saved, "meta.json"), ConfigError);
+  const RunConfig c = parse_saved_config(saved, "meta.json");
+  EXPECT_EQ(c.model.d_model, model::preset("gpt2-tiny").d_model);
+  EXPECT_EQ(c.swap.budget, "600000000");
+  // Every key is still read as one: a mistyped value is an error there too.
+  EXPECT_THROW(parse_saved_config("[train]\nsteps = \"ten\"\n", "meta.json"), ConfigError);
+}
+
 TEST(RunConfigErrors, UnknownKey) {
   expect_error("[data]\ndir = \"d\"\n[train]\nsteps = 3\nstepz = 4\n",
                {"run.toml:5", "train.stepz", "steps"});

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -487,9 +488,15 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     for (int i = 0; i < o.peers; ++i) {
       // A resumed run keeps the logs of the runs before it: peer-<i>.log.1, .2, ... in order.
       if (o.resume && fs::exists(log_of(i))) {
-        int n = 1;
-        while (fs::exists(log_of(i) + "." + std::to_string(n))) ++n;
-        fs::rename(log_of(i), log_of(i) + "." + std::to_string(n));
+        int n = 0;  // one past the highest number there, whichever were removed
+        for (const auto& e : fs::directory_iterator(root)) {
+          const std::string name = e.path().filename().string();
+          const std::string stem = fs::path(log_of(i)).filename().string() + ".";
+          if (name.rfind(stem, 0) == 0 &&
+              name.find_first_not_of("0123456789", stem.size()) == std::string::npos)
+            n = std::max(n, std::atoi(name.c_str() + stem.size()));
+        }
+        fs::rename(log_of(i), log_of(i) + "." + std::to_string(n + 1));
       }
       fs::remove(log_of(i));
     }

@@ -1,6 +1,7 @@
 #include <sys/resource.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -29,6 +30,18 @@ int env_int(const char* name) {
   return static_cast<int>(n);
 }
 
+// Ranks a launcher starts with one config share its train.out_dir, and two processes in one
+// directory would overwrite each other's metrics and checkpoints (the second is refused: it finds
+// the first's lock). "{rank}" in train.out_dir stands for the rank; without it each rank of a
+// group of two or more writes to <train.out_dir>/rank-<RANK>.
+void place_rank_out_dir(train::RunConfig& c, int rank, int world) {
+  if (const auto at = c.train.out_dir.find("{rank}"); at != std::string::npos)
+    c.train.out_dir.replace(at, 6, std::to_string(rank));
+  else if (world > 1)
+    c.train.out_dir =
+        (std::filesystem::path(c.train.out_dir) / ("rank-" + std::to_string(rank))).string();
+}
+
 // torchrun / srun style launch: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Rank 0 listens on
 // MASTER_PORT; the others join it; everyone waits for WORLD_SIZE peers and trains on its share.
 void apply_cluster_env(train::RunConfig& c, int& rank, int& world, bool listen_given,
@@ -52,6 +65,7 @@ void apply_cluster_env(train::RunConfig& c, int& rank, int& world, bool listen_g
   // One key file per rank: "{rank}" in net.key stands for the rank.
   if (const auto at = c.net.key.find("{rank}"); at != std::string::npos)
     c.net.key.replace(at, 6, std::to_string(rank));
+  place_rank_out_dir(c, rank, world);
 }
 
 // net.backend = "gloo" or "nccl": a fixed group. Keys left unset come from the launcher's
@@ -59,6 +73,9 @@ void apply_cluster_env(train::RunConfig& c, int& rank, int& world, bool listen_g
 // store itself, rank 0 connects to it rather than hosting its own. With NCCL each rank takes the
 // GPU LOCAL_RANK names when train.device is plain "cuda".
 void apply_group_env(train::RunConfig& c, int& rank, int& world, bool& store_hosted_elsewhere) {
+  // The launcher's ranks share the config's train.out_dir; ranks given in the config (a local
+  // swarm's) come with directories of their own.
+  const bool launched = c.net.rank < 0 && env("RANK");
   if (c.net.rank < 0 && env("RANK")) c.net.rank = env_int("RANK");
   if (c.net.world_size == 0 && env("WORLD_SIZE")) c.net.world_size = env_int("WORLD_SIZE");
   if (c.net.store.empty() && env("MASTER_ADDR") && env("MASTER_PORT"))
@@ -69,6 +86,7 @@ void apply_group_env(train::RunConfig& c, int& rank, int& world, bool& store_hos
     c.train.device = "cuda:" + std::to_string(env_int("LOCAL_RANK"));
   if (c.net.rank >= 0) rank = static_cast<int>(c.net.rank);
   if (c.net.world_size > 0) world = static_cast<int>(c.net.world_size);
+  if (launched) place_rank_out_dir(c, rank, world);
 }
 
 }  // namespace

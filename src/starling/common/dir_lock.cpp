@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iostream>
 #include <string>
 #include <thread>
 
@@ -21,6 +22,12 @@ DirLock::DirLock(const std::filesystem::path& dir, std::chrono::milliseconds wai
                       " to claim the run directory: " + std::strerror(errno));
   const auto until = std::chrono::steady_clock::now() + wait;
   while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == ENOLCK || errno == ENOSYS || errno == EOPNOTSUPP || errno == EINVAL) {
+      // A filesystem without locks (NFS mounted nolock, some FUSE ones): run unguarded.
+      std::cerr << "note: cannot lock " << file.string() << " (" << std::strerror(errno)
+                << "): nothing keeps a second run out of " << dir.string() << "\n";
+      return;
+    }
     if (errno != EWOULDBLOCK && errno != EINTR) {
       const std::string why = std::strerror(errno);
       ::close(fd_);

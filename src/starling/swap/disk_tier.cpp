@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -68,7 +69,8 @@ DiskTier::DiskTier(const std::filesystem::path& dir)
   // Kernels from 6.6 give tmpfs O_DIRECT: the tier works there, but its bytes stay in RAM.
   struct statfs fs {};
   in_memory_ = ::fstatfs(fd_, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
-  if (in_memory_)
+  static std::atomic<bool> warned{false};  // the planner's probe and the run each open a tier
+  if (in_memory_ && !warned.exchange(true))
     std::cerr << "swap.dir " << dir.string()
               << " is on tmpfs: the disk tier's bytes stay in RAM there, which saves no memory; "
                  "point swap.dir at a directory on a disk\n";

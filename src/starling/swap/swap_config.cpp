@@ -97,7 +97,8 @@ int64_t parse_bytes(const std::string& text, const std::string& what) {
       unit += static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
   const auto bad = [&]() {
     return ConfigError(what + ": \"" + text +
-                       "\" is not a size; write e.g. \"2GB\", \"1.5GiB\" or \"512MB\"");
+                       "\" is not a size; write e.g. \"2GB\", \"1.5GiB\" or " +
+                       "\"512MB\" (a unit is required: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
   };
   if (pos == start) throw bad();
   double number = 0;

@@ -40,7 +40,7 @@ fs::path find_model_checkpoint(const fs::path& path) {
 CheckpointModel load_checkpoint_model(const std::filesystem::path& path, c10::Device device) {
   CheckpointModel m{.checkpoint = read_checkpoint(find_model_checkpoint(path))};
   m.config =
-      parse_run_config(m.checkpoint.meta.config_toml, (m.checkpoint.dir / "meta.json").string());
+      parse_saved_config(m.checkpoint.meta.config_toml, (m.checkpoint.dir / "meta.json").string());
   if (m.config.pipeline.count() > 1)
     throw ConfigError(m.checkpoint.dir.string() +
                       " is a pipeline stage's checkpoint: it holds part of the model");

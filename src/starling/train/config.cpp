@@ -153,8 +153,10 @@ toml::table parse_override_value(const std::string& value) {
 
 }  // namespace
 
-RunConfig parse_run_config(std::string_view text, const std::string& source,
-                           const std::vector<std::string>& overrides) {
+namespace {
+
+RunConfig parse_config(std::string_view text, const std::string& source,
+                       const std::vector<std::string>& overrides, bool rules_across_keys) {
   toml::table root;
   try {
     root = toml::parse(text, source);
@@ -249,6 +251,7 @@ RunConfig parse_run_config(std::string_view text, const std::string& source,
   } catch (const ConfigError& e) {
     throw ConfigError(where + ": " + e.what());
   }
+  if (!rules_across_keys) return config;
   if (config.data.dir.empty())
     throw ConfigError(where +
                       ": data.dir is required (a directory made by `starling data prepare`)");
@@ -275,6 +278,17 @@ RunConfig parse_run_config(std::string_view text, const std::string& source,
   swap::check(config.swap, where);
   strategy::check(config.pipeline, where);
   return config;
+}
+
+}  // namespace
+
+RunConfig parse_run_config(std::string_view text, const std::string& source,
+                           const std::vector<std::string>& overrides) {
+  return parse_config(text, source, overrides, true);
+}
+
+RunConfig parse_saved_config(std::string_view text, const std::string& source) {
+  return parse_config(text, source, {}, false);
 }
 
 RunConfig load_run_config(const std::filesystem::path& file,

@@ -100,6 +100,11 @@ struct RunConfig {
 RunConfig parse_run_config(std::string_view text, const std::string& source,
                            const std::vector<std::string>& overrides = {});
 
+// A checkpoint's saved config, for its [model] and what the run was: every key is read and
+// checked as parse_run_config does, but not the rules across keys, which a run checks as it
+// starts (a run of an older release may have started under other ones).
+RunConfig parse_saved_config(std::string_view text, const std::string& source);
+
 // Reads a file (ConfigError if missing) and parses it.
 RunConfig load_run_config(const std::filesystem::path& file,
                           const std::vector<std::string>& overrides = {});

@@ -73,7 +73,7 @@ void cap_device_memory(const RunConfig& c) {
 
 void restore(Session& s, const Checkpoint& ckpt) {
   const RunConfig saved =
-      parse_run_config(ckpt.meta.config_toml, (ckpt.dir / "meta.json").string());
+      parse_saved_config(ckpt.meta.config_toml, (ckpt.dir / "meta.json").string());
   if (model_signature(saved) != model_signature(s.config))
     throw ConfigError("--resume: the model in " + ckpt.dir.string() +
                       " differs from the config's [model] (a run resumes with the model it "
