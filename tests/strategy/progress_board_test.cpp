@@ -1,7 +1,8 @@
 // atom's progress board between real swarm peers on loopback: announcements reach the other
 // peers and count only for their round, a peer that has not announced in a round yet counts
-// nothing, a started one is projected at its pace, a ready peer is seen, one poll reads a whole
-// backlog, and a malformed announcement is dropped and counted, never a crash.
+// nothing, a started one is projected at its pace from when its announcement arrived, a ready peer
+// is seen, one poll reads a whole backlog, and a malformed announcement is dropped and counted,
+// never a crash.
 #include "starling/strategy/progress_board.h"
 
 #include <gtest/gtest.h>
@@ -76,6 +77,23 @@ TEST(ProgressBoard, ProjectsPeersAtTheirPace) {
   b.announce(2, 30, 100.0, true);
   v = wait_view(a, 10.0, [](const auto& v) { return v.ready == 1; });
   EXPECT_DOUBLE_EQ(v.projected, 30);
+}
+
+// A peer reads announcements only between its micro-batches, but projects each from when it
+// arrived: read half a second late, a peer gaining 100 samples a second is 50 further on. (Stamped
+// at the read, equal peers saw each other a micro-batch behind and overshot most steps.)
+TEST(ProgressBoard, ProjectsFromWhenAnAnnouncementArrivedNotWhenItWasRead) {
+  net::testing::Swarm swarm(2);
+  auto nodes = swarm.start(2);
+  ProgressBoard a(*nodes[0]), b(*nodes[1]);
+  a.begin_round(1);
+  a.view(0);  // posts a's receives
+  b.announce(1, 10, 100.0, false);
+  std::this_thread::sleep_for(500ms);  // a computes; its node's thread takes the message in
+  const auto v = a.view(0);
+  ASSERT_EQ(v.samples, 10);
+  EXPECT_GT(v.projected, 50) << "projected from when it was read, not when it arrived";
+  EXPECT_LT(v.projected, 80);
 }
 
 // A peer that polls less often than another announces (a slower one: once per micro-batch of

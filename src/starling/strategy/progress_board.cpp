@@ -1,5 +1,6 @@
 #include "starling/strategy/progress_board.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -35,7 +36,7 @@ void ProgressBoard::announce(int64_t round, int64_t samples, double rate, bool r
   }
 }
 
-void ProgressBoard::take(net::PeerId peer, const std::vector<uint8_t>& bytes) {
+void ProgressBoard::take(net::PeerId peer, const std::vector<uint8_t>& bytes, double arrived) {
   Message m;
   if (bytes.size() == sizeof m) std::memcpy(&m, bytes.data(), sizeof m);
   if (bytes.size() != sizeof m || m.samples < 0 || m.ready < 0 || m.ready > 1 ||
@@ -47,7 +48,7 @@ void ProgressBoard::take(net::PeerId peer, const std::vector<uint8_t>& bytes) {
   }
   Latest& l = latest_[peer];
   // Messages of one sender arrive in order; a newer round replaces an older one.
-  if (m.round >= l.round) l = {m.round, m.samples, m.ready == 1, m.rate, train::now_s()};
+  if (m.round >= l.round) l = {m.round, m.samples, m.ready == 1, m.rate, arrived};
 }
 
 void ProgressBoard::poll() {
@@ -60,14 +61,17 @@ void ProgressBoard::poll() {
     bool failed = false;
     while (!posted.empty() && posted.front().test()) {
       std::vector<uint8_t> bytes;
+      double arrived = 0;
       try {
         bytes = posted.front().wait();
+        arrived =
+            std::chrono::duration<double>(posted.front().finished_at().time_since_epoch()).count();
       } catch (const std::exception&) {
         failed = true;  // the peer died or left: forget it until it is alive again
         break;
       }
       posted.pop_front();
-      take(peer, bytes);
+      take(peer, bytes, arrived);
     }
     if (failed) {
       latest_.erase(peer);

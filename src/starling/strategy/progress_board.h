@@ -59,11 +59,17 @@ class ProgressBoard {
     int64_t samples = 0;
     bool ready = false;
     double rate = 0;  // samples per second
-    double at = 0;    // when it arrived (train::now_s)
+    // When it arrived (train::now_s's clock), as the node's thread stamped it: not when this
+    // peer got round to reading it. Peers read only between micro-batches, so stamping at the
+    // read made an announcement that arrived just after a read look a micro-batch fresher than
+    // it was; projected from then, the sender seemed a micro-batch behind, and a swarm of equal
+    // peers gathered one micro-batch too many in most steps.
+    double at = 0;
   };
   void poll();
-  // One received announcement: checked, then kept as the sender's latest.
-  void take(net::PeerId peer, const std::vector<uint8_t>& bytes);
+  // One received announcement, which arrived at `arrived` (train::now_s's clock): checked, then
+  // kept as the sender's latest.
+  void take(net::PeerId peer, const std::vector<uint8_t>& bytes, double arrived);
 
   net::Node& node_;
   // Receives posted ahead for each live member, oldest first. Only the node's thread matches a
