@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "starling/common/error.h"
+#include "starling/net/zmq_frames.h"
 
 namespace starling::net {
 namespace {
@@ -137,14 +138,7 @@ void Transport::answer_other_version(const zmq::message_t& routing) {
 }
 
 void Transport::read_reply(const std::string& slot, zmq::socket_t& socket) {
-  std::vector<zmq::message_t> frames;
-  while (true) {
-    zmq::message_t frame;
-    if (!socket.recv(frame, zmq::recv_flags::dontwait)) break;
-    const bool more = frame.more();
-    frames.push_back(std::move(frame));
-    if (!more) break;
-  }
+  const std::vector<zmq::message_t> frames = read_frames(socket);
   if (frames.empty()) return;
   const auto target = targets_.find(slot);
   const std::string endpoint = target != targets_.end() ? target->second.first : slot;
@@ -190,14 +184,7 @@ std::optional<Incoming> Transport::receive(std::chrono::milliseconds timeout) {
     if (!(items[0].revents & ZMQ_POLLIN)) return std::nullopt;
 
     // A ROUTER delivers [routing id][frames...]; read every frame of the message.
-    std::vector<zmq::message_t> frames;
-    while (true) {
-      zmq::message_t frame;
-      if (!router_.recv(frame, zmq::recv_flags::dontwait)) break;
-      const bool more = frame.more();
-      frames.push_back(std::move(frame));
-      if (!more) break;
-    }
+    std::vector<zmq::message_t> frames = read_frames(router_);
     std::string address = "unknown address";
     if (frames.size() >= 2) {
       try {

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "starling/net/quiet_thread.h"
+#include "starling/net/zmq_frames.h"
 
 namespace starling::net {
 
@@ -25,14 +26,7 @@ void ZapHandler::run() {
   while (!stop_) {
     zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
     if (zmq::poll(&item, 1, std::chrono::milliseconds(50)) == 0) continue;
-    std::vector<zmq::message_t> frames;
-    while (true) {
-      zmq::message_t frame;
-      if (!socket_.recv(frame, zmq::recv_flags::dontwait)) break;
-      const bool more = frame.more();
-      frames.push_back(std::move(frame));
-      if (!more) break;
-    }
+    const std::vector<zmq::message_t> frames = read_frames(socket_);
     // version, request id, domain, address, identity, mechanism, credentials...
     std::string status = "400", text = "malformed request", user;
     const std::string request_id = frames.size() > 1 ? frames[1].to_string() : "";
