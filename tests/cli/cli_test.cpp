@@ -152,6 +152,25 @@ TEST_F(CliTest, TwoRunsAtOnceInOneDirectoryAreRefused) {
   EXPECT_EQ(after.code, 0) << after.output;
 }
 
+// A start that fails (a swap budget under one layer group; initial weights that are not there)
+// leaves no directory it made, parents included; one that was there stays.
+TEST_F(CliTest, AFailedStartLeavesNoDirectoryItMade) {
+  const fs::path cfg = write_config("unstarted");
+  const fs::path made = root_ / "made";
+  for (const std::string& bad : {std::string("--set swap.budget=100KB"),
+                                 "--set train.init_from=" + (root_ / "no-such-model").string()}) {
+    const Result r = run("train -q --config " + cfg.string() + " --out " +
+                         (made / "for" / "run").string() + " --set train.steps=2 " + bad);
+    EXPECT_EQ(r.code, 2) << bad << "\n" << r.output;
+    EXPECT_FALSE(fs::exists(made)) << bad << ": the failed start left " << made;
+  }
+  fs::create_directories(made);
+  const Result r = run("train -q --config " + cfg.string() + " --out " + made.string() +
+                       " --set train.steps=2 --set swap.budget=100KB");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_TRUE(fs::is_directory(made)) << "a directory that was there before the run went";
+}
+
 // A run stopped by a signal logs the step it stops at, whatever train.log_every says, beside the
 // checkpoint it takes there.
 TEST_F(CliTest, ARunStoppedByASignalLogsItsLastStep) {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "starling/common/error.h"
+#include "starling/common/made_dirs.h"
 #include "starling/data/atomic_file.h"
 #include "starling/data/gpt2_bpe.h"
 #include "starling/data/shard.h"
@@ -322,11 +323,7 @@ DatasetInfo prepare_dataset(const PrepareOptions& options, const PrepareProgress
 
   std::error_code ec;
   // The outermost directory this call makes (the output's or a missing parent's), if any.
-  fs::path made;
-  for (fs::path p = options.out_dir; !p.empty() && !fs::exists(p); p = p.parent_path()) {
-    made = p;
-    if (p == p.parent_path()) break;
-  }
+  const fs::path made = outermost_missing(options.out_dir);
   fs::create_directories(options.out_dir, ec);
   if (!fs::is_directory(options.out_dir)) {
     throw DataError("cannot create output directory '" + options.out_dir.string() + "'" +

@@ -12,6 +12,7 @@
 #include "starling/common/cpu_runtime.h"
 #include "starling/common/device.h"
 #include "starling/common/error.h"
+#include "starling/common/made_dirs.h"
 #include "starling/model/build.h"
 #include "starling/model/hf_import.h"
 #include "starling/swap/swap_config.h"
@@ -133,9 +134,18 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
                         " holds a swarm's run (a directory per peer, peer-<i>); set "
                         "train.out_dir (--out) to a new directory, or go on with the swarm "
                         "(train --peers N --resume)");
+  s->made_run_dir = outermost_missing(run_dir);
   fs::create_directories(run_dir);
   // Before the checkpoint check: two runs starting together must not both find none.
   s->run_dir_lock = std::make_unique<DirLock>(run_dir);
+  // Until the session is whole (a model part, initial weights or a checkpoint that fails to
+  // load), a failure leaves no directory this call made.
+  struct Unopened {
+    Session* s;
+    ~Unopened() {
+      if (s != nullptr) s->remove_unstarted_run_dir();
+    }
+  } unopened{s.get()};
   const bool has_checkpoint = fs::exists(run_dir / "checkpoints" / "latest");
   if (has_checkpoint && !options.resume)
     throw ConfigError(run_dir.string() +
@@ -182,7 +192,15 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
   } else if (options.resume) {
     progress.note("--resume: no checkpoint in " + run_dir.string() + ", starting fresh");
   }
+  unopened.s = nullptr;
   return s;
+}
+
+void Session::remove_unstarted_run_dir() noexcept {
+  if (made_run_dir.empty()) return;
+  std::error_code ec;
+  fs::remove(run_dir() / ".lock", ec);  // still held: flock needs no name, and this run ends
+  remove_made_empty_dirs(run_dir(), made_run_dir);
 }
 
 void Session::write_config() const { std::ofstream(run_dir() / "config.toml") << to_toml(config); }

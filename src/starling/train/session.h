@@ -33,6 +33,9 @@ struct Session {
   c10::Device device;
   int threads = 1;                        // CPU threads the runtime uses
   std::unique_ptr<DirLock> run_dir_lock;  // held while the run writes run_dir()
+  // The outermost directory open_session made for run_dir() (run_dir() or a missing parent);
+  // empty when run_dir() was there. See remove_unstarted_run_dir().
+  std::filesystem::path made_run_dir;
   data::DatasetInfo dataset;
   std::unique_ptr<graph::OpDag> dag;
   std::unique_ptr<graph::Executor> executor;
@@ -50,6 +53,12 @@ struct Session {
   // Writes the resolved config, every key, to run_dir()/config.toml. The trainer calls it once
   // the run has started (its runner built, its swarm joined), so a start that fails leaves none.
   void write_config() const;
+
+  // For a run whose start failed (a swap budget too small, a swarm it could not join), before
+  // write_config(): removes the run directory and the parents open_session made for it, where they
+  // hold nothing but the lock, so that a mistyped command leaves no empty directories behind.
+  // Anything else written there keeps them. Never throws.
+  void remove_unstarted_run_dir() noexcept;
 
   // Saves a checkpoint of the current step, with the strategy's state when `hooks` is given.
   std::filesystem::path save(StepHooks* hooks);

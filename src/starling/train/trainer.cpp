@@ -76,6 +76,16 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   ProgressLine progress(options.progress);
   const std::unique_ptr<Session> session = open_session(c, options, progress);
   Session& s = *session;
+  // A start that fails before write_config() (a runner that cannot plan its budget, a swarm it
+  // cannot join, a strategy that refuses its state) leaves no empty run directory behind it.
+  // Declared before the runner, so the runner (and a swap file in the directory) is gone first.
+  struct UnstartedRun {
+    Session& s;
+    bool started = false;
+    ~UnstartedRun() {
+      if (!started) s.remove_unstarted_run_dir();
+    }
+  } unstarted{s};
   Replica& replica = *s.replica;
   StepHooks* const hooks = options.hooks;
   // The runner exists before the strategy starts: a swapping runner takes the state over first,
@@ -106,6 +116,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
       static_cast<uint64_t>(c.train.batch_size * c.train.grad_accum * c.model.seq_len);
 
   s.write_config();
+  unstarted.started = true;
   StopSignals signals;
   TrainResult result;
   fs::path last_ckpt;
