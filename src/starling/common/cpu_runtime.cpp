@@ -21,6 +21,13 @@
 
 namespace starling {
 
+int logical_cpus() {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (sched_getaffinity(0, sizeof mask, &mask) != 0) return 1;
+  return std::max(1, CPU_COUNT(&mask));
+}
+
 int physical_cores() {
   cpu_set_t mask;
   CPU_ZERO(&mask);

@@ -10,6 +10,9 @@ namespace starling {
 // Physical cores this process may run on (affinity mask, hyperthread siblings counted once).
 int physical_cores();
 
+// Logical CPUs this process may run on (its affinity mask): what a CPU quota counts.
+int logical_cpus();
+
 // Sets intra-op threads to `requested`, or to physical_cores() when it is 0; inter-op threads to
 // 1 (one executor runs nodes in order). OpenBLAS's OpenMP build shares this pool, so the one
 // setting governs both. Returns the number set. Safe to call more than once.
