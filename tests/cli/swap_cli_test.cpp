@@ -115,6 +115,16 @@ TEST_F(SwapCliTest, PlanRefusesATooSmallBudgetAndPrintsAFeasibleOne) {
   EXPECT_NE(r.output.find("predicted"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("of I/O hidden"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("tier disk"), std::string::npos) << r.output;
+  // One replica may start its update inside the backward (a guess, with clipping); a peer's
+  // exchange comes first, so a config for peers plans without it.
+  EXPECT_NE(r.output.find("inside the backward"), std::string::npos) << r.output;
+  const auto peer =
+      run_cli("plan swap --config " + cfg.string() + " --budget " + budget +
+              " --set swap.tier=disk --set strategy.kind=atom --set swap.dir=" + root_.string());
+  ASSERT_EQ(peer.code, 0) << peer.output;
+  EXPECT_NE(peer.output.find("as a peer of strategy.kind = \"atom\" runs it"), std::string::npos)
+      << peer.output;
+  EXPECT_EQ(peer.output.find("inside the backward"), std::string::npos) << peer.output;
   // A fixed slowdown of the computation beside the tier's transfers, instead of the probe's.
   const auto slowed =
       run_cli("plan swap --config " + cfg.string() + " --budget " + budget +
@@ -133,6 +143,7 @@ TEST_F(SwapCliTest, PlanRefusesATooSmallBudgetAndPrintsAFeasibleOne) {
   const auto all = run_cli("plan swap --config " + cfg.string() + " --budget 10GB");
   ASSERT_EQ(all.code, 0) << all.output;
   EXPECT_NE(all.output.find("nothing is swapped"), std::string::npos) << all.output;
+  EXPECT_NE(all.output.find("of training state (all of it)"), std::string::npos) << all.output;
 
   // Training with such a budget stops at its start, and leaves no config.toml behind.
   const auto train =
@@ -140,7 +151,7 @@ TEST_F(SwapCliTest, PlanRefusesATooSmallBudgetAndPrintsAFeasibleOne) {
               " --set swap.budget=1KB --set swap.tier=disk --set swap.dir=" + root_.string());
   EXPECT_EQ(train.code, 2) << train.output;
   EXPECT_NE(train.output.find("smallest feasible budget"), std::string::npos) << train.output;
-  EXPECT_FALSE(fs::exists(root_ / "run_plan" / "config.toml"));
+  EXPECT_FALSE(fs::exists(root_ / "run_plan")) << "the failed start left its run directory";
   // So does a swarm of such peers, which says why (quiet too) and trained nothing.
   const auto swarm = run_cli("train -q --peers 2 --config " + cfg.string() +
                              " --set strategy.kind=ddp --set swap.budget=1KB --set swap.tier=disk "

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "starling/common/error.h"
@@ -592,12 +593,16 @@ std::string describe_plan(const SwapPlan& plan, const SwapProblem& p) {
   auto b = [](int64_t v) { return format_bytes(static_cast<double>(v)); };
   char line[512];
   std::string out;
+  // A budget past the whole state is no share of it ("6TB" for a 2 GB state read 300000%).
+  const std::string share_of_state =
+      plan.budget >= plan.state_bytes
+          ? "all of it"
+          : std::to_string(std::lround(100.0 * plan.budget / plan.state_bytes)) + "%";
   std::snprintf(line, sizeof line,
-                "swap plan: budget %s for %s of training state (%.0f%%), tier %s (read %s/s, "
+                "swap plan: budget %s for %s of training state (%s), tier %s (read %s/s, "
                 "write %s/s%s)\n",
-                b(plan.budget).c_str(), b(plan.state_bytes).c_str(),
-                100.0 * plan.budget / plan.state_bytes, p.tier.c_str(), b(p.read_bps).c_str(),
-                b(p.write_bps).c_str(),
+                b(plan.budget).c_str(), b(plan.state_bytes).c_str(), share_of_state.c_str(),
+                p.tier.c_str(), b(p.read_bps).c_str(), b(p.write_bps).c_str(),
                 p.duplex                ? ", at once"
                 : p.copies_take_compute ? ", copied by the cores that compute"
                                         : "");
@@ -631,6 +636,26 @@ std::string describe_plan(const SwapPlan& plan, const SwapProblem& p) {
                   b(g.bytes).c_str(), where.c_str());
     out += line;
   }
+  // A parameter that groups share (a tied token table, read by the embedding and the head) is
+  // in each one's weights+grads: said, so that the column's sum past "resident at most" is read
+  // right.
+  std::map<int, int> readers;  // parameter -> groups reading it
+  for (const auto& g : plan.groups) {
+    std::set<int> ps;
+    for (int n = g.first; n <= g.last; ++n)
+      ps.insert(p.nodes[n].params.begin(), p.nodes[n].params.end());
+    for (int q : ps) ++readers[q];
+  }
+  int64_t shared = 0;
+  for (const auto& [q, groups] : readers)
+    if (groups > 1) shared += 2 * aligned(p.param_bytes[q]);
+  if (shared > 0) {
+    std::snprintf(line, sizeof line,
+                  "  (%s of weights+grads are read by more than one group, a tied table: counted "
+                  "in each)\n",
+                  b(shared).c_str());
+    out += line;
+  }
   std::snprintf(line, sizeof line,
                 "  resident at most %s (%s); in the tier %s\n"
                 "  per step: compute %.3f s, I/O %.3f s (read %s, write %s), predicted %.3f s "
@@ -650,7 +675,11 @@ std::string describe_plan(const SwapPlan& plan, const SwapProblem& p) {
     out += line;
   }
   if (plan.speculation != Speculation::kOff) {
-    out += std::string("  the update starts inside the backward ") +
+    // "auto" that finds guessing does not pay here says so below: the guess is only possible.
+    const bool declined = plan.speculation == Speculation::kAfterUnclipped && plan.redone_s > 0 &&
+                          plan.break_even >= 1;
+    out += std::string(declined ? "  the update could start inside the backward "
+                                : "  the update starts inside the backward ") +
            (plan.speculation == Speculation::kAlways
                 ? "every step"
                 : "after a step that was not clipped, where the tier has room") +

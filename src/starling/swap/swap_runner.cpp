@@ -7,6 +7,7 @@
 
 #include "starling/common/cpu_runtime.h"
 #include "starling/common/error.h"
+#include "starling/common/made_dirs.h"
 #include "starling/data/loader.h"
 #include "starling/model/build.h"
 #include "starling/swap/disk_tier.h"
@@ -250,27 +251,24 @@ std::string plan_swap_for(const train::RunConfig& c, const std::string& budget) 
   setup_cpu_runtime(c.train.threads, c.train.cpu_allocator == "system");
   check_supported(c);
   auto dag = model::build_model(c.model, c.train.seed, c10::Device(c.train.device));
+  // A config with a swarm strategy plans as its peers will run: their exchange comes between the
+  // passes and the update, which then never starts inside the backward (no guesses either).
+  const bool one_replica = c.strategy.kind == "none";
   // The profile runs every node at the run's batch, and the probe writes and reads the tier: a
   // minute or more for a large model on a CPU, which would otherwise pass in silence.
   std::cerr << "plan: profiling the model's " << dag->nodes().size() << " nodes at batch "
             << c.train.batch_size << " x " << c.model.seq_len << " on " << c.train.device
-            << ", and the " << c.swap.tier << " tier's bandwidth; the plan follows" << std::endl;
+            << ", and the " << c.swap.tier << " tier's bandwidth; the plan follows"
+            << (one_replica ? ""
+                            : " (as a peer of strategy.kind = \"" + c.strategy.kind + "\" runs it)")
+            << std::endl;
   // The probe makes the tier's directory (train.out_dir by default) where it is missing; a plan
   // leaves no empty directories behind, however it ends.
   struct RemoveMadeDirs {
     fs::path dir, made;  // the tier's directory; its outermost ancestor that did not exist
-    ~RemoveMadeDirs() {
-      std::error_code ec;
-      for (fs::path p = dir; !made.empty() && !p.empty(); p = p.parent_path())
-        if (!fs::remove(p, ec) || p == made) break;  // only empty ones go
-    }
-  } cleanup{tier_dir(c).lexically_normal(), {}};
-  if (!cleanup.dir.has_filename()) cleanup.dir = cleanup.dir.parent_path();
-  for (fs::path p = cleanup.dir; !p.empty() && !fs::exists(p); p = p.parent_path()) {
-    cleanup.made = p;
-    if (p == p.parent_path()) break;
-  }
-  const SwapProblem problem = problem_for(c, *dag, budget, true);
+    ~RemoveMadeDirs() { remove_made_empty_dirs(dir, made); }
+  } cleanup{tier_dir(c), outermost_missing(tier_dir(c))};
+  const SwapProblem problem = problem_for(c, *dag, budget, one_replica);
   return describe_plan(plan_swap(problem), problem);
 }
 
