@@ -168,6 +168,7 @@ add_executable(starling_tests
   tests/model/build_part_test.cpp
   tests/common/safetensors_test.cpp
   tests/common/cpu_runtime_test.cpp
+  tests/common/dir_lock_test.cpp
   tests/train/config_test.cpp
   tests/train/checkpoint_test.cpp
   tests/net/gloo_backend_test.cpp

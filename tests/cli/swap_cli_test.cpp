@@ -122,7 +122,7 @@ TEST_F(SwapCliTest, PlanRefusesATooSmallBudgetAndPrintsAFeasibleOne) {
       run_cli("plan swap --config " + cfg.string() + " --budget " + budget +
               " --set swap.tier=disk --set strategy.kind=atom --set swap.dir=" + root_.string());
   ASSERT_EQ(peer.code, 0) << peer.output;
-  EXPECT_NE(peer.output.find("as a peer of strategy.kind = \"atom\" runs it"), std::string::npos)
+  EXPECT_NE(peer.output.find("as each peer of strategy.kind = \"atom\" runs it"), std::string::npos)
       << peer.output;
   EXPECT_EQ(peer.output.find("inside the backward"), std::string::npos) << peer.output;
   // A fixed slowdown of the computation beside the tier's transfers, instead of the probe's.

@@ -84,6 +84,9 @@ TEST(SwapPlan, TheWholeStateFittingMovesNothing) {
   EXPECT_EQ(plan.read_bytes, 0);
   EXPECT_DOUBLE_EQ(plan.predicted_s, plan.compute_s);
   EXPECT_DOUBLE_EQ(plan.hidden_share(), 1.0);
+  // A budget past the state is no share of it.
+  EXPECT_NE(describe_plan(plan, p).find("of training state (all of it)"), std::string::npos)
+      << describe_plan(plan, p);
 }
 
 TEST(SwapPlan, ATooSmallBudgetNamesTheSmallestFeasibleOne) {
@@ -194,6 +197,24 @@ TEST(SwapPlan, ASlowdownWhileTheTierMovesLengthensThePredictedStep) {
   EXPECT_DOUBLE_EQ(plan_swap(slowed).predicted_s, plan_swap(slowed).compute_s);
 }
 
+// With clipping, "auto" may start the update inside the backward as a guess; where it finds
+// that guessing does not pay, the plan says the update could start there, and that it will not.
+TEST(SwapPlan, ADeclinedGuessIsSaidToBeOnlyPossible) {
+  SwapProblem p = model_problem(12, 4 << 20, 4 << 20);
+  p.budget = training_state(p) * 3 / 10;
+  p.update_in_backward = true;
+  p.speculation = Speculation::kAfterUnclipped;
+  p.guess_break_even = 1;  // never pays
+  const std::string declined = describe_plan(plan_swap(p), p);
+  EXPECT_NE(declined.find("the update could start inside the backward"), std::string::npos)
+      << declined;
+  EXPECT_NE(declined.find("\"auto\" guesses nothing"), std::string::npos) << declined;
+  p.guess_break_even = 0;  // always pays
+  const std::string taken = describe_plan(plan_swap(p), p);
+  EXPECT_NE(taken.find("the update starts inside the backward"), std::string::npos) << taken;
+  EXPECT_EQ(taken.find("guesses nothing"), std::string::npos) << taken;
+}
+
 // A token table whose lookup's rows go first (swapper.h): its update no longer stands between
 // the backward and the next forward but is spread over the later layers' forwards, where the tier
 // has time to spare, so a step is predicted shorter than with the table updated whole first.
@@ -233,6 +254,10 @@ TEST(SwapPlan, GroupsMayBeFinerThanTheLargestNode) {
   }
   EXPECT_LT(largest_other, head) << describe_plan(plan, p);
   EXPECT_TRUE(head_pinned) << describe_plan(plan, p);
+  // The table is in the embedding's group and the head's: the plan says it counts it twice.
+  EXPECT_NE(describe_plan(plan, p).find("201 MB of weights+grads are read by more than one group"),
+            std::string::npos)
+      << describe_plan(plan, p);
   // Fixed coarse groups (every 4 nodes) leave no room to pin the head, and move more.
   SwapProblem coarse = p;
   coarse.group_nodes = 4;

@@ -267,6 +267,20 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     const std::string what = o.lab ? "--lab " + o.lab->source : std::string("--peer-cpus");
     if (static_cast<int>(peer_cpus.size()) != o.peers)
       throw ConfigError(what + " needs one CPU value per peer");
+    // A quota is a ceiling, not a share the machine can grant: say when the machine cannot.
+    const int cpus = logical_cpus();
+    double sum = 0;
+    for (int i = 0; i < o.peers; ++i) {
+      sum += peer_cpus[i];
+      if (peer_cpus[i] > cpus)
+        std::cerr << "swarm: note: peer " << i << "'s quota of " << fmt("%g", peer_cpus[i])
+                  << " CPUs is more than the " << cpus
+                  << " this process may run on: it is no limit\n";
+    }
+    if (sum > cpus + 1e-9)
+      std::cerr << "swarm: note: the quotas add up to " << fmt("%g", sum) << " CPUs, more than the "
+                << cpus << " this process may run on: the peers share cores and run slower "
+                << "than their quotas\n";
     if (auto why = CpuQuota::unavailable_reason(); !why.empty())
       throw ConfigError(what + " needs CPU quotas: " + why);
     std::string shares;
@@ -276,20 +290,6 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
       shares += (i ? ", " : "") + fmt("%g", peer_cpus[i]);
     }
     std::cerr << "swarm: CPU quotas per peer: " << shares << "\n";
-    // A quota is a ceiling, not a share the machine can grant: say when the machine cannot.
-    const int cpus = logical_cpus();
-    double sum = 0;
-    for (int i = 0; i < o.peers; ++i) {
-      sum += peer_cpus[i];
-      if (peer_cpus[i] > cpus)
-        std::cerr << "swarm: note: peer " << i << "'s quota of " << fmt("%g", peer_cpus[i])
-                  << " CPUs is more than the " << cpus
-                  << " this machine gives Starling: it is no limit\n";
-    }
-    if (sum > cpus + 1e-9)
-      std::cerr << "swarm: note: the quotas add up to " << fmt("%g", sum) << " CPUs, more than the "
-                << cpus << " this machine gives Starling: the peers share cores and run slower "
-                << "than their quotas\n";
   }
 
   // stages = "auto": plan the cut and every peer's place now (or take the plan the run began

@@ -55,7 +55,8 @@ void add_plan_command(CLI::App& app) {
   auto* swap = cmd->add_subcommand(
       "swap",
       "profile a config's model and the swap tier, then print the layer groups, bytes per tier, "
-      "predicted step time and share of I/O hidden for a memory budget (docs/swap.md)");
+      "predicted step time and share of I/O hidden for a memory budget; a config with a swarm "
+      "strategy is planned as each of its peers runs (docs/swap.md)");
   struct Args {
     std::string config, budget;
     std::vector<std::string> sets;

@@ -123,7 +123,10 @@ void add_train_command(CLI::App& app) {
     if (config.strategy.kind != "none")
       std::cerr << "note: strategy.kind = \"" << config.strategy.kind
                 << "\" needs peers (--peers N, or `starling peer`); training one replica\n";
-    train::TrainOptions options{.resume = a->resume, .progress = !a->quiet, .stop_at = a->stop_at};
+    train::TrainOptions options{.resume = a->resume,
+                                .progress = !a->quiet,
+                                .stop_at = a->stop_at,
+                                .tidy_failed_start = true};
     if (config.swap.enabled()) options.step_runner = swap::swapped_step_runner(true);
     const auto result = train::train(config, options);
     std::cout << "trained " << result.step << " steps: loss " << result.train_loss;

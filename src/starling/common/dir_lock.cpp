@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -45,6 +46,17 @@ DirLock::DirLock(const std::filesystem::path& dir, std::chrono::milliseconds wai
           "directory");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  // The holder before this one may have removed the file (a run whose start failed tidies a
+  // directory it made: train/session.h): a lock on a file no longer there keeps nothing out.
+  struct stat held {
+  }, named{};
+  if (::fstat(fd_, &held) == 0 && (::stat(file.c_str(), &named) != 0 ||
+                                   held.st_ino != named.st_ino || held.st_dev != named.st_dev)) {
+    ::close(fd_);
+    throw ConfigError(dir.string() +
+                      " was removed while this run waited for it (another run that started "
+                      "there failed); start this one again");
   }
   // The holder's pid, for the message another run gets.
   const std::string pid = std::to_string(::getpid());

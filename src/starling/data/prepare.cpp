@@ -340,11 +340,10 @@ DatasetInfo prepare_dataset(const PrepareOptions& options, const PrepareProgress
     // beside this one in it meanwhile.
     if (!made.empty()) {
       fs::remove_all(options.out_dir, ec);
-      fs::path out = options.out_dir;
+      // Parents up to the one it made; none where it made only the output itself.
+      fs::path out = options.out_dir.lexically_normal();
       if (!out.has_filename()) out = out.parent_path();  // "a/b/" is "a/b"
-      for (fs::path p = out.parent_path(); !p.empty() && p != made.parent_path();
-           p = p.parent_path())
-        if (!fs::remove(p, ec)) break;  // not empty (or gone): its own parents stay too
+      if (out != made) remove_made_empty_dirs(out.parent_path(), made);
     }
     throw;
   }

@@ -251,16 +251,18 @@ std::string plan_swap_for(const train::RunConfig& c, const std::string& budget) 
   setup_cpu_runtime(c.train.threads, c.train.cpu_allocator == "system");
   check_supported(c);
   auto dag = model::build_model(c.model, c.train.seed, c10::Device(c.train.device));
-  // A config with a swarm strategy plans as its peers will run: their exchange comes between the
-  // passes and the update, which then never starts inside the backward (no guesses either).
+  // A config with a swarm strategy plans as each of its peers runs it (peer_command.cpp:
+  // swapped_step_runner(false)): a peer's update starts after the passes, never inside the
+  // backward, so its plan has no guesses either.
   const bool one_replica = c.strategy.kind == "none";
   // The profile runs every node at the run's batch, and the probe writes and reads the tier: a
   // minute or more for a large model on a CPU, which would otherwise pass in silence.
   std::cerr << "plan: profiling the model's " << dag->nodes().size() << " nodes at batch "
             << c.train.batch_size << " x " << c.model.seq_len << " on " << c.train.device
             << ", and the " << c.swap.tier << " tier's bandwidth; the plan follows"
-            << (one_replica ? ""
-                            : " (as a peer of strategy.kind = \"" + c.strategy.kind + "\" runs it)")
+            << (one_replica
+                    ? ""
+                    : " (as each peer of strategy.kind = \"" + c.strategy.kind + "\" runs it)")
             << std::endl;
   // The probe makes the tier's directory (train.out_dir by default) where it is missing; a plan
   // leaves no empty directories behind, however it ends.

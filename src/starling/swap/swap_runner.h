@@ -30,8 +30,9 @@ using StepRunnerFactory =
 StepRunnerFactory swapped_step_runner(bool one_replica);
 
 // `starling plan swap`: builds the config's model, profiles it and the tier, and returns the
-// plan for `budget` (a size such as "2GB") as text. ConfigError for an infeasible budget, naming
-// the smallest feasible one.
+// plan for `budget` (a size such as "2GB") as text: for one replica where strategy.kind is
+// "none", else as each peer runs it (swapped_step_runner(false)). ConfigError for an infeasible
+// budget, naming the smallest feasible one.
 std::string plan_swap_for(const train::RunConfig& config, const std::string& budget);
 
 }  // namespace starling::swap

@@ -145,7 +145,7 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
     ~Unopened() {
       if (s != nullptr) s->remove_unstarted_run_dir();
     }
-  } unopened{s.get()};
+  } unopened{options.tidy_failed_start ? s.get() : nullptr};
   const bool has_checkpoint = fs::exists(run_dir / "checkpoints" / "latest");
   if (has_checkpoint && !options.resume)
     throw ConfigError(run_dir.string() +
@@ -199,7 +199,15 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
 void Session::remove_unstarted_run_dir() noexcept {
   if (made_run_dir.empty()) return;
   std::error_code ec;
-  fs::remove(run_dir() / ".lock", ec);  // still held: flock needs no name, and this run ends
+  // Only where the lock is all there is: anything else written there keeps the directory, and
+  // the lock with it. Another run waiting for the lock on the file removed here finds it gone
+  // once it holds it (DirLock), and says so.
+  int entries = 0;
+  bool lock_only = true;
+  for (fs::directory_iterator it(run_dir(), ec), end; !ec && it != end; it.increment(ec))
+    if (++entries > 1 || it->path().filename() != ".lock") lock_only = false;
+  if (ec || !lock_only) return;
+  fs::remove(run_dir() / ".lock", ec);
   remove_made_empty_dirs(run_dir(), made_run_dir);
 }
 

@@ -54,10 +54,10 @@ struct Session {
   // the run has started (its runner built, its swarm joined), so a start that fails leaves none.
   void write_config() const;
 
-  // For a run whose start failed (a swap budget too small, a swarm it could not join), before
-  // write_config(): removes the run directory and the parents open_session made for it, where they
-  // hold nothing but the lock, so that a mistyped command leaves no empty directories behind.
-  // Anything else written there keeps them. Never throws.
+  // For a run whose start failed (a swap budget too small, initial weights not found), before
+  // write_config(): removes the run directory and the parents open_session made for it, where the
+  // directory holds nothing but the lock, so that a mistyped command leaves no empty directories
+  // behind. Anything else written there keeps it, lock included. Never throws.
   void remove_unstarted_run_dir() noexcept;
 
   // Saves a checkpoint of the current step, with the strategy's state when `hooks` is given.

@@ -76,16 +76,16 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   ProgressLine progress(options.progress);
   const std::unique_ptr<Session> session = open_session(c, options, progress);
   Session& s = *session;
-  // A start that fails before write_config() (a runner that cannot plan its budget, a swarm it
-  // cannot join, a strategy that refuses its state) leaves no empty run directory behind it.
-  // Declared before the runner, so the runner (and a swap file in the directory) is gone first.
+  // A start that fails before write_config() (a runner that cannot plan its budget, a strategy
+  // that refuses its state) leaves no empty run directory behind it (options.tidy_failed_start).
+  // Declared before the runner, which is gone first.
   struct UnstartedRun {
     Session& s;
     bool started = false;
     ~UnstartedRun() {
       if (!started) s.remove_unstarted_run_dir();
     }
-  } unstarted{s};
+  } unstarted{s, !options.tidy_failed_start};
   Replica& replica = *s.replica;
   StepHooks* const hooks = options.hooks;
   // The runner exists before the strategy starts: a swapping runner takes the state over first,

@@ -32,6 +32,11 @@ struct TrainOptions {
   int data_rank = 0;           // this replica's share of the training data: rank of world
   int data_world = 1;
   bool json_events = false;  // one JSON object per step and event on stdout (for a launcher)
+  // A start that fails (before config.toml is written) removes the run directory, and the parents
+  // it made, where they hold nothing but the lock (Session::remove_unstarted_run_dir). For a lone
+  // `train`: a swarm's peer-<i> directories stay, since a gap in them hides the later peers'
+  // runs from what looks for them in order (checkpoint_model, the launcher's resume check).
+  bool tidy_failed_start = false;
   // Makes the runner that produces each step's gradients and applies the optimizer (e.g. the
   // swapping runner of swap/swap_runner.h); empty runs every step locally (LocalStepRunner).
   std::function<std::unique_ptr<StepRunner>(Session&, ProgressLine&)> step_runner;
