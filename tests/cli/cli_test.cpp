@@ -157,8 +157,10 @@ TEST_F(CliTest, TwoRunsAtOnceInOneDirectoryAreRefused) {
 TEST_F(CliTest, AFailedStartLeavesNoDirectoryItMade) {
   const fs::path cfg = write_config("unstarted");
   const fs::path made = root_ / "made";
-  for (const std::string& bad : {std::string("--set swap.budget=100KB"),
-                                 "--set train.init_from=" + (root_ / "no-such-model").string()}) {
+  for (const std::string& bad :
+       {std::string("--set swap.budget=100KB"),
+        "--set swap.budget=100KB --set swap.dir=" + (made / "swap").string(),
+        "--set train.init_from=" + (root_ / "no-such-model").string()}) {
     const Result r = run("train -q --config " + cfg.string() + " --out " +
                          (made / "for" / "run").string() + " --set train.steps=2 " + bad);
     EXPECT_EQ(r.code, 2) << bad << "\n" << r.output;

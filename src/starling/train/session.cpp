@@ -135,6 +135,9 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
                         "train.out_dir (--out) to a new directory, or go on with the swarm "
                         "(train --peers N --resume)");
   s->made_run_dir = outermost_missing(run_dir);
+  // The disk tier makes swap.dir where it is missing (its file is unlinked once open, so a
+  // failed start leaves the directory empty).
+  if (c.swap.enabled() && !c.swap.dir.empty()) s->made_swap_dir = outermost_missing(c.swap.dir);
   fs::create_directories(run_dir);
   // Before the checkpoint check: two runs starting together must not both find none.
   s->run_dir_lock = std::make_unique<DirLock>(run_dir);
@@ -197,6 +200,7 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
 }
 
 void Session::remove_unstarted_run_dir() noexcept {
+  remove_made_empty_dirs(config.swap.dir, made_swap_dir);
   if (made_run_dir.empty()) return;
   std::error_code ec;
   // Only where the lock is all there is: anything else written there keeps the directory, and

@@ -36,6 +36,7 @@ struct Session {
   // The outermost directory open_session made for run_dir() (run_dir() or a missing parent);
   // empty when run_dir() was there. See remove_unstarted_run_dir().
   std::filesystem::path made_run_dir;
+  std::filesystem::path made_swap_dir;  // the same for swap.dir, where it is set
   data::DatasetInfo dataset;
   std::unique_ptr<graph::OpDag> dag;
   std::unique_ptr<graph::Executor> executor;
@@ -57,7 +58,8 @@ struct Session {
   // For a run whose start failed (a swap budget too small, initial weights not found), before
   // write_config(): removes the run directory and the parents open_session made for it, where the
   // directory holds nothing but the lock, so that a mistyped command leaves no empty directories
-  // behind. Anything else written there keeps it, lock included. Never throws.
+  // behind. Anything else written there keeps it, lock included. The same for an empty swap.dir
+  // and its parents, where the run made them. Never throws.
   void remove_unstarted_run_dir() noexcept;
 
   // Saves a checkpoint of the current step, with the strategy's state when `hooks` is given.
