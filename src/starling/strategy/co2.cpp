@@ -402,8 +402,12 @@ bool Co2::step_done_early(train::Replica& r, bool last) {
   ring_ = a.ring;
   launch_early(a);
   ++rounds_;
-  if (last) end_run(r);  // the final round's average is applied at once: the run ends on x_{T+1}
-  return last || shared;
+  // The final round's average is applied at once: the run ends on x_{T+1}.
+  if (last || ends_here(r)) {
+    end_run(r);
+    return true;
+  }
+  return shared;
 }
 
 bool Co2::step_done(train::Replica& r, bool last) {
@@ -421,9 +425,17 @@ bool Co2::step_done(train::Replica& r, bool last) {
   if (zero() && (a.synced || a.ring != ring_)) set_shard(a.ring);
   ring_ = a.ring;
   launch_at_boundary(a);
-  if (last) end_run(r);
+  if (last || ends_here(r)) end_run(r);
   ++rounds_;
   return true;
+}
+
+bool Co2::ends_here(const train::Replica& r) const {
+  // A peer stopped past the peer timeout while the others trained to the end meets them at its
+  // next boundary, in their last one, and adopts their state: its step is now the run's last and
+  // no step follows, so it drains and closes the run with them. Without this it stopped after
+  // the exchange and ended a round short of them, without the last average.
+  return r.step >= config_.train.steps;
 }
 
 bool Co2::drain() {
