@@ -403,7 +403,7 @@ bool Co2::step_done_early(train::Replica& r, bool last) {
   launch_early(a);
   ++rounds_;
   // The final round's average is applied at once: the run ends on x_{T+1}.
-  if (last || ends_here(r)) {
+  if (last || met_the_last_round(r, a)) {
     end_run(r);
     return true;
   }
@@ -425,17 +425,13 @@ bool Co2::step_done(train::Replica& r, bool last) {
   if (zero() && (a.synced || a.ring != ring_)) set_shard(a.ring);
   ring_ = a.ring;
   launch_at_boundary(a);
-  if (last || ends_here(r)) end_run(r);
+  // A peer stopped past the peer timeout while the others trained to the end meets them at its
+  // next boundary, in their last one, and adopts their state: no step follows, so it drains and
+  // closes the run with them. Without this it stopped after the exchange and ended a round short
+  // of them, without the last average.
+  if (last || met_the_last_round(r, a)) end_run(r);
   ++rounds_;
   return true;
-}
-
-bool Co2::ends_here(const train::Replica& r) const {
-  // A peer stopped past the peer timeout while the others trained to the end meets them at its
-  // next boundary, in their last one, and adopts their state: its step is now the run's last and
-  // no step follows, so it drains and closes the run with them. Without this it stopped after
-  // the exchange and ended a round short of them, without the last average.
-  return r.step >= config_.train.steps;
 }
 
 bool Co2::drain() {

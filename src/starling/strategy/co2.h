@@ -99,9 +99,6 @@ class Co2 final : public SwarmStrategy {
   bool early() const;
   bool nesterov() const;  // whether the outer step is Nesterov's (strategy.outer_nesterov)
   bool step_done_early(train::Replica& r, bool last);
-  // After a boundary's agreement: whether this peer's step is the run's last, though its round
-  // was not (it adopted the state of peers that reached the end while it was stopped).
-  bool ends_here(const train::Replica& r) const;
   // Whether the last round's average is applied (drained), from whether this peer `collected`
   // it. With zero, only where every participant did (one tiny all-reduce): each applies its own
   // shard and gathers the others', so a peer without its shard would fail the others' drain,

@@ -36,19 +36,7 @@ std::array<float, kAgreementNotes> DiLoCo::round_notes() const {
 
 bool DiLoCo::step_done(train::Replica& r, bool last) {
   if (!last && r.step % config_.strategy.local_steps != 0) return false;
-  if (last) {
-    last_round(r, [this](const Agreement& a) { outer_step(a); });
-  } else {
-    const Agreement a = agree(r, true);
-    const int64_t agreed_version = version_;  // after any state the agreement brought
-    outer_step(a);
-    // A straggler whose agreement met the others' last round adopted their state at the run's
-    // last step: no step follows, so it settles and closes the run with them, as a peer that
-    // joins in that round does (end_in_last_round).
-    if (r.step >= config_.train.steps)
-      settle_last_round(
-          r, [this](const Agreement& x) { outer_step(x); }, agreed_version);
-  }
+  boundary_round(r, last, [this](const Agreement& a) { outer_step(a); });
   ++rounds_;
   return true;
 }

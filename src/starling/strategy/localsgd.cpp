@@ -33,19 +33,7 @@ void LocalSgd::allocate(train::Replica& r) {
 
 bool LocalSgd::step_done(train::Replica& r, bool last) {
   if (!last && r.step % config_.strategy.local_steps != 0) return false;
-  if (last) {
-    last_round(r, [this](const Agreement& a) { average(a); });
-  } else {
-    const Agreement a = agree(r, true);
-    const int64_t agreed_version = version_;  // after any state the agreement brought
-    average(a);
-    // A straggler whose agreement met the others' last round adopted their state at the run's
-    // last step: no step follows, so it settles and closes the run with them, as a peer that
-    // joins in that round does (end_in_last_round).
-    if (r.step >= config_.train.steps)
-      settle_last_round(
-          r, [this](const Agreement& x) { average(x); }, agreed_version);
-  }
+  boundary_round(r, last, [this](const Agreement& a) { average(a); });
   ++rounds_;
   return true;
 }

@@ -288,12 +288,30 @@ Agreement SwarmStrategy::close_run(train::Replica& r, bool round_through) {
   return a;
 }
 
+bool SwarmStrategy::met_the_last_round(const train::Replica& r, const Agreement& a) const {
+  return r.step >= config_.train.steps && a.exchange_voters == a.peers;
+}
+
 void SwarmStrategy::last_round(train::Replica& r,
                                const std::function<void(const Agreement&)>& round) {
   const Agreement a = agree(r, true);
   const int64_t agreed_version = version_;  // after any state the agreement brought
   round(a);
   settle_last_round(r, round, agreed_version);
+}
+
+void SwarmStrategy::boundary_round(train::Replica& r, bool last,
+                                   const std::function<void(const Agreement&)>& round) {
+  if (last) {
+    last_round(r, round);
+    return;
+  }
+  const Agreement a = agree(r, true);
+  const int64_t agreed_version = version_;  // after any state the agreement brought
+  round(a);
+  // A straggler whose agreement met the others' last round adopted their state at the run's
+  // last step: no step follows, so it settles and closes the run with them.
+  if (met_the_last_round(r, a)) settle_last_round(r, round, agreed_version);
 }
 
 void SwarmStrategy::settle_last_round(train::Replica& r,
@@ -667,6 +685,7 @@ Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool op
     Agreement a;
     a.peers = static_cast<int>(c[1]);
     a.exchange_follows = c[5] > 0;
+    a.exchange_voters = static_cast<int>(c[5]);
     for (int i = 0; i < kAgreementNotes; ++i) a.notes[i] = c[kNotes + i];
     std::array<double, kRedealNotes> shares{};
     for (int i = 0; i < kRedealNotes; ++i) shares[i] = c[kShares + i];

@@ -67,6 +67,7 @@ struct Agreement {
   // state, the root's), rather than call its own next agreement into it, which would fail the
   // exchange and cost a second transfer.
   bool exchange_follows = false;
+  int exchange_voters = 0;        // how many participants said so
   std::vector<net::PeerId> ring;  // participants by id (shard order)
   // The sums over the participants of their round_notes() (the same on every participant). In
   // the closing agreement (close_run), notes[kClosingNote] counts the participants whose last
@@ -272,11 +273,23 @@ class SwarmStrategy : public train::StepHooks {
   // break hold each peer's own parameters), all of them run it again with no local steps in
   // between, among the peers still there, up to kSettleRounds times.
   void last_round(train::Replica& r, const std::function<void(const Agreement&)>& round);
+  // A round boundary of localsgd or diloco: last_round() where `last`, else `round(agree(r,
+  // true))`, then the settling and closing of a last round where that agreement handed this peer
+  // the state of peers in theirs (met_the_last_round).
+  void boundary_round(train::Replica& r, bool last,
+                      const std::function<void(const Agreement&)>& round);
   // last_round() after its first `round`: the closing agreement, and the round again where it
   // went through on no participant. `agreed_version`: this peer's round before that first one.
   void settle_last_round(train::Replica& r, const std::function<void(const Agreement&)>& round,
                          int64_t agreed_version);
   static constexpr int kSettleRounds = 3;
+  // After a boundary's agreement that was not this peer's last round: whether it handed this
+  // peer the state of peers in their last round (it was stopped while they trained to the end),
+  // so that it ends the run with them, as a peer that joins in that round does. Every
+  // participant of a last round says an exchange follows; where some did not, the agreement met
+  // their closing one (the state taken is the run's final one already) or a joiner's opening one,
+  // and this peer ends as before, on the state it took.
+  bool met_the_last_round(const train::Replica& r, const Agreement& a) const;
   // `crc` carried over the bytes of `part` (any dtype or device): chained over the pieces or
   // tensors of a vector in order, the CRC-32C of the whole vector, as note_round takes it.
   static uint32_t chain_crc(const at::Tensor& part, uint32_t crc);
