@@ -573,13 +573,20 @@ TEST_F(SwarmCliTest, AtomSurvivesAKilledPeer) {
 // bit-identical.
 TEST_F(SwarmCliTest, AtomFastPeerContributesMore) {
   const fs::path config = write_config("atom_quota", "kind = \"atom\"\ntarget_batch = 32", 24, 1);
-  const auto quota = run_cli("train -q --peers 2 --peer-cpus 0.5,0.125 --config " +
-                             config.string() + " --set model.n_layer=2 --set model.d_model=64");
+  const auto quota =
+      run_cli("train -q --peers 2 --peer-cpus 0.5,0.125 --config " + config.string() +
+              " --set model.n_layer=2 --set model.d_model=64 --set train.threads=0");
   if (quota.code != 0 && quota.output.find("needs CPU quotas") != std::string::npos)
     GTEST_SKIP() << "no CPU quotas here (cgroups need root): " << quota.output;
   ASSERT_EQ(quota.code, 0) << quota.output << read_file(run_dir("atom_quota") / "peer-0.log");
   EXPECT_NE(quota.output.find("CPU quotas per peer: 0.5, 0.125"), std::string::npos)
       << quota.output;
+  // Each peer's default threads (train.threads = 0) see its quota: one, however many cores the
+  // machine has, since two would only be throttled together.
+  for (const auto& [log, header] : {std::pair{"peer-0.log", " 1 threads (CPU limit 0.5) |"},
+                                    std::pair{"peer-1.log", " 1 threads (CPU limit 0.125) |"}})
+    EXPECT_NE(read_file(run_dir("atom_quota") / log).find(header), std::string::npos)
+        << log << ": " << read_file(run_dir("atom_quota") / log);
   std::vector<uint64_t> tokens;
   for (int i = 0; i < 2; ++i) {
     const auto records = metrics(run_dir("atom_quota") / ("peer-" + std::to_string(i)));

@@ -29,7 +29,9 @@ void add_bench_command(CLI::App& app) {
   compute->add_option("--batch", a->batch, "sequences per step")->capture_default_str();
   compute->add_option("--steps", a->steps, "timed steps")->capture_default_str();
   compute->add_option("--warmup", a->warmup, "untimed steps first")->capture_default_str();
-  compute->add_option("--threads", a->threads, "intra-op threads; 0 = physical cores")
+  compute
+      ->add_option("--threads", a->threads,
+                   "intra-op threads; 0 = physical cores (within a CPU limit)")
       ->capture_default_str();
   compute->add_flag("--recompute", a->recompute, "per-node activation recomputation");
   compute->add_option("--device", a->device, "cpu, cuda or cuda:N")->capture_default_str();

@@ -25,7 +25,8 @@ void add_eval_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--device", o->device, "cpu or cuda")->capture_default_str();
   cmd->add_option("--json", *json, "also write the result to this file as JSON");
-  cmd->add_option("--threads", *threads, "intra-op threads on the CPU; 0 = physical cores")
+  cmd->add_option("--threads", *threads,
+                  "intra-op threads on the CPU; 0 = physical cores (within a CPU limit)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_flag("-q,--quiet", *quiet, "no progress line");

@@ -268,19 +268,20 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     if (static_cast<int>(peer_cpus.size()) != o.peers)
       throw ConfigError(what + " needs one CPU value per peer");
     // A quota is a ceiling, not a share the machine can grant: say when the machine cannot.
-    const int cpus = logical_cpus();
+    // The peers' cgroups are not under the launcher's, but a container's limit holds above both.
+    const double cpus = usable_cpus();
     double sum = 0;
     for (int i = 0; i < o.peers; ++i) {
       sum += peer_cpus[i];
-      if (peer_cpus[i] > cpus)
+      if (peer_cpus[i] > cpus + 1e-9)
         std::cerr << "swarm: note: peer " << i << "'s quota of " << fmt("%g", peer_cpus[i])
-                  << " CPUs is more than the " << cpus
-                  << " this process may run on: it is no limit\n";
+                  << " CPUs is more than the " << fmt("%g", cpus)
+                  << " this process may use: it is no limit\n";
     }
     if (sum > cpus + 1e-9)
       std::cerr << "swarm: note: the quotas add up to " << fmt("%g", sum) << " CPUs, more than the "
-                << cpus << " this process may run on: the peers share cores and run slower "
-                << "than their quotas\n";
+                << fmt("%g", cpus) << " this process may use: the peers share cores and run "
+                << "slower than their quotas\n";
     if (auto why = CpuQuota::unavailable_reason(); !why.empty())
       throw ConfigError(what + " needs CPU quotas: " + why);
     std::string shares;
@@ -327,8 +328,9 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     } else {
       const sched::LabSpec lab = effective_lab(o);
       costs = strategy::lab_costs(config, lab);
-      // Without quotas the peers still share the cores when their threads outnumber them.
-      const int cores = physical_cores();
+      // Without quotas the peers still share the cores when their threads outnumber them (the
+      // cores of a container's CPU limit, where the launcher runs in one).
+      const int cores = default_threads();
       const int threads = config.train.threads > 0 ? config.train.threads : cores;
       const bool crowded = quotas.empty() && o.peers * threads > cores;
       if ((!quotas.empty() || crowded) && config.pipeline.lab_speeds == "profiled") {

@@ -46,7 +46,8 @@ void add_sample_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   auto threads = std::make_shared<int>(0);
-  cmd->add_option("--threads", *threads, "intra-op threads on the CPU; 0 = physical cores")
+  cmd->add_option("--threads", *threads,
+                  "intra-op threads on the CPU; 0 = physical cores (within a CPU limit)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   auto no_cache = std::make_shared<bool>(false), timing = std::make_shared<bool>(false);

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -18,6 +19,8 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "starling/common/cgroup_cpu_limit.h"
 
 namespace starling {
 
@@ -48,8 +51,22 @@ int physical_cores() {
   return n > 0 ? n : 1;
 }
 
+double usable_cpus() {
+  const double cpus = logical_cpus();
+  const auto limit = cgroup_cpu_limit();
+  return limit ? std::min(cpus, *limit) : cpus;
+}
+
+int default_threads() {
+  const int cores = physical_cores();
+  const auto limit = cgroup_cpu_limit();
+  if (!limit) return cores;
+  // A limit a hair above a whole number (rounding in the quota's microseconds) is that number.
+  return std::clamp(static_cast<int>(std::ceil(*limit - 1e-3)), 1, cores);
+}
+
 int configure_threads(int requested) {
-  const int n = requested > 0 ? requested : physical_cores();
+  const int n = requested > 0 ? requested : default_threads();
   at::set_num_threads(n);
   // Inter-op threads can only be set before the first parallel work; later calls are no-ops.
   static const bool interop_set = [] {

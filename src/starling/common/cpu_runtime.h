@@ -13,7 +13,15 @@ int physical_cores();
 // Logical CPUs this process may run on (its affinity mask): what a CPU quota counts.
 int logical_cpus();
 
-// Sets intra-op threads to `requested`, or to physical_cores() when it is 0; inter-op threads to
+// The CPUs' worth of time this process may use: logical_cpus(), or its cgroup's CPU limit where
+// that is less (cgroup_cpu_limit.h; 1.5 = one and a half cores).
+double usable_cpus();
+
+// The default intra-op thread count: physical_cores(), but no more than a cgroup's CPU limit
+// rounded up (a container with `--cpus 2` on a 64-core host runs 2, a quota of 0.3 CPU runs 1).
+int default_threads();
+
+// Sets intra-op threads to `requested`, or to default_threads() when it is 0; inter-op threads to
 // 1 (one executor runs nodes in order). OpenBLAS's OpenMP build shares this pool, so the one
 // setting governs both. Returns the number set. Safe to call more than once.
 int configure_threads(int requested);

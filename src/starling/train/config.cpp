@@ -32,8 +32,9 @@ std::vector<Key> bind(RunConfig& c) {
   k.push_back(int_key("train", "batch_size", &t.batch_size, 1, "sequences per micro-batch"));
   k.push_back(int_key("train", "grad_accum", &t.grad_accum, 1, "micro-batches per optimizer step"));
   k.push_back(seed_key("train", "seed", &t.seed, "seed of model init and data order"));
-  k.push_back(int32_key("train", "threads", &t.threads, 0,
-                        "intra-op CPU threads; 0 = one per physical core"));
+  k.push_back(
+      int32_key("train", "threads", &t.threads, 0,
+                "intra-op CPU threads; 0 = one per physical core, within a cgroup's CPU limit"));
   k.push_back({"train", "device", "string",
                "\"cpu\", \"cuda\" or \"cuda:N\" (a CUDA libtorch and a GPU for cuda)",
                [&t](const toml::node& n, const std::string& where) {

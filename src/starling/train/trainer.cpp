@@ -8,6 +8,7 @@
 #include <csignal>
 #include <iostream>
 
+#include "starling/common/cpu_runtime.h"
 #include "starling/common/device.h"
 #include "starling/common/error.h"
 #include "starling/train/evaluate.h"
@@ -47,13 +48,16 @@ class StopSignals {
 std::string describe(const Session& s, double peak_gflops) {
   const RunConfig& c = s.config;
   const int64_t tokens_per_step = c.train.batch_size * c.train.grad_accum * c.model.seq_len;
+  // A cgroup's CPU limit (a container's, a local swarm peer's quota) bounds the default threads.
+  const double cpus = usable_cpus();
+  const std::string limit = cpus < logical_cpus() ? fmt(" (CPU limit %g)", cpus) : std::string();
   return "model " + (c.model_preset.empty() ? c.model.name : c.model_preset) + " (" +
          model::to_string(c.model.arch) + ", " +
          fmt("%.2fM", static_cast<double>(c.model.num_params()) / 1e6) + " params) | data " +
          s.dataset.dir.string() + " (" + s.dataset.tokenizer_kind + ", " +
          fmt("%.2fM", static_cast<double>(s.dataset.train_tokens) / 1e6) + " train tokens) | " +
          std::to_string(tokens_per_step) + " tokens/step | " + c.train.device + " " +
-         c.train.dtype + ", " + std::to_string(s.threads) + " threads | peak " +
+         c.train.dtype + ", " + std::to_string(s.threads) + " threads" + limit + " | peak " +
          fmt("%.1f", peak_gflops) + " GFLOP/s";
 }
 
@@ -106,7 +110,12 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
   const double peak_gflops = c.train.peak_tflops > 0
                                  ? c.train.peak_tflops * 1e3
                                  : measure_peak_gflops(c.train.device, c.train.dtype);
-  progress.note(describe(s, peak_gflops));
+  // With JSON events on stdout (a launcher's peer), stderr is the peer's log: the header goes
+  // there even in a quiet run, so a log says what its peer ran with (threads under a quota, say).
+  if (options.json_events)
+    progress.log(describe(s, peak_gflops));
+  else
+    progress.note(describe(s, peak_gflops));
   const int64_t last =
       options.stop_at >= 0 ? std::min(options.stop_at, c.train.steps) : c.train.steps;
   StepReporter reporter(c, progress, options.json_events, peak_gflops, last,
