@@ -64,8 +64,7 @@ void ProgressBoard::poll() {
       double arrived = 0;
       try {
         bytes = posted.front().wait();
-        arrived =
-            std::chrono::duration<double>(posted.front().finished_at().time_since_epoch()).count();
+        arrived = train::seconds_of(posted.front().finished_at());
       } catch (const std::exception&) {
         failed = true;  // the peer died or left: forget it until it is alive again
         break;

@@ -94,8 +94,10 @@ std::string fmt(const char* format, double value) {
   return out;
 }
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+double now_s() { return seconds_of(std::chrono::steady_clock::now()); }
+
+double seconds_of(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(t.time_since_epoch()).count();
 }
 
 }  // namespace starling::train

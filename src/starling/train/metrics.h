@@ -49,4 +49,7 @@ std::string fmt(const char* format, double value);
 // Seconds on the monotonic clock, for measuring intervals.
 double now_s();
 
+// A time point of that clock (one a thread noted, say) in now_s()'s seconds.
+double seconds_of(std::chrono::steady_clock::time_point t);
+
 }  // namespace starling::train
