@@ -9,7 +9,15 @@ The peers get unequal speeds through CPU quotas (`starling train --peers 4 --pee
 0.6,0.6,0.3,0.3`: two peers with twice the compute of the other two; cgroups, so it needs root).
 Every run trains bench/atom/config.toml (gpt2-tiny, 4-sequence micro-batches of 128 tokens):
 
-  solo   one peer alone on each quota (`--peers 1`), its steady tokens/s;
+  solo   each of the 4 peers training alone on its quota (`--peers 1`), its steady tokens/s;
+         the four solo runs go at once, each with steps in proportion to its quota so that
+         they end together: a peer's machine is as busy as in the swarms. (Alone on this
+         2-core virtual machine, a 0.3 CPU peer ran 10-20% slower per CPU-second than beside
+         the others: the idle CPU's wake-ups cost it. Solo rates measured that way are no
+         bound, and the swarms came out above them.) They run before and after each
+         repetition's swarms, and each quota's rate is the median of all its solo runs. The
+         quotas add up to 1.8 CPUs: on a machine with fewer, the solos share cores and the
+         ideal comes out low.
   ddp    the 4 peers in lockstep, each computing target / 16 micro-batches per step (the
          target's sequences per swarm step), so every step waits for the slowest peers;
   atom   the 4 peers accumulating at their own pace until the swarm holds target_batch
@@ -39,7 +47,8 @@ from corpus import ensure_byte_corpus  # noqa: E402  (bench/corpus.py)
 CPUS = [0.6, 0.6, 0.3, 0.3]
 
 
-def run(args, work, tag, kind, peers, cpus, extra=(), steps=None):
+def start(args, work, tag, kind, peers, cpus, extra=(), steps=None):
+    """Starts one `starling train` swarm (or a swarm of one); returns its process and out dir."""
     out = os.path.join(work, tag)
     cmd = [args.starling, "train", "-q", "--config", args.config, "--peers", str(peers),
            "--peer-cpus", ",".join(str(c) for c in cpus),
@@ -47,9 +56,20 @@ def run(args, work, tag, kind, peers, cpus, extra=(), steps=None):
            "--set", f"strategy.kind=\"{kind}\""]
     for s in extra:
         cmd += ["--set", s]
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if p.returncode != 0:
-        sys.exit(f"{tag} failed:\n{p.stdout}{p.stderr}")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=ROOT)
+    return proc, out
+
+
+def run(args, work, tag, kind, peers, cpus, extra=(), steps=None):
+    return finish(tag, *start(args, work, tag, kind, peers, cpus, extra, steps), peers)
+
+
+def finish(tag, proc, out, peers):
+    """Waits for a run of start() and reads its figures."""
+    output, _ = proc.communicate()
+    if proc.returncode != 0:
+        sys.exit(f"{tag} failed:\n{output}")
     per_peer = [read_jsonl(os.path.join(out, f"peer-{i}", "metrics.jsonl")) for i in range(peers)]
     # Steady rate: swarm tokens between the first logged step and the last, over that time
     # (evaluations excluded: their time is in elapsed_s but not in step time, so use step times).
@@ -133,7 +153,8 @@ def main():
     ap.add_argument("--starling", default=os.path.join(ROOT, "build", "starling"))
     ap.add_argument("--config", default=os.path.join(HERE, "config.toml"))
     ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--solo-steps", type=int, default=20, help="steps of each solo run")
+    ap.add_argument("--solo-steps", type=int, default=20,
+                    help="steps of the slowest peer's solo run (the others' in proportion)")
     ap.add_argument("--targets", type=int, nargs="+", default=[128, 512],
                     help="sequences per swarm step (multiples of 16)")
     ap.add_argument("--reps", type=int, default=1)
@@ -144,17 +165,32 @@ def main():
     solo_runs = {}
     runs = {(k, t): [] for k in ("ddp", "atom") for t in args.targets}
     evals = f"train.eval_every={max(1, args.steps // 8)}"
+
+    def measure_solos(tag):
+        # Each peer alone, all four at once: ddp with a swarm of one is plain training plus a
+        # trivial agreement. Steps in proportion to the quota, so that none runs on alone.
+        solos = [(c, start(args, work, f"{tag}_{i}", "ddp", 1, [c], ["train.grad_accum=8"],
+                           steps=max(4, round(args.solo_steps * c / min(CPUS)))))
+                 for i, c in enumerate(CPUS)]
+        try:
+            for i, (c, (proc, out)) in enumerate(solos):
+                r = finish(f"{tag}_{i}", proc, out, 1)
+                solo_runs.setdefault(c, []).append(r["tokens_per_s"])
+        finally:  # one failed: stop the others rather than leave them running
+            for _, (proc, _) in solos:
+                if proc.poll() is None:
+                    proc.terminate()
+
     for rep in range(args.reps):
-        for c in sorted(set(CPUS)):
-            # One peer alone: ddp with a swarm of one is plain training plus a trivial agreement.
-            r = run(args, work, f"solo{c}_{rep}", "ddp", 1, [c], ["train.grad_accum=8"],
-                    steps=args.solo_steps)
-            solo_runs.setdefault(c, []).append(r["tokens_per_s"])
+        # Before and after the swarms: this machine's speed drifts by several percent over the
+        # minutes a repetition takes, and the ideal is the median of both sides.
+        measure_solos(f"solo_before{rep}")
         for t in args.targets:
             runs[("ddp", t)].append(run(args, work, f"ddp{t}_{rep}", "ddp", 4, CPUS,
                                         [f"train.grad_accum={t // 16}", evals]))
             runs[("atom", t)].append(run(args, work, f"atom{t}_{rep}", "atom", 4, CPUS,
                                          [f"strategy.target_batch={t}", evals]))
+        measure_solos(f"solo_after{rep}")
         print(f"rep {rep + 1}/{args.reps} done", file=sys.stderr)
     solo = {c: statistics.median(v) for c, v in solo_runs.items()}
     ideal = sum(solo[c] for c in CPUS)

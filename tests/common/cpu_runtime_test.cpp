@@ -8,6 +8,19 @@
 namespace starling {
 namespace {
 
+// Default threads: the cores, within a cgroup's CPU limit rounded up, never 0.
+TEST(DefaultThreads, StayWithinACpuLimit) {
+  EXPECT_EQ(threads_within(8, std::nullopt), 8);
+  EXPECT_EQ(threads_within(8, 0.3), 1);
+  EXPECT_EQ(threads_within(8, 1.0), 1);
+  EXPECT_EQ(threads_within(8, 1.0005), 1);  // a quota's rounding in microseconds
+  EXPECT_EQ(threads_within(8, 1.5), 2);
+  EXPECT_EQ(threads_within(8, 64), 8);
+  EXPECT_EQ(threads_within(0, 2.0), 1);
+  EXPECT_LE(default_threads(), physical_cores());
+  EXPECT_GE(default_threads(), 1);
+}
+
 TEST(CachingCpuAllocator, ReusesFreedLargeBlocks) {
   install_caching_cpu_allocator();
   const auto before = caching_cpu_allocator_stats();

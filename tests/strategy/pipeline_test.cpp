@@ -1300,7 +1300,7 @@ TEST_F(PipelineRunTest, AutoStagesWeighEveryPeerAsProfiledInItsQuota) {
 // measured it, not the speed of the reference profile taken alone.
 TEST_F(PipelineRunTest, AutoStagesWeighPeersThatShareTheCores) {
   const fs::path cfg = config("auto_crowd", "gpt2-tiny", 2, false);
-  const int cores = starling::physical_cores();
+  const int cores = starling::default_threads();  // the cores, within a cgroup's CPU limit
   const auto r = run_cli("train -q --config " + cfg.string() +
                          " --peers 2 --set 'pipeline.stages=\"auto\"' --set train.steps=2 --set "
                          "model.d_model=128 --set model.seq_len=64 --set train.threads=" +

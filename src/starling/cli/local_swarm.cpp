@@ -7,6 +7,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -16,6 +17,7 @@
 #include <set>
 
 #include "starling/cli/cpu_quota.h"
+#include "starling/common/cgroup_cpu_limit.h"
 #include "starling/common/cpu_runtime.h"
 #include "starling/common/dir_lock.h"
 #include "starling/common/error.h"
@@ -268,8 +270,10 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     if (static_cast<int>(peer_cpus.size()) != o.peers)
       throw ConfigError(what + " needs one CPU value per peer");
     // A quota is a ceiling, not a share the machine can grant: say when the machine cannot.
-    // The peers' cgroups are not under the launcher's, but a container's limit holds above both.
-    const double cpus = usable_cpus();
+    // The peers' cgroups are made at the hierarchy's top, not under the launcher's own cgroup:
+    // the limit there (a container's) binds them, the launcher's own does not.
+    const double cpus =
+        std::min<double>(logical_cpus(), top_cgroup_cpu_limit().value_or(logical_cpus()));
     double sum = 0;
     for (int i = 0; i < o.peers; ++i) {
       sum += peer_cpus[i];
@@ -617,7 +621,12 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
           v.running = false;
           if (v.exit_code.value_or(-1) != 0) {
             ++result.failed_peers;
-            const std::string why = last_line(log_of(i));
+            // Killed by a signal (the OOM killer's SIGKILL, say), a peer wrote no error: its
+            // log's last line would be whatever it wrote before.
+            const int code = v.exit_code.value_or(-1);
+            const std::string why = code > 128 ? "killed by signal " + std::to_string(code - 128) +
+                                                     " (" + ::strsignal(code - 128) + ")"
+                                               : last_line(log_of(i));
             // Printed in a quiet run too: the summary's "N peers failed" needs its reason.
             progress.log("swarm: peer " + std::to_string(i) + " exited with code " +
                          std::to_string(v.exit_code.value_or(-1)) +

@@ -66,7 +66,7 @@ std::optional<Mount> cgroup_mount(const std::string& mountinfo, bool v2) {
     // id parent major:minor root point options [optional fields...] - type source super-options
     size_t dash = 6;
     while (dash < f.size() && f[dash] != "-") ++dash;
-    if (dash + 1 >= f.size() || f.size() < 5) continue;
+    if (dash + 1 >= f.size()) continue;
     const std::string& type = f[dash + 1];
     const bool hit = v2 ? type == "cgroup2"
                         : type == "cgroup" && dash + 3 < f.size() && lists(f[dash + 3], "cpu");
@@ -130,11 +130,20 @@ std::optional<double> cpu_limit_under(const CpuCgroup& cg) {
   return tightest;
 }
 
+namespace {
+std::optional<CpuCgroup> own_cpu_cgroup() {
+  return find_cpu_cgroup(read_text("/proc/self/cgroup"), read_text("/proc/self/mountinfo"));
+}
+}  // namespace
+
 std::optional<double> cgroup_cpu_limit() {
-  const auto cg =
-      find_cpu_cgroup(read_text("/proc/self/cgroup"), read_text("/proc/self/mountinfo"));
-  if (!cg) return std::nullopt;
-  return cpu_limit_under(*cg);
+  const auto cg = own_cpu_cgroup();
+  return cg ? cpu_limit_under(*cg) : std::nullopt;
+}
+
+std::optional<double> top_cgroup_cpu_limit() {
+  const auto cg = own_cpu_cgroup();
+  return cg ? cpu_limit_under({cg->mount, cg->mount, cg->v2}) : std::nullopt;
 }
 
 }  // namespace starling

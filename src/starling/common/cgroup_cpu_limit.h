@@ -16,6 +16,11 @@ namespace starling {
 // v1 hierarchy or else cgroup v2. nullopt where none is set or none can be read: no limit.
 std::optional<double> cgroup_cpu_limit();
 
+// The limit at the top of the hierarchy this process sees (its mount point: a container's own
+// cgroup, under a cgroup namespace), which binds every cgroup made there, as a local swarm's
+// peers' are (cli/cpu_quota.h), whatever limit this process's own cgroup has below it.
+std::optional<double> top_cgroup_cpu_limit();
+
 // The parts, for tests.
 
 // Where this process's cgroup of the cpu controller lies: `mount` (the hierarchy's mount point

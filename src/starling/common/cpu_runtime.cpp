@@ -57,9 +57,10 @@ double usable_cpus() {
   return limit ? std::min(cpus, *limit) : cpus;
 }
 
-int default_threads() {
-  const int cores = physical_cores();
-  const auto limit = cgroup_cpu_limit();
+int default_threads() { return threads_within(physical_cores(), cgroup_cpu_limit()); }
+
+int threads_within(int cores, std::optional<double> limit) {
+  cores = std::max(1, cores);
   if (!limit) return cores;
   // A limit a hair above a whole number (rounding in the quota's microseconds) is that number.
   return std::clamp(static_cast<int>(std::ceil(*limit - 1e-3)), 1, cores);

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 namespace starling {
 
@@ -20,6 +21,8 @@ double usable_cpus();
 // The default intra-op thread count: physical_cores(), but no more than a cgroup's CPU limit
 // rounded up (a container with `--cpus 2` on a 64-core host runs 2, a quota of 0.3 CPU runs 1).
 int default_threads();
+// That rule: `cores` within `limit` (CPUs), rounded up, at least 1.
+int threads_within(int cores, std::optional<double> limit);
 
 // Sets intra-op threads to `requested`, or to default_threads() when it is 0; inter-op threads to
 // 1 (one executor runs nodes in order). OpenBLAS's OpenMP build shares this pool, so the one

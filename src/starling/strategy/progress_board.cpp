@@ -1,6 +1,5 @@
 #include "starling/strategy/progress_board.h"
 
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <iostream>

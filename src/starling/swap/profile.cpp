@@ -217,9 +217,10 @@ void measure_tier(SwapProblem& p, const std::string& kind, const std::filesystem
   p.read_bps = pass(false);
   p.tier = kind;
   p.duplex = tier->duplex();
-  // A computation whose threads leave a core free could copy there; one that fills them cannot.
+  // A computation whose threads leave a core free could copy there; one that fills them (or
+  // fills a cgroup's CPU limit) cannot.
   p.copies_take_compute =
-      tier->copies_on_cpu() && device.is_cpu() && at::get_num_threads() >= physical_cores();
+      tier->copies_on_cpu() && device.is_cpu() && at::get_num_threads() >= default_threads();
   p.in_place = tier->in_place(key) != nullptr;
   // Copies made by the computing cores are counted as computation already (swap_plan.h); a GPU's
   // kernels do not share the host's cores.
