@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "starling/cli/number_list.h"
+#include "starling/common/cgroup_cpu_limit.h"
 #include "starling/common/error.h"
 
 namespace starling::cli {
@@ -26,31 +27,23 @@ struct Hierarchy {
   bool v2 = false;
 };
 
-// Where the cpu controller is mounted: a v1 hierarchy with the "cpu" option, or a v2 hierarchy
-// whose root offers the cpu controller.
+// Where the cpu controller is mounted (own_cpu_cgroup(): a v1 hierarchy with the "cpu" option,
+// or else v2), for v2 only where its root offers the cpu controller.
 std::optional<Hierarchy> find_hierarchy(std::string& why) {
-  std::ifstream mounts("/proc/mounts");
-  std::string device, point, type, opts;
-  std::optional<Hierarchy> v2;
-  std::string line;
-  while (std::getline(mounts, line)) {
-    std::istringstream in(line);
-    if (!(in >> device >> point >> type >> opts)) continue;
-    if (type == "cgroup") {
-      std::istringstream options(opts);
-      for (std::string o; std::getline(options, o, ',');)
-        if (o == "cpu") return Hierarchy{point, false};
-    } else if (type == "cgroup2" && !v2) {
-      std::ifstream controllers(fs::path(point) / "cgroup.controllers");
-      std::string list;
-      std::getline(controllers, list);
-      std::istringstream words(list);
-      for (std::string w; words >> w;)
-        if (w == "cpu") v2 = Hierarchy{point, true};
-    }
+  const auto cg = own_cpu_cgroup();
+  bool offered = cg && !cg->v2;
+  if (cg && cg->v2) {
+    std::ifstream controllers(cg->mount / "cgroup.controllers");
+    std::string list;
+    std::getline(controllers, list);
+    std::istringstream words(list);
+    for (std::string w; words >> w;) offered = offered || w == "cpu";
   }
-  if (!v2) why = "no cgroup hierarchy with the cpu controller is mounted (/proc/mounts)";
-  return v2;
+  if (!offered) {
+    why = "no cgroup hierarchy with the cpu controller is mounted (/proc/self/mountinfo)";
+    return std::nullopt;
+  }
+  return Hierarchy{cg->mount, cg->v2};
 }
 
 void write_file(const fs::path& file, const std::string& text) {

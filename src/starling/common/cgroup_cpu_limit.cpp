@@ -130,11 +130,9 @@ std::optional<double> cpu_limit_under(const CpuCgroup& cg) {
   return tightest;
 }
 
-namespace {
 std::optional<CpuCgroup> own_cpu_cgroup() {
   return find_cpu_cgroup(read_text("/proc/self/cgroup"), read_text("/proc/self/mountinfo"));
 }
-}  // namespace
 
 std::optional<double> cgroup_cpu_limit() {
   const auto cg = own_cpu_cgroup();

@@ -21,8 +21,6 @@ std::optional<double> cgroup_cpu_limit();
 // peers' are (cli/cpu_quota.h), whatever limit this process's own cgroup has below it.
 std::optional<double> top_cgroup_cpu_limit();
 
-// The parts, for tests.
-
 // Where this process's cgroup of the cpu controller lies: `mount` (the hierarchy's mount point
 // in this mount namespace) and `dir` (the cgroup's directory under it).
 struct CpuCgroup {
@@ -30,6 +28,12 @@ struct CpuCgroup {
   std::filesystem::path dir;
   bool v2 = false;
 };
+
+// This process's, from /proc/self (find_cpu_cgroup()); cli/cpu_quota.h makes its cgroups under
+// the mount point. For v2 it does not check that the cpu controller is enabled there.
+std::optional<CpuCgroup> own_cpu_cgroup();
+
+// The parts, for tests.
 
 // From the text of /proc/self/cgroup and /proc/self/mountinfo: the v1 hierarchy with the cpu
 // controller if one is mounted, else the v2 one; nullopt if neither is (or the texts name none).
