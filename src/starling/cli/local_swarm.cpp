@@ -63,6 +63,7 @@ struct PeerView {
   uint64_t tokens = 0;
   int swarm = 0;
   bool running = true;
+  bool stopped = false;  // killed by the launcher (another peer failed before the first step)
   std::optional<int> exit_code;
 };
 
@@ -332,11 +333,13 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     } else {
       const sched::LabSpec lab = effective_lab(o);
       costs = strategy::lab_costs(config, lab);
-      // Without quotas the peers still share the cores when their threads outnumber them (the
-      // cores of a container's CPU limit, where the launcher runs in one).
+      // Without quotas the peers still share the cores when their threads outnumber them, or
+      // the CPUs of a container's limit where the launcher runs in one: two 1-thread peers under
+      // a 1.5 CPU limit share 1.5 CPUs.
       const int cores = default_threads();
       const int threads = config.train.threads > 0 ? config.train.threads : cores;
-      const bool crowded = quotas.empty() && o.peers * threads > cores;
+      const double room = std::min<double>(physical_cores(), usable_cpus());
+      const bool crowded = quotas.empty() && o.peers * threads > room;
       if ((!quotas.empty() || crowded) && config.pipeline.lab_speeds == "profiled") {
         const fs::path dir = out / "lab_speeds";
         std::vector<std::vector<std::string>> prefixes;
@@ -349,7 +352,7 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
         std::cerr << "plan: profiling the model in every peer's "
                   << (quotas.empty() ? "place (" + std::to_string(o.peers) + " peers x " +
                                            std::to_string(threads) + " threads on " +
-                                           std::to_string(cores) + " cores)"
+                                           fmt("%g", room) + " cores)"
                                      : std::string("CPU quota"))
                   << " at once, in " << dir.string() << " (pipeline.lab_speeds = \"profiled\")\n";
         std::cerr << profile_in_place(*costs, config, prefixes, places, o.starling, dir);
@@ -619,7 +622,11 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
         if (v.running && procs[i].finished_output()) {
           v.exit_code = procs[i].wait(std::chrono::seconds(30));
           v.running = false;
-          if (v.exit_code.value_or(-1) != 0) {
+          if (v.stopped && v.exit_code == 128 + SIGKILL) {
+            ++result.stopped_peers;
+            progress.log("swarm: peer " + std::to_string(i) +
+                         " stopped (another peer failed before the first step); see " + log_of(i));
+          } else if (v.exit_code.value_or(-1) != 0) {
             ++result.failed_peers;
             // Killed by a signal (the OOM killer's SIGKILL, say), a peer wrote no error: its
             // log's last line would be whatever it wrote before.
@@ -644,7 +651,10 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
         stopped_early = true;
         progress.note("swarm: a peer failed before the first step; stopping the others");
         for (int i = 0; i < o.peers; ++i)
-          if (views[i].running) procs[i].signal(SIGKILL);
+          if (views[i].running) {
+            views[i].stopped = true;
+            procs[i].signal(SIGKILL);
+          }
       }
       // The combined line: the slowest running peer's step, the swarm's throughput and traffic.
       int64_t step = -1, steps = 0;
@@ -714,6 +724,7 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
                           {"elapsed_s", longest},
                           {"tokens_per_s", result.tokens_per_s},
                           {"failed_peers", result.failed_peers},
+                          {"stopped_peers", result.stopped_peers},
                           {"done", done_events}}
                .dump(2)
         << "\n";

@@ -38,6 +38,9 @@ struct LocalSwarmResult {
   double val_loss = -1;     // the last validation loss reported
   double tokens_per_s = 0;  // the sum of the peers' own rates (evaluation and checkpoints excluded)
   std::string sample;       // peer 0's end-of-training sample
+  // Peers the launcher killed because another failed before anyone trained: not failures of
+  // their own.
+  int stopped_peers = 0;
 };
 
 LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwarmOptions& options);

@@ -101,12 +101,17 @@ void add_train_command(CLI::App& app) {
       o.stop_at = a->stop_at;
       const auto r = run_local_swarm(config, o);
       const auto failed = [&] {
-        return starling::Error(std::to_string(r.failed_peers) + " of " + std::to_string(a->peers) +
-                               " peers failed; see " + config.train.out_dir + "/peer-<i>.log");
+        return starling::Error(
+            std::to_string(r.failed_peers) + " of " + std::to_string(a->peers) + " peers failed" +
+            (r.stopped_peers > 0
+                 ? " (the launcher stopped the other " + std::to_string(r.stopped_peers) + ")"
+                 : "") +
+            "; see " + config.train.out_dir + "/peer-<i>.log");
       };
       // A swarm that trained nothing has no summary: "trained 0 steps" and a checkpoints path
       // with none in it would come before the reason.
-      if (r.failed_peers > 0 && (r.failed_peers >= a->peers || r.step == 0)) throw failed();
+      if (r.failed_peers > 0 && (r.failed_peers + r.stopped_peers >= a->peers || r.step == 0))
+        throw failed();
       std::cout << "swarm of " << a->peers << " trained " << r.step << " steps";
       if (r.val_loss >= 0) std::cout << ": val loss " << r.val_loss;
       std::cout << ", " << static_cast<long>(r.tokens_per_s) << " tokens/s in total\n";

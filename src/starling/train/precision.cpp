@@ -5,12 +5,12 @@
 #include <torch/version.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 
 #include "starling/common/device.h"
 #include "starling/common/error.h"
 #include "starling/graph/autocast.h"
+#include "starling/train/metrics.h"
 
 namespace starling::train {
 
@@ -52,19 +52,15 @@ double measure_peak_gflops(const std::string& device, const std::string& dtype) 
   auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
   at::Tensor a = at::randn({n, n}, gen).to(d, t), b = at::randn({n, n}, gen).to(d, t);
   at::Tensor c = at::empty({n, n}, a.options());
-  auto now = [] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  };
   at::mm_out(c, a, b);  // warm up the BLAS pool / GPU kernels
   synchronize(d);
   double best = 0;
-  const double start = now();
-  while (now() - start < 0.3) {
-    const double t0 = now();
+  const double start = now_s();
+  while (now_s() - start < 0.3) {
+    const double t0 = now_s();
     for (int i = 0; i < reps; ++i) at::mm_out(c, a, b);
     synchronize(d);
-    best = std::max(best, 2.0 * n * n * n * reps / (now() - t0) / 1e9);
+    best = std::max(best, 2.0 * n * n * n * reps / (now_s() - t0) / 1e9);
   }
   return best;
 }
