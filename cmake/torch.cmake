@@ -171,6 +171,7 @@ add_executable(starling_tests
   tests/common/dir_lock_test.cpp
   tests/train/config_test.cpp
   tests/train/checkpoint_test.cpp
+  tests/train/step_runner_test.cpp
   tests/net/gloo_backend_test.cpp
   tests/net/nccl_backend_test.cpp
   tests/strategy/co2_test.cpp

@@ -588,18 +588,47 @@ TEST_F(SwarmCliTest, AtomFastPeerContributesMore) {
     EXPECT_NE(read_file(run_dir("atom_quota") / log).find(header), std::string::npos)
         << log << ": " << read_file(run_dir("atom_quota") / log);
   std::vector<uint64_t> tokens;
+  std::map<int64_t, std::vector<double>> samples;  // per step: each peer's, then the swarm's
+  int smaller_last = 0;  // steps a peer ended on a micro-batch of fewer than 4 sequences
   for (int i = 0; i < 2; ++i) {
     const auto records = metrics(run_dir("atom_quota") / ("peer-" + std::to_string(i)));
     uint64_t last = 0;
     for (const auto& m : records) {
       if (!m.contains("net")) continue;
       EXPECT_GE(m["net"]["swarm_samples"].get<double>(), 32) << "step " << m["step"];
+      const double last_micro_batch = m["net"]["last_micro_batch"].get<double>();
+      EXPECT_TRUE(last_micro_batch >= 1 && last_micro_batch <= 4) << "step " << m["step"];
+      smaller_last += last_micro_batch < 4 ? 1 : 0;
+      samples[m["step"].get<int64_t>()].push_back(m["net"]["samples"].get<double>());
+      if (i == 1) samples[m["step"].get<int64_t>()].push_back(m["net"]["swarm_samples"]);
       last = m["tokens"].get<uint64_t>();
     }
     tokens.push_back(last);
   }
   EXPECT_GT(tokens[0], 3 * tokens[1] / 2) << "the peer with 4x the CPU trained on " << tokens[0]
                                           << " tokens, the slow one on " << tokens[1];
+  // Peers end their steps on smaller micro-batches (strategy.partial_micro_batches), and the
+  // swarm's count is what they gathered, whole micro-batches or not.
+  EXPECT_GT(smaller_last, 0) << "no step ended on a micro-batch smaller than train.batch_size";
+  for (const auto& [step, s] : samples) {
+    if (s.size() == 3) {
+      EXPECT_EQ(s[0] + s[1], s[2]) << "step " << step;
+    }
+  }
+  // With whole micro-batches only, every pass keeps the configured shape.
+  const auto whole =
+      run_cli("train -q --peers 2 --peer-cpus 0.5,0.125 --config " + config.string() +
+              " --set model.n_layer=2 --set model.d_model=64 --set train.steps=8 --set "
+              "strategy.partial_micro_batches=false --out " +
+              (root_ / "run_atom_whole").string());
+  ASSERT_EQ(whole.code, 0) << whole.output << read_file(root_ / "run_atom_whole" / "peer-0.log");
+  for (int i = 0; i < 2; ++i)
+    for (const auto& m : metrics(root_ / "run_atom_whole" / ("peer-" + std::to_string(i)))) {
+      if (!m.contains("net")) continue;
+      EXPECT_EQ(m["net"]["last_micro_batch"].get<double>(), 4) << "step " << m["step"];
+      EXPECT_EQ(static_cast<int64_t>(m["net"]["samples"].get<double>()) % 4, 0)
+          << "step " << m["step"];
+    }
   EXPECT_TRUE(final_model(run_dir("atom_quota") / "peer-0", 24) ==
               final_model(run_dir("atom_quota") / "peer-1", 24));
 }

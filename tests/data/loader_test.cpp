@@ -196,6 +196,39 @@ TEST_F(LoaderTest, RestoredStateContinuesIdentically) {
   EXPECT_EQ(resumed.state().cursor, first.state().cursor);
 }
 
+// An open-ended step's last micro-batch may be smaller (atom): batches of any size draw the same
+// windows in the same order as whole ones, across an epoch's end, and the position they leave
+// restores exactly.
+TEST_F(LoaderTest, BatchesOfAnySizeDrawTheSameWindows) {
+  TokenLoader whole(shards_, options(4, 1, 2));
+  std::vector<int64_t> expected;
+  for (int i = 0; i < 30; ++i) {  // 120 windows: past the end of this peer's 47 of an epoch
+    const Batch b = whole.next();
+    ASSERT_EQ(b.batch, 4);
+    for (int64_t row = 0; row < b.batch; ++row) expected.push_back(b.inputs[row * b.seq_len]);
+    for (int64_t row = 0; row < b.batch; ++row)
+      ASSERT_EQ(b.targets[row * b.seq_len], b.inputs[row * b.seq_len] + 1);
+  }
+  TokenLoader mixed(shards_, options(4, 1, 2));
+  std::vector<int64_t> got;
+  for (const int64_t rows : {4, 3, 1, 2, 4, 1, 1, 4, 2, 3}) {  // 25 windows
+    const Batch b = mixed.next(rows);
+    ASSERT_EQ(b.batch, rows);
+    ASSERT_EQ(b.inputs.size(), static_cast<size_t>(rows * kSeqLen));
+    for (int64_t row = 0; row < b.batch; ++row) got.push_back(b.inputs[row * b.seq_len]);
+  }
+  EXPECT_EQ(mixed.state().cursor, 25u);
+  TokenLoader resumed(shards_, options(4, 1, 2));
+  resumed.restore(nlohmann::json(mixed.state()).get<LoaderState>());
+  while (got.size() < expected.size()) {
+    const Batch b = resumed.next(got.size() % 2 == 0 ? 3 : 4);
+    for (int64_t row = 0; row < b.batch && got.size() < expected.size(); ++row)
+      got.push_back(b.inputs[row * b.seq_len]);
+  }
+  EXPECT_EQ(got, expected);
+  EXPECT_THROW(resumed.next(0), ConfigError);
+}
+
 TEST_F(LoaderTest, RestoreAtTheEndOfAnEpochRollsOver) {
   TokenLoader a(shards_, options(1));
   firsts(a, kWindows);

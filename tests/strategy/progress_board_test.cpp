@@ -65,6 +65,7 @@ TEST(ProgressBoard, ProjectsPeersAtTheirPace) {
   // Half a second ahead, b will have about 50 more.
   v = a.view(0.5);
   EXPECT_NEAR(v.projected, 60, 5);
+  EXPECT_DOUBLE_EQ(v.rate, 100);
   // A new round: until b says it has started (it may still be checkpointing), it counts nothing.
   a.begin_round(2);
   v = a.view(1.0);
@@ -78,6 +79,7 @@ TEST(ProgressBoard, ProjectsPeersAtTheirPace) {
   b.announce(2, 30, 100.0, true);
   v = wait_view(a, 10.0, [](const auto& v) { return v.ready == 1; });
   EXPECT_DOUBLE_EQ(v.projected, 30);
+  EXPECT_DOUBLE_EQ(v.rate, 0);
 }
 
 // A peer reads announcements only between its micro-batches, but projects each from when it

@@ -32,6 +32,9 @@ using namespace starling;
 using namespace starling::swap;
 
 constexpr int64_t kBatch = 2;
+// An open-ended step's micro-batches (atom's): a whole one, then a smaller last one, each loss
+// weighted by its sequences.
+constexpr int64_t kOpenEnded[] = {kBatch, 1};
 constexpr double kLr = 1e-3, kClip = 1.0;
 
 model::ModelConfig scaled_model() {
@@ -70,14 +73,16 @@ struct SwappedReplica {
   }
   ~SwappedReplica() { executor.remove_observer(swapper.get()); }
 
-  // micro_batches = 0: an open-ended step (atom's) of two micro-batches.
+  // micro_batches = 0: an open-ended step (atom's) of a whole micro-batch and a smaller one.
   void passes(int64_t micro_batches, double loss_scale) {
     swapper->begin_step(micro_batches);
     const int64_t n = micro_batches > 0 ? micro_batches : 2;
     for (int64_t m = 0; m < n; ++m) {
       swapper->begin_micro_batch(m);
-      executor.forward_backward(train::to_device(loader.next(), c10::kCPU),
-                                loss_scale / static_cast<double>(micro_batches > 0 ? n : 1));
+      const int64_t rows = micro_batches > 0 ? kBatch : kOpenEnded[m];
+      executor.forward_backward(train::to_device(loader.next(rows), c10::kCPU),
+                                micro_batches > 0 ? loss_scale / static_cast<double>(n)
+                                                  : loss_scale * static_cast<double>(rows));
       swapper->end_pass();
     }
   }
@@ -104,7 +109,7 @@ struct LocalReplica {
       return;
     }
     runner.begin_accumulation();
-    for (int m = 0; m < 2; ++m) runner.accumulate(loss_scale);
+    for (const int64_t rows : kOpenEnded) runner.accumulate(loss_scale, rows);
   }
 
   std::unique_ptr<graph::OpDag> dag;

@@ -187,13 +187,15 @@ void TokenLoader::fill_row(uint64_t window, int64_t row, Batch& batch) const {
   }
 }
 
-Batch TokenLoader::next() {
+Batch TokenLoader::next(int64_t rows) {
+  if (rows < 1)
+    throw ConfigError("loader: a batch of " + std::to_string(rows) + " windows (at least 1)");
   Batch batch;
-  batch.batch = options_.batch;
+  batch.batch = rows;
   batch.seq_len = options_.seq_len;
-  batch.inputs.resize(static_cast<std::size_t>(options_.batch * options_.seq_len));
+  batch.inputs.resize(static_cast<std::size_t>(rows * options_.seq_len));
   batch.targets.resize(batch.inputs.size());
-  for (int64_t row = 0; row < options_.batch; ++row) {
+  for (int64_t row = 0; row < rows; ++row) {
     // A re-deal at the very end of an epoch can leave this peer nothing of it.
     while (state_.cursor >= windows_per_epoch()) {
       ++state_.epoch;

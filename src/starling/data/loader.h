@@ -62,7 +62,13 @@ class TokenLoader {
   // ConfigError for seq_len/batch < 1 or rank outside [0, world).
   TokenLoader(const std::vector<std::filesystem::path>& shards, LoaderOptions options);
 
-  Batch next();
+  // The next options().batch windows, as one batch.
+  Batch next() { return next(options_.batch); }
+  // The next `rows` windows (rows >= 1), as one batch: an open-ended step (atom) may end on a
+  // micro-batch smaller than the others. The position advances by `rows` windows, so a run
+  // that drew batches of different sizes resumes as exactly as one that drew whole ones.
+  // ConfigError for rows < 1.
+  Batch next(int64_t rows);
   LoaderState state() const { return state_; }
   // CheckpointError if the cursor lies past this peer's windows per epoch.
   void restore(const LoaderState& state);

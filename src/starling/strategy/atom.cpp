@@ -2,7 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <thread>
 
 #include "starling/train/metrics.h"
@@ -39,52 +41,72 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
   runner.begin_accumulation();
   at::Tensor loss_sum;
   int64_t mine = 0, micro = 0;
-  for (bool stop = false; !stop;) {
+  for (int64_t sequences = batch; sequences > 0;) {
     const double t0 = now_s();
-    // Each micro-batch's loss is weighted by its samples, so the gradients add up to a sum over
-    // samples that the exchange divides by the swarm's count.
-    const at::Tensor loss = runner.accumulate(loss_scale * static_cast<double>(batch));
-    loss_sum = loss_sum.defined() ? loss_sum + loss : loss;
+    // Each micro-batch's loss is weighted by its samples (StepRunner::accumulate), so the
+    // gradients add up to a sum over samples that the exchange divides by the swarm's count.
+    const at::Tensor loss = runner.accumulate(loss_scale, sequences);
+    const at::Tensor weighted = loss * static_cast<double>(sequences);
+    loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
     ++micro;
-    mine += batch;
+    mine += sequences;
+    last_sequences_ = sequences;
     const double took = now_s() - t0;
-    micro_s_ = micro_s_ > 0 ? 0.7 * micro_s_ + 0.3 * took : took;
-    stop = spectator || decide_stop(mine);
-    board_.announce(version_, spectator ? 0 : mine, pace(), stop);
+    compute_s_ += took;
+    // A smaller micro-batch says little about a whole one's time (each has a fixed cost too).
+    if (sequences == batch) micro_s_ = micro_s_ > 0 ? 0.7 * micro_s_ + 0.3 * took : took;
+    sequences = spectator ? 0 : next_sequences(mine);
+    board_.announce(version_, spectator ? 0 : mine, pace(), sequences == 0);
   }
   local_samples_ = mine;
   micro_batches_ = micro;
-  return {.loss = loss_sum / static_cast<double>(micro),
+  return {.loss = loss_sum / static_cast<double>(mine),
           .tokens = static_cast<uint64_t>(mine * config_.model.seq_len)};
 }
 
-bool Atom::decide_stop(int64_t mine) {
-  const auto target_reached = [&](double others) {
-    return static_cast<double>(mine) + others >= static_cast<double>(target());
+int64_t Atom::next_sequences(int64_t mine) {
+  const int64_t batch = config_.train.batch_size;
+  const auto short_by = [&](double others) {
+    return static_cast<double>(target()) - static_cast<double>(mine) - others;
   };
-  // Stop at the micro-batch boundary nearest to the moment the swarm reaches the target: when
-  // the others will have made up the difference within half of this peer's next micro-batch.
-  ProgressBoard::View v = board_.view(micro_s_ / 2);
+  // The sequences this peer gains until the swarm, going on at everyone's pace, holds the
+  // target: a whole micro-batch while that is more than one, else that many, rounded, so that
+  // its micro-batch ends nearest to that moment. With whole micro-batches only
+  // (strategy.partial_micro_batches = false): none when the others alone will have made up the
+  // difference within half of this peer's next one (its boundary nearest to that moment).
+  const bool partial = config_.strategy.partial_micro_batches;
+  const auto gained_until_target = [&](const ProgressBoard::View& v) -> int64_t {
+    if (!partial) return short_by(v.projected + v.rate * micro_s_ / 2) <= 0 ? 0 : batch;
+    const double r = pace();
+    if (r <= 0) return batch;
+    const double sequences = r * short_by(v.projected) / (v.rate + r);
+    if (sequences >= static_cast<double>(batch)) return batch;
+    return std::llround(std::max(0.0, sequences));
+  };
+  ProgressBoard::View v = board_.view(0);
   // Announced counts only grow: on them alone the target is certain.
-  if (target_reached(static_cast<double>(v.samples))) return true;
-  if (!target_reached(v.projected)) return false;
+  if (short_by(static_cast<double>(v.samples)) <= 0) return 0;
+  if (const int64_t n = gained_until_target(v); n > 0) return n;
   // On a projection, two peers stopping at the same moment could each count on the other and
   // leave the step short. So the peer with the smallest id still accumulating never stops on a
   // projection: every chain of peers stopping on projections ends with one (smaller ids each
   // time) that stopped on exact counts, and the step gathers the target.
-  if (v.smaller_accumulating > 0) return true;
+  if (v.smaller_accumulating > 0) return 0;
   // This peer closes the round. It waits for the others to stop (the exchange would wait for
   // them anyway), saying it gains nothing meanwhile so that they do not count on it, for at
-  // most one of its micro-batches; then computes another one if the count is still short.
+  // most one of its micro-batches; then computes what the count still lacks.
   board_.announce(version_, mine, 0.0, false);
   const double until = now_s() + micro_s_;
   do {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     v = board_.view(0);
-    if (target_reached(static_cast<double>(v.samples)) || v.smaller_accumulating > 0) return true;
+    if (short_by(static_cast<double>(v.samples)) <= 0 || v.smaller_accumulating > 0) return 0;
   } while (v.ready < v.heard && now_s() < until);
   ++extra_micro_batches_;
-  return false;
+  // With everyone else stopped, exactly the missing samples; else what the projection asks.
+  const double missing = v.ready == v.heard ? short_by(static_cast<double>(v.samples))
+                                            : static_cast<double>(gained_until_target(v));
+  return partial ? std::clamp<int64_t>(static_cast<int64_t>(std::ceil(missing)), 1, batch) : batch;
 }
 
 bool Atom::gradients_ready(train::Replica& r) {
@@ -118,6 +140,8 @@ train::StrategyReport Atom::report() const {
   rep.figures["samples"] = static_cast<double>(local_samples_);
   rep.figures["micro_batches"] = static_cast<double>(micro_batches_);
   rep.figures["target_batch"] = static_cast<double>(target());
+  rep.figures["last_micro_batch"] = static_cast<double>(last_sequences_);
+  rep.figures["compute_s"] = compute_s_;
   if (extra_micro_batches_ > 0)
     rep.figures["closing_micro_batches"] = static_cast<double>(extra_micro_batches_);
   if (board_.rejected() > 0) rep.figures["rejected"] = static_cast<double>(board_.rejected());

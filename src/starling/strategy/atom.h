@@ -9,7 +9,14 @@
 //
 // Peers stop on the others' counts projected at their pace, except the one with the smallest id
 // still accumulating: it stops only on announced counts, so a step never gathers fewer samples
-// than the target (decide_stop).
+// than the target (next_sequences).
+//
+// A step's last micro-batch may be smaller than train.batch_size: a peer that sees the swarm
+// reaching the target within its next micro-batch computes only the sequences it will have
+// gained by then, so that every peer ends close to that moment. With whole micro-batches the
+// peers ended up to one of the slowest peer's micro-batches apart, and the first to end waited
+// for the last. The peer closing the round, once the others have stopped, computes exactly what
+// is still missing.
 //
 // The exchange does not overlap computation. Computing the next step's micro-batches while the
 // others finish and while the all-reduce runs (their gradients one step stale) was built and
@@ -40,16 +47,19 @@ class Atom final : public Ddp {
   // The samples a step gathers: strategy.target_batch, or batch_size x grad_accum per peer.
   int64_t target() const;
   double pace() const;  // samples per second
-  // After this peer's micro-batch bringing it to `mine` samples: whether it stops accumulating.
-  bool decide_stop(int64_t mine);
+  // After this peer's micro-batches bring it to `mine` samples: the sequences of its next
+  // micro-batch (train.batch_size, or fewer to end with the swarm), or 0 to stop accumulating.
+  int64_t next_sequences(int64_t mine);
 
   ProgressBoard board_;
   int64_t local_samples_ = 0;  // this peer's samples in the step being exchanged
   int64_t swarm_samples_ = 0;  // the swarm's samples in the last exchanged step
   int64_t micro_batches_ = 0;  // this peer's micro-batches in the last step
-  double micro_s_ = 0;         // this peer's time per micro-batch (moving average)
+  double micro_s_ = 0;         // this peer's time per whole micro-batch (moving average)
   // Micro-batches this peer computed because, closing a round, it found the count still short.
   int64_t extra_micro_batches_ = 0;
+  int64_t last_sequences_ = 0;  // the sequences of this peer's last micro-batch in the last step
+  double compute_s_ = 0;        // seconds in micro-batches so far (the rest: waits, exchanges)
 };
 
 }  // namespace starling::strategy

@@ -110,6 +110,7 @@ ProgressBoard::View ProgressBoard::view(double horizon_s) {
     ++v.heard;
     if (!l.ready && peer < node_.id()) ++v.smaller_accumulating;
     v.projected += static_cast<double>(l.samples) + (l.ready ? 0.0 : l.rate * (until - l.at));
+    v.rate += l.ready ? 0.0 : l.rate;
   }
   return v;
 }

@@ -39,6 +39,7 @@ class ProgressBoard {
   struct View {
     int64_t samples = 0;   // the other live members' announced counts for the round
     double projected = 0;  // their counts projected to `horizon_s` from now
+    double rate = 0;       // the samples per second they gain together (those accumulating)
     int ready = 0;         // how many of them stopped accumulating
     int heard = 0;         // how many of them announced in the round
     int live = 0;          // the other live members this peer hears from

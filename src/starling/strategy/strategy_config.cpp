@@ -70,6 +70,12 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
   k.push_back(int_key("strategy", "target_batch", &st.target_batch, 0,
                       "atom: samples (sequences) the swarm gathers per optimizer step; 0 = "
                       "train.batch_size x train.grad_accum per peer"));
+  k.push_back(bool_key("strategy", "partial_micro_batches", &st.partial_micro_batches,
+                       "atom: a peer's last micro-batch of a step may hold fewer than "
+                       "train.batch_size sequences, those it gains until the swarm holds "
+                       "target_batch, so that the peers end the step together; false: whole "
+                       "micro-batches only (one shape every pass; the first peers to stop wait "
+                       "up to a micro-batch of the slowest for the last)"));
   k.push_back(string_key("strategy", "precision", &st.precision,
                          "wire precision of the averaged tensors: \"fp32\", \"fp16\", \"bf16\" "
                          "or \"int8\" (accumulation is always fp32)",

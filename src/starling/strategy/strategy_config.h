@@ -38,6 +38,9 @@ struct StrategyConfig {
   int64_t overlap_steps = -1;
   int64_t target_batch = 0;        // atom: samples per step; 0 = batch x accum per peer
   std::string precision = "fp32";  // on the wire: "fp32", "fp16", "bf16" or "int8"
+  // atom: a step's last micro-batch on a peer may be smaller than train.batch_size, so that the
+  // peers end together; false keeps every micro-batch whole (the same shape every pass).
+  bool partial_micro_batches = true;
   // How a round's updates combine (ddp, localsgd, diloco): "mean" (a ring all-reduce) or
   // "trimmed_mean" (robust to misbehaving peers; robust_aggregate.h).
   std::string aggregation = "mean";

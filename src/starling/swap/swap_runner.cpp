@@ -128,10 +128,11 @@ class SwapStepRunner final : public train::StepRunner {
     micro_ = 0;
   }
 
-  at::Tensor accumulate(double loss_scale) override {
+  at::Tensor accumulate(double loss_scale, int64_t sequences) override {
     swapper_->begin_micro_batch(micro_++);
     at::Tensor l =
-        s_.executor->forward_backward(train::to_device(s_.loader->next(), s_.device), loss_scale);
+        s_.executor->forward_backward(train::to_device(s_.loader->next(sequences), s_.device),
+                                      loss_scale * static_cast<double>(sequences));
     swapper_->end_pass();
     return l;
   }

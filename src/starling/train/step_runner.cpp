@@ -29,7 +29,7 @@ void StepRunner::begin_accumulation() {
       "accumulates at its own pace (strategy.kind = \"atom\") cannot use it");
 }
 
-at::Tensor StepRunner::accumulate(double) {
+at::Tensor StepRunner::accumulate(double, int64_t) {
   begin_accumulation();  // throws the same explanation
   return {};
 }
@@ -99,8 +99,9 @@ at::Tensor LocalStepRunner::run(int64_t micro_batches, double loss_scale) {
 
 void LocalStepRunner::begin_accumulation() { begin_step(); }
 
-at::Tensor LocalStepRunner::accumulate(double loss_scale) {
-  return executor_.forward_backward(to_device(loader_.next(), device_), loss_scale);
+at::Tensor LocalStepRunner::accumulate(double loss_scale, int64_t sequences) {
+  return executor_.forward_backward(to_device(loader_.next(sequences), device_),
+                                    loss_scale * static_cast<double>(sequences));
 }
 
 void LocalStepRunner::visit_gradients(const GradientVisitor& visit) {

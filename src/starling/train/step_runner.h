@@ -50,11 +50,13 @@ class StepRunner {
 
   // An open-ended step, for strategies that decide how many micro-batches it takes while it runs
   // (atom): begin_accumulation() clears the gradients, and each accumulate() runs one more
-  // micro-batch forward and backward, adding its gradients (its loss scaled by `loss_scale`) to
-  // those already there. Returns that micro-batch's loss (0-dim, on the model's device). A runner
-  // that must know a step's micro-batches in advance throws Error.
+  // micro-batch of `sequences` sequences (at least 1; train.batch_size but for a step's last)
+  // forward and backward, adding its gradients to those already there, its mean loss scaled by
+  // loss_scale x sequences: the step's gradients are a sum over its samples, however they were
+  // split into micro-batches. Returns that micro-batch's mean loss (0-dim, on the model's
+  // device). A runner that must know a step's micro-batches in advance throws Error.
   virtual void begin_accumulation();
-  virtual at::Tensor accumulate(double loss_scale);
+  virtual at::Tensor accumulate(double loss_scale, int64_t sequences);
 
   // Says, before run(), that the step's gradients will go unchanged into update(lr, max_norm,
   // false): no exchange, no loss scaling in between. A runner may then start updating each
@@ -163,7 +165,7 @@ class LocalStepRunner : public StepRunner {
                   data::TokenLoader& loader, c10::Device device);
   at::Tensor run(int64_t micro_batches, double loss_scale) override;
   void begin_accumulation() override;
-  at::Tensor accumulate(double loss_scale) override;
+  at::Tensor accumulate(double loss_scale, int64_t sequences) override;
   at::Tensor update(double lr, double max_norm, bool skip) override;
   void visit_gradients(const GradientVisitor& visit) override;
   void unscale_next_step(double factor) override { next_factor_ = factor; }
