@@ -20,8 +20,8 @@ tokens, default 4):
          repetition's swarms, and each quota's rate is the median of all its solo runs. The
          quotas add up to 1.8 CPUs: on a machine with fewer, the solos share cores and the
          ideal comes out low.
-  ddp    the 4 peers in lockstep, each computing target / 16 micro-batches per step (the
-         target's sequences per swarm step), so every step waits for the slowest peers;
+  ddp    the 4 peers in lockstep, each computing target / (4 x --batch) micro-batches per
+         step (the target's sequences per swarm step), so every step waits for the slowest;
   atom   the 4 peers accumulating at their own pace until the swarm holds target_batch
          sequences, then averaging sample-weighted gradients; a peer's last micro-batch of a
          step may be smaller, so that the peers end together. With --whole, also atom with
@@ -33,8 +33,9 @@ It prints each swarm's tokens/s against the sum of its peers' solo tokens/s (the
 ever idle) and against ddp, atom's busy share (the median peer's step time spent in
 micro-batches; the rest is waiting for the others, the exchange and the update), and the
 validation loss at equal swarm tokens (atom's curve interpolated at ddp's final token count).
-Medians of --reps runs (loss: ddp's first run). With --plot PNG it also draws the validation loss of the first repetition's ddp and atom swarms
-against swarm tokens and against wall time (matplotlib; skipped with a note without it).
+Medians of --reps runs (loss: ddp's first run). With --plot PNG it also draws the validation
+loss of the first repetition's ddp and atom swarms against swarm tokens and against wall time
+(matplotlib; skipped with a note without it).
 """
 import argparse
 import os
