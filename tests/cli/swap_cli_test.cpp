@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -13,10 +15,12 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "run_cli.h"
 #include "run_files.h"
+#include "starling/common/process.h"
 
 namespace {
 
@@ -184,6 +188,30 @@ TEST_F(SwapCliTest, PlanRefusesATooSmallBudgetAndPrintsAFeasibleOne) {
     EXPECT_EQ(bad.output.find("profiling"), std::string::npos) << bad.output;
     EXPECT_NE(bad.output.find("--budget"), std::string::npos) << bad.output;
   }
+}
+
+// Ctrl-C while the planner probes the tier: the directories it made for the probe go, it says
+// that no plan was made, and the interrupt ends it as it would any command.
+TEST_F(SwapCliTest, AnInterruptedPlanSaysSoAndLeavesNoDirectory) {
+  const fs::path cfg = config("interrupt", "gpt2-tiny", false, 1);
+  const fs::path made = root_ / "interrupted", dir = made / "a" / "b";
+  const fs::path log = root_ / "interrupted.log";
+  starling::Process plan({STARLING_CLI_PATH, "plan", "swap", "--config", cfg.string(), "--budget",
+                          "10GB", "--set", "swap.tier=disk", "--set", "swap.dir=" + dir.string()},
+                         log.string());
+  // The probe's directory lives from the probe's start to the plan's end (a few hundred ms).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(dir) && std::chrono::steady_clock::now() < deadline &&
+         !plan.wait(std::chrono::milliseconds(0)))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(fs::exists(dir)) << "the probe never made " << dir << ": " << read_file(log);
+  plan.signal(SIGINT);
+  const auto code = plan.wait(std::chrono::seconds(30));
+  ASSERT_TRUE(code.has_value()) << "still running after Ctrl-C";
+  EXPECT_EQ(*code, 128 + SIGINT) << read_file(log);
+  EXPECT_NE(read_file(log).find("plan: interrupted; no plan was made"), std::string::npos)
+      << read_file(log);
+  EXPECT_FALSE(fs::exists(made)) << "the interrupted plan left " << made;
 }
 
 TEST_F(SwapCliTest, BadSettingsGetClearErrors) {

@@ -1,11 +1,13 @@
 // The directories a command made on its way to its output: found before they are made (through
 // "." and "..", with a trailing separator), and removed afterwards only while empty and only up
-// to the outermost one made.
+// to the outermost one made; under a guard, also when a signal ends the process.
 #include "starling/common/made_dirs.h"
 
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <fstream>
+#include <stdexcept>
 
 #include "../data/test_util.h"
 
@@ -54,6 +56,34 @@ TEST(MadeDirs, OnlyEmptyDirectoriesItMadeAreRemoved) {
   remove_made_empty_dirs(root / "e1" / "e2", root / "kept");
   EXPECT_TRUE(fs::is_directory(root / "e1" / "e2"));
   EXPECT_TRUE(fs::is_directory(root / "kept"));
+}
+
+TEST(MadeDirs, AGuardRemovesThemAtItsEndAndWhenASignalEndsTheProcess) {
+  data::testing::TempDir tmp;
+  const fs::path root = tmp.path(), dir = root / "a" / "b";
+  // SIGTERM while the guard lives: the made directories go, the note is printed, and the signal
+  // still ends the process (in a child: gtest's death test).
+  EXPECT_EXIT(
+      {
+        const MadeDirsGuard guard(dir, outermost_missing(dir), "stopped; nothing made");
+        fs::create_directories(dir);
+        std::raise(SIGTERM);
+      },
+      ::testing::KilledBySignal(SIGTERM), "stopped; nothing made");
+  EXPECT_FALSE(fs::exists(root / "a"));
+  EXPECT_TRUE(fs::is_directory(root));
+  {
+    const MadeDirsGuard guard(dir, outermost_missing(dir), "unused");
+    fs::create_directories(dir);
+    // One guard at a time: the handler has one set of directories to remove.
+    EXPECT_THROW(MadeDirsGuard(root / "c", outermost_missing(root / "c"), "second"),
+                 std::logic_error);
+  }
+  EXPECT_FALSE(fs::exists(root / "a"));
+  // Its end gives the signals back to the handlers before it.
+  struct sigaction now {};
+  ::sigaction(SIGTERM, nullptr, &now);
+  EXPECT_EQ(now.sa_handler, SIG_DFL);
 }
 
 }  // namespace

@@ -1,6 +1,10 @@
 #include "starling/common/made_dirs.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <stdexcept>
 
 namespace starling {
 
@@ -13,6 +17,23 @@ fs::path normal(const fs::path& dir) {
   fs::path p = dir.lexically_normal();
   if (!p.has_filename()) p = p.parent_path();
   return p;
+}
+
+// What the live guard's handler works from: set before the handler is installed, cleared after it
+// is taken down, and read in the handler with nothing but async-signal-safe calls.
+std::atomic<const std::vector<std::string>*> g_paths{nullptr};
+std::atomic<const std::string*> g_note{nullptr};
+
+extern "C" void remove_made_dirs_on_signal(int sig) {
+  if (const auto* paths = g_paths.load())
+    for (const std::string& p : *paths)
+      if (::rmdir(p.c_str()) != 0) break;  // not empty (or gone): it stays, and so do its parents
+  if (const auto* note = g_note.load()) {
+    [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, note->data(), note->size());
+  }
+  // The signal, blocked while its handler runs, ends the process once the handler returns.
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
 }
 
 }  // namespace
@@ -38,6 +59,36 @@ void remove_made_empty_dirs(const fs::path& dir, const fs::path& made) noexcept 
     if (!fs::is_directory(p, ec) || !fs::remove(p, ec) || p == top) break;
     if (p == p.parent_path()) break;
   }
+}
+
+MadeDirsGuard::MadeDirsGuard(const fs::path& dir, const fs::path& made, std::string note)
+    : dir_(dir), made_(made), note_(std::move(note) + "\n") {
+  if (!made.empty()) {
+    const fs::path top = normal(made);
+    for (fs::path p = normal(dir); !p.empty(); p = p.parent_path()) {
+      paths_.push_back(p.string());
+      if (p == top || p == p.parent_path()) break;
+    }
+    // A mismatched pair removes nothing, as remove_made_empty_dirs.
+    if (paths_.empty() || paths_.back() != top.string()) paths_.clear();
+  }
+  const std::vector<std::string>* none = nullptr;
+  if (!g_paths.compare_exchange_strong(none, &paths_))
+    throw std::logic_error("MadeDirsGuard: another guard is live");
+  g_note.store(&note_);
+  struct sigaction on {};
+  on.sa_handler = remove_made_dirs_on_signal;
+  sigemptyset(&on.sa_mask);
+  ::sigaction(SIGINT, &on, &old_int_);
+  ::sigaction(SIGTERM, &on, &old_term_);
+}
+
+MadeDirsGuard::~MadeDirsGuard() {
+  ::sigaction(SIGINT, &old_int_, nullptr);
+  ::sigaction(SIGTERM, &old_term_, nullptr);
+  g_note.store(nullptr);
+  g_paths.store(nullptr);
+  remove_made_empty_dirs(dir_, made_);
 }
 
 }  // namespace starling

@@ -3,7 +3,10 @@
 // them behind. Torch-free.
 #pragma once
 
+#include <csignal>
 #include <filesystem>
+#include <string>
+#include <vector>
 
 namespace starling {
 
@@ -18,5 +21,26 @@ std::filesystem::path outermost_missing(const std::filesystem::path& dir);
 // when `made` is empty or is neither `dir` nor one of its ancestors. Never throws.
 void remove_made_empty_dirs(const std::filesystem::path& dir,
                             const std::filesystem::path& made) noexcept;
+
+// remove_made_empty_dirs(dir, made) when it goes out of scope, and also when SIGINT or SIGTERM
+// ends the process while it lives: its handler removes the same directories (each only while
+// empty), writes `note` and a newline to stderr, and lets the signal end the process as it would
+// have without the guard. For a command that takes long before it writes anything of use and has
+// no handler of its own (plan swap's profile). One guard at a time in a process.
+class MadeDirsGuard {
+ public:
+  MadeDirsGuard(const std::filesystem::path& dir, const std::filesystem::path& made,
+                std::string note);
+  ~MadeDirsGuard();
+  MadeDirsGuard(const MadeDirsGuard&) = delete;
+  MadeDirsGuard& operator=(const MadeDirsGuard&) = delete;
+
+ private:
+  std::filesystem::path dir_, made_;
+  std::vector<std::string> paths_;  // dir up to made, innermost first: what the handler removes
+  std::string note_;
+  struct sigaction old_int_ {
+  }, old_term_{};
+};
 
 }  // namespace starling

@@ -256,6 +256,10 @@ std::string plan_swap_for(const train::RunConfig& c, const std::string& budget) 
   // swapped_step_runner(false)): a peer's update starts after the passes, never inside the
   // backward, so its plan has no guesses either.
   const bool one_replica = c.strategy.kind == "none";
+  // The probe makes the tier's directory (train.out_dir by default) where it is missing; a plan
+  // leaves no empty directories behind, however it ends: an error, or Ctrl-C during the profile.
+  const MadeDirsGuard cleanup(tier_dir(c), outermost_missing(tier_dir(c)),
+                              "plan: interrupted; no plan was made");
   // The profile runs every node at the run's batch, and the probe writes and reads the tier: a
   // minute or more for a large model on a CPU, which would otherwise pass in silence.
   std::cerr << "plan: profiling the model's " << dag->nodes().size() << " nodes at batch "
@@ -265,12 +269,6 @@ std::string plan_swap_for(const train::RunConfig& c, const std::string& budget) 
                     ? ""
                     : " (as each peer of strategy.kind = \"" + c.strategy.kind + "\" runs it)")
             << std::endl;
-  // The probe makes the tier's directory (train.out_dir by default) where it is missing; a plan
-  // leaves no empty directories behind, however it ends.
-  struct RemoveMadeDirs {
-    fs::path dir, made;  // the tier's directory; its outermost ancestor that did not exist
-    ~RemoveMadeDirs() { remove_made_empty_dirs(dir, made); }
-  } cleanup{tier_dir(c), outermost_missing(tier_dir(c))};
   const SwapProblem problem = problem_for(c, *dag, budget, one_replica);
   return describe_plan(plan_swap(problem), problem);
 }
