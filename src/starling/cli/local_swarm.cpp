@@ -650,11 +650,13 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
       if (nobody_trained && result.failed_peers > 0 && any_running && !stopped_early) {
         stopped_early = true;
         progress.note("swarm: a peer failed before the first step; stopping the others");
-        for (int i = 0; i < o.peers; ++i)
-          if (views[i].running) {
-            views[i].stopped = true;
-            procs[i].signal(SIGKILL);
-          }
+        for (int i = 0; i < o.peers; ++i) {
+          // One that has already exited (its own error, the OOM killer's SIGKILL), though its
+          // output is not yet read to the end, is reaped as what it is, not as stopped.
+          if (!views[i].running || procs[i].wait(std::chrono::milliseconds(0))) continue;
+          views[i].stopped = true;
+          procs[i].signal(SIGKILL);
+        }
       }
       // The combined line: the slowest running peer's step, the swarm's throughput and traffic.
       int64_t step = -1, steps = 0;
