@@ -7,6 +7,7 @@
 #include <cmath>
 #include <thread>
 
+#include "starling/common/device.h"
 #include "starling/train/metrics.h"
 #include "starling/train/step_runner.h"
 
@@ -46,6 +47,9 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
     // Each micro-batch's loss is weighted by its samples (StepRunner::accumulate), so the
     // gradients add up to a sum over samples that the exchange divides by the swarm's count.
     const at::Tensor loss = runner.accumulate(loss_scale, sequences);
+    // The pace, the projections and the smaller last micro-batches all rest on this time: on a
+    // GPU the passes return once queued, so the time is taken when the device has run them.
+    synchronize(loss.device());
     const at::Tensor weighted = loss * static_cast<double>(sequences);
     loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
     ++micro;
