@@ -1171,6 +1171,39 @@ TEST_F(SwarmCliTest, SwappedPeersOnAGpuTrainLikeUnswappedOnes) {
   }
 }
 
+// On a GPU a peer's passes return once queued, and the host runs ahead (its batches are copied
+// from pinned memory without waiting): atom times each micro-batch when the device has run it
+// (Atom::run_step), or its pace, its projections, its last micro-batch's size and net.compute_s
+// would follow the host's queueing, and the device's time would show up in the exchange's wait
+// for the gradients. Two atom peers share the card, with micro-batches the device takes many
+// times longer to run than the host to queue; past the first steps (which load the kernels), each
+// peer spends most of its time in its micro-batches.
+TEST_F(SwarmCliTest, AtomPeersOnAGpuTimeTheirMicroBatchesOnTheDevice) {
+  if (!binary_sees_a_gpu())
+    GTEST_SKIP() << "no GPU: the binary is not built against a CUDA libtorch or sees no GPU "
+                    "(scripts/build-cuda.sh)";
+  const fs::path config = write_config("gpu_atom", "kind = \"atom\"\ntarget_batch = 64", 10);
+  const auto r = run_cli("train -q --peers 2 --config " + config.string() +
+                         as_sets({"train.device=\"cuda\"", "model.n_layer=2", "model.d_model=1024",
+                                  "model.n_head=8", "model.seq_len=128", "train.batch_size=8",
+                                  "train.eval_every=0", "train.checkpoint_every=0"}));
+  ASSERT_EQ(r.code, 0) << r.output << read_file(run_dir("gpu_atom") / "peer-0.log");
+  for (int i = 0; i < 2; ++i) {
+    SCOPED_TRACE("peer " + std::to_string(i));
+    std::map<int64_t, json> steps;
+    for (const auto& m : metrics(run_dir("gpu_atom") / ("peer-" + std::to_string(i))))
+      if (m.contains("net")) steps[m["step"].get<int64_t>()] = m;
+    ASSERT_TRUE(steps.count(3) && steps.count(10)) << "missing step records";
+    const double computing = steps[10]["net"]["compute_s"].get<double>() -
+                             steps[3]["net"]["compute_s"].get<double>(),
+                 elapsed =
+                     steps[10]["elapsed_s"].get<double>() - steps[3]["elapsed_s"].get<double>();
+    ASSERT_GT(elapsed, 0);
+    EXPECT_GT(computing / elapsed, 0.5)
+        << computing << " s in micro-batches of " << elapsed << " s over steps 4-10";
+  }
+}
+
 // A swapped peer joins a running swarm of swapped atom peers: the running ones bring their whole
 // state in for the transfer and write the adopted values back to their tiers.
 // The joiner's state comes in pieces (strategy.transfer_piece), a tensor at a time: the sender
