@@ -39,8 +39,8 @@ class MadeDirsGuard {
   std::filesystem::path dir_, made_;
   std::vector<std::string> paths_;  // dir up to made, innermost first: what the handler removes
   std::string note_;
-  struct sigaction old_int_ {
-  }, old_term_{};
+  struct sigaction old_int_ = {};
+  struct sigaction old_term_ = {};
 };
 
 }  // namespace starling
