@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -46,6 +47,14 @@ void synchronize(const c10::Device& device) {
     c10::cuda::CUDAGuard guard(device);
     c10::cuda::device_synchronize();
   }
+#else
+  (void)device;
+#endif
+}
+
+void synchronize_current_stream(const c10::Device& device) {
+#ifdef STARLING_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::getCurrentCUDAStream(cuda_index(device)).synchronize();
 #else
   (void)device;
 #endif

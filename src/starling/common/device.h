@@ -18,6 +18,9 @@ std::string runtime_summary();
 
 // Waits until all work queued on `device` has finished (a no-op on CPUs).
 void synchronize(const c10::Device& device);
+// Waits until the work queued on `device`'s current stream (the computation's) has finished,
+// while other streams (a swap tier's copies) go on. A no-op on CPUs.
+void synchronize_current_stream(const c10::Device& device);
 
 // Peak bytes held by libtorch's CUDA caching allocator on `device` since the last reset (0 on
 // CPUs), and the reset.

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <stdexcept>
+#include <utility>
 
 namespace starling {
 
@@ -27,7 +29,9 @@ std::atomic<const std::string*> g_note{nullptr};
 extern "C" void remove_made_dirs_on_signal(int sig) {
   if (const auto* paths = g_paths.load())
     for (const std::string& p : *paths)
-      if (::rmdir(p.c_str()) != 0) break;  // not empty (or gone): it stays, and so do its parents
+      // One not made yet (a signal in the middle of the making) is passed over; one that is not
+      // empty stays, and so do its parents.
+      if (::rmdir(p.c_str()) != 0 && errno != ENOENT) break;
   if (const auto* note = g_note.load()) {
     [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, note->data(), note->size());
   }
@@ -56,8 +60,9 @@ void remove_made_empty_dirs(const fs::path& dir, const fs::path& made) noexcept 
   if (std::mismatch(top.begin(), top.end(), p.begin(), p.end()).first != top.end()) return;
   for (; !p.empty(); p = p.parent_path()) {
     // fs::remove removes only an empty directory (or a file, which `dir` and its parents are not).
-    if (!fs::is_directory(p, ec) || !fs::remove(p, ec) || p == top) break;
-    if (p == p.parent_path()) break;
+    // One that was never made (the making stopped partway) is passed over.
+    if (fs::exists(p, ec) && (!fs::is_directory(p, ec) || !fs::remove(p, ec))) break;
+    if (p == top || p == p.parent_path()) break;
   }
 }
 
@@ -78,17 +83,24 @@ MadeDirsGuard::MadeDirsGuard(const fs::path& dir, const fs::path& made, std::str
   g_note.store(&note_);
   struct sigaction on {};
   on.sa_handler = remove_made_dirs_on_signal;
+  // The other signal waits while the handler runs: the note once, and the first signal's ending.
   sigemptyset(&on.sa_mask);
-  ::sigaction(SIGINT, &on, &old_int_);
-  ::sigaction(SIGTERM, &on, &old_term_);
+  sigaddset(&on.sa_mask, SIGINT);
+  sigaddset(&on.sa_mask, SIGTERM);
+  for (auto [sig, old] : {std::pair{SIGINT, &old_int_}, std::pair{SIGTERM, &old_term_}}) {
+    ::sigaction(sig, nullptr, old);
+    // A signal ignored before (a command started in the background by a script) stays ignored.
+    if (old->sa_handler != SIG_IGN) ::sigaction(sig, &on, nullptr);
+  }
 }
 
 MadeDirsGuard::~MadeDirsGuard() {
+  // Removed first: a signal before the handlers are given back still finds them to remove.
+  remove_made_empty_dirs(dir_, made_);
   ::sigaction(SIGINT, &old_int_, nullptr);
   ::sigaction(SIGTERM, &old_term_, nullptr);
   g_note.store(nullptr);
   g_paths.store(nullptr);
-  remove_made_empty_dirs(dir_, made_);
 }
 
 }  // namespace starling

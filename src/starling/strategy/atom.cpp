@@ -40,6 +40,10 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
   const bool spectator = need_state_ || joined_round_.has_value();
   board_.announce(version_, 0, pace(), spectator);
   runner.begin_accumulation();
+  // Micro-batches are timed on the device's work (below); the first one's time must not hold
+  // the previous step's update, which may still be queued on a GPU.
+  const c10::Device device(config_.train.device);
+  synchronize_current_stream(device);
   at::Tensor loss_sum;
   int64_t mine = 0, micro = 0;
   for (int64_t sequences = batch; sequences > 0;) {
@@ -49,7 +53,7 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
     const at::Tensor loss = runner.accumulate(loss_scale, sequences);
     // The pace, the projections and the smaller last micro-batches all rest on this time: on a
     // GPU the passes return once queued, so the time is taken when the device has run them.
-    synchronize(loss.device());
+    synchronize_current_stream(device);
     const at::Tensor weighted = loss * static_cast<double>(sequences);
     loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
     ++micro;
