@@ -151,6 +151,7 @@ add_executable(starling_cli
   src/starling/cli/peer_command.cpp
   src/starling/cli/local_swarm.cpp
   src/starling/cli/cpu_quota.cpp
+  src/starling/cli/peer_sets.cpp
   src/starling/cli/number_list.cpp
   src/starling/cli/plan_command.cpp
 )

@@ -945,6 +945,86 @@ TEST_F(SwarmCliTest, SwarmsTakeAJoinerInPieces) {
   }
 }
 
+// --peer-set gives one peer settings of its own (unequal peers without root): only peer 1 swaps,
+// through a budget below its state on the disk tier, and the pair of ddp peers trains
+// bit-identically to an unswapped pair (every sum is a + b), round by round: the unswapped peer
+// exchanges its gradients in the swapped one's pieces (a node's parameters at a time). What a peer
+// may not set apart, a peer that is not there, a bad value and a pipeline are refused before any
+// peer starts, naming the argument.
+TEST_F(SwarmCliTest, APeerSetApartSwapsAloneAndTheSwarmTrainsAsWithoutIt) {
+  const std::string body = "kind = \"ddp\"\nfingerprint = true",
+                    two_layers = " --set model.n_layer=2";
+  const auto plain = run_cli("train -q --peers 2 --config " +
+                             write_config("apart_plain", body).string() + two_layers);
+  ASSERT_EQ(plain.code, 0) << plain.output << read_file(run_dir("apart_plain") / "peer-0.log");
+  const fs::path config = write_config("apart", body);
+  const std::string apart =
+      " --peer-set '1:swap.budget=\"600KB\"' --peer-set 1:swap.tier=disk "
+      "--peer-set '1:swap.dir=\"" +
+      root_.string() + "\"'";
+  const auto mixed = run_cli("train -q --peers 2 --config " + config.string() + two_layers + apart);
+  ASSERT_EQ(mixed.code, 0) << mixed.output << read_file(run_dir("apart") / "peer-1.log");
+  EXPECT_NE(mixed.output.find("swarm: peer 1 sets swap.budget=\"600KB\", swap.tier=disk"),
+            std::string::npos)
+      << mixed.output;
+  EXPECT_NE(read_file(run_dir("apart") / "peer-1.log").find("swap: peak resident"),
+            std::string::npos)
+      << read_file(run_dir("apart") / "peer-1.log");
+  EXPECT_EQ(read_file(run_dir("apart") / "peer-0.log").find("swap: peak resident"),
+            std::string::npos)
+      << "peer 0 swapped too";
+  for (int i = 0; i < 2; ++i) {
+    const std::string peer = "peer-" + std::to_string(i);
+    EXPECT_EQ(val_losses(run_dir("apart") / peer), val_losses(run_dir("apart_plain") / peer));
+    for (int64_t round = 1; round <= 16; ++round) {
+      const auto print = fingerprint_of(run_dir("apart_plain") / peer, round);
+      ASSERT_TRUE(print) << peer << ": no fingerprint of round " << round;
+      EXPECT_EQ(fingerprint_of(run_dir("apart") / peer, round), print)
+          << peer << ", round " << round;
+    }
+  }
+
+  // atom's exchange is ddp's: a swapped peer 0 beside an unswapped peer 1 (samples counted at
+  // their own pace, so no run to compare with) exchanges every step and ends on one model.
+  const fs::path atom = write_config("apart_atom", "kind = \"atom\"\ntarget_batch = 16");
+  const auto mixed_atom = run_cli("train -q --peers 2 --config " + atom.string() + two_layers +
+                                  " --peer-set '0:swap.budget=\"600KB\"' --peer-set "
+                                  "0:swap.tier=disk --peer-set '0:swap.dir=\"" +
+                                  root_.string() + "\"'");
+  ASSERT_EQ(mixed_atom.code, 0) << mixed_atom.output
+                                << read_file(run_dir("apart_atom") / "peer-0.log");
+  for (int i = 0; i < 2; ++i)
+    EXPECT_EQ(read_file(run_dir("apart_atom") / ("peer-" + std::to_string(i) + ".log"))
+                  .find("all-reduce failed"),
+              std::string::npos)
+        << read_file(run_dir("apart_atom") / ("peer-" + std::to_string(i) + ".log"));
+  const std::string model = final_model(run_dir("apart_atom") / "peer-0", 16);
+  ASSERT_FALSE(model.empty());
+  EXPECT_TRUE(final_model(run_dir("apart_atom") / "peer-1", 16) == model);
+
+  for (const auto& [args, message] : {
+           std::pair{" --peer-set 2:train.threads=1",
+                     "--peer-set 2:train.threads=1: the swarm has peers 0 to 1 (--peers 2)"},
+           std::pair{" --peer-set 0:model.n_layer=3",
+                     "\"model.n_layer\" must be the same for the whole swarm"},
+           std::pair{" --peer-set 1:swap.tier=floppy",
+                     "--peer-set for peer 1: --set swap.tier: expected one of"},
+           std::pair{" --peer-set train.threads=1", "expected PEER:KEY=VALUE"},
+           std::pair{" --peer-set 0:train.threads=1 --set pipeline.num_stages=2",
+                     "a pipeline's plan places its stages on peers alike"},
+       }) {
+    const auto r = run_cli("train -q --peers 2 --config " + config.string() + args + " --out " +
+                           (root_ / "apart_refused").string());
+    EXPECT_EQ(r.code, 2) << args << ": " << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << ": " << r.output;
+    EXPECT_FALSE(fs::exists(root_ / "apart_refused" / "peer-0")) << args << ": a peer started";
+  }
+  const auto alone =
+      run_cli("train -q --config " + config.string() + " --peer-set 0:train.threads=1");
+  EXPECT_EQ(alone.code, 2) << alone.output;
+  EXPECT_NE(alone.output.find("--peer-set: needs --peers N"), std::string::npos) << alone.output;
+}
+
 // Swapped peers: two ddp peers, so every sum is a + b whichever peer adds, train bit-identically
 // to unswapped ones although their gradients are summed a layer group at a time, and so do
 // localsgd and diloco pairs, whose rounds go in pieces through the tier; three atom peers keep

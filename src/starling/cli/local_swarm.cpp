@@ -243,6 +243,12 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     throw ConfigError(
         "--peers places each peer itself: drop pipeline.stage and "
         "pipeline.replica");
+  bool own_settings = false;
+  for (const auto& sets : o.peer_overrides) own_settings = own_settings || !sets.empty();
+  if (own_settings && user_config.pipeline.enabled())
+    throw ConfigError(
+        "--peer-set gives peers of a swarm of whole replicas (strategy.kind) settings of their "
+        "own; a pipeline's plan places its stages on peers alike: drop --peer-set, or [pipeline]");
   const fs::path out = user_config.train.out_dir;
   // One launcher (or single process) at a time in `out`; the peers hold their own directories.
   fs::create_directories(out);
@@ -296,6 +302,12 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
       shares += (i ? ", " : "") + fmt("%g", peer_cpus[i]);
     }
     std::cerr << "swarm: CPU quotas per peer: " << shares << "\n";
+  }
+  for (size_t i = 0; i < o.peer_overrides.size(); ++i) {
+    if (o.peer_overrides[i].empty()) continue;
+    std::string sets;
+    for (const std::string& s : o.peer_overrides[i]) sets += (sets.empty() ? "" : ", ") + s;
+    std::cerr << "swarm: peer " << i << " sets " << sets << "\n";
   }
 
   // stages = "auto": plan the cut and every peer's place now (or take the plan the run began
@@ -456,6 +468,8 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
                              "--data-world", std::to_string(o.peers)});
     if (!o.config_file.empty()) argv.insert(argv.end(), {"--config", o.config_file});
     for (const auto& s : o.overrides) argv.insert(argv.end(), {"--set", s});
+    if (static_cast<size_t>(i) < o.peer_overrides.size())
+      for (const auto& s : o.peer_overrides[i]) argv.insert(argv.end(), {"--set", s});
     if (planned)
       for (const auto& s : planned->overrides(i)) argv.insert(argv.end(), {"--set", s});
     const fs::path dir = root / ("peer-" + std::to_string(i));

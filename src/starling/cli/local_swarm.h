@@ -27,6 +27,9 @@ struct LocalSwarmOptions {
   std::string starling;                // path of the starling binary to launch peers with
   std::string config_file;             // passed on to each peer
   std::vector<std::string> overrides;  // --set arguments, passed on to each peer
+  // --peer-set arguments: peer i's own --set overrides, after the swarm's (peer_sets.h); empty,
+  // or one list per peer. Not with a pipeline, whose plan places every peer alike.
+  std::vector<std::vector<std::string>> peer_overrides;
   bool resume = false;
   bool progress = true;
   int64_t stop_at = -1;

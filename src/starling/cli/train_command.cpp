@@ -10,6 +10,7 @@
 #include "starling/cli/commands.h"
 #include "starling/cli/cpu_quota.h"
 #include "starling/cli/local_swarm.h"
+#include "starling/cli/peer_sets.h"
 #include "starling/common/error.h"
 #include "starling/swap/swap_runner.h"
 #include "starling/train/trainer.h"
@@ -20,7 +21,7 @@ void add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "train a model from a TOML config (docs/config.md)");
   struct Args {
     std::string config, out, link_rate, peer_cpus, lab;
-    std::vector<std::string> sets;
+    std::vector<std::string> sets, peer_sets;
     bool resume = false, quiet = false, list_keys = false;
     int64_t stop_at = -1;
     int peers = 0;
@@ -45,6 +46,10 @@ void add_train_command(CLI::App& app) {
                   "with --peers: CPUs each peer may use, comma-separated or one for all, e.g. "
                   "1,1,0.5,0.5 (a cgroup CPU quota per peer: unequal peers on one machine; "
                   "needs root)");
+  cmd->add_option("--peer-set", a->peer_sets,
+                  "with --peers: a key for one peer only, PEER:KEY=VALUE, e.g. "
+                  "1:swap.budget=\"6MB\" or 0:train.threads=2 (repeatable; train.threads, "
+                  "train.device, train.device_memory, swap.*): unequal peers without root");
   cmd->add_option("--lab", a->lab,
                   "with --peers: a heterogeneous lab (TOML: a rate per pair of peers, CPUs per "
                   "peer; docs/scheduler.md#the-heterogeneous-lab) in place of --link-rate and "
@@ -87,6 +92,8 @@ void add_train_command(CLI::App& app) {
       throw CLI::ValidationError("--link-rate", "needs --peers N");
     if (!a->peer_cpus.empty() && a->peers == 0)
       throw CLI::ValidationError("--peer-cpus", "needs --peers N");
+    if (!a->peer_sets.empty() && a->peers == 0)
+      throw CLI::ValidationError("--peer-set", "needs --peers N");
     if (a->peers > 0) {
       LocalSwarmOptions o;
       o.peers = a->peers;
@@ -96,6 +103,19 @@ void add_train_command(CLI::App& app) {
       o.starling = std::filesystem::read_symlink("/proc/self/exe").string();
       o.config_file = a->config;
       o.overrides = a->sets;
+      o.peer_overrides = parse_peer_sets(a->peer_sets, a->peers);
+      // Each peer's config, checked here as the peer will load it: a bad value stops the
+      // launcher before any peer starts, naming the peer.
+      for (size_t i = 0; i < o.peer_overrides.size(); ++i) {
+        if (o.peer_overrides[i].empty()) continue;
+        std::vector<std::string> sets = a->sets;
+        sets.insert(sets.end(), o.peer_overrides[i].begin(), o.peer_overrides[i].end());
+        try {
+          (void)train::load_run_config(a->config, sets);
+        } catch (const ConfigError& e) {
+          throw ConfigError("--peer-set for peer " + std::to_string(i) + ": " + e.what());
+        }
+      }
       o.resume = a->resume;
       o.progress = !a->quiet;
       o.stop_at = a->stop_at;

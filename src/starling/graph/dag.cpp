@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <sstream>
 #include <stdexcept>
+#include <unordered_map>
 
 namespace starling::graph {
 
@@ -49,6 +50,23 @@ std::vector<TiedParam> OpDag::tied_params() const {
   for (auto& t : readers)
     if (t.nodes.size() > 1) tied.push_back(std::move(t));
   return tied;
+}
+
+std::vector<std::vector<int>> OpDag::params_by_first_reader() const {
+  std::unordered_map<std::string, int> index;
+  for (size_t p = 0; p < params_.params().size(); ++p)
+    index.emplace(params_.params()[p].name, static_cast<int>(p));
+  std::vector<int> owner(params_.params().size(), -1);
+  for (int i = 0; i < size(); ++i)
+    for (const auto& name : nodes_[i].op->param_names())
+      if (auto it = index.find(name); it != index.end() && owner[it->second] < 0)
+        owner[it->second] = i;
+  std::vector<std::vector<int>> pieces(static_cast<size_t>(std::max(size(), 1)));
+  // A parameter no node reads (none in the presets) goes with the first node's.
+  for (size_t p = 0; p < owner.size(); ++p)
+    pieces[static_cast<size_t>(std::max(owner[p], 0))].push_back(static_cast<int>(p));
+  std::erase_if(pieces, [](const std::vector<int>& piece) { return piece.empty(); });
+  return pieces;
 }
 
 std::string OpDag::describe(int64_t batch, int64_t seq_len) const {

@@ -53,6 +53,11 @@ class OpDag {
   int64_t node_param_bytes(int node) const;
   // Every parameter read by more than one node.
   std::vector<TiedParam> tied_params() const;
+  // The parameters (ParamStore indices) cut into one piece per node, by the node that reads each
+  // first: pieces in node order, indices ascending within each, nodes that read no parameter of
+  // their own left out. The same on every replica of the model, whatever its memory or plan: the
+  // pieces in which peers that exchange gradients a piece at a time agree (StepRunner).
+  std::vector<std::vector<int>> params_by_first_reader() const;
 
   // One line per node: name, kind, inputs, output shape, parameter bytes, GFLOPs per token.
   std::string describe(int64_t batch, int64_t seq_len) const;

@@ -100,6 +100,7 @@ class Executor {
   // The DAG's ParamStore may hold only part of the model (ParamStore::held_elsewhere): running a
   // node whose parameters another peer holds is then a std::logic_error.
   Executor(OpDag& dag, ExecutorOptions options = {});
+  const OpDag& dag() const { return dag_; }
 
   // Forward and backward of one micro-batch through the whole DAG. The last node's output must be
   // a scalar loss; its gradient is seeded with `loss_scale` (1/accumulation steps when

@@ -31,7 +31,7 @@ bool Ddp::average_gradients(train::Replica& r, const Agreement& a,
   double d = 0;
   bool asked = false;
   int64_t k = 0;  // the piece
-  r.runner->visit_gradients([&](std::span<const int> piece) {
+  const auto exchange = [&](std::span<const int> piece) {
     const int64_t n = flat_->numel(piece);
     if (!grads_ || grads_->numel() < n) grads_.emplace(flat_->device(), n, through_host());
     at::Tensor grads = grads_->device().narrow(0, 0, n);
@@ -50,8 +50,16 @@ bool Ddp::average_gradients(train::Replica& r, const Agreement& a,
     // never used.
     if (ok) grads.div_(d);
     flat_->scatter_grads(piece, grads);
-  });
+  };
+  if (a.notes[1] > 0)
+    r.runner->visit_gradients_by_node(exchange);
+  else
+    r.runner->visit_gradients(exchange);
   return ok;
+}
+
+std::array<float, kAgreementNotes> Ddp::round_notes() const {
+  return {0.f, config_.swap.enabled() ? 1.f : 0.f, 0.f};
 }
 
 bool Ddp::update_applies(train::Replica& r, bool averaged) {

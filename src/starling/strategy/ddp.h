@@ -1,8 +1,9 @@
 // ddp: the baseline everyone knows. Every step all-reduces the gradients (mean over the peers),
 // so every replica takes the same optimizer step and stays identical; a joiner adopts the
 // parameters, AdamW moments and step. The gradients are reached through the step runner a piece
-// at a time (one piece for a replica in memory, a layer group's for a swapped one), so a swapped
-// replica exchanges them within its memory budget.
+// at a time (one piece for a replica in memory, a node's parameters for a swapped one, and for
+// every peer of a round that has a swapped one: round_notes), so a swapped replica exchanges them
+// within its memory budget.
 #pragma once
 
 #include <array>
@@ -41,6 +42,11 @@ class Ddp : public SwarmStrategy {
   // step (trainer.cpp).
   bool counts_from_opening() const override { return config_.train.dtype != "fp16"; }
   void restore(train::Replica&, const nlohmann::json&, const SafetensorsFile&) override {}
+  // [1]: 1 when this peer's replica is swapped (its gradients come a node's parameters at a
+  // time, within its budget). Where any participant's is, all of them exchange in those pieces
+  // (StepRunner::visit_gradients_by_node), so that a swarm of swapped and unswapped peers agrees
+  // on every collective's size; otherwise in each runner's own (one piece in memory).
+  std::array<float, kAgreementNotes> round_notes() const override;
 
  protected:
   // Sums the peers' gradients piece by piece (StepRunner::visit_gradients) and divides them by

@@ -138,6 +138,10 @@ class SwapStepRunner final : public train::StepRunner {
   }
 
   void visit_gradients(const GradientVisitor& visit) override { swapper_->visit_gradients(visit); }
+  // The swapper's pieces are a node's parameters already.
+  void visit_gradients_by_node(const GradientVisitor& visit) override {
+    swapper_->visit_gradients(visit);
+  }
 
   void unscale_next_step(double factor) override { swapper_->unscale_next_step(factor); }
   bool gradients_finite() override { return swapper_->gradients_finite(); }

@@ -651,11 +651,9 @@ void Swapper::visit_gradients(const std::function<void(std::span<const int>)>& v
   const double start = now_s(), start_wait = stats_.wait_s;
   // One piece per node, by the node that reads each parameter first: the pieces are the same on
   // every peer, whatever layer groups its own plan chose (a peer plans from its own budget and
-  // timings), so peers that exchange a piece at a time agree on every collective's size.
-  std::vector<std::vector<int>> pieces(static_cast<size_t>(dag_.size()));
-  for (size_t p = 0; p < owner_node_.size(); ++p)
-    pieces[static_cast<size_t>(std::max(owner_node_[p], 0))].push_back(static_cast<int>(p));
-  std::erase_if(pieces, [](const std::vector<int>& piece) { return piece.empty(); });
+  // timings), and an unswapped peer visits them too when asked (visit_gradients_by_node), so
+  // peers that exchange a piece at a time agree on every collective's size.
+  const std::vector<std::vector<int>> pieces = dag_.params_by_first_reader();
   // The backward passes ended with the first groups: their gradients are resident, so the walk
   // starts there, and room is made from the pieces already visited (the lowest indices).
   current_backward_ = false;

@@ -115,6 +115,12 @@ void LocalStepRunner::visit_gradients(const GradientVisitor& visit) {
   visit(all);
 }
 
+void LocalStepRunner::visit_gradients_by_node(const GradientVisitor& visit) {
+  visit_gradients([&](std::span<const int>) {
+    for (const std::vector<int>& piece : executor_.dag().params_by_first_reader()) visit(piece);
+  });
+}
+
 at::Tensor LocalStepRunner::update(double lr, double max_norm, bool skip) {
   unscale();
   const at::Tensor norm = clip_grad_norm(params_, max_norm);

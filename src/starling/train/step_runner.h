@@ -89,6 +89,12 @@ class StepRunner {
   // piece at a time, so an exchange needs no more memory than the runner's budget.
   using GradientVisitor = std::function<void(std::span<const int> params)>;
   virtual void visit_gradients(const GradientVisitor& visit) = 0;
+  // The same, in the pieces every runner can visit: one per node, by the node that reads each
+  // parameter first (graph::OpDag::params_by_first_reader), the pieces a swapping runner visits
+  // anyway. Peers whose runners differ (one swapped, one not) exchange in these, so that every
+  // collective has the same size on all of them. By default the runner's own pieces, for a
+  // runner that holds no whole model (a pipeline stage, whose counterparts run the same kind).
+  virtual void visit_gradients_by_node(const GradientVisitor& visit) { visit_gradients(visit); }
 
   // The parameters this runner trains when it trains only part of the model (a pipeline stage's:
   // the ones visit_gradients visits); nullopt = all of them. A strategy averages and transfers
@@ -168,6 +174,7 @@ class LocalStepRunner : public StepRunner {
   at::Tensor accumulate(double loss_scale, int64_t sequences) override;
   at::Tensor update(double lr, double max_norm, bool skip) override;
   void visit_gradients(const GradientVisitor& visit) override;
+  void visit_gradients_by_node(const GradientVisitor& visit) override;
   void unscale_next_step(double factor) override { next_factor_ = factor; }
   bool gradients_finite() override;
   data::TokenLoader* dealt_loader() override { return &loader_; }

@@ -1,0 +1,46 @@
+#include "starling/cli/peer_sets.h"
+
+#include <cctype>
+
+#include "starling/common/error.h"
+
+namespace starling::cli {
+
+bool peer_may_set(const std::string& key) {
+  return key == "train.threads" || key == "train.device" || key == "train.device_memory" ||
+         (key.rfind("swap.", 0) == 0 && key.size() > 5);
+}
+
+std::vector<std::vector<std::string>> parse_peer_sets(const std::vector<std::string>& args,
+                                                      int peers) {
+  std::vector<std::vector<std::string>> out(static_cast<size_t>(peers));
+  for (const std::string& arg : args) {
+    const auto bad = [&](const std::string& why) {
+      return ConfigError("--peer-set " + arg + ": " + why);
+    };
+    const size_t colon = arg.find(':'), eq = arg.find('=');
+    if (colon == std::string::npos || colon == 0 || eq == std::string::npos || eq < colon)
+      throw bad("expected PEER:KEY=VALUE, e.g. 1:swap.budget=\"6MB\" or 0:train.threads=2");
+    const std::string index = arg.substr(0, colon);
+    for (const char c : index)
+      if (!std::isdigit(static_cast<unsigned char>(c)))
+        throw bad("\"" + index + "\" is not a peer number (0 to " + std::to_string(peers - 1) +
+                  ")");
+    // Digits only, so stoll cannot throw but on a number too long for it.
+    const long long i = index.size() > 9 ? peers : std::stoll(index);
+    if (i >= peers)
+      throw bad("the swarm has peers 0 to " + std::to_string(peers - 1) + " (--peers " +
+                std::to_string(peers) + ")");
+    std::string key = arg.substr(colon + 1, eq - colon - 1);
+    while (!key.empty() && std::isspace(static_cast<unsigned char>(key.back()))) key.pop_back();
+    if (!peer_may_set(key))
+      throw bad(
+          "a peer may set apart from the others only what it runs on: train.threads, "
+          "train.device, train.device_memory and the swap.* keys; \"" +
+          key + "\" must be the same for the whole swarm (--set)");
+    out[static_cast<size_t>(i)].push_back(arg.substr(colon + 1));
+  }
+  return out;
+}
+
+}  // namespace starling::cli
