@@ -967,6 +967,7 @@ TEST_F(SwarmCliTest, APeerSetApartSwapsAloneAndTheSwarmTrainsAsWithoutIt) {
   EXPECT_NE(mixed.output.find("swarm: peer 1 sets swap.budget=\"600KB\", swap.tier=disk"),
             std::string::npos)
       << mixed.output;
+  EXPECT_EQ(mixed.output.find("no peer applied an average"), std::string::npos) << mixed.output;
   EXPECT_NE(read_file(run_dir("apart") / "peer-1.log").find("swap: peak resident"),
             std::string::npos)
       << read_file(run_dir("apart") / "peer-1.log");
@@ -1023,6 +1024,23 @@ TEST_F(SwarmCliTest, APeerSetApartSwapsAloneAndTheSwarmTrainsAsWithoutIt) {
       run_cli("train -q --config " + config.string() + " --peer-set 0:train.threads=1");
   EXPECT_EQ(alone.code, 2) << alone.output;
   EXPECT_NE(alone.output.find("--peer-set: needs --peers N"), std::string::npos) << alone.output;
+}
+
+// A ddp swarm whose every exchange fails (both peers send NaN past their own checks, and each
+// rejects the other's) runs every step and applies no update: the launcher's summary says so,
+// once, rather than leave "trained 6 steps" alone.
+TEST_F(SwarmCliTest, ASwarmThatAppliedNoUpdateSaysSo) {
+  const fs::path config = write_config("no_update", "kind = \"ddp\"", 6);
+  ::setenv("STARLING_FAULT_POISON", "nan", 1);
+  const auto r = run_cli("train -q --peers 2 --config " + config.string());
+  ::unsetenv("STARLING_FAULT_POISON");
+  ASSERT_EQ(r.code, 0) << r.output << read_file(run_dir("no_update") / "peer-0.log");
+  EXPECT_NE(r.output.find("swarm: no peer applied an average of the swarm's gradients"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(read_file(run_dir("no_update") / "peer-0.log").find("holds non-finite values"),
+            std::string::npos)
+      << read_file(run_dir("no_update") / "peer-0.log");
 }
 
 // Swapped peers: two ddp peers, so every sum is a + b whichever peer adds, train bit-identically

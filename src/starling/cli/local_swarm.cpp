@@ -722,6 +722,22 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     // every peer's report (one failed), the tokens over the longest run.
     double rates = 0;
     for (const auto& d : done_events) rates += d.value("tokens_per_s", 0.0);
+    // ddp and atom average every step: a swarm whose every peer ends without one applied (every
+    // exchange refused, as between peers that cut their gradients differently) trained nothing,
+    // though every step ran. Each peer's log says why, a step at a time; the summary says so once.
+    const bool every_step_a_round =
+        !pipeline && (config.strategy.kind == "ddp" || config.strategy.kind == "atom");
+    const bool none_applied =
+        !done_events.empty() &&
+        std::all_of(done_events.begin(), done_events.end(), [](const nlohmann::json& d) {
+          return d.contains("net") && d["net"].value("round", int64_t{0}) == 0 &&
+                 d.value("step", int64_t{0}) > 0;
+        });
+    if (every_step_a_round && none_applied)
+      progress.log(
+          "swarm: no peer applied an average of the swarm's gradients: every exchange "
+          "failed and every update was skipped, so the model is as it began; see " +
+          log_of(0));
     result.tokens_per_s = static_cast<int>(done_events.size()) == o.peers && rates > 0
                               ? rates / static_cast<double>(stages)
                           : longest > 0 ? total_tokens / longest
