@@ -1011,6 +1011,7 @@ TEST_F(SwarmCliTest, APeerSetApartSwapsAloneAndTheSwarmTrainsAsWithoutIt) {
            std::pair{" --peer-set 1:swap.tier=floppy",
                      "--peer-set for peer 1: --set swap.tier: expected one of"},
            std::pair{" --peer-set train.threads=1", "expected PEER:KEY=VALUE"},
+           std::pair{" --peer-set 0:swap.=1", "\"swap.\" is not a key: TABLE.NAME"},
            std::pair{" --peer-set 0:train.threads=1 --set pipeline.num_stages=2",
                      "a pipeline's plan places its stages on peers alike"},
        }) {

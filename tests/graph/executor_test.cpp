@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "starling/model/build.h"
 #include "starling/train/sampler.h"
 
@@ -366,6 +369,44 @@ TEST(Executor, TiedEmbeddingGetsGradientFromBothReaders) {
   EXPECT_EQ(tied[0].name, "embed.tok.weight");
   EXPECT_EQ(tied[0].nodes, (std::vector<int>{embed, head}));
   EXPECT_TRUE(model::build_model(tiny(model::Arch::kLlama), 5)->tied_params().empty());
+}
+
+// The pieces peers exchange gradients in where one is swapped: one per node that reads a
+// parameter first, in node order, every parameter in exactly one, a tied table in its first
+// reader's (GPT-2's head reads the embedding's table and has no piece of its own).
+TEST(Executor, ParametersArePiecedByTheirFirstReader) {
+  for (const auto arch : {model::Arch::kGpt2, model::Arch::kLlama}) {
+    auto dag = model::build_model(tiny(arch), 5);
+    const auto pieces = dag->params_by_first_reader();
+    std::vector<int> seen(dag->params().params().size(), 0);
+    int last_node = -1;
+    for (const auto& piece : pieces) {
+      ASSERT_FALSE(piece.empty());
+      // Every parameter of a piece is first read by the same node, later than the last piece's.
+      int node = -1;
+      for (int i = 0; i < dag->size() && node < 0; ++i)
+        for (const auto& name : dag->nodes()[i].op->param_names())
+          if (name == dag->params().params()[piece.front()].name) node = i;
+      EXPECT_GT(node, last_node);
+      last_node = node;
+      for (size_t k = 0; k < piece.size(); ++k) {
+        ++seen[piece[k]];
+        if (k > 0) EXPECT_LT(piece[k - 1], piece[k]);
+        const auto names = dag->nodes()[node].op->param_names();
+        EXPECT_NE(std::find(names.begin(), names.end(), dag->params().params()[piece[k]].name),
+                  names.end());
+      }
+    }
+    EXPECT_EQ(seen, std::vector<int>(seen.size(), 1));
+  }
+  auto gpt2 = model::build_model(tiny(model::Arch::kGpt2), 5);
+  const int embed = gpt2->find("embed");
+  const auto pieces = gpt2->params_by_first_reader();
+  const auto& params = gpt2->params().params();
+  EXPECT_EQ(params[pieces.front().front()].name, gpt2->nodes()[embed].op->param_names()[0]);
+  // The head reads only the table: the last piece is the final norm's.
+  EXPECT_EQ(params[pieces.back().front()].name.rfind("final_norm.", 0), 0u)
+      << params[pieces.back().front()].name;
 }
 
 }  // namespace

@@ -32,13 +32,17 @@ std::vector<std::vector<std::string>> parse_peer_sets(const std::vector<std::str
       throw bad("the swarm has peers 0 to " + std::to_string(peers - 1) + " (--peers " +
                 std::to_string(peers) + ")");
     std::string key = arg.substr(colon + 1, eq - colon - 1);
-    while (!key.empty() && std::isspace(static_cast<unsigned char>(key.back()))) key.pop_back();
+    const auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+    while (!key.empty() && space(key.back())) key.pop_back();
+    while (!key.empty() && space(key.front())) key.erase(key.begin());
+    if (key.empty() || key.back() == '.' || key.find('.') == std::string::npos)
+      throw bad("\"" + key + "\" is not a key: TABLE.NAME, e.g. swap.budget");
     if (!peer_may_set(key))
       throw bad(
           "a peer may set apart from the others only what it runs on: train.threads, "
           "train.device, train.device_memory and the swap.* keys; \"" +
           key + "\" must be the same for the whole swarm (--set)");
-    out[static_cast<size_t>(i)].push_back(arg.substr(colon + 1));
+    out[static_cast<size_t>(i)].push_back(key + arg.substr(eq));
   }
   return out;
 }

@@ -112,7 +112,7 @@ void add_train_command(CLI::App& app) {
         sets.insert(sets.end(), o.peer_overrides[i].begin(), o.peer_overrides[i].end());
         try {
           (void)train::load_run_config(a->config, sets);
-        } catch (const ConfigError& e) {
+        } catch (const Error& e) {
           throw ConfigError("--peer-set for peer " + std::to_string(i) + ": " + e.what());
         }
       }

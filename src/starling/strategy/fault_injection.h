@@ -37,8 +37,8 @@
 //                                   chunk would: its round breaks off after K-1 pieces (ddp,
 //                                   atom: it skips the step; co2: it does not apply the average)
 //                                   while the others' go on. co2's exchange is one piece, and so
-//                                   is the others' round unless the peer is swapped (a layer
-//                                   group's gradients, or strategy.transfer_piece of parameters,
+//                                   is the others' round unless a participant is swapped (a
+//                                   node's gradients, or strategy.transfer_piece of parameters,
 //                                   at a time)
 //
 // Unset (the normal case), nothing changes. A malformed value is a ConfigError naming it, raised
