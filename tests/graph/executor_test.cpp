@@ -391,7 +391,9 @@ TEST(Executor, ParametersArePiecedByTheirFirstReader) {
       last_node = node;
       for (size_t k = 0; k < piece.size(); ++k) {
         ++seen[piece[k]];
-        if (k > 0) EXPECT_LT(piece[k - 1], piece[k]);
+        if (k > 0) {
+          EXPECT_LT(piece[k - 1], piece[k]);
+        }
         const auto names = dag->nodes()[node].op->param_names();
         EXPECT_NE(std::find(names.begin(), names.end(), dag->params().params()[piece[k]].name),
                   names.end());
