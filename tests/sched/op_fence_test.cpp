@@ -173,6 +173,30 @@ TEST(OpFence, GroupsOfDevicesJoinAtOneSlowLink) {
         << around[i + 1];
 }
 
+// A fast pair and a third device that only one of the pair reaches well: the pair is a group of
+// its own, and the chain leaves it at the device with the good way out. (Measured rates on one
+// machine can look like this: a bucket's burst makes a short probe of a throttled link read
+// hundreds of Gbit/s.)
+TEST(OpFence, AGroupEndsAtTheDeviceWithTheWayOut) {
+  auto t = table(8, {1, 1, 1});
+  set_link(t, 0, 1, 1e12);
+  set_link(t, 0, 2, 1e8);
+  set_link(t, 1, 2, 1e5);
+  const auto groups = cluster_devices(t);
+  ASSERT_EQ(groups, (std::vector<std::vector<int>>{{0, 1}, {2}}));
+  EXPECT_EQ(device_chain(t, groups), (std::vector<int>{1, 0, 2}));
+  // The whole scheduler: every device at work, and no stage sends across the slow link.
+  const auto p = op_fence(t);
+  ASSERT_EQ(p.stages.size(), 3u);
+  for (size_t s = 0; s + 1 < p.stages.size(); ++s)
+    EXPECT_GE(
+        t.link(static_cast<size_t>(p.stages[s].device), static_cast<size_t>(p.stages[s + 1].device))
+            .bytes_per_s,
+        1e8)
+        << "stage " << s << " on device " << p.stages[s].device << " sends to device "
+        << p.stages[s + 1].device;
+}
+
 TEST(OpFence, AHopelessLinkLeavesThePipelineOnOneSide) {
   // Two equal devices; whatever crosses their link takes 100 s: one device alone is faster.
   auto t = table(6, {1, 1}, 1e4, 1, 1'000'000);

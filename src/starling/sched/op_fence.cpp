@@ -135,22 +135,32 @@ std::vector<int> device_chain(const CostTable& t, const std::vector<std::vector<
       order.push_back(next);
     }
   }
-  // Within each group, the order whose slowest link (the join from the previous group included)
-  // is fastest, then the fastest sum: all orders for up to 8 devices. Larger groups: entered at
+  // Within each group, the order whose slowest link is fastest, then the fastest sum: all orders
+  // for up to 8 devices. The links counted are the join from the previous group and the way out
+  // to the next group, at its best (the next group is entered where the last device has its
+  // fastest link): a group that ended at a device poorly linked to the next would put that link
+  // into the chain although another order of the same group avoids it. Larger groups: entered at
   // the device with the fastest link from the previous group, the others ascending.
   std::vector<int> chain;
+  auto rate = [&](int a, int b) {
+    return t.link(static_cast<size_t>(a), static_cast<size_t>(b)).bytes_per_s;
+  };
   for (size_t i = 0; i < m; ++i) {
     std::vector<int> g = clusters[static_cast<size_t>(order[i])];
-    auto rate = [&](int a, int b) {
-      return t.link(static_cast<size_t>(a), static_cast<size_t>(b)).bytes_per_s;
-    };
+    const std::vector<int>* next =
+        i + 1 < m ? &clusters[static_cast<size_t>(order[i + 1])] : nullptr;
     auto score = [&](const std::vector<int>& seq) {
       double slowest = kInf, sum = 0;
-      for (size_t k = 0; k < seq.size(); ++k) {
-        if (k == 0 && chain.empty()) continue;
-        const double r = rate(k == 0 ? chain.back() : seq[k - 1], seq[k]);
+      auto count = [&](double r) {
         slowest = std::min(slowest, r);
         sum += r;
+      };
+      for (size_t k = 0; k < seq.size(); ++k)
+        if (k > 0 || !chain.empty()) count(rate(k == 0 ? chain.back() : seq[k - 1], seq[k]));
+      if (next != nullptr) {
+        double out = 0;
+        for (const int d : *next) out = std::max(out, rate(seq.back(), d));
+        count(out);
       }
       return std::pair{slowest, sum};
     };

@@ -50,8 +50,8 @@ std::vector<std::vector<int>> cluster_devices(const CostTable& t, double gap = 4
 
 // Every device once, in pipeline order: groups one after another in the order whose slowest join
 // is fastest (all orders for up to 8 groups, nearest neighbour beyond), and each group's devices
-// in the order whose slowest link, the join from the previous group included, is fastest (all
-// orders for up to 8 devices).
+// in the order whose slowest link, the join from the previous group and the best way on into the
+// next included, is fastest (all orders for up to 8 devices).
 std::vector<int> device_chain(const CostTable& t, const std::vector<std::vector<int>>& clusters);
 
 // One stage per device of `chain`, in order, each with at least one node: the cut that minimises
@@ -98,13 +98,13 @@ struct ReplicaSync {
 // the device count and is at most the node count, and every direction of each replica's window:
 // the cut minimising the slowest stage or link over all replicas at once (cut_pipeline over a
 // chain of "slowest counterpart" devices, each stage's speed and each link the slowest of its
-// counterparts'; exact when links have no latency, as in labs without delays), priced per replica. An averaging is
-// a ring all-reduce of each stage's parameters over its counterparts' slowest link, 2 (R - 1) / R x
-// param_bytes / bandwidth; per step it adds averaging_s / every_steps, or, overlapped, what of that
-// exceeds the step. Returns the plan with the most micro-batches per second (then the cheapest
-// averaging). std::invalid_argument saying why when no S fits (fewer than 2 devices or nodes; more
-// devices than nodes without replicas; no S in [2, nodes] dividing the devices) or every_steps <=
-// 0.
+// counterparts'; exact when links have no latency, as in labs without delays), priced per replica.
+// An averaging is a ring all-reduce of each stage's parameters over its counterparts' slowest link,
+// 2 (R - 1) / R x param_bytes / bandwidth; per step it adds averaging_s / every_steps, or,
+// overlapped, what of that exceeds the step. Returns the plan with the most micro-batches per
+// second (then the cheapest averaging). std::invalid_argument saying why when no S fits (fewer than
+// 2 devices or nodes; more devices than nodes without replicas; no S in [2, nodes] dividing the
+// devices) or every_steps <= 0.
 ReplicatedPlan plan_replicas(const CostTable& t, bool replicas_allowed, const ReplicaSync& sync,
                              double gap = 4.0);
 
