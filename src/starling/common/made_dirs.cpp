@@ -35,7 +35,10 @@ extern "C" void remove_made_dirs_on_signal(int sig) {
   if (const auto* note = g_note.load()) {
     [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, note->data(), note->size());
   }
-  // The signal, blocked while its handler runs, ends the process once the handler returns.
+  // The signal, blocked while its handler runs, ends the process once the handler returns. The
+  // other one, if it came meanwhile, waits blocked too, and would run this handler again on the
+  // return (a second note, and its ending instead of this one's): ignoring it discards it.
+  ::signal(sig == SIGINT ? SIGTERM : SIGINT, SIG_IGN);
   ::signal(sig, SIG_DFL);
   ::raise(sig);
 }
@@ -83,7 +86,8 @@ MadeDirsGuard::MadeDirsGuard(const fs::path& dir, const fs::path& made, std::str
   g_note.store(&note_);
   struct sigaction on {};
   on.sa_handler = remove_made_dirs_on_signal;
-  // The other signal waits while the handler runs: the note once, and the first signal's ending.
+  // The other signal waits while the handler runs, which then discards it: the note once, and
+  // the first signal's ending.
   sigemptyset(&on.sa_mask);
   sigaddset(&on.sa_mask, SIGINT);
   sigaddset(&on.sa_mask, SIGTERM);

@@ -30,6 +30,11 @@ double Atom::pace() const {
 train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Replica&,
                                           double loss_scale) {
   const int64_t batch = config_.train.batch_size;
+  // Micro-batches are timed on the device's work (below): the previous step's update, which may
+  // still be queued on a GPU, is waited for before this peer says it has started, since the
+  // others project it from then on, and before its first micro-batch's clock starts.
+  const c10::Device device(config_.train.device);
+  synchronize_current_stream(device);
   board_.begin_round(version_);
   // The others project this peer from the moment they hear it has started, not from their own
   // starts: a peer may begin a round late (a longer checkpoint, evaluation or swap write-back).
@@ -40,10 +45,6 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
   const bool spectator = need_state_ || joined_round_.has_value();
   board_.announce(version_, 0, pace(), spectator);
   runner.begin_accumulation();
-  // Micro-batches are timed on the device's work (below); the first one's time must not hold
-  // the previous step's update, which may still be queued on a GPU.
-  const c10::Device device(config_.train.device);
-  synchronize_current_stream(device);
   at::Tensor loss_sum;
   int64_t mine = 0, micro = 0;
   for (int64_t sequences = batch; sequences > 0;) {
