@@ -985,6 +985,26 @@ TEST_F(SwarmCliTest, APeerSetApartSwapsAloneAndTheSwarmTrainsAsWithoutIt) {
     }
   }
 
+  // Peers of unequal threads compute their own gradients to other last bits, but take the same
+  // average, and libtorch's CPU norms and elementwise kernels give the same bits at any thread
+  // count: their replicas stay one model, round by round. (Matrices above the parallel grain,
+  // so the second thread does split the work.)
+  const auto threads =
+      run_cli("train -q --peers 2 --config " + write_config("apart_threads", body).string() +
+              " --set model.n_layer=2 --set model.d_model=256 --set model.n_head=4"
+              " --peer-set 1:train.threads=2");
+  ASSERT_EQ(threads.code, 0) << threads.output
+                             << read_file(run_dir("apart_threads") / "peer-1.log");
+  EXPECT_NE(read_file(run_dir("apart_threads") / "peer-1.log").find("cpu fp32, 2 threads"),
+            std::string::npos)
+      << read_file(run_dir("apart_threads") / "peer-1.log");
+  for (int64_t round = 1; round <= 16; ++round) {
+    const auto print = fingerprint_of(run_dir("apart_threads") / "peer-0", round);
+    ASSERT_TRUE(print) << "peer-0: no fingerprint of round " << round;
+    EXPECT_EQ(fingerprint_of(run_dir("apart_threads") / "peer-1", round), print)
+        << "round " << round;
+  }
+
   // atom's exchange is ddp's: a swapped peer 0 beside an unswapped peer 1 (samples counted at
   // their own pace, so no run to compare with) exchanges every step and ends on one model.
   const fs::path atom = write_config("apart_atom", "kind = \"atom\"\ntarget_batch = 16");
