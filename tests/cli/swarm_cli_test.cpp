@@ -1294,21 +1294,24 @@ TEST_F(SwarmCliTest, SwappedPeersOnAGpuTrainLikeUnswappedOnes) {
 // from pinned memory without waiting): atom times each micro-batch when the device has run it
 // (Atom::run_step), or its pace, its projections, its last micro-batch's size and net.compute_s
 // would follow the host's queueing, and the device's time would show up in the exchange's wait
-// for the gradients. Two atom peers share the card. A micro-batch of 64 x 256 tokens through 6.5M
-// parameters in plain fp32 (no TF32) is about 0.7 TFLOP, tens of milliseconds of device time
-// against a few of the host's queueing; eight of them a peer a step against an exchange of 26 MB.
-// Past the first steps (which load the kernels), each peer should spend most of its time in its
-// micro-batches; timed on the host, it would spend a few percent there.
+// for the gradients. Two atom peers share the card. A micro-batch of 128 x 256 tokens through
+// 6.5M parameters in plain fp32 (no TF32) is about 1.3 TFLOP, tens of milliseconds of device time
+// against a millisecond or two of the host's queueing; two of them a peer a step against an
+// exchange of 26 MB. Two, not more: a step's few hundred kernels stay under the depth of CUDA's
+// launch queue, so the host never waits for a free slot in its micro-batches, which would time
+// part of the device's work on the host too and blur what this test tells apart. Past the first
+// steps (which load the kernels), each peer should spend most of its time in its micro-batches;
+// timed on the host, it would spend a few percent there.
 TEST_F(SwarmCliTest, AtomPeersOnAGpuTimeTheirMicroBatchesOnTheDevice) {
   if (!binary_sees_a_gpu())
     GTEST_SKIP() << "no GPU: the binary is not built against a CUDA libtorch or sees no GPU "
                     "(scripts/build-cuda.sh)";
-  const fs::path config = write_config("gpu_atom", "kind = \"atom\"\ntarget_batch = 1024", 10);
+  const fs::path config = write_config("gpu_atom", "kind = \"atom\"\ntarget_batch = 512", 10);
   const auto r =
       run_cli("train -q --peers 2 --config " + config.string() +
               as_sets({"train.device=\"cuda\"", "train.tf32=false", "model.n_layer=2",
                        "model.d_model=512", "model.n_head=8", "model.seq_len=256",
-                       "train.batch_size=64", "train.eval_every=0", "train.checkpoint_every=0"}));
+                       "train.batch_size=128", "train.eval_every=0", "train.checkpoint_every=0"}));
   ASSERT_EQ(r.code, 0) << r.output << read_file(run_dir("gpu_atom") / "peer-0.log");
   for (int i = 0; i < 2; ++i) {
     SCOPED_TRACE("peer " + std::to_string(i));
