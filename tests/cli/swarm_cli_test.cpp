@@ -1062,6 +1062,21 @@ TEST_F(SwarmCliTest, ASwarmThatAppliedNoUpdateSaysSo) {
   EXPECT_NE(read_file(run_dir("no_update") / "peer-0.log").find("holds non-finite values"),
             std::string::npos)
       << read_file(run_dir("no_update") / "peer-0.log");
+
+  // Counted over the invocation: a run that applied its averages, resumed where none applies,
+  // says so too (its peers' rounds are not 0, the steps they applied here are).
+  const fs::path resumed = write_config("no_update_resumed", "kind = \"ddp\"", 3);
+  const auto first = run_cli("train -q --peers 2 --config " + resumed.string());
+  ASSERT_EQ(first.code, 0) << first.output;
+  EXPECT_EQ(first.output.find("no peer applied an average"), std::string::npos) << first.output;
+  ::setenv("STARLING_FAULT_POISON", "nan", 1);
+  const auto again =
+      run_cli("train -q --peers 2 --config " + resumed.string() + " --resume --set train.steps=6");
+  ::unsetenv("STARLING_FAULT_POISON");
+  ASSERT_EQ(again.code, 0) << again.output;
+  EXPECT_NE(again.output.find("swarm: no peer applied an average of the swarm's gradients"),
+            std::string::npos)
+      << again.output;
 }
 
 // Swapped peers: two ddp peers, so every sum is a + b whichever peer adds, train bit-identically

@@ -725,13 +725,18 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     // ddp and atom average every step: a swarm whose every peer ends without one applied (every
     // exchange refused, as between peers that cut their gradients differently) trained nothing,
     // though every step ran. Each peer's log says why, a step at a time; the summary says so once.
+    // Counted over this invocation's steps (net.applied_steps), so a resumed run that applies
+    // none says so too; a peer that trained no step here (resumed at its last) says nothing.
     const bool every_step_a_round =
         !pipeline && (config.strategy.kind == "ddp" || config.strategy.kind == "atom");
     const bool none_applied =
         !done_events.empty() &&
-        std::all_of(done_events.begin(), done_events.end(), [](const nlohmann::json& d) {
-          return d.contains("net") && d["net"].value("round", int64_t{0}) == 0 &&
-                 d.value("step", int64_t{0}) > 0;
+        std::all_of(done_events.begin(), done_events.end(), [&](const nlohmann::json& d) {
+          const int peer = d.value("peer", -1);
+          const bool trained = peer >= 0 && peer < static_cast<int>(views.size()) &&
+                               views[static_cast<size_t>(peer)].step > 0;
+          return trained && d.contains("net") &&
+                 d["net"].value("applied_steps", d["net"].value("round", 0.0)) == 0;
         });
     if (every_step_a_round && none_applied)
       progress.log(

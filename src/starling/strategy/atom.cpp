@@ -144,7 +144,7 @@ nlohmann::json Atom::checkpoint_state(std::vector<std::pair<std::string, at::Ten
 }
 
 train::StrategyReport Atom::report() const {
-  train::StrategyReport rep = SwarmStrategy::report();
+  train::StrategyReport rep = Ddp::report();
   rep.figures["swarm_samples"] = static_cast<double>(swarm_samples_);
   rep.figures["samples"] = static_cast<double>(local_samples_);
   rep.figures["micro_batches"] = static_cast<double>(micro_batches_);

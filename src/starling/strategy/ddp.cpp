@@ -58,6 +58,12 @@ bool Ddp::average_gradients(train::Replica& r, const Agreement& a,
   return ok;
 }
 
+train::StrategyReport Ddp::report() const {
+  train::StrategyReport rep = SwarmStrategy::report();
+  rep.figures["applied_steps"] = static_cast<double>(applied_steps_);
+  return rep;
+}
+
 std::array<float, kAgreementNotes> Ddp::round_notes() const {
   return {0.f, config_.swap.enabled() ? 1.f : 0.f, 0.f};
 }
@@ -100,7 +106,10 @@ bool Ddp::gradients_ready(train::Replica& r) {
 }
 
 bool Ddp::step_done(train::Replica& r, bool last) {
-  if (applied_) ++version_;
+  if (applied_) {
+    ++version_;
+    ++applied_steps_;
+  }
   if (last) close_run(r);
   // A peer that knows its state may differ from the swarm's notes nothing (note_round).
   if (!config_.strategy.fingerprint || need_state_) return true;

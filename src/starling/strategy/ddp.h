@@ -21,6 +21,9 @@ class Ddp : public SwarmStrategy {
   bool step_done(train::Replica& r, bool last) override;
   nlohmann::json checkpoint_state(
       std::vector<std::pair<std::string, at::Tensor>>& tensors) override;
+  // SwarmStrategy's, with `applied_steps`: the steps of this process whose update applied (a
+  // round counts a resumed run's earlier steps too, and a joiner's adopted ones).
+  train::StrategyReport report() const override;
 
  protected:
   void allocate(train::Replica& r) override;
@@ -72,7 +75,8 @@ class Ddp : public SwarmStrategy {
   // STARLING_FAULT_DIE_IN_EXCHANGE (before this peer sends) and STARLING_FAULT_LOSE_PIECE, counted
   // by gradient exchanges.
   RoundFaults faults_;
-  bool applied_ = true;  // whether this step's update applies (update_applies)
+  bool applied_ = true;        // whether this step's update applies (update_applies)
+  int64_t applied_steps_ = 0;  // steps of this process whose update applied
 };
 
 }  // namespace starling::strategy
