@@ -8,8 +8,9 @@
 // failures work as in ddp (a joiner adopts parameters, moments and step).
 //
 // Peers stop on the others' counts projected at their pace, except the one with the smallest id
-// still accumulating: it stops only on announced counts, so a step never gathers fewer samples
-// than the target (next_sequences).
+// still accumulating: it stops only on announced counts, so a step of live peers never gathers
+// fewer samples than the target (next_sequences). A peer that dies while it accumulates can leave
+// the step short (docs/atom.md, limits).
 //
 // A step's last micro-batch may be smaller than train.batch_size: a peer that sees the swarm
 // reaching the target within its next micro-batch computes only the sequences it will have

@@ -3,7 +3,7 @@
 // messages on the swarm, node.h), and reads what the others announced without ever waiting for
 // them. This is what lets peers of unequal speed share one optimizer step: each keeps
 // accumulating until the swarm together will hold the target batch by the end of its next
-// micro-batch, or until another peer says it is ready and waits.
+// micro-batch (atom.h: the peer closing the step waits for exact counts).
 //
 // Counts are projected forward with each peer's announced pace (samples per second) from the
 // moment its announcement arrived. Every peer announces the start of its round (0 samples, its
