@@ -56,7 +56,14 @@ DiskTier::DiskTier(const std::filesystem::path& dir)
   static int serial = 0;
   path_ = dir / (".starling-swap-" + std::to_string(::getpid()) + "-" + std::to_string(serial++) +
                  ".bin");
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
+  // An unnamed file (O_TMPFILE) never appears in the directory: a crash or a signal at any moment
+  // leaves nothing behind, and the directory stays empty for a caller that removes it (the
+  // planner's probe on Ctrl-C, made_dirs.h). A filesystem without O_TMPFILE gets a named file,
+  // unlinked as soon as it is open; a signal between the two leaves it.
+  fd_ = ::open(dir.c_str(), O_RDWR | O_TMPFILE | O_DIRECT | O_CLOEXEC, 0600);
+  const bool unnamed = fd_ >= 0;
+  if (!unnamed && (errno == EOPNOTSUPP || errno == EISDIR))
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
   if (fd_ < 0) {
     const int err = errno;
     if (err == EINVAL)
@@ -65,7 +72,7 @@ DiskTier::DiskTier(const std::filesystem::path& dir)
                   "directory on a disk");
     throw Error("swap.dir " + dir.string() + ": cannot create the swap file: " + errno_text(err));
   }
-  ::unlink(path_.c_str());  // the file lives until the descriptor closes, crash or not
+  if (!unnamed) ::unlink(path_.c_str());  // the file lives until the descriptor closes
   // Kernels from 6.6 give tmpfs O_DIRECT: the tier works there, but its bytes stay in RAM.
   struct statfs fs {};
   in_memory_ = ::fstatfs(fd_, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
