@@ -567,6 +567,55 @@ TEST_F(SwarmCliTest, AtomSurvivesAKilledPeer) {
   kill_one_of_three("atom_kill", "kind = \"atom\"", 200, 20);
 }
 
+// atom: a peer that dies while it accumulates leaves the step short of the samples the others
+// counted on (here: up to 8 of the 48: peer 2 dies after two micro-batches of step 4,
+// STARLING_FAULT_DIE_ACCUMULATING).
+// The exchange's agreement shows the survivors their count, and they make up the rest before
+// any gradient travels: every step that applies gathered the target.
+TEST_F(SwarmCliTest, AtomMakesUpTheSamplesOfAPeerThatDiedAccumulating) {
+  const std::string name = "atom_die_accumulating";
+  const int64_t steps = 12;
+  write_config(name, "kind = \"atom\"\ntarget_batch = 48", steps, 1);
+  fs::create_directories(run_dir(name));
+  const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+  std::vector<Process> peers;
+  peers.emplace_back(peer_argv(name, 0, 3, "", 3), log(0).string());
+  auto listening = wait_event(
+      peers[0], [](const json& j) { return j["event"] == "listening"; }, 30s);
+  ASSERT_TRUE(listening);
+  const std::string entry = (*listening)["endpoint"];
+  peers.emplace_back(peer_argv(name, 1, 3, entry, 3), log(1).string());
+  std::vector<std::string> dying = peer_argv(name, 2, 3, entry, 3);
+  dying.insert(dying.begin(), {"/usr/bin/env", "STARLING_FAULT_DIE_ACCUMULATING=4:2"});
+  peers.emplace_back(dying, log(2).string());
+  const std::vector<std::string> logs = survivors_finish(name, peers, steps);
+  ASSERT_EQ(logs.size(), 2u);
+  peers[2].wait(5s);
+  EXPECT_NE(read_file(log(2)).find("dying while accumulating step 4, after 2 micro-batch(es)"),
+            std::string::npos)
+      << read_file(log(2));
+  int applied = 0;
+  for (int i = 0; i < 2; ++i) {
+    for (const auto& m : metrics(run_dir(name) / ("peer-" + std::to_string(i)))) {
+      if (!m.contains("net") || m.value("skipped", false)) continue;
+      ++applied;
+      EXPECT_GE(m["net"]["swarm_samples"].get<double>(), 48)
+          << "peer " << i << ", step " << m["step"];
+    }
+    const size_t made_up = logs[i].find("of its target of 48 samples (a peer left while it");
+    if (made_up == std::string::npos) {
+      ADD_FAILURE() << "peer " << i << " made up no step: " << logs[i];
+      continue;
+    }
+    const size_t line = logs[i].rfind('\n', made_up) + 1;
+    std::cout << "peer " << i << ": " << logs[i].substr(line, logs[i].find('\n', made_up) - line)
+              << std::endl;
+  }
+  EXPECT_GE(applied, 2 * (steps - 1)) << "at most the step of the death may go without an average";
+  EXPECT_TRUE(final_model(run_dir(name) / "peer-0", steps) ==
+              final_model(run_dir(name) / "peer-1", steps));
+}
+
 // atom with peers of unequal speed (CPU quotas): the fast peer contributes more samples to every
 // shared step instead of waiting for the slow one, every step gathers at least the target batch
 // (the peer with the smallest id closes each round on exact counts), and the replicas stay
@@ -1805,13 +1854,13 @@ TEST_F(SwarmCliTest, CheckpointCommandsReadASwarmsRunThroughItsFirstPeer) {
 // A local swarm's output directory and a single process's are kept apart: neither run starts in
 // the other's, so `sample --checkpoint DIR` never reads a checkpoint of the other run.
 TEST_F(SwarmCliTest, ASwarmAndASingleProcessKeepToTheirOwnOutputDirectories) {
-  const fs::path config = write_config("apart", "kind = \"ddp\"", 4);
+  const fs::path config = write_config("own_dirs", "kind = \"ddp\"", 4);
   const auto swarm = run_cli("train -q --peers 2 --config " + config.string());
   ASSERT_EQ(swarm.code, 0) << swarm.output;
   // A fresh swarm in a swarm's directory is refused before it starts a peer, whichever peers
   // wrote checkpoints.
   for (const bool peer_zero : {true, false}) {
-    if (!peer_zero) fs::remove_all(run_dir("apart") / "peer-0" / "checkpoints");
+    if (!peer_zero) fs::remove_all(run_dir("own_dirs") / "peer-0" / "checkpoints");
     const auto again = run_cli("train -q --peers 2 --config " + config.string());
     EXPECT_EQ(again.code, 2) << again.output;
     EXPECT_NE(again.output.find("already holds a swarm's checkpoints; pass --resume"),
@@ -1821,18 +1870,19 @@ TEST_F(SwarmCliTest, ASwarmAndASingleProcessKeepToTheirOwnOutputDirectories) {
   }
   const auto one = run_cli("train -q --config " + config.string());
   EXPECT_EQ(one.code, 2) << one.output;
-  EXPECT_NE(one.output.find(run_dir("apart").string() + " holds a swarm's run"), std::string::npos)
+  EXPECT_NE(one.output.find(run_dir("own_dirs").string() + " holds a swarm's run"),
+            std::string::npos)
       << one.output;
-  EXPECT_FALSE(fs::exists(run_dir("apart") / "checkpoints"));
+  EXPECT_FALSE(fs::exists(run_dir("own_dirs") / "checkpoints"));
   // --out sets train.out_dir, for a single process and a swarm alike.
   const std::string elsewhere =
-      " --out " + (root_ / "apart_one").string() + " --config " + config.string();
+      " --out " + (root_ / "own_dirs_one").string() + " --config " + config.string();
   ASSERT_EQ(run_cli("train -q" + elsewhere).code, 0);
-  ASSERT_TRUE(fs::exists(root_ / "apart_one" / "checkpoints" / "latest"));
+  ASSERT_TRUE(fs::exists(root_ / "own_dirs_one" / "checkpoints" / "latest"));
   const auto peers = run_cli("train -q --peers 2" + elsewhere);
   EXPECT_EQ(peers.code, 2) << peers.output;
   EXPECT_NE(peers.output.find("holds a single process's run"), std::string::npos) << peers.output;
-  EXPECT_FALSE(fs::exists(root_ / "apart_one" / "peer-0"));
+  EXPECT_FALSE(fs::exists(root_ / "own_dirs_one" / "peer-0"));
   // A directory whose name TOML must escape reaches the peers whole (their --set values are
   // TOML strings).
   const fs::path odd = root_ / "apart \"odd\" \\ dir";

@@ -36,30 +36,52 @@ TEST(ProgressBoard, CountsTheOthersAnnouncementsOfTheRound) {
   net::testing::Swarm swarm(3);
   auto nodes = swarm.start(3);
   ProgressBoard a(*nodes[0]), b(*nodes[1]), c(*nodes[2]);
-  for (ProgressBoard* board : {&a, &b, &c}) board->begin_round(5);
+  for (ProgressBoard* board : {&a, &b, &c}) board->begin_round({5, 0});
   a.view(0);  // posts a's receives
-  b.announce(5, 8, 0, false);
-  c.announce(5, 4, 0, false);
+  b.announce({5, 0}, 8, 0, false);
+  c.announce({5, 0}, 4, 0, false);
   auto v = wait_view(a, 0, [](const auto& v) { return v.samples == 12; });
   EXPECT_EQ(v.samples, 12);
   EXPECT_EQ(v.ready, 0);
   EXPECT_DOUBLE_EQ(v.projected, 12);
   // A newer count replaces the older one; a stale round does not count.
-  b.announce(5, 16, 0, true);
-  c.announce(4, 100, 0, false);
+  b.announce({5, 0}, 16, 0, true);
+  c.announce({4, 0}, 100, 0, false);
   v = wait_view(a, 0, [](const auto& v) { return v.ready == 1; });
   EXPECT_EQ(v.ready, 1);
   EXPECT_EQ(v.samples, 16 + 4) << "c's announcement for round 4 is older than its round-5 one";
   EXPECT_EQ(a.rejected(), 0);
 }
 
+// A step whose exchange failed everywhere leaves the version as it was: the next step is the same
+// version at the next step, and the failed attempt's announcements (b ready with 40) do not count
+// in it; b's new start replaces them.
+TEST(ProgressBoard, ARetriedStepDoesNotCountTheFailedAttempt) {
+  net::testing::Swarm swarm(2);
+  auto nodes = swarm.start(2);
+  ProgressBoard a(*nodes[0]), b(*nodes[1]);
+  a.begin_round({3, 7});
+  a.view(0);
+  b.announce({3, 7}, 40, 0, true);
+  auto v = wait_view(a, 0, [](const auto& v) { return v.ready == 1; });
+  EXPECT_EQ(v.samples, 40);
+  a.begin_round({3, 8});
+  v = a.view(0);
+  EXPECT_EQ(v.heard, 0) << "the failed attempt's count is not the retry's";
+  EXPECT_EQ(v.samples, 0);
+  b.announce({3, 8}, 4, 0, false);
+  v = wait_view(a, 0, [](const auto& v) { return v.heard == 1; });
+  EXPECT_EQ(v.samples, 4);
+  EXPECT_EQ(v.ready, 0);
+}
+
 TEST(ProgressBoard, ProjectsPeersAtTheirPace) {
   net::testing::Swarm swarm(2);
   auto nodes = swarm.start(2);
   ProgressBoard a(*nodes[0]), b(*nodes[1]);
-  a.begin_round(1);
+  a.begin_round({1, 0});
   a.view(0);
-  b.announce(1, 10, 100.0, false);  // 10 samples, 100 per second
+  b.announce({1, 0}, 10, 100.0, false);  // 10 samples, 100 per second
   auto v = wait_view(a, 0, [](const auto& v) { return v.samples == 10; });
   ASSERT_EQ(v.samples, 10);
   // Half a second ahead, b will have about 50 more.
@@ -67,16 +89,16 @@ TEST(ProgressBoard, ProjectsPeersAtTheirPace) {
   EXPECT_NEAR(v.projected, 60, 5);
   EXPECT_DOUBLE_EQ(v.rate, 100);
   // A new round: until b says it has started (it may still be checkpointing), it counts nothing.
-  a.begin_round(2);
+  a.begin_round({2, 0});
   v = a.view(1.0);
   EXPECT_EQ(v.samples, 0);
   EXPECT_DOUBLE_EQ(v.projected, 0);
   // Its start announcement: from then on it gains at its pace.
-  b.announce(2, 0, 100.0, false);
+  b.announce({2, 0}, 0, 100.0, false);
   v = wait_view(a, 1.0, [](const auto& v) { return v.projected > 0; });
   EXPECT_NEAR(v.projected, 100, 5);
   // A ready peer gains nothing more.
-  b.announce(2, 30, 100.0, true);
+  b.announce({2, 0}, 30, 100.0, true);
   v = wait_view(a, 10.0, [](const auto& v) { return v.ready == 1; });
   EXPECT_DOUBLE_EQ(v.projected, 30);
   EXPECT_DOUBLE_EQ(v.rate, 0);
@@ -89,10 +111,10 @@ TEST(ProgressBoard, ProjectsFromWhenAnAnnouncementArrivedNotWhenItWasRead) {
   net::testing::Swarm swarm(2);
   auto nodes = swarm.start(2);
   ProgressBoard a(*nodes[0]), b(*nodes[1]);
-  a.begin_round(1);
+  a.begin_round({1, 0});
   a.view(0);  // posts a's receives
   const double sent = train::now_s();
-  b.announce(1, 10, 100.0, false);
+  b.announce({1, 0}, 10, 100.0, false);
   std::this_thread::sleep_for(500ms);  // a computes; its node's thread takes the message in
   const auto v = a.view(0);
   const double read = train::now_s();
@@ -109,9 +131,9 @@ TEST(ProgressBoard, OnePollReadsEveryAnnouncementThatArrived) {
   net::testing::Swarm swarm(2);
   auto nodes = swarm.start(2);
   ProgressBoard a(*nodes[0]), b(*nodes[1]);
-  a.begin_round(3);
+  a.begin_round({3, 0});
   a.view(0);
-  for (int64_t samples = 1; samples <= 20; ++samples) b.announce(3, samples, 0, false);
+  for (int64_t samples = 1; samples <= 20; ++samples) b.announce({3, 0}, samples, 0, false);
   // Received while a computes (its node's thread takes them in); a looks once.
   std::this_thread::sleep_for(500ms);
   const auto v = a.view(0);
@@ -130,10 +152,10 @@ TEST(ProgressBoard, SeesWhichSmallerPeersStillAccumulate) {
   std::sort(order.begin(), order.end(),
             [&](size_t x, size_t y) { return nodes[x]->id() < nodes[y]->id(); });
   ProgressBoard &low = *boards[order[0]], &mid = *boards[order[1]], &high = *boards[order[2]];
-  for (auto& b : boards) b->begin_round(7);
+  for (auto& b : boards) b->begin_round({7, 0});
   for (auto& b : boards) b->view(0);
-  low.announce(7, 4, 10.0, false);
-  mid.announce(7, 4, 10.0, false);
+  low.announce({7, 0}, 4, 10.0, false);
+  mid.announce({7, 0}, 4, 10.0, false);
   auto v = wait_view(high, 0, [](const auto& v) { return v.heard == 2; });
   EXPECT_EQ(v.heard, 2);
   EXPECT_EQ(v.smaller_accumulating, 2);
@@ -141,15 +163,15 @@ TEST(ProgressBoard, SeesWhichSmallerPeersStillAccumulate) {
   EXPECT_EQ(v.smaller_accumulating, 0) << "nobody's id is smaller than the smallest";
   EXPECT_EQ(wait_view(mid, 0, [](const auto& v) { return v.heard == 1; }).smaller_accumulating, 1);
   // The smallest stops: the middle one now has none below it still accumulating.
-  low.announce(7, 8, 10.0, true);
+  low.announce({7, 0}, 8, 10.0, true);
   v = wait_view(mid, 0, [](const auto& v) { return v.ready == 1; });
   EXPECT_EQ(v.smaller_accumulating, 0);
   v = wait_view(high, 0, [](const auto& v) { return v.ready == 1; });
   EXPECT_EQ(v.smaller_accumulating, 1);
   EXPECT_EQ(v.heard, 2);
   // A peer of an older round is not heard in this one.
-  high.begin_round(8);
-  mid.announce(8, 0, 10.0, false);
+  high.begin_round({8, 0});
+  mid.announce({8, 0}, 0, 10.0, false);
   v = wait_view(high, 0, [](const auto& v) { return v.heard == 1; });
   EXPECT_EQ(v.heard, 1);
   EXPECT_EQ(v.smaller_accumulating, 1);
@@ -159,16 +181,16 @@ TEST(ProgressBoard, MalformedAnnouncementsAreDropped) {
   net::testing::Swarm swarm(2);
   auto nodes = swarm.start(2);
   ProgressBoard a(*nodes[0]);
-  a.begin_round(0);
+  a.begin_round({0, 0});
   a.view(0);
   // Too short, then a negative count: both dropped; a good one after them still counts.
   nodes[1]->send(nodes[0]->id(), ProgressBoard::kTag, {1, 2, 3});
-  std::vector<uint8_t> bad(32, 0);
+  std::vector<uint8_t> bad(40, 0);
   const int64_t negative = -5;
-  std::memcpy(bad.data() + 8, &negative, sizeof negative);
+  std::memcpy(bad.data() + 16, &negative, sizeof negative);
   nodes[1]->send(nodes[0]->id(), ProgressBoard::kTag, bad);
   ProgressBoard b(*nodes[1]);
-  b.announce(0, 4, 0, false);
+  b.announce({0, 0}, 4, 0, false);
   const auto v = wait_view(a, 0, [](const auto& v) { return v.samples == 4; });
   EXPECT_EQ(v.samples, 4);
   EXPECT_EQ(a.rejected(), 2);

@@ -184,5 +184,29 @@ TEST(FaultsFromTheEnvironment, APieceLossIsARoundAndAPiece) {
   ::unsetenv(name);
 }
 
+TEST(FaultsFromTheEnvironment, ADeathWhileAccumulatingIsAStepAndItsMicroBatches) {
+  const char* name = "STARLING_FAULT_DIE_ACCUMULATING";
+  ::unsetenv(name);
+  EXPECT_FALSE(die_accumulating_from_env());
+  ::setenv(name, "", 1);
+  EXPECT_FALSE(die_accumulating_from_env());
+  ::setenv(name, "4:3", 1);
+  const auto death = die_accumulating_from_env();
+  ASSERT_TRUE(death);
+  EXPECT_EQ(death->step, 4);
+  EXPECT_EQ(death->micro_batches, 3);
+  for (const char* bad : {"4", "4:", ":3", "0:1", "1:0", "1:+2", "a:b", "1:2:3"}) {
+    ::setenv(name, bad, 1);
+    try {
+      die_accumulating_from_env();
+      ADD_FAILURE() << bad;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("micro-batches"), std::string::npos) << e.what();
+    }
+  }
+  ::unsetenv(name);
+}
+
 }  // namespace
 }  // namespace starling::strategy

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <stdexcept>
 #include <thread>
 
 #include "starling/common/device.h"
@@ -15,7 +17,13 @@ namespace starling::strategy {
 
 using train::now_s;
 
-Atom::Atom(const train::RunConfig& config, net::Node& node) : Ddp(config, node), board_(node) {}
+Atom::Atom(const train::RunConfig& config, net::Node& node)
+    : Ddp(config, node), board_(node), death_(die_accumulating_from_env()) {
+  if (death_)
+    log("fault injection: this peer dies while it accumulates its step " +
+        std::to_string(death_->step) + ", after " + std::to_string(death_->micro_batches) +
+        " micro-batch(es) (STARLING_FAULT_DIE_ACCUMULATING)");
+}
 
 int64_t Atom::target() const {
   const auto& c = config_;
@@ -27,15 +35,17 @@ double Atom::pace() const {
   return micro_s_ > 0 ? static_cast<double>(config_.train.batch_size) / micro_s_ : 0;
 }
 
-train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Replica&,
+train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Replica& r,
                                           double loss_scale) {
   const int64_t batch = config_.train.batch_size;
+  ++steps_run_;
   // Micro-batches are timed on the device's work (below): the previous step's update, which may
   // still be queued on a GPU, is waited for before this peer says it has started, since the
   // others project it from then on, and before its first micro-batch's clock starts.
   const c10::Device device(config_.train.device);
   synchronize_current_stream(device);
-  board_.begin_round(version_);
+  round_ = {.version = version_, .step = r.step};
+  board_.begin_round(round_);
   // The others project this peer from the moment they hear it has started, not from their own
   // starts: a peer may begin a round late (a longer checkpoint, evaluation or swap write-back).
   // A peer that will adopt the swarm's state contributes nothing: it says so at once, as a
@@ -43,11 +53,11 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
   // is the others' already agreed one (joined_round_): it computes one micro-batch, on the
   // parameters it adopted, and its samples count in that exchange.
   const bool spectator = need_state_ || joined_round_.has_value();
-  board_.announce(version_, 0, pace(), spectator);
+  board_.announce(round_, 0, pace(), spectator);
   runner.begin_accumulation();
   at::Tensor loss_sum;
   int64_t mine = 0, micro = 0;
-  for (int64_t sequences = batch; sequences > 0;) {
+  const auto compute = [&](int64_t sequences) {
     const double t0 = now_s();
     // Each micro-batch's loss is weighted by its samples (StepRunner::accumulate), so the
     // gradients add up to a sum over samples that the exchange divides by the swarm's count.
@@ -64,13 +74,72 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
     compute_s_ += took;
     // A smaller micro-batch says little about a whole one's time (each has a fixed cost too).
     if (sequences == batch) micro_s_ = micro_s_ > 0 ? 0.7 * micro_s_ + 0.3 * took : took;
+  };
+  for (int64_t sequences = batch; sequences > 0;) {
+    compute(sequences);
     sequences = spectator ? 0 : next_sequences(mine);
-    board_.announce(version_, spectator ? 0 : mine, pace(), sequences == 0);
+    board_.announce(round_, spectator ? 0 : mine, pace(), sequences == 0);
+    if (death_ && death_->step == steps_run_ && death_->micro_batches == micro) {
+      log("fault injection: dying while accumulating step " + std::to_string(steps_run_) +
+          ", after " + std::to_string(micro) + " micro-batch(es) and " + std::to_string(mine) +
+          " samples announced");
+      // The announcement is queued on the connections: it leaves before the end.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      std::raise(SIGKILL);
+    }
   }
+  // The exchange's agreement, here rather than in gradients_ready: its notes carry every
+  // participant's count (round_notes), and a count short of the target is made up before the
+  // exchange, its micro-batches part of this step's loss and tokens.
   local_samples_ = mine;
+  agreement_ = exchange_agreement(r);
+  agreed_count_ = agreed_count(*agreement_);
+  if (agreed_count_ && *agreed_count_ < target()) {
+    const int64_t missing = target() - *agreed_count_;
+    int64_t share = top_up_share(missing, agreement_->notes[2], agreement_->peers);
+    log("step " + std::to_string(r.step + 1) + ": the swarm gathered " +
+        std::to_string(*agreed_count_) + " of its target of " + std::to_string(target()) +
+        " samples (a peer left while it accumulated, or counts were stale); this peer adds " +
+        std::to_string(share) + " before the exchange");
+    ++topped_up_steps_;
+    while (share > 0) {
+      const int64_t sequences = std::min(share, batch);
+      compute(sequences);
+      share -= sequences;
+    }
+    local_samples_ = mine;
+  }
   micro_batches_ = micro;
   return {.loss = loss_sum / static_cast<double>(mine),
           .tokens = static_cast<uint64_t>(mine * config_.model.seq_len)};
+}
+
+std::array<float, kAgreementNotes> Atom::round_notes() const {
+  std::array<float, kAgreementNotes> notes = Ddp::round_notes();
+  notes[0] = static_cast<float>(local_samples_);  // exact below 2^24 samples a step
+  notes[2] = static_cast<float>(pace());
+  return notes;
+}
+
+std::optional<int64_t> Atom::agreed_count(const Agreement& a) const {
+  // A participant outside this exchange's agreement (a joiner, whose opening agreement it is:
+  // it computes its samples after it) or one that does not contribute (it adopted the state)
+  // makes the notes' sum other than the exchange's count; every participant sees that alike.
+  if (a.exchange_voters != a.peers || a.contributors != a.peers || a.peers == 0)
+    return std::nullopt;
+  return std::llround(a.notes[0]);
+}
+
+int64_t Atom::top_up_share(int64_t missing, double paces, int participants) const {
+  const double mine = pace();
+  const double share = paces > 0 && mine > 0
+                           ? static_cast<double>(missing) * mine / paces
+                           : static_cast<double>(missing) / std::max(1, participants);
+  int64_t n = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(share)), 1, missing);
+  // With whole micro-batches only, so is the top-up.
+  const int64_t batch = config_.train.batch_size;
+  if (!config_.strategy.partial_micro_batches) n = (n + batch - 1) / batch * batch;
+  return n;
 }
 
 int64_t Atom::next_sequences(int64_t mine) {
@@ -104,7 +173,7 @@ int64_t Atom::next_sequences(int64_t mine) {
   // This peer closes the round. It waits for the others to stop (the exchange would wait for
   // them anyway), saying it gains nothing meanwhile so that they do not count on it, for at
   // most one of its micro-batches; then computes what the count still lacks.
-  board_.announce(version_, mine, 0.0, false);
+  board_.announce(round_, mine, 0.0, false);
   const double until = now_s() + micro_s_;
   do {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -119,20 +188,29 @@ int64_t Atom::next_sequences(int64_t mine) {
 }
 
 bool Atom::gradients_ready(train::Replica& r) {
-  const Agreement a = exchange_agreement(r);
+  if (!agreement_) throw std::logic_error("atom: gradients exchanged before the step ran");
+  const Agreement a = *agreement_;
+  agreement_.reset();
   // A peer that just adopted the swarm's parameters computed its gradients on other ones.
   const int64_t counted = a.contribute ? local_samples_ : 0;
-  // The sample counts travel in fp32, whatever the gradients' wire precision: launched first,
-  // waited for after the first piece of gradients. Like the gradients, they go over the round's
-  // participants only: a peer that becomes a member after this agreement waits for the next.
+  // The count, where the agreement gave it and nothing was added since, needs no collective;
+  // otherwise the sample counts travel in fp32, whatever the gradients' wire precision: launched
+  // first, waited for after the first piece of gradients. Like the gradients, they go over the
+  // round's participants only: a peer that becomes a member after this agreement waits for the
+  // next.
+  const bool known = agreed_count_.has_value() && *agreed_count_ >= target();
   at::Tensor count = at::full({1}, static_cast<float>(counted), at::kFloat);
   std::optional<net::Work> counting;
-  if (a.contributors > 0)
+  if (!known && a.contributors > 0)
     counting = net_.all_reduce(as_span(count), options(net::WirePrecision::fp32, a.ring));
   swarm_samples_ = 0;
   const bool ok = average_gradients(r, a, [&] {
-    if (!counting || !wait(*counting, "sample count all-reduce", &a.ring)) return 0.0;
-    swarm_samples_ = static_cast<int64_t>(count.item<float>());
+    if (known) {
+      swarm_samples_ = *agreed_count_;
+    } else {
+      if (!counting || !wait(*counting, "sample count all-reduce", &a.ring)) return 0.0;
+      swarm_samples_ = static_cast<int64_t>(count.item<float>());
+    }
     return static_cast<double>(swarm_samples_);
   });
   if (!ok) swarm_samples_ = 0;
@@ -151,6 +229,7 @@ train::StrategyReport Atom::report() const {
   rep.figures["target_batch"] = static_cast<double>(target());
   rep.figures["last_micro_batch"] = static_cast<double>(last_sequences_);
   rep.figures["compute_s"] = compute_s_;
+  if (topped_up_steps_ > 0) rep.figures["topped_up_steps"] = static_cast<double>(topped_up_steps_);
   if (extra_micro_batches_ > 0)
     rep.figures["closing_micro_batches"] = static_cast<double>(extra_micro_batches_);
   if (board_.rejected() > 0) rep.figures["rejected"] = static_cast<double>(board_.rejected());

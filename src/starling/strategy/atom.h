@@ -8,9 +8,8 @@
 // failures work as in ddp (a joiner adopts parameters, moments and step).
 //
 // Peers stop on the others' counts projected at their pace, except the one with the smallest id
-// still accumulating: it stops only on announced counts, so a step of live peers never gathers
-// fewer samples than the target (next_sequences). A peer that dies while it accumulates can leave
-// the step short (docs/atom.md, limits).
+// still accumulating: it stops only on announced counts, so a step of live peers gathers the
+// target (next_sequences), unless one of them died meanwhile (below).
 //
 // A step's last micro-batch may be smaller than train.batch_size: a peer that sees the swarm
 // reaching the target within its next micro-batch computes only the sequences it will have
@@ -19,12 +18,23 @@
 // for the last. The peer closing the round, once the others have stopped, computes exactly what
 // is still missing.
 //
+// None of that can tell a peer that died while it accumulated (the others go on projecting its
+// announced pace, and its samples never reach the exchange), so the count is checked before the
+// gradients travel: the exchange's agreement, taken at the end of run_step, sums every
+// participant's samples and pace (round_notes). Where every participant is in that exchange and
+// contributes, all of them know the swarm's count from it alike: the all-reduce of the counts is
+// not needed, and a count short of the target is made up at once, each participant computing a
+// share of the missing samples by its pace, before any gradient is sent.
+//
 // The exchange does not overlap computation. Computing the next step's micro-batches while the
 // others finish and while the all-reduce runs (their gradients one step stale) was built and
 // measured on CPU peers: both throughput and loss got worse (docs/atom.md), so peers wait.
 #pragma once
 
+#include <optional>
+
 #include "starling/strategy/ddp.h"
+#include "starling/strategy/fault_injection.h"
 #include "starling/strategy/progress_board.h"
 
 namespace starling::strategy {
@@ -43,6 +53,9 @@ class Atom final : public Ddp {
  protected:
   // Peers read at their own pace: each keeps the share of the data it started with.
   bool lockstep_data() const override { return false; }
+  // Ddp's, with this peer's samples in the step (notes[0]) and its pace (notes[2]): read in the
+  // exchange's agreement only.
+  std::array<float, kAgreementNotes> round_notes() const override;
 
  private:
   // The samples a step gathers: strategy.target_batch, or batch_size x grad_accum per peer.
@@ -51,12 +64,25 @@ class Atom final : public Ddp {
   // After this peer's micro-batches bring it to `mine` samples: the sequences of its next
   // micro-batch (train.batch_size, or fewer to end with the swarm), or 0 to stop accumulating.
   int64_t next_sequences(int64_t mine);
+  // After the exchange's agreement `a`: the swarm's count, where every participant knows it from
+  // the agreement's notes alike (all of them in this exchange, all contributing), else nullopt.
+  std::optional<int64_t> agreed_count(const Agreement& a) const;
+  // This peer's share of the `missing` samples of a step that fell short, by its pace among the
+  // participants' (`paces`, their sum), rounded up, so that together they make up at least that.
+  int64_t top_up_share(int64_t missing, double paces, int participants) const;
 
   ProgressBoard board_;
-  int64_t local_samples_ = 0;  // this peer's samples in the step being exchanged
-  int64_t swarm_samples_ = 0;  // the swarm's samples in the last exchanged step
-  int64_t micro_batches_ = 0;  // this peer's micro-batches in the last step
-  double micro_s_ = 0;         // this peer's time per whole micro-batch (moving average)
+  ProgressBoard::Round round_;  // this step's on the board
+  // The exchange's agreement, taken at the end of run_step, for gradients_ready.
+  std::optional<Agreement> agreement_;
+  std::optional<int64_t> agreed_count_;     // agreed_count(agreement_) before any top-up
+  int64_t topped_up_steps_ = 0;             // steps whose count fell short and was made up
+  std::optional<AccumulationDeath> death_;  // STARLING_FAULT_DIE_ACCUMULATING
+  int64_t steps_run_ = 0;                   // run_step calls of this process
+  int64_t local_samples_ = 0;               // this peer's samples in the step being exchanged
+  int64_t swarm_samples_ = 0;               // the swarm's samples in the last exchanged step
+  int64_t micro_batches_ = 0;               // this peer's micro-batches in the last step
+  double micro_s_ = 0;  // this peer's time per whole micro-batch (moving average)
   // Micro-batches this peer computed because, closing a round, it found the count still short.
   int64_t extra_micro_batches_ = 0;
   int64_t last_sequences_ = 0;  // the sequences of this peer's last micro-batch in the last step

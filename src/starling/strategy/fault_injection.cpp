@@ -121,21 +121,42 @@ std::optional<long long> die_in_exchange_from_env() {
                                "N, the exchange (from 1) in which this peer dies");
 }
 
-std::optional<PieceLoss> lose_piece_from_env() {
-  const char* v = std::getenv("STARLING_FAULT_LOSE_PIECE");
+namespace {
+
+// The variable `name` as "N:K", two whole numbers of at least 1; nullopt when it is unset or
+// empty, a ConfigError naming it and saying what N and K mean (`expected`) otherwise.
+std::optional<std::pair<long long, long long>> two_numbers_from_env(const char* name,
+                                                                    const char* expected) {
+  const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return std::nullopt;
   const std::string text = v;
   const size_t colon = text.find(':');
-  std::optional<long long> round, piece;
+  std::optional<long long> n, k;
   if (colon != std::string::npos) {
-    round = whole_number(text.substr(0, colon).c_str());
-    piece = whole_number(text.substr(colon + 1).c_str());
+    n = whole_number(text.substr(0, colon).c_str());
+    k = whole_number(text.substr(colon + 1).c_str());
   }
-  if (!round || !piece || *round < 1 || *piece < 1)
-    throw ConfigError("STARLING_FAULT_LOSE_PIECE = \"" + text +
-                      "\": expected N:K, the round (from 1) and its piece (from 1) whose "
-                      "collective this peer counts as failed");
-  return PieceLoss{.round = *round, .piece = *piece};
+  if (!n || !k || *n < 1 || *k < 1)
+    throw ConfigError(std::string(name) + " = \"" + text + "\": expected N:K, " + expected);
+  return std::pair{*n, *k};
+}
+
+}  // namespace
+
+std::optional<PieceLoss> lose_piece_from_env() {
+  const auto v = two_numbers_from_env("STARLING_FAULT_LOSE_PIECE",
+                                      "the round (from 1) and its piece (from 1) whose "
+                                      "collective this peer counts as failed");
+  if (!v) return std::nullopt;
+  return PieceLoss{.round = v->first, .piece = v->second};
+}
+
+std::optional<AccumulationDeath> die_accumulating_from_env() {
+  const auto v = two_numbers_from_env("STARLING_FAULT_DIE_ACCUMULATING",
+                                      "the step (from 1) and the micro-batches (from 1) this "
+                                      "peer announces in it before it dies");
+  if (!v) return std::nullopt;
+  return AccumulationDeath{.step = v->first, .micro_batches = v->second};
 }
 
 RoundFaults::RoundFaults(std::string what)

@@ -40,6 +40,10 @@
 //                                   is the others' round unless a participant is swapped (a
 //                                   node's gradients, or strategy.transfer_piece of parameters,
 //                                   at a time)
+//   STARLING_FAULT_DIE_ACCUMULATING=N:K  atom: in its N-th step (from 1), once it has announced
+//                                   K micro-batches (K >= 1), this peer kills itself (SIGKILL)
+//                                   while it accumulates: the others counted on its samples,
+//                                   which never reach the exchange
 //
 // Unset (the normal case), nothing changes. A malformed value is a ConfigError naming it, raised
 // before the peer joins anyone (strategy::check_peer). Torch-free but for apply().
@@ -101,6 +105,15 @@ struct PieceLoss {
 // STARLING_FAULT_LOSE_PIECE; nullopt when unset or empty. ConfigError naming the value unless it
 // is "N:K" with whole numbers N >= 1 and K >= 1.
 std::optional<PieceLoss> lose_piece_from_env();
+
+struct AccumulationDeath {
+  long long step = 1;           // the step of this process, counted from 1
+  long long micro_batches = 1;  // the micro-batches it announces in that step before it dies
+};
+
+// STARLING_FAULT_DIE_ACCUMULATING; nullopt when unset or empty. ConfigError naming the value
+// unless it is "N:K" with whole numbers N >= 1 and K >= 1.
+std::optional<AccumulationDeath> die_accumulating_from_env();
 
 // The faults of a strategy whose round may go in pieces (localsgd's parameter average, diloco's
 // outer step, ddp's and atom's gradient exchange; co2's exchange, in one piece), counted by its

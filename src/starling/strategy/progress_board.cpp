@@ -10,22 +10,23 @@
 namespace starling::strategy {
 namespace {
 
-// An announcement: round, samples and the ready flag as little-endian int64, then the rate as a
-// double (every platform Starling builds on is little-endian; the size check catches the rest).
+// An announcement: the round's version and step, samples and the ready flag as little-endian
+// int64, then the rate as a double (every platform Starling builds on is little-endian; the size
+// check catches the rest).
 struct Message {
-  int64_t round = 0, samples = 0, ready = 0;
+  int64_t version = 0, step = 0, samples = 0, ready = 0;
   double rate = 0;
 };
-static_assert(sizeof(Message) == 32);
+static_assert(sizeof(Message) == 40);
 
 }  // namespace
 
 ProgressBoard::ProgressBoard(net::Node& node) : node_(node) {}
 
-void ProgressBoard::begin_round(int64_t round) { round_ = round; }
+void ProgressBoard::begin_round(Round round) { round_ = round; }
 
-void ProgressBoard::announce(int64_t round, int64_t samples, double rate, bool ready) {
-  const Message m{round, samples, ready ? 1 : 0, rate};
+void ProgressBoard::announce(Round round, int64_t samples, double rate, bool ready) {
+  const Message m{round.version, round.step, samples, ready ? 1 : 0, rate};
   std::vector<uint8_t> bytes(sizeof m);
   std::memcpy(bytes.data(), &m, sizeof m);
   for (const net::MemberView& member : node_.members()) {
@@ -47,7 +48,8 @@ void ProgressBoard::take(net::PeerId peer, const std::vector<uint8_t>& bytes, do
   }
   Latest& l = latest_[peer];
   // Messages of one sender arrive in order; a newer round replaces an older one.
-  if (m.round >= l.round) l = {m.round, m.samples, m.ready == 1, m.rate, arrived};
+  const Round round{m.version, m.step};
+  if (round >= l.round) l = {round, m.samples, m.ready == 1, m.rate, arrived};
 }
 
 void ProgressBoard::poll() {

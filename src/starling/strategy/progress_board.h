@@ -26,15 +26,25 @@ class ProgressBoard {
   // The mailbox tag announcements travel on.
   static constexpr uint64_t kTag = 0x61746f6d70726f67;  // "atomprog"
 
+  // A round on the board: the swarm's update count (the strategy's version) and the trainer's
+  // step. A step whose exchange failed everywhere leaves the version as it was; the step tells
+  // the next attempt from the failed one, whose last announcements (ready, with their samples)
+  // would otherwise count in it until each peer's new start arrived.
+  struct Round {
+    int64_t version = 0;
+    int64_t step = 0;
+    auto operator<=>(const Round&) const = default;
+  };
+
   explicit ProgressBoard(net::Node& node);
 
   // Round `round` starts now on this peer (its exchange just ended).
-  void begin_round(int64_t round);
+  void begin_round(Round round);
 
   // Tells every other live member that this peer holds `samples` samples of round `round`, gains
   // `rate` samples per second, and whether it stopped accumulating (`ready`: it waits for the
   // exchange).
-  void announce(int64_t round, int64_t samples, double rate, bool ready);
+  void announce(Round round, int64_t samples, double rate, bool ready);
 
   struct View {
     int64_t samples = 0;   // the other live members' announced counts for the round
@@ -56,7 +66,7 @@ class ProgressBoard {
 
  private:
   struct Latest {
-    int64_t round = -1;
+    Round round{-1, -1};
     int64_t samples = 0;
     bool ready = false;
     double rate = 0;  // samples per second
@@ -81,7 +91,7 @@ class ProgressBoard {
   static constexpr size_t kPosted = 64;
   std::map<net::PeerId, std::deque<net::Transfer>> receives_;
   std::map<net::PeerId, Latest> latest_;
-  int64_t round_ = 0;
+  Round round_;
   int64_t rejected_ = 0;
 };
 

@@ -6,7 +6,7 @@
 // Each round boundary opens with a tiny all-reduce (the agreement) of
 //   [needs state, 1, anchor version, has the previous round's average, votes to admit,
 //    an exchange follows, then each byte b of the state's lineage as b and b*b, then the
-//    strategy's three notes]
+//    strategy's notes]
 // and the peer's share of the data (strategy/data_redeal.h),
 // so every peer learns, from bit-identical sums, how many take part and whether all of them hold
 // the same shared state (and whether all of them would admit waiting peers now: see
@@ -52,7 +52,7 @@ namespace starling::strategy {
 
 // How many numbers each agreement carries besides its control fields (SwarmStrategy::round_notes):
 // the strategy's, but for the last one (kClosingNote), which is SwarmStrategy's own.
-inline constexpr int kAgreementNotes = 3;
+inline constexpr int kAgreementNotes = 4;
 inline constexpr int kClosingNote = kAgreementNotes - 1;
 
 struct Agreement {
