@@ -79,7 +79,9 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
     compute(sequences);
     sequences = spectator ? 0 : next_sequences(mine);
     board_.announce(round_, spectator ? 0 : mine, pace(), sequences == 0);
-    if (death_ && death_->step == steps_run_ && death_->micro_batches == micro) {
+    // A peer told to die after more micro-batches than it computes in the step dies at its last.
+    if (death_ && death_->step == steps_run_ &&
+        (death_->micro_batches == micro || sequences == 0)) {
       log("fault injection: dying while accumulating step " + std::to_string(steps_run_) +
           ", after " + std::to_string(micro) + " micro-batch(es) and " + std::to_string(mine) +
           " samples announced");
@@ -93,14 +95,14 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
   // exchange, its micro-batches part of this step's loss and tokens.
   local_samples_ = mine;
   agreement_ = exchange_agreement(r);
-  agreed_count_ = agreed_count(*agreement_);
-  if (agreed_count_ && *agreed_count_ < target()) {
-    const int64_t missing = target() - *agreed_count_;
+  const std::optional<int64_t> agreed = agreed_count(*agreement_);
+  if (agreed && *agreed < target()) {
+    const int64_t missing = target() - *agreed;
     int64_t share = top_up_share(missing, agreement_->notes[2], agreement_->peers);
-    log("step " + std::to_string(r.step + 1) + ": the swarm gathered " +
-        std::to_string(*agreed_count_) + " of its target of " + std::to_string(target()) +
-        " samples (a peer left while it accumulated, or counts were stale); this peer adds " +
-        std::to_string(share) + " before the exchange");
+    log("step " + std::to_string(r.step + 1) + ": the swarm gathered " + std::to_string(*agreed) +
+        " of its target of " + std::to_string(target()) +
+        " samples (a peer left while it accumulated); this peer adds " + std::to_string(share) +
+        " before the exchange");
     ++topped_up_steps_;
     while (share > 0) {
       const int64_t sequences = std::min(share, batch);
@@ -193,24 +195,20 @@ bool Atom::gradients_ready(train::Replica& r) {
   agreement_.reset();
   // A peer that just adopted the swarm's parameters computed its gradients on other ones.
   const int64_t counted = a.contribute ? local_samples_ : 0;
-  // The count, where the agreement gave it and nothing was added since, needs no collective;
-  // otherwise the sample counts travel in fp32, whatever the gradients' wire precision: launched
-  // first, waited for after the first piece of gradients. Like the gradients, they go over the
-  // round's participants only: a peer that becomes a member after this agreement waits for the
-  // next.
-  const bool known = agreed_count_.has_value() && *agreed_count_ >= target();
+  // The sample counts travel in fp32, whatever the gradients' wire precision: launched first,
+  // waited for after the first piece of gradients. Like the gradients, they go over the round's
+  // participants only: a peer that becomes a member after this agreement waits for the next.
+  // Always, even where the agreement's notes gave the count: whether they did depends on the
+  // target, which is each peer's own setting (a joiner may have another), and a collective that
+  // some peers skipped would fail the exchange.
   at::Tensor count = at::full({1}, static_cast<float>(counted), at::kFloat);
   std::optional<net::Work> counting;
-  if (!known && a.contributors > 0)
+  if (a.contributors > 0)
     counting = net_.all_reduce(as_span(count), options(net::WirePrecision::fp32, a.ring));
   swarm_samples_ = 0;
   const bool ok = average_gradients(r, a, [&] {
-    if (known) {
-      swarm_samples_ = *agreed_count_;
-    } else {
-      if (!counting || !wait(*counting, "sample count all-reduce", &a.ring)) return 0.0;
-      swarm_samples_ = static_cast<int64_t>(count.item<float>());
-    }
+    if (!counting || !wait(*counting, "sample count all-reduce", &a.ring)) return 0.0;
+    swarm_samples_ = static_cast<int64_t>(count.item<float>());
     return static_cast<double>(swarm_samples_);
   });
   if (!ok) swarm_samples_ = 0;

@@ -1,11 +1,12 @@
 // atom: replicas of unequal speed share one optimizer step. Each peer runs micro-batches at its own
 // pace, adding up its gradients, and announces its sample count after each one (progress_board.h);
 // when the swarm together will hold strategy.target_batch samples, the peer stops, and the peers
-// all-reduce their gradient sums and sample counts and divide: the sample-weighted mean of
-// everyone's gradients, the same SGD step as ddp over a batch of that many samples. A faster peer
-// simply contributes more samples; nobody computes a fixed share while the others wait. Every
-// replica takes the same step, so parameters and AdamW moments stay identical; joiners and
-// failures work as in ddp (a joiner adopts parameters, moments and step).
+// check the count in their agreement (below), all-reduce their gradient sums and sample counts and
+// divide: the sample-weighted mean of everyone's gradients, the same SGD step as ddp over a batch
+// of that many samples. A faster peer simply contributes more samples; nobody computes a fixed
+// share while the others wait. Every replica takes the same step, so parameters and AdamW moments
+// stay identical; joiners and failures work as in ddp (a joiner adopts parameters, moments and
+// step).
 //
 // Peers stop on the others' counts projected at their pace, except the one with the smallest id
 // still accumulating: it stops only on announced counts, so a step of live peers gathers the
@@ -22,9 +23,9 @@
 // announced pace, and its samples never reach the exchange), so the count is checked before the
 // gradients travel: the exchange's agreement, taken at the end of run_step, sums every
 // participant's samples and pace (round_notes). Where every participant is in that exchange and
-// contributes, all of them know the swarm's count from it alike: the all-reduce of the counts is
-// not needed, and a count short of the target is made up at once, each participant computing a
-// share of the missing samples by its pace, before any gradient is sent.
+// contributes, all of them know the swarm's count from it alike, and a count short of the target
+// is made up at once, each participant computing a share of the missing samples by its pace,
+// before any gradient is sent. The exchange then all-reduces the counts as always (its divisor).
 //
 // The exchange does not overlap computation. Computing the next step's micro-batches while the
 // others finish and while the all-reduce runs (their gradients one step stale) was built and
@@ -75,7 +76,6 @@ class Atom final : public Ddp {
   ProgressBoard::Round round_;  // this step's on the board
   // The exchange's agreement, taken at the end of run_step, for gradients_ready.
   std::optional<Agreement> agreement_;
-  std::optional<int64_t> agreed_count_;     // agreed_count(agreement_) before any top-up
   int64_t topped_up_steps_ = 0;             // steps whose count fell short and was made up
   std::optional<AccumulationDeath> death_;  // STARLING_FAULT_DIE_ACCUMULATING
   int64_t steps_run_ = 0;                   // run_step calls of this process

@@ -33,10 +33,10 @@ class Ddp : public SwarmStrategy {
   // exchange (joined_round_), otherwise a new one.
   Agreement exchange_agreement(train::Replica& r);
   // This peer adopted the swarm's state in an agreement that the other participants held before
-  // their gradient exchange (a joiner's opening agreement in start(), theirs in
-  // gradients_ready): they go on to that exchange at once. Rather than call an agreement of its
-  // own into it (which would fail it, and the others' step with it, and cost a second
-  // transfer), this peer takes part in that exchange at its first gradients_ready, with the
+  // their gradient exchange (a joiner's opening agreement in start(), theirs in gradients_ready;
+  // atom's at the end of run_step): they go on to that exchange at once. Rather than call an
+  // agreement of its own into it (which would fail it, and the others' step with it, and cost a
+  // second transfer), this peer takes part in that exchange at its first gradients_ready, with the
   // gradients of the step it computed meanwhile on the parameters it adopted, and takes the same
   // update as the others (counts_from_opening()).
   std::optional<Agreement> joined_round_;

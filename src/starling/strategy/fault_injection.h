@@ -41,9 +41,9 @@
 //                                   node's gradients, or strategy.transfer_piece of parameters,
 //                                   at a time)
 //   STARLING_FAULT_DIE_ACCUMULATING=N:K  atom: in its N-th step (from 1), once it has announced
-//                                   K micro-batches (K >= 1), this peer kills itself (SIGKILL)
-//                                   while it accumulates: the others counted on its samples,
-//                                   which never reach the exchange
+//                                   K micro-batches (K >= 1), or its last one where it computes
+//                                   fewer, this peer kills itself (SIGKILL) before the exchange:
+//                                   the others counted on its samples, which never reach it
 //
 // Unset (the normal case), nothing changes. A malformed value is a ConfigError naming it, raised
 // before the peer joins anyone (strategy::check_peer). Torch-free but for apply().

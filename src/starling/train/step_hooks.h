@@ -56,7 +56,9 @@ class StepHooks {
   // Runs the step's forward and backward passes through `runner`, leaving its gradients in the
   // parameters' .grad(). The default runs train.grad_accum micro-batches (every peer the same
   // share); a strategy whose peers accumulate at their own pace (atom) runs micro-batches until
-  // the swarm holds enough samples.
+  // the swarm holds enough samples, and may hold its round's agreement here, after them (which
+  // can adopt the swarm's state, replica.step included), so that the step's work includes any
+  // micro-batches the agreement shows are still missing.
   virtual StepWork run_step(StepRunner& runner, Replica& replica, double loss_scale);
 
   // The step's gradients are accumulated in the parameters' .grad(), not yet clipped. Returns
