@@ -630,6 +630,54 @@ TEST_F(SwarmCliTest, AtomMakesUpTheSamplesOfAPeerThatDiedAccumulating) {
               final_model(run_dir(name) / "peer-1", steps));
 }
 
+// atom: an exchange that fails on one peer only (peer 2 counts a piece of its step-3 exchange as
+// failed, STARLING_FAULT_LOSE_PIECE) leaves it a round behind the others at step 4. It hears
+// nobody in its own round; rather than gather the whole target alone (48 samples, which the
+// agreement then discards as it hands it the others' state, while they wait for it), it counts
+// their progress and stops with them.
+TEST_F(SwarmCliTest, AtomPeerARoundBehindStopsWithTheOthers) {
+  const std::string name = "atom_behind";
+  const int64_t steps = 8;
+  write_config(name, "kind = \"atom\"\ntarget_batch = 48", steps, 1);
+  fs::create_directories(run_dir(name));
+  const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+  std::vector<Process> peers;
+  const std::string entry = start_first_peer(name, peers, 3, 3, {});
+  ASSERT_FALSE(entry.empty());
+  peers.emplace_back(peer_argv(name, 1, 3, entry, 3), log(1).string());
+  std::vector<std::string> lossy = peer_argv(name, 2, 3, entry, 3);
+  lossy.insert(lossy.begin(), {"/usr/bin/env", "STARLING_FAULT_LOSE_PIECE=3:1"});
+  peers.emplace_back(lossy, log(2).string());
+  const auto done = wait_all_done(peers, 120s);
+  ASSERT_EQ(done.size(), 3u);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(done[i]) << "peer " << i << ": " << read_file(log(i));
+  const std::string lost = read_file(log(2));
+  const size_t fault = lost.find("counting piece 1 of gradient exchange 3 as failed");
+  ASSERT_NE(fault, std::string::npos) << lost;
+  const std::string behind = lost.substr(fault);  // after its opening's adoption
+  EXPECT_EQ(count_of(behind, "step 4: the others at this step are a round ahead"), 1) << behind;
+  EXPECT_EQ(count_of(behind, "state transfer: adopted"), 1) << behind;
+  std::map<int, double> samples;  // peer -> its samples at step 4
+  for (int i = 0; i < 3; ++i)
+    for (const auto& m : metrics(run_dir(name) / ("peer-" + std::to_string(i)))) {
+      if (!m.contains("net") || m["step"] != 4) continue;
+      samples[i] = m["net"]["samples"].get<double>();
+      if (i < 2) {
+        EXPECT_GE(m["net"]["swarm_samples"].get<double>(), 48) << "peer " << i;
+      }
+    }
+  ASSERT_EQ(samples.size(), 3u);
+  std::cout << "step 4's samples: " << samples[0] << ", " << samples[1] << " and, behind, "
+            << samples[2] << std::endl;
+  // Alone in its round, it would have gathered all 48 itself.
+  EXPECT_LT(samples[2], 48) << "the peer a round behind gathered the target on its own";
+  const std::string model = final_model(run_dir(name) / "peer-0", steps);
+  ASSERT_FALSE(model.empty());
+  for (int i = 1; i < 3; ++i)
+    EXPECT_TRUE(final_model(run_dir(name) / ("peer-" + std::to_string(i)), steps) == model)
+        << "peer " << i;
+}
+
 // atom with peers of unequal speed (CPU quotas): the fast peer contributes more samples to every
 // shared step instead of waiting for the slow one, every step gathers at least the target batch
 // (the peer with the smallest id closes each round on exact counts), and the replicas stay

@@ -75,6 +75,33 @@ TEST(ProgressBoard, ARetriedStepDoesNotCountTheFailedAttempt) {
   EXPECT_EQ(v.ready, 0);
 }
 
+// A peer a round behind at its step (it missed an average the others applied) hears nobody in its
+// own round: it counts the peers at its step in a later round instead, never those in an earlier
+// one, and only while nobody of its own round is heard.
+TEST(ProgressBoard, APeerARoundBehindCountsThePeersAhead) {
+  net::testing::Swarm swarm(3);
+  auto nodes = swarm.start(3);
+  ProgressBoard a(*nodes[0]), b(*nodes[1]), c(*nodes[2]);
+  a.begin_round({5, 9});
+  a.view(0);
+  c.announce({4, 9}, 100, 0, false);  // a round behind a: a never counts it
+  b.announce({6, 9}, 8, 0, false);
+  auto v = wait_view(a, 0, [](const auto& v) { return v.heard == 1; });
+  EXPECT_TRUE(v.apart);
+  EXPECT_EQ(v.heard, 1);
+  EXPECT_EQ(v.samples, 8);
+  b.announce({6, 10}, 4, 0, false);  // the next step: not a's
+  v = wait_view(a, 0, [](const auto& v) { return v.heard == 0; });
+  EXPECT_EQ(v.heard, 0);
+  EXPECT_EQ(v.samples, 0);
+  // Someone of a's own round is heard: only its round counts.
+  a.begin_round({5, 10});
+  c.announce({5, 10}, 4, 0, false);
+  v = wait_view(a, 0, [](const auto& v) { return !v.apart && v.heard == 1; });
+  EXPECT_FALSE(v.apart);
+  EXPECT_EQ(v.samples, 4);
+}
+
 TEST(ProgressBoard, ProjectsPeersAtTheirPace) {
   net::testing::Swarm swarm(2);
   auto nodes = swarm.start(2);

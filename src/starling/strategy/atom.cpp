@@ -164,6 +164,13 @@ int64_t Atom::next_sequences(int64_t mine) {
     return std::llround(std::max(0.0, sequences));
   };
   ProgressBoard::View v = board_.view(0);
+  if (v.apart && behind_step_ != steps_run_) {
+    behind_step_ = steps_run_;
+    ++behind_steps_;
+    log("step " + std::to_string(round_.step + 1) +
+        ": the others at this step are a round ahead (they applied an average this peer's "
+        "exchange missed); it counts their progress, and takes their state at the agreement");
+  }
   // Announced counts only grow: on them alone the target is certain.
   if (short_by(static_cast<double>(v.samples)) <= 0) return 0;
   if (const int64_t n = gained_until_target(v); n > 0) return n;
@@ -228,6 +235,7 @@ train::StrategyReport Atom::report() const {
   rep.figures["last_micro_batch"] = static_cast<double>(last_sequences_);
   rep.figures["compute_s"] = compute_s_;
   if (topped_up_steps_ > 0) rep.figures["topped_up_steps"] = static_cast<double>(topped_up_steps_);
+  if (behind_steps_ > 0) rep.figures["behind_steps"] = static_cast<double>(behind_steps_);
   if (extra_micro_batches_ > 0)
     rep.figures["closing_micro_batches"] = static_cast<double>(extra_micro_batches_);
   if (board_.rejected() > 0) rep.figures["rejected"] = static_cast<double>(board_.rejected());

@@ -79,10 +79,13 @@ class Atom final : public Ddp {
   int64_t topped_up_steps_ = 0;             // steps whose count fell short and was made up
   std::optional<AccumulationDeath> death_;  // STARLING_FAULT_DIE_ACCUMULATING
   int64_t steps_run_ = 0;                   // run_step calls of this process
-  int64_t local_samples_ = 0;               // this peer's samples in the step being exchanged
-  int64_t swarm_samples_ = 0;               // the swarm's samples in the last exchanged step
-  int64_t micro_batches_ = 0;               // this peer's micro-batches in the last step
-  double micro_s_ = 0;  // this peer's time per whole micro-batch (moving average)
+  // Steps this peer began a round behind the others at its step (ProgressBoard::View::apart),
+  // and the last of them (its log line is once a step).
+  int64_t behind_steps_ = 0, behind_step_ = 0;
+  int64_t local_samples_ = 0;  // this peer's samples in the step being exchanged
+  int64_t swarm_samples_ = 0;  // the swarm's samples in the last exchanged step
+  int64_t micro_batches_ = 0;  // this peer's micro-batches in the last step
+  double micro_s_ = 0;         // this peer's time per whole micro-batch (moving average)
   // Micro-batches this peer computed because, closing a round, it found the count still short.
   int64_t extra_micro_batches_ = 0;
   int64_t last_sequences_ = 0;  // the sequences of this peer's last micro-batch in the last step

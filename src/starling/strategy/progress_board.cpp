@@ -95,26 +95,34 @@ void ProgressBoard::poll() {
 ProgressBoard::View ProgressBoard::view(double horizon_s) {
   poll();
   const double until = train::now_s() + horizon_s;
-  View v;
-  v.live = static_cast<int>(receives_.size());
-  for (const auto& [peer, l] : latest_) {
-    if (!receives_.contains(peer) || l.round > round_) continue;
-    if (l.round < round_) {
-      // Not heard from in this round yet. Every peer announces the start of its round, so it
-      // has not started (or its start is still in flight): it may be checkpointing, evaluating
-      // or writing back, and nothing of it can be counted on. Crediting it at its old pace from
-      // this peer's start made every peer stop at its first micro-batch after a checkpoint that
-      // took some peers longer.
-      continue;
+  const auto sum = [&](bool apart) {
+    View v;
+    v.live = static_cast<int>(receives_.size());
+    v.apart = apart;
+    for (const auto& [peer, l] : latest_) {
+      if (!receives_.contains(peer)) continue;
+      // Not heard from in this round yet (l.round < round_): every peer announces the start of
+      // its round, so it has not started (or its start is still in flight): it may be
+      // checkpointing, evaluating or writing back, and nothing of it can be counted on.
+      // Crediting it at its old pace from this peer's start made every peer stop at its first
+      // micro-batch after a checkpoint that took some peers longer. Apart: the same step, a
+      // later version.
+      const bool counted = apart ? l.round.step == round_.step && l.round.version > round_.version
+                                 : l.round == round_;
+      if (!counted) continue;
+      v.samples += l.samples;
+      v.ready += l.ready ? 1 : 0;
+      ++v.heard;
+      if (!l.ready && peer < node_.id()) ++v.smaller_accumulating;
+      v.projected += static_cast<double>(l.samples) + (l.ready ? 0.0 : l.rate * (until - l.at));
+      v.rate += l.ready ? 0.0 : l.rate;
     }
-    v.samples += l.samples;
-    v.ready += l.ready ? 1 : 0;
-    ++v.heard;
-    if (!l.ready && peer < node_.id()) ++v.smaller_accumulating;
-    v.projected += static_cast<double>(l.samples) + (l.ready ? 0.0 : l.rate * (until - l.at));
-    v.rate += l.ready ? 0.0 : l.rate;
-  }
-  return v;
+    return v;
+  };
+  const View in_round = sum(false);
+  if (in_round.heard > 0) return in_round;
+  const View apart = sum(true);
+  return apart.heard > 0 ? apart : in_round;
 }
 
 }  // namespace starling::strategy
