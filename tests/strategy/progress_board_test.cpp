@@ -44,12 +44,13 @@ TEST(ProgressBoard, CountsTheOthersAnnouncementsOfTheRound) {
   EXPECT_EQ(v.samples, 12);
   EXPECT_EQ(v.ready, 0);
   EXPECT_DOUBLE_EQ(v.projected, 12);
-  // A newer count replaces the older one; a stale round does not count.
+  // A newer count replaces the older one. A sender's last announcement is its progress, even in
+  // an earlier round (it adopted an older state): c no longer counts in round 5.
   b.announce({5, 0}, 16, 0, true);
   c.announce({4, 0}, 100, 0, false);
-  v = wait_view(a, 0, [](const auto& v) { return v.ready == 1; });
+  v = wait_view(a, 0, [](const auto& v) { return v.ready == 1 && v.heard == 1; });
   EXPECT_EQ(v.ready, 1);
-  EXPECT_EQ(v.samples, 16 + 4) << "c's announcement for round 4 is older than its round-5 one";
+  EXPECT_EQ(v.samples, 16) << "c's last announcement is for round 4";
   EXPECT_EQ(a.rejected(), 0);
 }
 
@@ -75,31 +76,42 @@ TEST(ProgressBoard, ARetriedStepDoesNotCountTheFailedAttempt) {
   EXPECT_EQ(v.ready, 0);
 }
 
-// A peer a round behind at its step (it missed an average the others applied) hears nobody in its
-// own round: it counts the peers at its step in a later round instead, never those in an earlier
-// one, and only while nobody of its own round is heard.
+// A peer a round behind at its step (it missed an average the others applied) hears nobody
+// accumulating in its own round: it counts the peers at its step in a later round instead, never
+// those in an earlier one, and only while nobody of its own round accumulates (a spectator,
+// ready with no samples, does not count as such).
 TEST(ProgressBoard, APeerARoundBehindCountsThePeersAhead) {
   net::testing::Swarm swarm(3);
   auto nodes = swarm.start(3);
   ProgressBoard a(*nodes[0]), b(*nodes[1]), c(*nodes[2]);
-  a.begin_round({5, 9});
+  // b at round 4 (a sees it while at that round)...
+  a.begin_round({4, 9});
   a.view(0);
-  c.announce({4, 9}, 100, 0, false);  // a round behind a: a never counts it
+  b.announce({4, 9}, 100, 0, false);
+  ASSERT_EQ(wait_view(a, 0, [](const auto& v) { return v.heard == 1; }).samples, 100);
+  // ...counts nothing once a is at round 5, and c is a spectator there (ready, no samples).
+  a.begin_round({5, 9});
+  c.announce({5, 9}, 0, 0, true);
+  auto v = wait_view(a, 0, [](const auto& v) { return v.ready == 1; });
+  EXPECT_EQ(v.heard, 1);
+  EXPECT_EQ(v.samples, 0) << "b, a round behind a, counts nothing";
+  EXPECT_FALSE(v.apart);
+  // b a round ahead at a's step: with nobody accumulating in its own round, a counts b's.
   b.announce({6, 9}, 8, 0, false);
-  auto v = wait_view(a, 0, [](const auto& v) { return v.heard == 1; });
+  v = wait_view(a, 0, [](const auto& v) { return v.apart; });
   EXPECT_TRUE(v.apart);
   EXPECT_EQ(v.heard, 1);
   EXPECT_EQ(v.samples, 8);
-  b.announce({6, 10}, 4, 0, false);  // the next step: not a's
-  v = wait_view(a, 0, [](const auto& v) { return v.heard == 0; });
-  EXPECT_EQ(v.heard, 0);
-  EXPECT_EQ(v.samples, 0);
-  // Someone of a's own round is heard: only its round counts.
-  a.begin_round({5, 10});
-  c.announce({5, 10}, 4, 0, false);
-  v = wait_view(a, 0, [](const auto& v) { return !v.apart && v.heard == 1; });
+  // Someone accumulating in a's own round: only its round counts.
+  c.announce({5, 9}, 4, 1.0, false);
+  v = wait_view(a, 0, [](const auto& v) { return !v.apart; });
   EXPECT_FALSE(v.apart);
   EXPECT_EQ(v.samples, 4);
+  // The next step: b's round-6 announcement of step 9 is no longer at a's step.
+  a.begin_round({5, 10});
+  v = a.view(0);
+  EXPECT_EQ(v.heard, 0);
+  EXPECT_FALSE(v.apart);
 }
 
 TEST(ProgressBoard, ProjectsPeersAtTheirPace) {

@@ -164,12 +164,20 @@ int64_t Atom::next_sequences(int64_t mine) {
     return std::llround(std::max(0.0, sequences));
   };
   ProgressBoard::View v = board_.view(0);
-  if (v.apart && behind_step_ != steps_run_) {
-    behind_step_ = steps_run_;
-    ++behind_steps_;
-    log("step " + std::to_string(round_.step + 1) +
-        ": the others at this step are a round ahead (they applied an average this peer's "
-        "exchange missed); it counts their progress, and takes their state at the agreement");
+  if (v.apart) {
+    // A round behind the others at this step, and alone in it: the agreement will most likely
+    // hand this peer their state and leave its samples unused, so it computes no more of them.
+    // (Where it keeps its state after all, the others having gone, its agreement may find the
+    // step short and make it up: run_step.)
+    if (behind_step_ != steps_run_) {
+      behind_step_ = steps_run_;
+      ++behind_steps_;
+      log("step " + std::to_string(round_.step + 1) +
+          ": the others at this step are a round ahead (they applied an average this peer's "
+          "exchange missed); it stops accumulating and expects to take their state at the "
+          "agreement");
+    }
+    return 0;
   }
   // Announced counts only grow: on them alone the target is certain.
   if (short_by(static_cast<double>(v.samples)) <= 0) return 0;

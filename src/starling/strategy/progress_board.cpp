@@ -46,10 +46,12 @@ void ProgressBoard::take(net::PeerId peer, const std::vector<uint8_t>& bytes, do
               << " bytes) from peer " << net::short_peer_id(peer) << std::endl;
     return;
   }
-  Latest& l = latest_[peer];
-  // Messages of one sender arrive in order; a newer round replaces an older one.
-  const Round round{m.version, m.step};
-  if (round >= l.round) l = {round, m.samples, m.ready == 1, m.rate, arrived};
+  // Messages of one sender arrive in order (one connection; a restarted sender's old messages
+  // are dropped): the last is its progress now, even in an earlier round than its previous one
+  // (after a partition heals, a peer of the smaller side adopts the larger side's state, whose
+  // round may be lower). Keeping the highest round instead left such a peer unheard until its
+  // rounds passed the old one.
+  latest_[peer] = {{m.version, m.step}, m.samples, m.ready == 1, m.rate, arrived};
 }
 
 void ProgressBoard::poll() {
@@ -95,6 +97,9 @@ void ProgressBoard::poll() {
 ProgressBoard::View ProgressBoard::view(double horizon_s) {
   poll();
   const double until = train::now_s() + horizon_s;
+  // `active`: those of them that accumulate or gathered samples (not a spectator, ready with
+  // none: a joiner or a peer that will adopt the state says so at its start).
+  int active = 0;
   const auto sum = [&](bool apart) {
     View v;
     v.live = static_cast<int>(receives_.size());
@@ -113,6 +118,7 @@ ProgressBoard::View ProgressBoard::view(double horizon_s) {
       v.samples += l.samples;
       v.ready += l.ready ? 1 : 0;
       ++v.heard;
+      active += l.ready && l.samples == 0 ? 0 : 1;
       if (!l.ready && peer < node_.id()) ++v.smaller_accumulating;
       v.projected += static_cast<double>(l.samples) + (l.ready ? 0.0 : l.rate * (until - l.at));
       v.rate += l.ready ? 0.0 : l.rate;
@@ -120,7 +126,7 @@ ProgressBoard::View ProgressBoard::view(double horizon_s) {
     return v;
   };
   const View in_round = sum(false);
-  if (in_round.heard > 0) return in_round;
+  if (active > 0) return in_round;
   const View apart = sum(true);
   return apart.heard > 0 ? apart : in_round;
 }

@@ -56,18 +56,19 @@ class ProgressBoard {
     // Of those heard in the round, how many have a smaller peer id than this one and still
     // accumulate (atom.h: such a peer, not this one, closes the round on exact counts).
     int smaller_accumulating = 0;
-    // The counts above are of peers at this peer's step in a later version: none was heard in
-    // its own round (below).
+    // The counts above are of peers at this peer's step in a later version: none was heard
+    // accumulating in its own round (below).
     bool apart = false;
   };
   // Takes every announcement that has arrived (never blocks) and sums the other live members'
-  // progress in the current round. Where none of them is heard in it but some are at the same
-  // step in a later version, sums theirs instead (View::apart): this peer missed an average that
-  // they applied (an exchange that failed on some peers only), and the round's agreement will
-  // hand it their state (the root holds the highest round among equal histories), its own
-  // samples unused. Alone in its round, it would otherwise gather the whole target by itself
-  // while the others wait for it in that agreement; counting theirs, it stops with them. Peers
-  // of an earlier version are never counted: they are the ones that will adopt.
+  // progress in the current round. Where none of them is heard accumulating in it (spectators,
+  // ready with no samples, aside) but some are at the same step in a later version, sums theirs
+  // instead (View::apart): this peer missed an average that they applied (an exchange that
+  // failed on some peers only), and the round's agreement will most likely hand it their state,
+  // its own samples unused (the root holds the highest round among peers of one lineage, which
+  // have done equal work). Alone in its round, it used to gather the whole target by itself
+  // while the others waited for it in that agreement (atom.cpp: it stops instead). Peers of an
+  // earlier version are never counted.
   View view(double horizon_s);
 
   // Malformed announcements dropped so far (each is logged with its sender).
