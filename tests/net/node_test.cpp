@@ -620,6 +620,29 @@ TEST(NodeTest, PointToPointMessagesMatchByPeerAndTag) {
   EXPECT_FALSE(nodes[1]->recv(p0, 12).wait_for(200ms));
 }
 
+// Messages nobody receives pile up to a bound (4096), then are dropped: the first 4096 stay,
+// and the drops are logged at the 1st, 2nd, 4th, ... one, not each (a peer that keeps
+// announcing to one that does not read yet, say atom's progress to a joiner, would flood it).
+TEST(NodeTest, UnclaimedMessagesAreBoundedAndTheirDropsLoggedSparingly) {
+  Swarm swarm(2);
+  auto nodes = swarm.start(2);
+  const net::PeerId from = nodes[0]->id(), to = nodes[1]->id();
+  constexpr int kKept = 4096, kDropped = 128;
+  for (int i = 0; i < kKept + kDropped; ++i) nodes[0]->send(to, 5, bytes_of(std::to_string(i)));
+  const std::string last = "(" + std::to_string(kDropped) + " dropped so far)";
+  for (int i = 0; i < 500 && !swarm.sink.contains(last); ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(swarm.sink.contains(last));
+  int lines = 0;
+  {
+    std::lock_guard lock(swarm.sink.mutex);
+    for (const auto& l : swarm.sink.lines)
+      lines += l.find("dropped a message from") != std::string::npos ? 1 : 0;
+  }
+  EXPECT_EQ(lines, 8) << "drops 1, 2, 4, ..., 128";
+  EXPECT_EQ(text_of(nodes[1]->recv(from, 5).wait()), "0");
+  EXPECT_EQ(text_of(nodes[1]->recv(from, 5).wait()), "1");
+}
+
 TEST(NodeTest, PointToPointMovesWhileACollectiveWaits) {
   Swarm swarm(3);
   auto nodes = swarm.start(3);

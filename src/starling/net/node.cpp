@@ -316,10 +316,14 @@ void Node::Impl::handle(Incoming& in) {
       handle_data(in);
       return;
     }
-    // Nobody receives them: a peer that keeps sending cannot fill this one's memory.
+    // Nobody receives them: a peer that keeps sending cannot fill this one's memory, nor its
+    // log (the 1st, 2nd, 4th, 8th, ... drop is logged).
     if (p2p_.unclaimed() >= kMaxUnclaimed) {
-      log("dropped a message from " + table_.who(h.sender) + " (tag " + std::to_string(h.op) +
-          "): " + std::to_string(kMaxUnclaimed) + " messages already wait for a receive");
+      ++dropped_unclaimed_;
+      if ((dropped_unclaimed_ & (dropped_unclaimed_ - 1)) == 0)
+        log("dropped a message from " + table_.who(h.sender) + " (tag " + std::to_string(h.op) +
+            "): " + std::to_string(kMaxUnclaimed) + " messages already wait for a receive (" +
+            std::to_string(dropped_unclaimed_) + " dropped so far)");
       return;
     }
     const auto* bytes = static_cast<const uint8_t*>(in.payload.data());

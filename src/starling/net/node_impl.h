@@ -116,8 +116,9 @@ class Node::Impl {
 
   // Communication-thread state.
   Clock::time_point next_tick_{};
-  Clock::time_point last_loop_{};  // the event loop's previous turn (pause detection)
-  Mailbox p2p_;                    // point-to-point messages, by (peer, tag)
+  Clock::time_point last_loop_{};   // the event loop's previous turn (pause detection)
+  Mailbox p2p_;                     // point-to-point messages, by (peer, tag)
+  uint64_t dropped_unclaimed_ = 0;  // messages dropped because too many waited for a receive
   std::map<uint64_t, std::unique_ptr<RingRun>> runs_;  // by operation id
   std::map<uint64_t, std::deque<Incoming>> early_;     // chunks of operations not started here
   uint64_t early_bytes_ = 0;  // what early_ holds, counted as early_cost() of each chunk
