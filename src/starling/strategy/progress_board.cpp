@@ -97,8 +97,9 @@ void ProgressBoard::poll() {
 ProgressBoard::View ProgressBoard::view(double horizon_s) {
   poll();
   const double until = train::now_s() + horizon_s;
-  // `active`: those of them that accumulate or gathered samples (not a spectator, ready with
-  // none: a joiner or a peer that will adopt the state says so at its start).
+  // `active`: the peers in this peer's round that accumulate or gathered samples (not a
+  // spectator, ready with none: a joiner or a peer that will adopt the state says so at its
+  // start).
   int active = 0;
   const auto sum = [&](bool apart) {
     View v;
@@ -118,7 +119,7 @@ ProgressBoard::View ProgressBoard::view(double horizon_s) {
       v.samples += l.samples;
       v.ready += l.ready ? 1 : 0;
       ++v.heard;
-      active += l.ready && l.samples == 0 ? 0 : 1;
+      if (!apart && !(l.ready && l.samples == 0)) ++active;
       if (!l.ready && peer < node_.id()) ++v.smaller_accumulating;
       v.projected += static_cast<double>(l.samples) + (l.ready ? 0.0 : l.rate * (until - l.at));
       v.rate += l.ready ? 0.0 : l.rate;
