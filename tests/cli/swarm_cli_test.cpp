@@ -342,6 +342,63 @@ class SwarmCliTest : public ::testing::Test {
     return (*listening)["endpoint"];
   }
 
+  // atom, `world` peers, target 192: the last `behind` of them count a piece of their step-3
+  // exchange as failed (STARLING_FAULT_LOSE_PIECE), which leaves them a round behind the others
+  // at step 4. They must stop there at once (each computes a few micro-batches of 4 at most),
+  // take the others' state at the agreement, and every peer must end on one model.
+  static void round_behind_stops(const std::string& name, int world, int behind) {
+    const int64_t steps = 8;
+    write_config(name, "kind = \"atom\"\ntarget_batch = 192", steps, 1);
+    fs::create_directories(run_dir(name));
+    const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+    std::vector<Process> peers;
+    const std::string entry = start_first_peer(name, peers, world, world, {});
+    ASSERT_FALSE(entry.empty());
+    for (int i = 1; i < world; ++i) {
+      std::vector<std::string> argv = peer_argv(name, i, world, entry, world);
+      if (i >= world - behind)
+        argv.insert(argv.begin(), {"/usr/bin/env", "STARLING_FAULT_LOSE_PIECE=3:1"});
+      peers.emplace_back(argv, log(i).string());
+    }
+    const auto done = wait_all_done(peers, 120s);
+    ASSERT_EQ(done.size(), static_cast<size_t>(world));
+    for (int i = 0; i < world; ++i)
+      ASSERT_TRUE(done[i]) << "peer " << i << ": " << read_file(log(i));
+    for (int i = world - behind; i < world; ++i) {
+      const std::string lost = read_file(log(i));
+      const size_t fault = lost.find("counting piece 1 of gradient exchange 3 as failed");
+      ASSERT_NE(fault, std::string::npos) << lost;
+      const std::string after = lost.substr(fault);  // after its opening's adoption
+      EXPECT_EQ(count_of(after, "step 4: the others at this step are a round ahead"), 1)
+          << "peer " << i << ": " << after;
+      EXPECT_EQ(count_of(after, "state transfer: adopted"), 1) << "peer " << i << ": " << after;
+    }
+    std::map<int, double> samples;  // peer -> its samples at step 4
+    for (int i = 0; i < world; ++i)
+      for (const auto& m : metrics(run_dir(name) / ("peer-" + std::to_string(i)))) {
+        if (!m.contains("net") || m["step"] != 4) continue;
+        samples[i] = m["net"]["samples"].get<double>();
+        if (i < world - behind) {
+          EXPECT_GE(m["net"]["swarm_samples"].get<double>(), 192) << "peer " << i;
+        }
+      }
+    ASSERT_EQ(samples.size(), static_cast<size_t>(world));
+    double behind_samples = 0;
+    std::cout << "step 4's samples:";
+    for (int i = 0; i < world; ++i) {
+      std::cout << " " << samples[i] << (i >= world - behind ? " (behind)" : "");
+      if (i >= world - behind) behind_samples += samples[i];
+    }
+    std::cout << std::endl;
+    // Left to themselves, the peers behind would have gathered all 192 between them.
+    EXPECT_LT(behind_samples, 96) << "the peers a round behind gathered much of the target";
+    const std::string model = final_model(run_dir(name) / "peer-0", steps);
+    ASSERT_FALSE(model.empty());
+    for (int i = 1; i < world; ++i)
+      EXPECT_TRUE(final_model(run_dir(name) / ("peer-" + std::to_string(i)), steps) == model)
+          << "peer " << i;
+  }
+
   // Starts peers 0 and 1 of a swarm of `world` (each waiting for `min_peers`), then peer 2 told
   // to die in its `exchange`-th exchange (STARLING_FAULT_DIE_IN_EXCHANGE), and waits for it to
   // die saying `death`. Returns the entry point, or "" (with the failure recorded).
@@ -637,46 +694,14 @@ TEST_F(SwarmCliTest, AtomMakesUpTheSamplesOfAPeerThatDiedAccumulating) {
 // it stops as soon as it hears the others a round ahead. The target is large enough (about 48
 // micro-batches of a step) that their start announcements reach it long before it could finish.
 TEST_F(SwarmCliTest, AtomPeerARoundBehindStopsWithTheOthers) {
-  const std::string name = "atom_behind";
-  const int64_t steps = 8;
-  write_config(name, "kind = \"atom\"\ntarget_batch = 192", steps, 1);
-  fs::create_directories(run_dir(name));
-  const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
-  std::vector<Process> peers;
-  const std::string entry = start_first_peer(name, peers, 3, 3, {});
-  ASSERT_FALSE(entry.empty());
-  peers.emplace_back(peer_argv(name, 1, 3, entry, 3), log(1).string());
-  std::vector<std::string> lossy = peer_argv(name, 2, 3, entry, 3);
-  lossy.insert(lossy.begin(), {"/usr/bin/env", "STARLING_FAULT_LOSE_PIECE=3:1"});
-  peers.emplace_back(lossy, log(2).string());
-  const auto done = wait_all_done(peers, 120s);
-  ASSERT_EQ(done.size(), 3u);
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(done[i]) << "peer " << i << ": " << read_file(log(i));
-  const std::string lost = read_file(log(2));
-  const size_t fault = lost.find("counting piece 1 of gradient exchange 3 as failed");
-  ASSERT_NE(fault, std::string::npos) << lost;
-  const std::string behind = lost.substr(fault);  // after its opening's adoption
-  EXPECT_EQ(count_of(behind, "step 4: the others at this step are a round ahead"), 1) << behind;
-  EXPECT_EQ(count_of(behind, "state transfer: adopted"), 1) << behind;
-  std::map<int, double> samples;  // peer -> its samples at step 4
-  for (int i = 0; i < 3; ++i)
-    for (const auto& m : metrics(run_dir(name) / ("peer-" + std::to_string(i)))) {
-      if (!m.contains("net") || m["step"] != 4) continue;
-      samples[i] = m["net"]["samples"].get<double>();
-      if (i < 2) {
-        EXPECT_GE(m["net"]["swarm_samples"].get<double>(), 192) << "peer " << i;
-      }
-    }
-  ASSERT_EQ(samples.size(), 3u);
-  std::cout << "step 4's samples: " << samples[0] << ", " << samples[1] << " and, behind, "
-            << samples[2] << std::endl;
-  // Alone in its round, it would have gathered all 192 itself.
-  EXPECT_LT(samples[2], 96) << "the peer a round behind gathered much of the target on its own";
-  const std::string model = final_model(run_dir(name) / "peer-0", steps);
-  ASSERT_FALSE(model.empty());
-  for (int i = 1; i < 3; ++i)
-    EXPECT_TRUE(final_model(run_dir(name) / ("peer-" + std::to_string(i)), steps) == model)
-        << "peer " << i;
+  round_behind_stops("atom_behind", 3, 1);
+}
+
+// The same with two peers of four a round behind together (both lose the piece): they hear each
+// other accumulate in their round, but the peers ahead hold their history, so both stop rather
+// than gather the target between them.
+TEST_F(SwarmCliTest, AtomPeersARoundBehindTogetherStopWithTheOthers) {
+  round_behind_stops("atom_behind_two", 4, 2);
 }
 
 // atom with peers of unequal speed (CPU quotas): the fast peer contributes more samples to every

@@ -78,19 +78,19 @@ TEST(ProgressBoard, ARetriedStepDoesNotCountTheFailedAttempt) {
 
 // A peer a round behind at its step (it missed an average the others applied) hears nobody
 // accumulating in its own round: it counts the peers at its step in a later round instead, never
-// those in an earlier one, and only while nobody of its own round accumulates (a spectator,
-// ready with no samples, does not count as such).
+// those in an earlier one, and (b and c hold another history than a's) only while nobody of its
+// own round accumulates (a spectator, ready with no samples, does not count as such).
 TEST(ProgressBoard, APeerARoundBehindCountsThePeersAhead) {
   net::testing::Swarm swarm(3);
   auto nodes = swarm.start(3);
   ProgressBoard a(*nodes[0]), b(*nodes[1]), c(*nodes[2]);
   // b at round 4 (a sees it while at that round)...
-  a.begin_round({4, 9});
+  a.begin_round({4, 9}, 1);
   a.view(0);
   b.announce({4, 9}, 100, 0, false);
   ASSERT_EQ(wait_view(a, 0, [](const auto& v) { return v.heard == 1; }).samples, 100);
   // ...counts nothing once a is at round 5, and c is a spectator there (ready, no samples).
-  a.begin_round({5, 9});
+  a.begin_round({5, 9}, 1);
   c.announce({5, 9}, 0, 0, true);
   auto v = wait_view(a, 0, [](const auto& v) { return v.ready == 1; });
   EXPECT_EQ(v.heard, 1);
@@ -108,10 +108,48 @@ TEST(ProgressBoard, APeerARoundBehindCountsThePeersAhead) {
   EXPECT_FALSE(v.apart);
   EXPECT_EQ(v.samples, 4);
   // The next step: b's round-6 announcement of step 9 is no longer at a's step.
-  a.begin_round({5, 10});
+  a.begin_round({5, 10}, 1);
   v = a.view(0);
   EXPECT_EQ(v.heard, 0);
   EXPECT_FALSE(v.apart);
+}
+
+// Two peers a round behind together (a and c missed an average that b applied) hear each other
+// accumulate in their own round; a peer of their history a round ahead at their step still sets
+// them apart (they will both take its state), one of another history does not while they are
+// not alone in their round.
+TEST(ProgressBoard, PeersARoundBehindTogetherCountThePeersAheadOfTheirHistory) {
+  net::testing::Swarm swarm(3);
+  auto nodes = swarm.start(3);
+  ProgressBoard a(*nodes[0]), b(*nodes[1]), c(*nodes[2]);
+  constexpr uint32_t kHistory = 0xC0FFEE, kOther = 0xBEEF;
+  a.begin_round({5, 9}, kHistory);
+  c.begin_round({5, 9}, kHistory);
+  a.view(0);
+  c.announce({5, 9}, 4, 1.0, false);
+  auto v = wait_view(a, 0, [](const auto& v) { return v.heard == 1; });
+  EXPECT_FALSE(v.apart);
+  EXPECT_EQ(v.samples, 4);
+  // b of another history ahead: a is not alone in its round, so its own round counts.
+  b.begin_round({6, 9}, kOther);
+  b.announce({6, 9}, 8, 1.0, false);
+  std::this_thread::sleep_for(200ms);
+  v = a.view(0);
+  EXPECT_FALSE(v.apart) << "a peer ahead of another history set a and c apart";
+  EXPECT_EQ(v.samples, 4);
+  // b of a's history ahead: a is behind, c beside it or not.
+  b.begin_round({6, 9}, kHistory);
+  b.announce({6, 9}, 12, 1.0, false);
+  v = wait_view(a, 0, [](const auto& v) { return v.apart; });
+  EXPECT_TRUE(v.apart);
+  EXPECT_EQ(v.heard, 1);
+  EXPECT_EQ(v.samples, 12);
+  // The same history at a's step in an earlier version: not ahead.
+  a.begin_round({7, 9}, kHistory);
+  c.announce({7, 9}, 2, 1.0, false);
+  v = wait_view(a, 0, [](const auto& v) { return v.heard == 1 && !v.apart; });
+  EXPECT_FALSE(v.apart);
+  EXPECT_EQ(v.samples, 2);
 }
 
 TEST(ProgressBoard, ProjectsPeersAtTheirPace) {
@@ -224,7 +262,7 @@ TEST(ProgressBoard, MalformedAnnouncementsAreDropped) {
   a.view(0);
   // Too short, then a negative count: both dropped; a good one after them still counts.
   nodes[1]->send(nodes[0]->id(), ProgressBoard::kTag, {1, 2, 3});
-  std::vector<uint8_t> bad(40, 0);
+  std::vector<uint8_t> bad(48, 0);
   const int64_t negative = -5;
   std::memcpy(bad.data() + 16, &negative, sizeof negative);
   nodes[1]->send(nodes[0]->id(), ProgressBoard::kTag, bad);

@@ -45,7 +45,7 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
   const c10::Device device(config_.train.device);
   synchronize_current_stream(device);
   round_ = {.version = version_, .step = r.step};
-  board_.begin_round(round_);
+  board_.begin_round(round_, history_);
   // The others project this peer from the moment they hear it has started, not from their own
   // starts: a peer may begin a round late (a longer checkpoint, evaluation or swap write-back).
   // A peer that will adopt the swarm's state contributes nothing: it says so at once, as a
@@ -165,8 +165,9 @@ int64_t Atom::next_sequences(int64_t mine) {
   };
   ProgressBoard::View v = board_.view(0);
   if (v.apart) {
-    // A round behind the others at this step, and alone in it: the agreement will most likely
-    // hand this peer their state and leave its samples unused, so it computes no more of them.
+    // A round behind others at this step, of its own history or alone in its round: the
+    // agreement will most likely hand this peer their state and leave its samples unused, so it
+    // computes no more of them (nor do the peers behind with it).
     // (Where it keeps its state after all, the others having gone, its agreement may find the
     // step short and make it up: run_step.)
     if (behind_step_ != steps_run_) {

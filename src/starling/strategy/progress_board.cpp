@@ -11,22 +11,26 @@ namespace starling::strategy {
 namespace {
 
 // An announcement: the round's version and step, samples and the ready flag as little-endian
-// int64, then the rate as a double (every platform Starling builds on is little-endian; the size
-// check catches the rest).
+// int64, then the rate as a double, then the sender's history in an int64 (every platform
+// Starling builds on is little-endian; the size check catches the rest).
 struct Message {
   int64_t version = 0, step = 0, samples = 0, ready = 0;
   double rate = 0;
+  int64_t history = 0;
 };
-static_assert(sizeof(Message) == 40);
+static_assert(sizeof(Message) == 48);
 
 }  // namespace
 
 ProgressBoard::ProgressBoard(net::Node& node) : node_(node) {}
 
-void ProgressBoard::begin_round(Round round) { round_ = round; }
+void ProgressBoard::begin_round(Round round, uint32_t history) {
+  round_ = round;
+  history_ = history;
+}
 
 void ProgressBoard::announce(Round round, int64_t samples, double rate, bool ready) {
-  const Message m{round.version, round.step, samples, ready ? 1 : 0, rate};
+  const Message m{round.version, round.step, samples, ready ? 1 : 0, rate, history_};
   std::vector<uint8_t> bytes(sizeof m);
   std::memcpy(bytes.data(), &m, sizeof m);
   for (const net::MemberView& member : node_.members()) {
@@ -40,7 +44,7 @@ void ProgressBoard::take(net::PeerId peer, const std::vector<uint8_t>& bytes, do
   Message m;
   if (bytes.size() == sizeof m) std::memcpy(&m, bytes.data(), sizeof m);
   if (bytes.size() != sizeof m || m.samples < 0 || m.ready < 0 || m.ready > 1 ||
-      !std::isfinite(m.rate) || m.rate < 0) {
+      !std::isfinite(m.rate) || m.rate < 0 || m.history < 0 || m.history > UINT32_MAX) {
     ++rejected_;
     std::cerr << "[atom] dropped a malformed progress announcement (" << bytes.size()
               << " bytes) from peer " << net::short_peer_id(peer) << std::endl;
@@ -51,7 +55,12 @@ void ProgressBoard::take(net::PeerId peer, const std::vector<uint8_t>& bytes, do
   // (after a partition heals, a peer of the smaller side adopts the larger side's state, whose
   // round may be lower). Keeping the highest round instead left such a peer unheard until its
   // rounds passed the old one.
-  latest_[peer] = {{m.version, m.step}, m.samples, m.ready == 1, m.rate, arrived};
+  latest_[peer] = {{m.version, m.step},
+                   static_cast<uint32_t>(m.history),
+                   m.samples,
+                   m.ready == 1,
+                   m.rate,
+                   arrived};
 }
 
 void ProgressBoard::poll() {
@@ -99,8 +108,8 @@ ProgressBoard::View ProgressBoard::view(double horizon_s) {
   const double until = train::now_s() + horizon_s;
   // `active`: the peers in this peer's round that accumulate or gathered samples (not a
   // spectator, ready with none: a joiner or a peer that will adopt the state says so at its
-  // start).
-  int active = 0;
+  // start). `kin_ahead`: the peers at this peer's step in a later version that hold its history.
+  int active = 0, kin_ahead = 0;
   const auto sum = [&](bool apart) {
     View v;
     v.live = static_cast<int>(receives_.size());
@@ -113,9 +122,9 @@ ProgressBoard::View ProgressBoard::view(double horizon_s) {
       // Crediting it at its old pace from this peer's start made every peer stop at its first
       // micro-batch after a checkpoint that took some peers longer. Apart: the same step, a
       // later version.
-      const bool counted = apart ? l.round.step == round_.step && l.round.version > round_.version
-                                 : l.round == round_;
-      if (!counted) continue;
+      const bool ahead = l.round.step == round_.step && l.round.version > round_.version;
+      if (!apart && ahead && l.history == history_) ++kin_ahead;
+      if (!(apart ? ahead : l.round == round_)) continue;
       v.samples += l.samples;
       v.ready += l.ready ? 1 : 0;
       ++v.heard;
@@ -127,7 +136,7 @@ ProgressBoard::View ProgressBoard::view(double horizon_s) {
     return v;
   };
   const View in_round = sum(false);
-  if (active > 0) return in_round;
+  if (active > 0 && kin_ahead == 0) return in_round;
   const View apart = sum(true);
   return apart.heard > 0 ? apart : in_round;
 }

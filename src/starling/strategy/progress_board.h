@@ -38,8 +38,10 @@ class ProgressBoard {
 
   explicit ProgressBoard(net::Node& node);
 
-  // Round `round` starts now on this peer (its exchange just ended).
-  void begin_round(Round round);
+  // Round `round` starts now on this peer (its exchange just ended). `history` is the history its
+  // shared state votes for in a round agreement's root choice (SwarmStrategy::history_, see
+  // root_choice.h); its announcements carry it.
+  void begin_round(Round round, uint32_t history = 0);
 
   // Tells every other live member that this peer holds `samples` samples of round `round`, gains
   // `rate` samples per second, and whether it stopped accumulating (`ready`: it waits for the
@@ -56,19 +58,23 @@ class ProgressBoard {
     // Of those heard in the round, how many have a smaller peer id than this one and still
     // accumulate (atom.h: such a peer, not this one, closes the round on exact counts).
     int smaller_accumulating = 0;
-    // The counts above are of peers at this peer's step in a later version: none was heard
-    // accumulating in its own round (below).
+    // The counts above are of peers at this peer's step in a later version: this peer is a
+    // round behind them (below).
     bool apart = false;
   };
   // Takes every announcement that has arrived (never blocks) and sums the other live members'
-  // progress in the current round. Where none of them is heard accumulating in it (spectators,
-  // ready with no samples, aside) but some are at the same step in a later version, sums theirs
-  // instead (View::apart): this peer missed an average that they applied (an exchange that
-  // failed on some peers only), and the round's agreement will most likely hand it their state,
-  // its own samples unused (the root holds the highest round among peers of one lineage, which
-  // have done equal work). Alone in its round, it used to gather the whole target by itself
-  // while the others waited for it in that agreement (atom.cpp: it stops instead). Peers of an
-  // earlier version are never counted.
+  // progress in the current round. Where some are at the same step in a later version, this peer
+  // missed an average that they applied (an exchange that failed on some peers only), and it sums
+  // theirs instead (View::apart) when
+  // - one of them holds this peer's history: the round's agreement then hands this peer their
+  //   state, its own samples unused (among the holders of the winning history, which have done
+  //   equal work here, the root holds the highest round: root_choice.h), however many peers
+  //   accumulate beside it in its own round (they are behind too: peers a round behind together
+  //   used to gather the whole target among themselves while the others waited for them);
+  // - or none of the others is heard accumulating in its own round (spectators, ready with no
+  //   samples, aside), whatever the history: alone in its round, this peer's state is the least
+  //   likely to win, and it used to gather the whole target by itself.
+  // atom.cpp stops accumulating on either. Peers of an earlier version are never counted.
   View view(double horizon_s);
 
   // Malformed announcements dropped so far (each is logged with its sender).
@@ -77,6 +83,7 @@ class ProgressBoard {
  private:
   struct Latest {
     Round round{-1, -1};
+    uint32_t history = 0;
     int64_t samples = 0;
     bool ready = false;
     double rate = 0;  // samples per second
@@ -102,6 +109,7 @@ class ProgressBoard {
   std::map<net::PeerId, std::deque<net::Transfer>> receives_;
   std::map<net::PeerId, Latest> latest_;
   Round round_;
+  uint32_t history_ = 0;
   int64_t rejected_ = 0;
 };
 
