@@ -74,14 +74,18 @@ STRATEGIES = ["ddp", "localsgd", "diloco", "co2", "atom"]
 # every strategy with every peer swapped (two layers through a 600 KB budget of their 836 KB of
 # training state, on the disk tier in the peer's run directory): the exchanges go a node's
 # gradients at a time (ddp, atom) or in pieces of 4 KB (localsgd's average, diloco's outer
-# step); co2 keeps its outer state in the tier and updates it a tensor at a time.
+# step); co2 keeps its outer state in the tier and updates it a tensor at a time. atom-target:
+# atom with a fixed target of 48 samples a step (the default shrinks with the swarm), so a peer
+# killed while it accumulates leaves the survivors short, and they make the step up.
 SWAPPED = {"ddp-swapped", "localsgd-swapped", "diloco-swapped", "co2-swapped", "atom-swapped"}
-EXTRA_STRATEGIES = ["co2-early", "co2-zero"] + sorted(SWAPPED)
-KINDS = dict({"co2-early": "co2", "co2-zero": "co2"}, **{s: s[:-len("-swapped")] for s in SWAPPED})
+EXTRA_STRATEGIES = ["co2-early", "co2-zero", "atom-target"] + sorted(SWAPPED)
+KINDS = dict({"co2-early": "co2", "co2-zero": "co2", "atom-target": "atom"},
+             **{s: s[:-len("-swapped")] for s in SWAPPED})
 # What a harness strategy writes into [strategy], past its kind; rounds of 4 steps.
 STRATEGY_LINES = {"localsgd": "local_steps = 4\n", "diloco": "local_steps = 4\n",
                   "co2": "local_steps = 4\n", "co2-early": "local_steps = 4\noverlap_steps = 2\n",
                   "co2-zero": "local_steps = 4\nzero = true\n",
+                  "atom-target": "target_batch = 48\n",
                   "localsgd-swapped": "local_steps = 4\ntransfer_piece = \"4KB\"\n",
                   "diloco-swapped": "local_steps = 4\ntransfer_piece = \"4KB\"\n",
                   "co2-swapped": "local_steps = 4\ntransfer_piece = \"4KB\"\n"}
@@ -609,7 +613,8 @@ def main():
     ap.add_argument("--strategies", nargs="+", default=STRATEGIES,
                     choices=STRATEGIES + EXTRA_STRATEGIES,
                     help="co2-early: co2 with overlap_steps = 2 of 4; co2-zero: co2 with zero = "
-                         "true; KIND-swapped: that strategy "
+                         "true; atom-target: atom with a fixed target of 48 samples a step; "
+                         "KIND-swapped: that strategy "
                          "with every peer swapped through a budget on disk (none of these in the "
                          "default list)")
     ap.add_argument("--peers", type=int, default=5)

@@ -687,6 +687,112 @@ TEST_F(SwarmCliTest, AtomMakesUpTheSamplesOfAPeerThatDiedAccumulating) {
               final_model(run_dir(name) / "peer-1", steps));
 }
 
+// atom: the same death (peer 3 dies after two micro-batches of step 4) in a step whose agreement
+// also hands a peer the swarm's state: peer 2 lost a piece of its step-3 exchange
+// (STARLING_FAULT_LOSE_PIECE), so it starts step 4 a round behind and adopts the others' state
+// there, its samples unused. The agreement's notes then do not settle the count; one more tiny
+// all-reduce of the contributors' samples does, and peers 0 and 1 make the step up.
+TEST_F(SwarmCliTest, AtomMakesUpAStepWhoseAgreementAlsoMovedState) {
+  const std::string name = "atom_die_and_adopt";
+  const int64_t steps = 10;
+  write_config(name, "kind = \"atom\"\ntarget_batch = 48", steps, 1);
+  fs::create_directories(run_dir(name));
+  const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+  // As in AtomMakesUpTheSamplesOfAPeerThatDiedAccumulating: the survivors reach their agreement
+  // before they find peer 3 dead.
+  const std::vector<std::string> slow_death = {"--set", "net.peer_timeout_ms=5000"};
+  std::vector<Process> peers;
+  const std::string entry = start_first_peer(name, peers, 4, 4, slow_death);
+  ASSERT_FALSE(entry.empty());
+  const char* faults[] = {"", "STARLING_FAULT_LOSE_PIECE=3:1",
+                          "STARLING_FAULT_DIE_ACCUMULATING=4:2"};
+  for (int i = 1; i < 4; ++i) {
+    std::vector<std::string> argv = peer_argv(name, i, 4, entry, 4, slow_death);
+    if (*faults[i - 1] != '\0') argv.insert(argv.begin(), {"/usr/bin/env", faults[i - 1]});
+    peers.emplace_back(argv, log(i).string());
+  }
+  for (int i = 0; i < 3; ++i) {
+    const auto done = wait_event(
+        peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
+    ASSERT_TRUE(done) << "peer " << i << ": " << read_file(log(i));
+    EXPECT_EQ((*done)["step"], steps) << "peer " << i;
+    EXPECT_EQ(peers[i].wait(30s), 0) << "peer " << i;
+  }
+  peers[3].wait(5s);
+  EXPECT_NE(read_file(log(3)).find("dying while accumulating step 4"), std::string::npos)
+      << read_file(log(3));
+  const std::string behind = read_file(log(2));
+  const size_t fault = behind.find("counting piece 1 of gradient exchange 3 as failed");
+  ASSERT_NE(fault, std::string::npos) << behind;
+  EXPECT_EQ(count_of(behind.substr(fault), "state transfer: adopted"), 1) << behind;
+  int made_up = 0;
+  for (int i = 0; i < 3; ++i) {
+    for (const auto& m : metrics(run_dir(name) / ("peer-" + std::to_string(i)))) {
+      if (!m.contains("net") || m.value("skipped", false)) continue;
+      EXPECT_GE(m["net"]["swarm_samples"].get<double>(), 48)
+          << "peer " << i << ", step " << m["step"];
+    }
+    const std::string text = read_file(log(i));
+    const size_t line = text.find(
+        "of its target of 48 samples (a peer left while it accumulated, "
+        "or computed its samples on a state the agreement replaced)");
+    if (line == std::string::npos) continue;
+    ++made_up;
+    const size_t start = text.rfind('\n', line) + 1;
+    std::cout << "peer " << i << ": " << text.substr(start, text.find('\n', line) - start)
+              << std::endl;
+  }
+  EXPECT_GE(made_up, 1) << "no contributor made the step up: " << read_file(log(0));
+  const std::string model = final_model(run_dir(name) / "peer-0", steps);
+  ASSERT_FALSE(model.empty());
+  for (int i = 1; i < 3; ++i)
+    EXPECT_TRUE(final_model(run_dir(name) / ("peer-" + std::to_string(i)), steps) == model)
+        << "peer " << i;
+}
+
+// A round agreement that fails on every participant (peer 2 fails its 8th as it starts,
+// STARLING_FAULT_ABORT_AGREEMENT, as when a participant dies in the middle of the ring): nobody's
+// state changed, so the next attempt agrees at once: no state transfer, and the step keeps every
+// peer's samples. (Every peer used to ask for the state after a failed attempt: one sent it to
+// the others, and the step was skipped, nobody contributing.)
+TEST_F(SwarmCliTest, AFailedAgreementAttemptCostsNoStateTransfer) {
+  const std::string name = "failed_attempt";
+  const int64_t steps = 16;
+  write_config(name, "kind = \"atom\"", steps, 1);
+  fs::create_directories(run_dir(name));
+  const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+  std::vector<Process> peers;
+  const std::string entry = start_first_peer(name, peers, 3, 3, {});
+  ASSERT_FALSE(entry.empty());
+  for (int i = 1; i < 3; ++i) {
+    std::vector<std::string> argv = peer_argv(name, i, 3, entry, 3);
+    if (i == 2) argv.insert(argv.begin(), {"/usr/bin/env", "STARLING_FAULT_ABORT_AGREEMENT=8"});
+    peers.emplace_back(argv, log(i).string());
+  }
+  const auto done = wait_all_done(peers, 120s);
+  ASSERT_EQ(done.size(), 3u);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(done[i]) << "peer " << i << ": " << read_file(log(i));
+  const std::string faulty = read_file(log(2));
+  ASSERT_NE(faulty.find("failing round agreement 8"), std::string::npos) << faulty;
+  int failed = 0;
+  for (int i = 0; i < 3; ++i) {
+    const std::string text = read_file(log(i));
+    const size_t at = text.find("round agreement failed, retrying");
+    if (at == std::string::npos) continue;
+    ++failed;
+    const std::string after = text.substr(at);
+    EXPECT_EQ(count_of(after, "adopting the swarm's state"), 0) << "peer " << i << ": " << after;
+    EXPECT_EQ(count_of(after, "state transfer: sent"), 0) << "peer " << i << ": " << after;
+    EXPECT_EQ(count_of(after, "the update is skipped"), 0) << "peer " << i << ": " << after;
+  }
+  EXPECT_EQ(failed, 3) << "the fault failed not every peer's attempt: " << read_file(log(0));
+  const std::string model = final_model(run_dir(name) / "peer-0", steps);
+  ASSERT_FALSE(model.empty());
+  for (int i = 1; i < 3; ++i)
+    EXPECT_TRUE(final_model(run_dir(name) / ("peer-" + std::to_string(i)), steps) == model)
+        << "peer " << i;
+}
+
 // atom: an exchange that fails on one peer only (peer 2 counts a piece of its step-3 exchange as
 // failed, STARLING_FAULT_LOSE_PIECE) leaves it a round behind the others at step 4. It hears
 // nobody accumulating in its own round; rather than gather the whole target alone (192 samples,

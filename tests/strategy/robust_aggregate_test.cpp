@@ -102,7 +102,8 @@ TEST(FaultsFromTheEnvironment, WholeNumbersOrAConfigError) {
     std::optional<long long> (*read)();
   } faults[] = {{"STARLING_FAULT_REFUSE_STATE", refuse_state_from_env},
                 {"STARLING_FAULT_SLOW_TRANSFER", slow_transfer_from_env},
-                {"STARLING_FAULT_DIE_IN_EXCHANGE", die_in_exchange_from_env}};
+                {"STARLING_FAULT_DIE_IN_EXCHANGE", die_in_exchange_from_env},
+                {"STARLING_FAULT_ABORT_AGREEMENT", abort_agreement_from_env}};
   for (const auto& f : faults) {
     SCOPED_TRACE(f.name);
     ::unsetenv(f.name);

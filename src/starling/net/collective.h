@@ -56,6 +56,12 @@ struct CollectiveOptions {
   // knows the others are busy with a long piece of work first (a state transfer it takes no part
   // in) waits as long as that work may take. Starling's swarm only; c10d backends ignore it.
   std::chrono::milliseconds wait_limit{0};
+  // Fault injection (STARLING_FAULT_ABORT_AGREEMENT, strategy/fault_injection.h): this peer fails
+  // the operation as it starts (its first chunk may be on its way already), and every other
+  // participant's copy fails with it (they are told it aborted), as when a participant dies in
+  // the middle of a ring. Not on a ring of one, which may be through first. Local, like
+  // wait_limit. Starling's swarm only; c10d backends ignore it.
+  bool fail_at_start = false;
 };
 
 // The half-open element range [begin, end) that ring position `position` of `size` owns in a

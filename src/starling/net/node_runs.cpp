@@ -79,8 +79,12 @@ void Node::Impl::start_run(Launched op, Start start) {
     early = std::move(it->second);
     early_.erase(it);
   }
+  const bool fail_at_start = op.request.options.fail_at_start;
   auto run = std::make_unique<RingRun>(std::move(op), std::move(start), env, std::move(early));
   if (!problem.empty()) run->fail(problem);
+  if (fail_at_start && problem.empty())
+    run->fail("fault injection: peer " + short_peer_id(self_id_) +
+              " fails this operation as it starts (STARLING_FAULT_ABORT_AGREEMENT)");
   if (auto a = aborted_.find(op_id); a != aborted_.end()) run->fail(a->second);
   runs_[op_id] = std::move(run);
 }

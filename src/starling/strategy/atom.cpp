@@ -95,14 +95,17 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
   // exchange, its micro-batches part of this step's loss and tokens.
   local_samples_ = mine;
   agreement_ = exchange_agreement(r);
-  const std::optional<int64_t> agreed = agreed_count(*agreement_);
-  if (agreed && *agreed < target()) {
-    const int64_t missing = target() - *agreed;
-    int64_t share = top_up_share(missing, agreement_->notes[2], agreement_->peers);
-    log("step " + std::to_string(r.step + 1) + ": the swarm gathered " + std::to_string(*agreed) +
-        " of its target of " + std::to_string(target()) +
-        " samples (a peer left while it accumulated); this peer adds " + std::to_string(share) +
-        " before the exchange");
+  const std::optional<Count> count = step_count(*agreement_);
+  if (count && count->samples < target() && agreement_->contribute) {
+    const int64_t missing = target() - count->samples;
+    int64_t share = top_up_share(missing, count->paces, count->contributors);
+    log("step " + std::to_string(r.step + 1) + ": the swarm gathered " +
+        std::to_string(count->samples) + " of its target of " + std::to_string(target()) +
+        " samples (" +
+        (count->checked ? "a peer left while it accumulated, or computed its samples on a state "
+                          "the agreement replaced"
+                        : "a peer left while it accumulated") +
+        "); this peer adds " + std::to_string(share) + " before the exchange");
     ++topped_up_steps_;
     while (share > 0) {
       const int64_t sequences = std::min(share, batch);
@@ -130,6 +133,32 @@ std::optional<int64_t> Atom::agreed_count(const Agreement& a) const {
   if (a.exchange_voters != a.peers || a.contributors != a.peers || a.peers == 0)
     return std::nullopt;
   return std::llround(a.notes[0]);
+}
+
+std::optional<Atom::Count> Atom::step_count(const Agreement& a) {
+  if (const std::optional<int64_t> agreed = agreed_count(a))
+    return Count{.samples = *agreed, .paces = a.notes[2], .contributors = a.peers};
+  // No exchange follows where nobody contributes (gradients_ready): every participant sees that
+  // alike, as it sees whether the notes settled the count.
+  if (a.contributors == 0) return std::nullopt;
+  // The agreement handed some participant the swarm's state (its samples, computed on other
+  // parameters, do not count), or it is a joiner's first exchange (its samples come after the
+  // agreement): the contributors' own count and paces, in one more tiny all-reduce, taken by
+  // every participant alike. Rare: a step that follows a fault or a join.
+  // Four numbers, the last one 1 from every participant: no other collective of a round has
+  // this length, so no peer's call can pair with another's of a different kind.
+  const bool mine = a.contribute;
+  at::Tensor sums = at::tensor({mine ? static_cast<float>(local_samples_) : 0.f,
+                                mine ? static_cast<float>(pace()) : 0.f, mine ? 1.f : 0.f, 1.f});
+  if (!wait(net_.all_reduce(as_span(sums), options(net::WirePrecision::fp32, a.ring)),
+            "sample count check", &a.ring))
+    return std::nullopt;  // the exchange will most likely fail too; nothing is made up
+  const float* c = sums.data_ptr<float>();
+  if (std::lround(c[3]) != static_cast<long>(a.ring.size())) return std::nullopt;
+  return Count{.samples = std::llround(c[0]),
+               .paces = c[1],
+               .contributors = static_cast<int>(std::lround(c[2])),
+               .checked = true};
 }
 
 int64_t Atom::top_up_share(int64_t missing, double paces, int participants) const {

@@ -23,9 +23,11 @@
 // announced pace, and its samples never reach the exchange), so the count is checked before the
 // gradients travel: the exchange's agreement, taken at the end of run_step, sums every
 // participant's samples and pace (round_notes). Where every participant is in that exchange and
-// contributes, all of them know the swarm's count from it alike, and a count short of the target
-// is made up at once, each participant computing a share of the missing samples by its pace,
-// before any gradient is sent. The exchange then all-reduces the counts as always (its divisor).
+// contributes, all of them know the swarm's count from it alike; where not (the agreement handed
+// a peer the swarm's state, or a joiner takes its first exchange), one more tiny all-reduce sums
+// the contributors' samples and paces. A count short of the target is made up at once, each
+// contributor computing a share of the missing samples by its pace, before any gradient is sent.
+// The exchange then all-reduces the counts as always (its divisor).
 //
 // The exchange does not overlap computation. Computing the next step's micro-batches while the
 // others finish and while the all-reduce runs (their gradients one step stale) was built and
@@ -68,8 +70,20 @@ class Atom final : public Ddp {
   // After the exchange's agreement `a`: the swarm's count, where every participant knows it from
   // the agreement's notes alike (all of them in this exchange, all contributing), else nullopt.
   std::optional<int64_t> agreed_count(const Agreement& a) const;
+  // The step's count before the exchange, as every contributor knows it alike.
+  struct Count {
+    int64_t samples = 0;   // the contributors' samples
+    double paces = 0;      // their paces, summed (samples per second)
+    int contributors = 0;  // how many they are
+    bool checked = false;  // taken by a collective of its own, not from the agreement's notes
+  };
+  // From the agreement's notes where they settle it (agreed_count); else, where an exchange
+  // follows, from one more tiny all-reduce of the contributors' samples and paces (a state moved
+  // in the agreement, or a joiner's first exchange). nullopt where no exchange follows or that
+  // all-reduce failed.
+  std::optional<Count> step_count(const Agreement& a);
   // This peer's share of the `missing` samples of a step that fell short, by its pace among the
-  // participants' (`paces`, their sum), rounded up, so that together they make up at least that.
+  // contributors' (`paces`, their sum), rounded up, so that together they make up at least that.
   int64_t top_up_share(int64_t missing, double paces, int participants) const;
 
   ProgressBoard board_;

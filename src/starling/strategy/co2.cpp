@@ -475,9 +475,9 @@ void Co2::end_run(train::Replica& r) {
     log("the last round went through on no peer; one more round without local steps, so that "
         "the peers end on one model (" +
         std::to_string(settle + 1) + " of " + std::to_string(kSettleRounds) + ")");
-    // A peer that took another's state in the closing agreement (one whose agreement failed at
-    // first asks for it) holds no part of the round: it takes the state again and sends nothing,
-    // so that the average divides only the parts sent.
+    // A peer that took another's state in the closing agreement (one whose state was not the
+    // root's) holds no part of the round: it takes the state again and sends nothing, so that
+    // the average divides only the parts sent.
     if (!(early() ? own_part_ : carry_)) need_state_ = true;
     const Agreement a = agree(r, true);
     ring_ = a.ring;

@@ -159,6 +159,11 @@ std::optional<AccumulationDeath> die_accumulating_from_env() {
   return AccumulationDeath{.step = v->first, .micro_batches = v->second};
 }
 
+std::optional<long long> abort_agreement_from_env() {
+  return whole_number_from_env("STARLING_FAULT_ABORT_AGREEMENT", 1, kNoLimit,
+                               "N, the round agreement of this peer (from 1) that it fails");
+}
+
 RoundFaults::RoundFaults(std::string what)
     : what_(std::move(what)),
       death_round_(die_in_exchange_from_env()),

@@ -44,6 +44,11 @@
 //                                   K micro-batches (K >= 1), or its last one where it computes
 //                                   fewer, this peer kills itself (SIGKILL) before the exchange:
 //                                   the others counted on its samples, which never reach it
+//   STARLING_FAULT_ABORT_AGREEMENT=N  this peer fails its N-th round agreement (from 1: its
+//                                   opening one is the first) as the agreement's collective
+//                                   starts: every participant's attempt fails (told it aborted),
+//                                   as when a participant dies in the middle of the ring, and
+//                                   every one of them tries again
 //
 // Unset (the normal case), nothing changes. A malformed value is a ConfigError naming it, raised
 // before the peer joins anyone (strategy::check_peer). Torch-free but for apply().
@@ -114,6 +119,10 @@ struct AccumulationDeath {
 // STARLING_FAULT_DIE_ACCUMULATING; nullopt when unset or empty. ConfigError naming the value
 // unless it is "N:K" with whole numbers N >= 1 and K >= 1.
 std::optional<AccumulationDeath> die_accumulating_from_env();
+
+// STARLING_FAULT_ABORT_AGREEMENT; nullopt when unset or empty. ConfigError naming the value
+// unless it is a whole number N >= 1.
+std::optional<long long> abort_agreement_from_env();
 
 // The faults of a strategy whose round may go in pieces (localsgd's parameter average, diloco's
 // outer step, ddp's and atom's gradient exchange; co2's exchange, in one piece), counted by its

@@ -157,6 +157,7 @@ void check_peer(const StrategyConfig& c, const std::string& net_backend) {
   die_in_exchange_from_env();
   lose_piece_from_env();
   die_accumulating_from_env();
+  abort_agreement_from_env();
   // The robust aggregate gathers whole updates in host memory, on Starling's swarm (whose rings
   // are ordered by peer id); atom's updates are sums weighted by unequal sample counts, and co2's
   // overlap the next round in a ring.

@@ -50,7 +50,8 @@ SwarmStrategy::SwarmStrategy(const train::RunConfig& config, net::Collectives& n
       die_in_transfer_(die_in_transfer_from_env()),
       slow_transfer_ms_(slow_transfer_from_env()),
       refuse_state_(refuse_state_from_env()),
-      stop_at_start_(stop_at_start_from_env()) {
+      stop_at_start_(stop_at_start_from_env()),
+      abort_agreement_(abort_agreement_from_env()) {
   if (poison_)
     log("fault injection: every round update this peer sends is " + poison_->describe() +
         " (STARLING_FAULT_POISON)");
@@ -67,6 +68,9 @@ SwarmStrategy::SwarmStrategy(const train::RunConfig& config, net::Collectives& n
   if (stop_at_start_)
     log("fault injection: this peer stops itself before its opening agreement "
         "(STARLING_FAULT_STOP_AT_START)");
+  if (abort_agreement_)
+    log("fault injection: this peer fails its round agreement " +
+        std::to_string(*abort_agreement_) + " (STARLING_FAULT_ABORT_AGREEMENT)");
 }
 
 c10::Device SwarmStrategy::net_device() const {
@@ -632,6 +636,7 @@ void SwarmStrategy::refuse_to_start_alone() const {
 
 Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool opening,
                                std::optional<bool> closing) {
+  ++agreements_;
   for (int attempt = 0;; ++attempt) {
     constexpr int64_t kNotes = kControl + kLineage;  // where the strategy's notes start
     constexpr int64_t kShares = kNotes + kAgreementNotes;
@@ -670,7 +675,12 @@ Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool op
     net::CollectiveResult result;
     try {
       at::Tensor sent = control.to(net_device());
-      result = net_.all_reduce(as_span(sent), options(net::WirePrecision::fp32)).wait();
+      net::CollectiveOptions o = options(net::WirePrecision::fp32);
+      if (attempt == 0 && abort_agreement_ && *abort_agreement_ == agreements_) {
+        log("fault injection: failing round agreement " + std::to_string(agreements_));
+        o.fail_at_start = true;
+      }
+      result = net_.all_reduce(as_span(sent), o).wait();
       if (!sent.is_same(control)) control.copy_(sent);
     } catch (const std::exception& e) {
       net_wait_s_ += now_s() - t0;
@@ -678,7 +688,12 @@ Agreement SwarmStrategy::agree(train::Replica& r, bool exchange_follows, bool op
         throw NetError("the round agreement failed on the " + net_.backend_name() +
                        " group, which cannot go on without a rank: " + e.what());
       if (attempt % 10 == 0) log(std::string("round agreement failed, retrying: ") + e.what());
-      need_state_ = true;  // whatever we missed, the next agreement's transfer repairs
+      // This peer's state is as it was: a failed attempt changes nothing here. Where it went
+      // through on others, they mixed the round into their lineage (agreed()), which the next
+      // attempt's sums tell apart, and its root choice hands out the history most peers hold. A
+      // peer that asked for the state after every failed attempt took a transfer of the state it
+      // held and dropped its progress: when a peer died in an agreement, every survivor did so
+      // (atom then stepped on a joiner's one micro-batch, the others' samples unused).
       continue;
     }
     net_wait_s_ += now_s() - t0;

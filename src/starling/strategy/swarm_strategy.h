@@ -333,6 +333,8 @@ class SwarmStrategy : public train::StepHooks {
   std::optional<long long> slow_transfer_ms_;     // STARLING_FAULT_SLOW_TRANSFER
   std::optional<long long> refuse_state_;         // STARLING_FAULT_REFUSE_STATE
   bool stop_at_start_ = false;                    // STARLING_FAULT_STOP_AT_START
+  std::optional<long long> abort_agreement_;      // STARLING_FAULT_ABORT_AGREEMENT
+  long long agreements_ = 0;                      // agree() calls so far (for abort_agreement_)
   long long transfers_sent_ = 0;                  // state transfers sent to other peers
   long long transfers_taken_ = 0;                 // headers received from other peers
   // Transfers this peer sent since its last whole one that failed for some taker, or whose
