@@ -271,6 +271,22 @@ TEST(ProgressBoard, MalformedAnnouncementsAreDropped) {
   const auto v = wait_view(a, 0, [](const auto& v) { return v.samples == 4; });
   EXPECT_EQ(v.samples, 4);
   EXPECT_EQ(a.rejected(), 2);
+  // A peer of another build announces after every micro-batch in another size: its drops are
+  // counted, and logged at the 1st, 2nd, 4th, 8th, ... only.
+  testing::internal::CaptureStderr();
+  for (int i = 0; i < 8; ++i)
+    nodes[1]->send(nodes[0]->id(), ProgressBoard::kTag, std::vector<uint8_t>(40, 0));
+  b.announce({0, 0}, 8, 0, false);
+  wait_view(a, 0, [](const auto& v) { return v.samples == 8; });
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(a.rejected(), 10);
+  size_t lines = 0;
+  for (size_t at = log.find("dropped a malformed"); at != std::string::npos;
+       at = log.find("dropped a malformed", at + 1))
+    ++lines;
+  EXPECT_EQ(lines, 2u) << log;  // the 4th and 8th: the 1st and 2nd were before the capture
+  EXPECT_NE(log.find("(40 bytes, 48 expected)"), std::string::npos) << log;
+  EXPECT_NE(log.find("(8 dropped so far)"), std::string::npos) << log;
 }
 
 }  // namespace

@@ -45,9 +45,13 @@ void ProgressBoard::take(net::PeerId peer, const std::vector<uint8_t>& bytes, do
   if (bytes.size() == sizeof m) std::memcpy(&m, bytes.data(), sizeof m);
   if (bytes.size() != sizeof m || m.samples < 0 || m.ready < 0 || m.ready > 1 ||
       !std::isfinite(m.rate) || m.rate < 0 || m.history < 0 || m.history > UINT32_MAX) {
+    // A peer of another build (announcements of another size) sends one after every
+    // micro-batch: the 1st, 2nd, 4th, 8th, ... drop is logged, with the count so far.
     ++rejected_;
-    std::cerr << "[atom] dropped a malformed progress announcement (" << bytes.size()
-              << " bytes) from peer " << net::short_peer_id(peer) << std::endl;
+    if ((rejected_ & (rejected_ - 1)) == 0)
+      std::cerr << "[atom] dropped a malformed progress announcement (" << bytes.size()
+                << " bytes, " << sizeof m << " expected) from peer " << net::short_peer_id(peer)
+                << " (" << rejected_ << " dropped so far)" << std::endl;
     return;
   }
   // Messages of one sender arrive in order (one connection; a restarted sender's old messages

@@ -77,7 +77,7 @@ class ProgressBoard {
   // atom.cpp stops accumulating on either. Peers of an earlier version are never counted.
   View view(double horizon_s);
 
-  // Malformed announcements dropped so far (each is logged with its sender).
+  // Malformed announcements dropped so far (the 1st, 2nd, 4th, ... is logged with its sender).
   int64_t rejected() const { return rejected_; }
 
  private:
