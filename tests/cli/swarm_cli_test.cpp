@@ -342,6 +342,15 @@ class SwarmCliTest : public ::testing::Test {
     return (*listening)["endpoint"];
   }
 
+  // Every one of the `peers` peers of run `name` ended on the same final model (at `steps`).
+  static void expect_one_final_model(const std::string& name, int peers, int64_t steps) {
+    const std::string model = final_model(run_dir(name) / "peer-0", steps);
+    ASSERT_FALSE(model.empty());
+    for (int i = 1; i < peers; ++i)
+      EXPECT_TRUE(final_model(run_dir(name) / ("peer-" + std::to_string(i)), steps) == model)
+          << "peer " << i;
+  }
+
   // atom, `world` peers, target 192: the last `behind` of them count a piece of their step-3
   // exchange as failed (STARLING_FAULT_LOSE_PIECE), which leaves them a round behind the others
   // at step 4. They must stop there at once (each computes a few micro-batches of 4 at most),
@@ -392,11 +401,7 @@ class SwarmCliTest : public ::testing::Test {
     std::cout << std::endl;
     // Left to themselves, the peers behind would have gathered all 192 between them.
     EXPECT_LT(behind_samples, 96) << "the peers a round behind gathered much of the target";
-    const std::string model = final_model(run_dir(name) / "peer-0", steps);
-    ASSERT_FALSE(model.empty());
-    for (int i = 1; i < world; ++i)
-      EXPECT_TRUE(final_model(run_dir(name) / ("peer-" + std::to_string(i)), steps) == model)
-          << "peer " << i;
+    expect_one_final_model(name, world, steps);
   }
 
   // Starts peers 0 and 1 of a swarm of `world` (each waiting for `min_peers`), then peer 2 told
@@ -743,11 +748,7 @@ TEST_F(SwarmCliTest, AtomMakesUpAStepWhoseAgreementAlsoMovedState) {
               << std::endl;
   }
   EXPECT_GE(made_up, 1) << "no contributor made the step up: " << read_file(log(0));
-  const std::string model = final_model(run_dir(name) / "peer-0", steps);
-  ASSERT_FALSE(model.empty());
-  for (int i = 1; i < 3; ++i)
-    EXPECT_TRUE(final_model(run_dir(name) / ("peer-" + std::to_string(i)), steps) == model)
-        << "peer " << i;
+  expect_one_final_model(name, 3, steps);
 }
 
 // A round agreement that fails on every participant (peer 2 fails its 8th as it starts,
@@ -786,11 +787,7 @@ TEST_F(SwarmCliTest, AFailedAgreementAttemptCostsNoStateTransfer) {
     EXPECT_EQ(count_of(after, "the update is skipped"), 0) << "peer " << i << ": " << after;
   }
   EXPECT_EQ(failed, 3) << "the fault failed not every peer's attempt: " << read_file(log(0));
-  const std::string model = final_model(run_dir(name) / "peer-0", steps);
-  ASSERT_FALSE(model.empty());
-  for (int i = 1; i < 3; ++i)
-    EXPECT_TRUE(final_model(run_dir(name) / ("peer-" + std::to_string(i)), steps) == model)
-        << "peer " << i;
+  expect_one_final_model(name, 3, steps);
 }
 
 // atom: an exchange that fails on one peer only (peer 2 counts a piece of its step-3 exchange as
@@ -2129,11 +2126,7 @@ TEST_F(SwarmCliTest, APeerThatJoinsInTheLastRoundEndsTheRunWithTheOthers) {
     const std::string old = read_file(log(0)) + read_file(log(1));
     EXPECT_EQ(old.find("failed"), std::string::npos) << old;
     EXPECT_EQ(old.find("one more round"), std::string::npos) << old;
-    const std::string model = final_model(run_dir(name) / "peer-0", steps);
-    ASSERT_FALSE(model.empty());
-    for (int i = 1; i < 3; ++i)
-      EXPECT_TRUE(final_model(run_dir(name) / ("peer-" + std::to_string(i)), steps) == model)
-          << "peer " << i;
+    expect_one_final_model(name, 3, steps);
   }
 }
 
@@ -2251,11 +2244,7 @@ TEST_F(SwarmCliTest, SwappedStrategiesTakeAJoiner) {
                                        peer_argv(name, 2, 3, entry, 1, extra), 20));
     EXPECT_NE(read_file(log(2)).find("adopting the swarm's state"), std::string::npos)
         << read_file(log(2));
-    const std::string model = final_model(run_dir(name) / "peer-0", steps);
-    ASSERT_FALSE(model.empty());
-    for (int i = 1; i < 3; ++i)
-      EXPECT_TRUE(final_model(run_dir(name) / ("peer-" + std::to_string(i)), steps) == model)
-          << "peer " << i;
+    expect_one_final_model(name, 3, steps);
   }
 }
 

@@ -161,11 +161,11 @@ std::optional<Atom::Count> Atom::step_count(const Agreement& a) {
                .checked = true};
 }
 
-int64_t Atom::top_up_share(int64_t missing, double paces, int participants) const {
+int64_t Atom::top_up_share(int64_t missing, double paces, int contributors) const {
   const double mine = pace();
   const double share = paces > 0 && mine > 0
                            ? static_cast<double>(missing) * mine / paces
-                           : static_cast<double>(missing) / std::max(1, participants);
+                           : static_cast<double>(missing) / std::max(1, contributors);
   int64_t n = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(share)), 1, missing);
   // With whole micro-batches only, so is the top-up.
   const int64_t batch = config_.train.batch_size;

@@ -84,7 +84,7 @@ class Atom final : public Ddp {
   std::optional<Count> step_count(const Agreement& a);
   // This peer's share of the `missing` samples of a step that fell short, by its pace among the
   // contributors' (`paces`, their sum), rounded up, so that together they make up at least that.
-  int64_t top_up_share(int64_t missing, double paces, int participants) const;
+  int64_t top_up_share(int64_t missing, double paces, int contributors) const;
 
   ProgressBoard board_;
   ProgressBoard::Round round_;  // this step's on the board
