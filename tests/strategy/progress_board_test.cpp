@@ -1,8 +1,8 @@
 // atom's progress board between real swarm peers on loopback: announcements reach the other
 // peers and count only for their round, a peer that has not announced in a round yet counts
 // nothing, a started one is projected at its pace from when its announcement arrived, a ready peer
-// is seen, one poll reads a whole backlog, and a malformed announcement is dropped and counted,
-// never a crash.
+// is seen, one poll reads a whole backlog (longer than its posted receives too), and a malformed
+// announcement is dropped and counted, never a crash.
 #include "starling/strategy/progress_board.h"
 
 #include <gtest/gtest.h>
@@ -215,6 +215,21 @@ TEST(ProgressBoard, OnePollReadsEveryAnnouncementThatArrived) {
   std::this_thread::sleep_for(500ms);
   const auto v = a.view(0);
   EXPECT_EQ(v.samples, 20) << "one poll read only part of a backlog of 20 announcements";
+}
+
+// A backlog longer than the receives the board keeps posted (a joiner's: the others announce to
+// it, one announcement a micro-batch each, while it builds and profiles its model) is read
+// through at the next poll too: a board that took 64 a poll read stale rounds for as many
+// micro-batches, in which the others seemed not to have started.
+TEST(ProgressBoard, OnePollReadsABacklogLongerThanItsPostedReceives) {
+  net::testing::Swarm swarm(2);
+  auto nodes = swarm.start(2);
+  ProgressBoard a(*nodes[0]), b(*nodes[1]);
+  a.begin_round({9, 0});
+  a.view(0);
+  for (int64_t samples = 1; samples <= 1000; ++samples) b.announce({9, 0}, samples, 0, false);
+  std::this_thread::sleep_for(1000ms);
+  EXPECT_EQ(a.view(0).samples, 1000) << "one poll read only part of a backlog of 1000";
 }
 
 // Who closes a round (atom.h): a peer sees how many peers heard in the round have a smaller id

@@ -67,6 +67,15 @@ void ProgressBoard::take(net::PeerId peer, const std::vector<uint8_t>& bytes, do
                    arrived};
 }
 
+bool ProgressBoard::matched_posted_receives() {
+  // The node's thread takes requests in the order they were posted and matches each receive with
+  // a message that already arrived at once: when a message this peer sends itself is received,
+  // every receive posted before it is matched or waits for a message still to come.
+  net::Transfer fence = node_.recv(node_.id(), kFenceTag);
+  node_.send(node_.id(), kFenceTag, {});
+  return fence.wait_for(std::chrono::seconds(5));
+}
+
 void ProgressBoard::poll() {
   std::map<net::PeerId, bool> alive;
   for (const net::MemberView& m : node_.members())
@@ -75,25 +84,36 @@ void ProgressBoard::poll() {
     const net::PeerId peer = it->first;
     std::deque<net::Transfer>& posted = it->second;
     bool failed = false;
-    while (!posted.empty() && posted.front().test()) {
-      std::vector<uint8_t> bytes;
-      double arrived = 0;
-      try {
-        bytes = posted.front().wait();
-        arrived = train::seconds_of(posted.front().finished_at());
-      } catch (const std::exception&) {
-        failed = true;  // the peer died or left: forget it until it is alive again
-        break;
+    for (;;) {
+      size_t taken = 0;
+      while (!posted.empty() && posted.front().test()) {
+        std::vector<uint8_t> bytes;
+        double arrived = 0;
+        try {
+          bytes = posted.front().wait();
+          arrived = train::seconds_of(posted.front().finished_at());
+        } catch (const std::exception&) {
+          failed = true;  // the peer died or left: forget it until it is alive again
+          break;
+        }
+        posted.pop_front();
+        take(peer, bytes, arrived);
+        ++taken;
       }
-      posted.pop_front();
-      take(peer, bytes, arrived);
+      if (failed) break;
+      while (posted.size() < kPosted) posted.push_back(node_.recv(peer, kTag));
+      // Every posted receive had its message: more may wait in the node, a backlog from a pause
+      // (a joiner building and profiling its model while the others train, a long checkpoint).
+      // Read a poll per kPosted of them, announcements of rounds long past stood for the
+      // sender's progress for as many micro-batches. Once the node has matched the receives
+      // just posted, those holding a message are read on.
+      if (taken < kPosted || !matched_posted_receives()) break;
     }
     if (failed) {
       latest_.erase(peer);
       it = receives_.erase(it);
       continue;
     }
-    while (posted.size() < kPosted) posted.push_back(node_.recv(peer, kTag));
     ++it;
   }
   for (const auto& [peer, is_alive] : alive) {
@@ -116,7 +136,6 @@ ProgressBoard::View ProgressBoard::view(double horizon_s) {
   int active = 0, kin_ahead = 0;
   const auto sum = [&](bool apart) {
     View v;
-    v.live = static_cast<int>(receives_.size());
     v.apart = apart;
     for (const auto& [peer, l] : latest_) {
       if (!receives_.contains(peer)) continue;

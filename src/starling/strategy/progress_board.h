@@ -24,7 +24,8 @@ namespace starling::strategy {
 class ProgressBoard {
  public:
   // The mailbox tag announcements travel on.
-  static constexpr uint64_t kTag = 0x61746f6d70726f67;  // "atomprog"
+  static constexpr uint64_t kTag = 0x61746f6d70726f67;       // "atomprog"
+  static constexpr uint64_t kFenceTag = 0x61746f6d66656e63;  // "atomfenc": to itself (poll)
 
   // A round on the board: the swarm's update count (the strategy's version) and the trainer's
   // step. A step whose exchange failed everywhere leaves the version as it was; the step tells
@@ -54,7 +55,6 @@ class ProgressBoard {
     double rate = 0;       // the samples per second they gain together (those accumulating)
     int ready = 0;         // how many of them stopped accumulating
     int heard = 0;         // how many of them announced in the round
-    int live = 0;          // the other live members this peer hears from
     // Of those heard in the round, how many have a smaller peer id than this one and still
     // accumulate (atom.h: such a peer, not this one, closes the round on exact counts).
     int smaller_accumulating = 0;
@@ -95,6 +95,9 @@ class ProgressBoard {
     double at = 0;
   };
   void poll();
+  // Waits (up to 5 s) until the node's thread has taken every receive posted so far; true
+  // once it has.
+  bool matched_posted_receives();
   // One received announcement, which arrived at `arrived` (train::now_s's clock): checked, then
   // kept as the sender's latest.
   void take(net::PeerId peer, const std::vector<uint8_t>& bytes, double arrived);
