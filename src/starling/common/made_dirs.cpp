@@ -25,8 +25,12 @@ fs::path normal(const fs::path& dir) {
 // is taken down, and read in the handler with nothing but async-signal-safe calls.
 std::atomic<const std::vector<std::string>*> g_paths{nullptr};
 std::atomic<const std::string*> g_note{nullptr};
+// Set by a handler before it reads the two above. The signal may run it on any thread; the
+// guard's end waits for it rather than free what it reads (it ends the process anyway).
+std::atomic<bool> g_in_handler{false};
 
 extern "C" void remove_made_dirs_on_signal(int sig) {
+  g_in_handler.store(true);
   if (const auto* paths = g_paths.load())
     for (const std::string& p : *paths)
       // One not made yet (a signal in the middle of the making) is passed over; one that is not
@@ -105,6 +109,9 @@ MadeDirsGuard::~MadeDirsGuard() {
   ::sigaction(SIGTERM, &old_term_, nullptr);
   g_note.store(nullptr);
   g_paths.store(nullptr);
+  // A handler that started on another thread before the lines above may still read paths_ and
+  // note_: it raises its signal when done, which ends the process, so this waits for that.
+  while (g_in_handler.load()) ::pause();
 }
 
 }  // namespace starling
