@@ -222,14 +222,21 @@ TEST(ProgressBoard, OnePollReadsEveryAnnouncementThatArrived) {
 // through at the next poll too: a board that took 64 a poll read stale rounds for as many
 // micro-batches, in which the others seemed not to have started.
 TEST(ProgressBoard, OnePollReadsABacklogLongerThanItsPostedReceives) {
-  net::testing::Swarm swarm(2);
-  auto nodes = swarm.start(2);
-  ProgressBoard a(*nodes[0]), b(*nodes[1]);
+  net::testing::Swarm swarm(3);
+  auto nodes = swarm.start(3);
+  ProgressBoard a(*nodes[0]), b(*nodes[1]), c(*nodes[2]);
   a.begin_round({9, 0});
   a.view(0);
   for (int64_t samples = 1; samples <= 1000; ++samples) b.announce({9, 0}, samples, 0, false);
-  std::this_thread::sleep_for(1000ms);
-  EXPECT_EQ(a.view(0).samples, 1000) << "one poll read only part of a backlog of 1000";
+  for (int64_t samples = 1; samples <= 300; ++samples) c.announce({9, 0}, samples, 0, false);
+  // Each sender's messages arrive in order on its one connection, whatever their tags: once a
+  // message each sent after its announcements is here, so are they (unread by a's board).
+  for (int sender : {1, 2}) {
+    constexpr uint64_t kAfter = 77;
+    nodes[static_cast<size_t>(sender)]->send(nodes[0]->id(), kAfter, {1});
+    ASSERT_TRUE(nodes[0]->recv(nodes[static_cast<size_t>(sender)]->id(), kAfter).wait_for(30s));
+  }
+  EXPECT_EQ(a.view(0).samples, 1300) << "one poll read only part of backlogs of 1000 and 300";
 }
 
 // Who closes a round (atom.h): a peer sees how many peers heard in the round have a smaller id

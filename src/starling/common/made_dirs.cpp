@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cerrno>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 
 namespace starling {
@@ -25,12 +26,14 @@ fs::path normal(const fs::path& dir) {
 // is taken down, and read in the handler with nothing but async-signal-safe calls.
 std::atomic<const std::vector<std::string>*> g_paths{nullptr};
 std::atomic<const std::string*> g_note{nullptr};
-// Set by a handler before it reads the two above. The signal may run it on any thread; the
-// guard's end waits for it rather than free what it reads (it ends the process anyway).
-std::atomic<bool> g_in_handler{false};
+// The handlers reading the two above right now. A signal may run the handler on any thread (and
+// SIGINT and SIGTERM on two at once): the guard's end waits for them before it frees what they
+// read.
+std::atomic<int> g_readers{0};
+static_assert(std::atomic<int>::is_always_lock_free);
 
 extern "C" void remove_made_dirs_on_signal(int sig) {
-  g_in_handler.store(true);
+  g_readers.fetch_add(1);
   if (const auto* paths = g_paths.load())
     for (const std::string& p : *paths)
       // One not made yet (a signal in the middle of the making) is passed over; one that is not
@@ -39,6 +42,7 @@ extern "C" void remove_made_dirs_on_signal(int sig) {
   if (const auto* note = g_note.load()) {
     [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, note->data(), note->size());
   }
+  g_readers.fetch_sub(1);
   // The signal, blocked while its handler runs, ends the process once the handler returns. The
   // other one, if it came meanwhile, waits blocked too, and would run this handler again on the
   // return (a second note, and its ending instead of this one's): ignoring it discards it.
@@ -110,8 +114,9 @@ MadeDirsGuard::~MadeDirsGuard() {
   g_note.store(nullptr);
   g_paths.store(nullptr);
   // A handler that started on another thread before the lines above may still read paths_ and
-  // note_: it raises its signal when done, which ends the process, so this waits for that.
-  while (g_in_handler.load()) ::pause();
+  // note_. (Its signal may then meet the handler given back above, which need not end the
+  // process: so this waits for its reading only, not for the end.)
+  while (g_readers.load() > 0) std::this_thread::yield();
 }
 
 }  // namespace starling

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <vector>
 
 #include "starling/train/metrics.h"
@@ -76,45 +77,51 @@ bool ProgressBoard::matched_posted_receives() {
   return fence.wait_for(std::chrono::seconds(5));
 }
 
+std::optional<size_t> ProgressBoard::read_arrived(net::PeerId peer,
+                                                  std::deque<net::Transfer>& posted) {
+  size_t taken = 0;
+  while (!posted.empty() && posted.front().test()) {
+    std::vector<uint8_t> bytes;
+    double arrived = 0;
+    try {
+      bytes = posted.front().wait();
+      arrived = train::seconds_of(posted.front().finished_at());
+    } catch (const std::exception&) {
+      return std::nullopt;  // the peer died or left
+    }
+    posted.pop_front();
+    take(peer, bytes, arrived);
+    ++taken;
+  }
+  while (posted.size() < kPosted) posted.push_back(node_.recv(peer, kTag));
+  return taken;
+}
+
 void ProgressBoard::poll() {
   std::map<net::PeerId, bool> alive;
   for (const net::MemberView& m : node_.members())
     if (m.info.id != node_.id()) alive[m.info.id] = m.state == net::MemberState::alive;
-  for (auto it = receives_.begin(); it != receives_.end();) {
-    const net::PeerId peer = it->first;
-    std::deque<net::Transfer>& posted = it->second;
-    bool failed = false;
-    for (;;) {
-      size_t taken = 0;
-      while (!posted.empty() && posted.front().test()) {
-        std::vector<uint8_t> bytes;
-        double arrived = 0;
-        try {
-          bytes = posted.front().wait();
-          arrived = train::seconds_of(posted.front().finished_at());
-        } catch (const std::exception&) {
-          failed = true;  // the peer died or left: forget it until it is alive again
-          break;
-        }
-        posted.pop_front();
-        take(peer, bytes, arrived);
-        ++taken;
+  // Where every receive posted for a peer held a message, more may wait in the node: a backlog
+  // from a pause (a joiner building and profiling its model while the others train, a long
+  // checkpoint). Read a poll per kPosted of them, announcements of rounds long past stood for
+  // their senders' progress for as many micro-batches. So once the node has matched the
+  // receives just posted (one wait for every such peer), those holding a message are read on:
+  // at most as many passes as the node keeps unclaimed messages in kPosted (4096 in all,
+  // node.cpp), and none after a wait that timed out.
+  constexpr int kMaxPasses = 4096 / kPosted + 2;
+  for (int pass = 0; pass < kMaxPasses; ++pass) {
+    bool backlog = false;
+    for (auto it = receives_.begin(); it != receives_.end();) {
+      const std::optional<size_t> taken = read_arrived(it->first, it->second);
+      if (!taken) {  // forget it until it is alive again
+        latest_.erase(it->first);
+        it = receives_.erase(it);
+        continue;
       }
-      if (failed) break;
-      while (posted.size() < kPosted) posted.push_back(node_.recv(peer, kTag));
-      // Every posted receive had its message: more may wait in the node, a backlog from a pause
-      // (a joiner building and profiling its model while the others train, a long checkpoint).
-      // Read a poll per kPosted of them, announcements of rounds long past stood for the
-      // sender's progress for as many micro-batches. Once the node has matched the receives
-      // just posted, those holding a message are read on.
-      if (taken < kPosted || !matched_posted_receives()) break;
+      backlog = backlog || *taken == kPosted;
+      ++it;
     }
-    if (failed) {
-      latest_.erase(peer);
-      it = receives_.erase(it);
-      continue;
-    }
-    ++it;
+    if (!backlog || !matched_posted_receives()) break;
   }
   for (const auto& [peer, is_alive] : alive) {
     if (!is_alive) {

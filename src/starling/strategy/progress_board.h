@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "starling/net/node.h"
@@ -62,10 +63,11 @@ class ProgressBoard {
     // round behind them (below).
     bool apart = false;
   };
-  // Takes every announcement that has arrived (never blocks) and sums the other live members'
-  // progress in the current round. Where some are at the same step in a later version, this peer
-  // missed an average that they applied (an exchange that failed on some peers only), and it sums
-  // theirs instead (View::apart) when
+  // Takes every announcement that has arrived (without waiting for any, though a backlog longer
+  // than the receives it keeps posted waits for the node's thread to match more) and sums the other
+  // live members' progress in the current round. Where some are at the same step in a later
+  // version, this peer missed an average that they applied (an exchange that failed on some peers
+  // only), and it sums theirs instead (View::apart) when
   // - one of them holds this peer's history: the round's agreement then hands this peer their
   //   state, its own samples unused (among the holders of the winning history, which have done
   //   equal work here, the root holds the highest round: root_choice.h), however many peers
@@ -95,8 +97,11 @@ class ProgressBoard {
     double at = 0;
   };
   void poll();
-  // Waits (up to 5 s) until the node's thread has taken every receive posted so far; true
-  // once it has.
+  // Reads the announcements that arrived for `peer`'s posted receives, in order, and posts as
+  // many receives again: how many it read, or nullopt where one failed (the peer died or left).
+  std::optional<size_t> read_arrived(net::PeerId peer, std::deque<net::Transfer>& posted);
+  // Waits (up to 5 s) until the node's thread has taken every receive posted so far: true once
+  // it has, or once the node stopped (its receives then fail).
   bool matched_posted_receives();
   // One received announcement, which arrived at `arrived` (train::now_s's clock): checked, then
   // kept as the sender's latest.
