@@ -697,58 +697,78 @@ TEST_F(SwarmCliTest, AtomMakesUpTheSamplesOfAPeerThatDiedAccumulating) {
 // (STARLING_FAULT_LOSE_PIECE), so it starts step 4 a round behind and adopts the others' state
 // there, its samples unused. The agreement's notes then do not settle the count; one more tiny
 // all-reduce of the contributors' samples does, and peers 0 and 1 make the step up.
+// Whether they have anything to make up depends on when they stopped: in about one run in
+// twenty they had gathered the target without peer 3's samples already (both stopping on
+// projections), and the run does not show the case; the test then runs the swarm again, up to
+// three times in all.
 TEST_F(SwarmCliTest, AtomMakesUpAStepWhoseAgreementAlsoMovedState) {
-  const std::string name = "atom_die_and_adopt";
   const int64_t steps = 10;
-  write_config(name, "kind = \"atom\"\ntarget_batch = 48", steps, 1);
-  fs::create_directories(run_dir(name));
-  const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
-  // As in AtomMakesUpTheSamplesOfAPeerThatDiedAccumulating: the survivors reach their agreement
-  // before they find peer 3 dead.
-  const std::vector<std::string> slow_death = {"--set", "net.peer_timeout_ms=5000"};
-  std::vector<Process> peers;
-  const std::string entry = start_first_peer(name, peers, 4, 4, slow_death);
-  ASSERT_FALSE(entry.empty());
-  const char* faults[] = {"", "STARLING_FAULT_LOSE_PIECE=3:1",
-                          "STARLING_FAULT_DIE_ACCUMULATING=4:2"};
-  for (int i = 1; i < 4; ++i) {
-    std::vector<std::string> argv = peer_argv(name, i, 4, entry, 4, slow_death);
-    if (*faults[i - 1] != '\0') argv.insert(argv.begin(), {"/usr/bin/env", faults[i - 1]});
-    peers.emplace_back(argv, log(i).string());
-  }
-  for (int i = 0; i < 3; ++i) {
-    const auto done = wait_event(
-        peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
-    ASSERT_TRUE(done) << "peer " << i << ": " << read_file(log(i));
-    EXPECT_EQ((*done)["step"], steps) << "peer " << i;
-    EXPECT_EQ(peers[i].wait(30s), 0) << "peer " << i;
-  }
-  peers[3].wait(5s);
-  EXPECT_NE(read_file(log(3)).find("dying while accumulating step 4"), std::string::npos)
-      << read_file(log(3));
-  const std::string behind = read_file(log(2));
-  const size_t fault = behind.find("counting piece 1 of gradient exchange 3 as failed");
-  ASSERT_NE(fault, std::string::npos) << behind;
-  EXPECT_EQ(count_of(behind.substr(fault), "state transfer: adopted"), 1) << behind;
-  int made_up = 0;
-  for (int i = 0; i < 3; ++i) {
-    for (const auto& m : metrics(run_dir(name) / ("peer-" + std::to_string(i)))) {
-      if (!m.contains("net") || m.value("skipped", false)) continue;
-      EXPECT_GE(m["net"]["swarm_samples"].get<double>(), 48)
-          << "peer " << i << ", step " << m["step"];
+  // One run of the swarm: false where peers 0 and 1 found nothing to make up.
+  const auto run = [&](const std::string& name) {
+    write_config(name, "kind = \"atom\"\ntarget_batch = 48", steps, 1);
+    fs::create_directories(run_dir(name));
+    const auto log = [&](int i) { return run_dir(name) / ("p" + std::to_string(i) + ".log"); };
+    // As in AtomMakesUpTheSamplesOfAPeerThatDiedAccumulating: the survivors reach their
+    // agreement before they find peer 3 dead.
+    const std::vector<std::string> slow_death = {"--set", "net.peer_timeout_ms=5000"};
+    std::vector<Process> peers;
+    const std::string entry = start_first_peer(name, peers, 4, 4, slow_death);
+    EXPECT_FALSE(entry.empty());
+    if (entry.empty()) return true;
+    const char* faults[] = {"", "STARLING_FAULT_LOSE_PIECE=3:1",
+                            "STARLING_FAULT_DIE_ACCUMULATING=4:2"};
+    for (int i = 1; i < 4; ++i) {
+      std::vector<std::string> argv = peer_argv(name, i, 4, entry, 4, slow_death);
+      if (*faults[i - 1] != '\0') argv.insert(argv.begin(), {"/usr/bin/env", faults[i - 1]});
+      peers.emplace_back(argv, log(i).string());
     }
-    const std::string text = read_file(log(i));
-    const size_t line = text.find(
-        "of its target of 48 samples (a peer left while it accumulated, "
-        "or computed its samples on a state the agreement replaced)");
-    if (line == std::string::npos) continue;
-    ++made_up;
-    const size_t start = text.rfind('\n', line) + 1;
-    std::cout << "peer " << i << ": " << text.substr(start, text.find('\n', line) - start)
-              << std::endl;
-  }
-  EXPECT_GE(made_up, 1) << "no contributor made the step up: " << read_file(log(0));
-  expect_one_final_model(name, 3, steps);
+    for (int i = 0; i < 3; ++i) {
+      const auto done = wait_event(
+          peers[i], [](const json& j) { return j["event"] == "done"; }, 120s);
+      EXPECT_TRUE(done) << "peer " << i << ": " << read_file(log(i));
+      if (!done) return true;
+      EXPECT_EQ((*done)["step"], steps) << "peer " << i;
+      EXPECT_EQ(peers[i].wait(30s), 0) << "peer " << i;
+    }
+    peers[3].wait(5s);
+    EXPECT_NE(read_file(log(3)).find("dying while accumulating step 4"), std::string::npos)
+        << read_file(log(3));
+    const std::string behind = read_file(log(2));
+    const size_t fault = behind.find("counting piece 1 of gradient exchange 3 as failed");
+    EXPECT_NE(fault, std::string::npos) << behind;
+    if (fault == std::string::npos) return true;
+    EXPECT_EQ(count_of(behind.substr(fault), "state transfer: adopted"), 1) << behind;
+    int made_up = 0;
+    int64_t gathered = 0;  // by peers 0 and 1 in step 4 (with nothing made up, on their own)
+    for (int i = 0; i < 3; ++i) {
+      for (const auto& m : metrics(run_dir(name) / ("peer-" + std::to_string(i)))) {
+        if (!m.contains("net") || m.value("skipped", false)) continue;
+        EXPECT_GE(m["net"]["swarm_samples"].get<double>(), 48)
+            << "peer " << i << ", step " << m["step"];
+        if (i < 2 && m["step"] == 4) gathered += m["net"]["samples"].get<int64_t>();
+      }
+      const std::string text = read_file(log(i));
+      const size_t line = text.find(
+          "of its target of 48 samples (a peer left while it accumulated, "
+          "or computed its samples on a state the agreement replaced)");
+      if (line == std::string::npos) continue;
+      ++made_up;
+      const size_t start = text.rfind('\n', line) + 1;
+      std::cout << "peer " << i << ": " << text.substr(start, text.find('\n', line) - start)
+                << std::endl;
+    }
+    expect_one_final_model(name, 3, steps);
+    if (made_up == 0 && gathered >= 48) {
+      std::cout << "peers 0 and 1 gathered " << gathered
+                << " of 48 in step 4 without peer 3's samples: nothing to make up" << std::endl;
+      return false;
+    }
+    EXPECT_GE(made_up, 1) << "no contributor made the step up: " << read_file(log(0));
+    return true;
+  };
+  for (int attempt = 1; attempt <= 3; ++attempt)
+    if (run("atom_die_and_adopt_" + std::to_string(attempt)) || HasFailure()) return;
+  ADD_FAILURE() << "in three runs peers 0 and 1 never had a step to make up";
 }
 
 // A round agreement that fails on every participant (peer 2 fails its 8th as it starts,

@@ -103,8 +103,8 @@ void ProgressBoard::poll() {
     if (m.info.id != node_.id()) alive[m.info.id] = m.state == net::MemberState::alive;
   // Where every receive posted for a peer held a message, more may wait in the node: a backlog
   // from a pause (a joiner building and profiling its model while the others train, a long
-  // checkpoint). Read a poll per kPosted of them, announcements of rounds long past stood for
-  // their senders' progress for as many micro-batches. So once the node has matched the
+  // checkpoint). Read kPosted of them a poll, announcements of rounds long past stood for their
+  // senders' progress for as many micro-batches. So once the node has matched the
   // receives just posted (one wait for every such peer), those holding a message are read on:
   // at most as many passes as the node keeps unclaimed messages in kPosted (4096 in all,
   // node.cpp), and none after a wait that timed out.
