@@ -9,6 +9,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -33,6 +34,9 @@ class Transfer : public Handle<std::vector<uint8_t>> {
 // Not thread-safe: owned and used by one thread (the node's communication thread).
 class Mailbox {
  public:
+  // The node keeps at most this many messages that arrived before their receive, and drops what
+  // arrives beyond them (a peer that keeps sending cannot fill this one's memory).
+  static constexpr size_t kMaxUnclaimed = 4096;
   // A message from `sender` arrived: it completes the oldest receive waiting for it, or waits.
   void deliver(PeerId sender, uint64_t tag, std::vector<uint8_t> bytes);
   // A receive: completes at once when its message is already here.

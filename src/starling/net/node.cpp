@@ -21,9 +21,6 @@ int64_t wall_ms() {
       .count();
 }
 
-// Point-to-point messages that arrived and wait for a receive, at most.
-constexpr size_t kMaxUnclaimed = 4096;
-
 }  // namespace
 
 Node::Impl::Impl(NodeOptions options) : options_(std::move(options)), table_(MemberInfo{}) {
@@ -318,12 +315,13 @@ void Node::Impl::handle(Incoming& in) {
     }
     // Nobody receives them: a peer that keeps sending cannot fill this one's memory, nor its
     // log (the 1st, 2nd, 4th, 8th, ... drop is logged).
-    if (p2p_.unclaimed() >= kMaxUnclaimed) {
+    if (p2p_.unclaimed() >= Mailbox::kMaxUnclaimed) {
       ++dropped_unclaimed_;
       if ((dropped_unclaimed_ & (dropped_unclaimed_ - 1)) == 0)
         log("dropped a message from " + table_.who(h.sender) + " (tag " + std::to_string(h.op) +
-            "): " + std::to_string(kMaxUnclaimed) + " messages already wait for a receive (" +
-            std::to_string(dropped_unclaimed_) + " dropped so far)");
+            "): " + std::to_string(Mailbox::kMaxUnclaimed) +
+            " messages already wait for a receive (" + std::to_string(dropped_unclaimed_) +
+            " dropped so far)");
       return;
     }
     const auto* bytes = static_cast<const uint8_t*>(in.payload.data());

@@ -106,10 +106,10 @@ void ProgressBoard::poll() {
   // checkpoint). Read kPosted of them a poll, announcements of rounds long past stood for their
   // senders' progress for as many micro-batches. So once the node has matched the
   // receives just posted (one wait for every such peer), those holding a message are read on:
-  // at most as many passes as the node keeps unclaimed messages in kPosted (4096 in all,
-  // node.cpp), and none after a wait that timed out.
-  constexpr int kMaxPasses = 4096 / kPosted + 2;
-  for (int pass = 0; pass < kMaxPasses; ++pass) {
+  // at most as many passes as the node keeps unclaimed messages in kPosted, and none after a
+  // wait that timed out.
+  constexpr size_t kMaxPasses = net::Mailbox::kMaxUnclaimed / kPosted + 2;
+  for (size_t pass = 0; pass < kMaxPasses; ++pass) {
     bool backlog = false;
     for (auto it = receives_.begin(); it != receives_.end();) {
       const std::optional<size_t> taken = read_arrived(it->first, it->second);
