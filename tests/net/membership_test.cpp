@@ -157,3 +157,57 @@ TEST(MailboxTest, ARestartFailsWaitingReceivesAndDropsTheOldIncarnationsMessages
   box.deliver(peer, 1, {9});
   EXPECT_EQ(net::Transfer(first).wait(), (std::vector<uint8_t>{9}));
 }
+
+// A tag whose messages each replace the last (a status: atom's progress announcements) keeps the
+// latest of each sender while nobody receives it, and that one always has room; receives posted
+// before their messages still take every one, in order.
+TEST(MailboxTest, AKeepLatestTagKeepsEachSendersLatestUnclaimedMessage) {
+  net::Mailbox box;
+  constexpr uint64_t kStatus = 7, kOther = 8;
+  box.keep_latest(kStatus);
+  auto early = std::make_shared<net::Transfer::State>();
+  box.expect(1, kStatus, early);
+  for (uint8_t i = 1; i <= 3; ++i) box.deliver(1, kStatus, {i});
+  for (uint8_t i = 10; i <= 11; ++i) box.deliver(2, kStatus, {i});
+  box.deliver(1, kOther, {20});
+  box.deliver(1, kOther, {21});
+  EXPECT_EQ(net::Transfer(early).wait(), (std::vector<uint8_t>{1})) << "the posted receive's";
+  EXPECT_EQ(box.unclaimed(), 4u) << "the latest of each sender on the status tag, every other";
+  const auto receive = [&](net::PeerId peer, uint64_t tag) {
+    auto r = std::make_shared<net::Transfer::State>();
+    box.expect(peer, tag, r);
+    return net::Transfer(r).wait();
+  };
+  EXPECT_EQ(receive(1, kStatus), (std::vector<uint8_t>{3}));
+  EXPECT_EQ(receive(2, kStatus), (std::vector<uint8_t>{11}));
+  EXPECT_EQ(receive(1, kOther), (std::vector<uint8_t>{20}));
+  EXPECT_EQ(receive(1, kOther), (std::vector<uint8_t>{21}));
+  EXPECT_EQ(box.unclaimed(), 0u);
+}
+
+// The bound on unclaimed messages drops arrivals nobody asked for, but not one a posted receive
+// waits for, nor a status tag's latest (which replaces the one that waits).
+TEST(MailboxTest, TheBoundSparesAWaitingReceiveAndAStatusTagsLatest) {
+  net::Mailbox box;
+  constexpr uint64_t kStatus = 7, kFlood = 8, kAwaited = 9;
+  box.keep_latest(kStatus);
+  box.deliver(1, kStatus, {1});
+  auto waiting = std::make_shared<net::Transfer::State>();
+  box.expect(2, kAwaited, waiting);
+  for (size_t i = 1; i < net::Mailbox::kMaxUnclaimed; ++i) {
+    ASSERT_TRUE(box.has_room_for(3, kFlood));
+    box.deliver(3, kFlood, {0});
+  }
+  EXPECT_EQ(box.unclaimed(), net::Mailbox::kMaxUnclaimed);
+  EXPECT_FALSE(box.has_room_for(3, kFlood));
+  EXPECT_FALSE(box.has_room_for(2, kStatus)) << "a status sender with nothing waiting adds one";
+  EXPECT_TRUE(box.has_room_for(1, kStatus));
+  EXPECT_TRUE(box.has_room_for(2, kAwaited));
+  box.deliver(1, kStatus, {2});
+  box.deliver(2, kAwaited, {5});
+  EXPECT_EQ(net::Transfer(waiting).wait(), (std::vector<uint8_t>{5}));
+  EXPECT_EQ(box.unclaimed(), net::Mailbox::kMaxUnclaimed);
+  auto status = std::make_shared<net::Transfer::State>();
+  box.expect(1, kStatus, status);
+  EXPECT_EQ(net::Transfer(status).wait(), (std::vector<uint8_t>{2}));
+}

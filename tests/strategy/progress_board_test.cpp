@@ -239,6 +239,31 @@ TEST(ProgressBoard, OnePollReadsABacklogLongerThanItsPostedReceives) {
   EXPECT_EQ(a.view(0).samples, 1300) << "one poll read only part of backlogs of 1000 and 300";
 }
 
+// A pause long enough for more announcements than the node keeps unclaimed (a long checkpoint or
+// write-back beside fast peers): the node keeps each sender's latest beyond the posted receives,
+// so the next look sees every sender as it is now. Dropped at the bound instead, the board kept
+// an announcement about 4160 old until the sender's next, and a peer waiting for the exchange
+// sends none.
+TEST(ProgressBoard, APauseLongerThanTheNodesBoundStillSeesTheLatest) {
+  net::testing::Swarm swarm(3);
+  auto nodes = swarm.start(3);
+  ProgressBoard a(*nodes[0]), b(*nodes[1]), c(*nodes[2]);
+  a.begin_round({9, 0});
+  a.view(0);
+  constexpr int64_t kAnnounced = static_cast<int64_t>(net::Mailbox::kMaxUnclaimed) + 2000;
+  for (int64_t samples = 1; samples <= kAnnounced; ++samples) b.announce({9, 0}, samples, 0, false);
+  c.announce({9, 0}, 1, 0, false);
+  c.announce({9, 0}, 2, 0, true);
+  for (int sender : {1, 2}) {
+    constexpr uint64_t kAfter = 77;
+    nodes[static_cast<size_t>(sender)]->send(nodes[0]->id(), kAfter, {1});
+    ASSERT_TRUE(nodes[0]->recv(nodes[static_cast<size_t>(sender)]->id(), kAfter).wait_for(30s));
+  }
+  const auto v = a.view(0);
+  EXPECT_EQ(v.samples, kAnnounced + 2) << "the latest of a backlog past the node's bound was lost";
+  EXPECT_EQ(v.ready, 1);
+}
+
 // Who closes a round (atom.h): a peer sees how many peers heard in the round have a smaller id
 // and still accumulate. Ready ones and those of another round do not count.
 TEST(ProgressBoard, SeesWhichSmallerPeersStillAccumulate) {

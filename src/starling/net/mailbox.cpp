@@ -2,6 +2,12 @@
 
 namespace starling::net {
 
+bool Mailbox::has_room_for(PeerId sender, uint64_t tag) const {
+  const Key key{sender, tag};
+  return unclaimed_ < kMaxUnclaimed || waiting_.contains(key) ||
+         (keep_latest_.contains(tag) && arrived_.contains(key));
+}
+
 void Mailbox::deliver(PeerId sender, uint64_t tag, std::vector<uint8_t> bytes) {
   const Key key{sender, tag};
   if (auto it = waiting_.find(key); it != waiting_.end()) {
@@ -11,7 +17,13 @@ void Mailbox::deliver(PeerId sender, uint64_t tag, std::vector<uint8_t> bytes) {
     receive->finish(std::move(bytes), "");
     return;
   }
-  arrived_[key].push_back({std::move(bytes), std::chrono::steady_clock::now()});
+  std::deque<Arrived>& queue = arrived_[key];
+  Arrived message{std::move(bytes), std::chrono::steady_clock::now()};
+  if (keep_latest_.contains(tag) && !queue.empty()) {
+    queue.back() = std::move(message);  // one at most: nothing was waiting for the rest
+    return;
+  }
+  queue.push_back(std::move(message));
   ++unclaimed_;
 }
 

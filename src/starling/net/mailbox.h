@@ -14,6 +14,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,9 +36,18 @@ class Transfer : public Handle<std::vector<uint8_t>> {
 class Mailbox {
  public:
   // The node keeps at most this many messages that arrived before their receive, and drops what
-  // arrives beyond them (a peer that keeps sending cannot fill this one's memory).
+  // arrives beyond them (a peer that keeps sending cannot fill this one's memory): has_room_for.
   static constexpr size_t kMaxUnclaimed = 4096;
-  // A message from `sender` arrived: it completes the oldest receive waiting for it, or waits.
+  // Messages of `tag` that wait unclaimed keep only the latest of each sender: a status that each
+  // message replaces (atom's progress announcements), however long nobody receives it, and
+  // however many messages of other tags wait. Receives posted before their messages still take
+  // every one, in order.
+  void keep_latest(uint64_t tag) { keep_latest_.insert(tag); }
+  // Whether a message from `sender` would be kept: a receive waits for it, it replaces an
+  // unclaimed one (keep_latest), or fewer than kMaxUnclaimed wait.
+  bool has_room_for(PeerId sender, uint64_t tag) const;
+  // A message from `sender` arrived: it completes the oldest receive waiting for it, or waits
+  // (where its tag keeps the latest, in place of the one that waited).
   void deliver(PeerId sender, uint64_t tag, std::vector<uint8_t> bytes);
   // A receive: completes at once when its message is already here.
   void expect(PeerId sender, uint64_t tag, std::shared_ptr<Transfer::State> receive);
@@ -63,6 +73,7 @@ class Mailbox {
   std::map<Key, std::deque<Arrived>> arrived_;
   std::map<Key, std::deque<std::shared_ptr<Transfer::State>>> waiting_;
   std::map<PeerId, std::string> gone_;  // peers that died or left, with the reason
+  std::set<uint64_t> keep_latest_;
   size_t unclaimed_ = 0;
 };
 

@@ -244,16 +244,19 @@ void Node::Impl::shut_down() {
 void Node::Impl::take_requests() {
   std::deque<Launched> launches;
   std::deque<TransferRequest> transfers;
+  std::vector<uint64_t> keep_latest;
   {
     std::lock_guard lock(mutex_);
     launches.swap(launches_);
     transfers.swap(transfers_);
+    keep_latest.swap(keep_latest_);
     if (activate_) {
       std::lock_guard table_lock(table_.mutex);
       table_.members.self_info().active = true;
       activate_ = false;
     }
   }
+  for (uint64_t tag : keep_latest) p2p_.keep_latest(tag);
   for (auto& op : launches) agreement_->launch(std::move(op));
   for (auto& t : transfers) run_transfer(t);
 }
@@ -315,7 +318,7 @@ void Node::Impl::handle(Incoming& in) {
     }
     // Nobody receives them: a peer that keeps sending cannot fill this one's memory, nor its
     // log (the 1st, 2nd, 4th, 8th, ... drop is logged).
-    if (p2p_.unclaimed() >= Mailbox::kMaxUnclaimed) {
+    if (!p2p_.has_room_for(h.sender, h.op)) {
       ++dropped_unclaimed_;
       if ((dropped_unclaimed_ & (dropped_unclaimed_ - 1)) == 0)
         log("dropped a message from " + table_.who(h.sender) + " (tag " + std::to_string(h.op) +
@@ -380,6 +383,14 @@ Work Node::Impl::launch(CollectiveKind kind, std::span<float> data,
   }
   transport_->wake();
   return Work(state);
+}
+
+void Node::Impl::keep_latest_unclaimed(uint64_t tag) {
+  {
+    std::lock_guard lock(mutex_);
+    keep_latest_.push_back(tag);
+  }
+  transport_->wake();
 }
 
 Transfer Node::Impl::post(bool send, PeerId peer, uint64_t tag, std::vector<uint8_t> bytes) {
@@ -508,6 +519,7 @@ Transfer Node::send(PeerId peer, uint64_t tag, std::vector<uint8_t> bytes) {
 Transfer Node::recv(PeerId peer, uint64_t tag) {
   return impl_->post(/*send=*/false, peer, tag, {});
 }
+void Node::keep_latest_unclaimed(uint64_t tag) { impl_->keep_latest_unclaimed(tag); }
 
 Work Node::launch(CollectiveKind kind, std::span<float> data, const CollectiveOptions& options) {
   return impl_->launch(kind, data, options);

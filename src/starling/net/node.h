@@ -69,6 +69,12 @@ class Node : public Collectives {
   // locally. Both work while a collective runs.
   Transfer send(PeerId peer, uint64_t tag, std::vector<uint8_t> bytes);
   Transfer recv(PeerId peer, uint64_t tag);
+  // Messages of `tag` that arrive before their receive keep only the latest of each sender, in
+  // place of the earlier ones (Mailbox::keep_latest): for a status each message replaces, which
+  // a long pause of the receiver must not turn stale. The node keeps at most
+  // Mailbox::kMaxUnclaimed unclaimed messages of other tags and drops what comes beyond; such a
+  // tag's latest is always kept. For messages that arrive after the call.
+  void keep_latest_unclaimed(uint64_t tag);
 
   // Starts taking part in collectives (a peer that joined with NodeOptions::active = false, to
   // fetch state or wait for others first; calling a collective does the same). Once active, a

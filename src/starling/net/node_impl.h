@@ -36,6 +36,7 @@ class Node::Impl {
   void stop(bool announce);
   Work launch(CollectiveKind kind, std::span<float> data, const CollectiveOptions& options);
   Transfer post(bool send, PeerId peer, uint64_t tag, std::vector<uint8_t> bytes);
+  void keep_latest_unclaimed(uint64_t tag);
 
   std::vector<MemberView> members() const;
   std::vector<LinkView> links() const;
@@ -100,7 +101,8 @@ class Node::Impl {
   mutable std::mutex mutex_;
   std::deque<Launched> launches_;
   std::deque<TransferRequest> transfers_;
-  bool activate_ = false;  // guarded by mutex_: activate() was called
+  std::vector<uint64_t> keep_latest_;  // tags for the mailbox's keep_latest, not passed on yet
+  bool activate_ = false;              // guarded by mutex_: activate() was called
   bool stopping_ = false;
   bool announce_leave_ = false;
 

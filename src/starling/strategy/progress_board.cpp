@@ -23,7 +23,14 @@ static_assert(sizeof(Message) == 48);
 
 }  // namespace
 
-ProgressBoard::ProgressBoard(net::Node& node) : node_(node) {}
+ProgressBoard::ProgressBoard(net::Node& node) : node_(node) {
+  // Each announcement replaces its sender's last (take), so the node keeps the latest of what
+  // waits beyond the posted receives: after however long a pause, a poll reads every sender's
+  // progress now. Dropped at the node's bound on unclaimed messages instead, a pause of 4096
+  // announcements left the board with rounds long past until each sender's next one, and a peer
+  // waiting for the exchange announces nothing more.
+  node_.keep_latest_unclaimed(kTag);
+}
 
 void ProgressBoard::begin_round(Round round, uint32_t history) {
   round_ = round;
@@ -101,14 +108,14 @@ void ProgressBoard::poll() {
   std::map<net::PeerId, bool> alive;
   for (const net::MemberView& m : node_.members())
     if (m.info.id != node_.id()) alive[m.info.id] = m.state == net::MemberState::alive;
-  // Where every receive posted for a peer held a message, more may wait in the node: a backlog
-  // from a pause (a joiner building and profiling its model while the others train, a long
-  // checkpoint). Read kPosted of them a poll, announcements of rounds long past stood for their
-  // senders' progress for as many micro-batches. So once the node has matched the
-  // receives just posted (one wait for every such peer), those holding a message are read on:
-  // at most as many passes as the node keeps unclaimed messages in kPosted, and none after a
-  // wait that timed out.
-  constexpr size_t kMaxPasses = net::Mailbox::kMaxUnclaimed / kPosted + 2;
+  // Where every receive posted for a peer held a message, another may wait in the node (the
+  // latest of a backlog: keep_latest_unclaimed) after a pause (a joiner building and profiling
+  // its model while the others train, a long checkpoint). Read kPosted a poll, announcements of
+  // rounds long past stood for their senders' progress for as many micro-batches. So once the
+  // node has matched the receives just posted (one wait for every such peer), those holding a
+  // message are read on. The second pass reads the latest; more are for senders that announced
+  // kPosted more meanwhile. None after a wait that timed out.
+  constexpr size_t kMaxPasses = 4;
   for (size_t pass = 0; pass < kMaxPasses; ++pass) {
     bool backlog = false;
     for (auto it = receives_.begin(); it != receives_.end();) {
