@@ -186,7 +186,7 @@ TEST(MailboxTest, AKeepLatestTagKeepsEachSendersLatestUnclaimedMessage) {
 }
 
 // The bound on unclaimed messages drops arrivals nobody asked for, but not one a posted receive
-// waits for, nor a status tag's latest (which replaces the one that waits).
+// waits for, nor a status tag's latest (one a sender).
 TEST(MailboxTest, TheBoundSparesAWaitingReceiveAndAStatusTagsLatest) {
   net::Mailbox box;
   constexpr uint64_t kStatus = 7, kFlood = 8, kAwaited = 9;
@@ -200,14 +200,31 @@ TEST(MailboxTest, TheBoundSparesAWaitingReceiveAndAStatusTagsLatest) {
   }
   EXPECT_EQ(box.unclaimed(), net::Mailbox::kMaxUnclaimed);
   EXPECT_FALSE(box.has_room_for(3, kFlood));
-  EXPECT_FALSE(box.has_room_for(2, kStatus)) << "a status sender with nothing waiting adds one";
   EXPECT_TRUE(box.has_room_for(1, kStatus));
+  EXPECT_TRUE(box.has_room_for(2, kStatus)) << "a status sender with nothing waiting adds one";
   EXPECT_TRUE(box.has_room_for(2, kAwaited));
   box.deliver(1, kStatus, {2});
+  box.deliver(2, kStatus, {3});
   box.deliver(2, kAwaited, {5});
   EXPECT_EQ(net::Transfer(waiting).wait(), (std::vector<uint8_t>{5}));
-  EXPECT_EQ(box.unclaimed(), net::Mailbox::kMaxUnclaimed);
+  EXPECT_EQ(box.unclaimed(), net::Mailbox::kMaxUnclaimed + 1);
+  for (net::PeerId sender : {1, 2}) {
+    auto status = std::make_shared<net::Transfer::State>();
+    box.expect(sender, kStatus, status);
+    EXPECT_EQ(net::Transfer(status).wait(),
+              (std::vector<uint8_t>{static_cast<uint8_t>(sender + 1)}));
+  }
+}
+
+// A tag registered after its messages began to wait keeps the latest of those too.
+TEST(MailboxTest, AKeepLatestTagCollapsesWhatAlreadyWaits) {
+  net::Mailbox box;
+  for (uint8_t i = 1; i <= 5; ++i) box.deliver(1, 7, {i});
+  box.deliver(1, 8, {9});
+  EXPECT_EQ(box.unclaimed(), 6u);
+  box.keep_latest(7);
+  EXPECT_EQ(box.unclaimed(), 2u);
   auto status = std::make_shared<net::Transfer::State>();
-  box.expect(1, kStatus, status);
-  EXPECT_EQ(net::Transfer(status).wait(), (std::vector<uint8_t>{2}));
+  box.expect(1, 7, status);
+  EXPECT_EQ(net::Transfer(status).wait(), (std::vector<uint8_t>{5}));
 }

@@ -621,13 +621,18 @@ TEST(NodeTest, PointToPointMessagesMatchByPeerAndTag) {
 }
 
 // Messages nobody receives pile up to a bound (4096), then are dropped: the first 4096 stay,
-// and the drops are logged at the 1st, 2nd, 4th, ... one, not each (a peer that keeps
-// announcing to one that does not read yet, say atom's progress to a joiner, would flood it).
+// and the drops are logged at the 1st, 2nd, 4th, ... one, not each (a peer that keeps sending
+// to one that does not read yet would flood it).
 TEST(NodeTest, UnclaimedMessagesAreBoundedAndTheirDropsLoggedSparingly) {
   Swarm swarm(2);
   auto nodes = swarm.start(2);
   const net::PeerId from = nodes[0]->id(), to = nodes[1]->id();
   constexpr int kKept = 4096, kDropped = 128;
+  // Neither a message that a posted receive waits for nor a keep-latest tag's is dropped.
+  auto awaited = nodes[1]->recv(from, 6);
+  nodes[1]->keep_latest_unclaimed(8);
+  nodes[1]->send(to, 99, {}).wait();  // the node's thread takes requests in order: once this
+  nodes[1]->recv(to, 99).wait();      // arrived, the tag is registered and the receive posted
   for (int i = 0; i < kKept + kDropped; ++i) nodes[0]->send(to, 5, bytes_of(std::to_string(i)));
   const std::string last = "(" + std::to_string(kDropped) + " dropped so far)";
   for (int i = 0; i < 500 && !swarm.sink.contains(last); ++i) std::this_thread::sleep_for(10ms);
@@ -639,6 +644,13 @@ TEST(NodeTest, UnclaimedMessagesAreBoundedAndTheirDropsLoggedSparingly) {
       lines += l.find("dropped a message from") != std::string::npos ? 1 : 0;
   }
   EXPECT_EQ(lines, 8) << "drops 1, 2, 4, ..., 128";
+  // The bound is still full.
+  for (const char* status : {"x", "y", "z"}) nodes[0]->send(to, 8, bytes_of(status));
+  nodes[0]->send(to, 6, bytes_of("awaited"));
+  ASSERT_TRUE(awaited.wait_for(10s)) << "a message a receive waited for was dropped at the bound";
+  EXPECT_EQ(text_of(awaited.wait()), "awaited");
+  // Sent before it on the same connection, the statuses are here: the latest was kept.
+  EXPECT_EQ(text_of(nodes[1]->recv(from, 8).wait()), "z");
   EXPECT_EQ(text_of(nodes[1]->recv(from, 5).wait()), "0");
   EXPECT_EQ(text_of(nodes[1]->recv(from, 5).wait()), "1");
 }

@@ -242,7 +242,7 @@ TEST(ProgressBoard, OnePollReadsABacklogLongerThanItsPostedReceives) {
 // A pause long enough for more announcements than the node keeps unclaimed (a long checkpoint or
 // write-back beside fast peers): the node keeps each sender's latest beyond the posted receives,
 // so the next look sees every sender as it is now. Dropped at the bound instead, the board kept
-// an announcement about 4160 old until the sender's next, and a peer waiting for the exchange
+// the 4160th of 6096 announcements until the sender's next, and a peer waiting for the exchange
 // sends none.
 TEST(ProgressBoard, APauseLongerThanTheNodesBoundStillSeesTheLatest) {
   net::testing::Swarm swarm(3);

@@ -2,10 +2,18 @@
 
 namespace starling::net {
 
+void Mailbox::keep_latest(uint64_t tag) {
+  keep_latest_.insert(tag);
+  for (auto& [key, queue] : arrived_) {
+    if (key.second != tag) continue;
+    unclaimed_ -= queue.size() - 1;  // never empty: an emptied queue is erased
+    queue.erase(queue.begin(), queue.end() - 1);
+  }
+}
+
 bool Mailbox::has_room_for(PeerId sender, uint64_t tag) const {
-  const Key key{sender, tag};
-  return unclaimed_ < kMaxUnclaimed || waiting_.contains(key) ||
-         (keep_latest_.contains(tag) && arrived_.contains(key));
+  return unclaimed_ < kMaxUnclaimed || keep_latest_.contains(tag) ||
+         waiting_.contains({sender, tag});
 }
 
 void Mailbox::deliver(PeerId sender, uint64_t tag, std::vector<uint8_t> bytes) {
@@ -20,7 +28,7 @@ void Mailbox::deliver(PeerId sender, uint64_t tag, std::vector<uint8_t> bytes) {
   std::deque<Arrived>& queue = arrived_[key];
   Arrived message{std::move(bytes), std::chrono::steady_clock::now()};
   if (keep_latest_.contains(tag) && !queue.empty()) {
-    queue.back() = std::move(message);  // one at most: nothing was waiting for the rest
+    queue.back() = std::move(message);  // the one that waited: nothing asked for it
     return;
   }
   queue.push_back(std::move(message));

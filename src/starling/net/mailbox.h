@@ -38,13 +38,13 @@ class Mailbox {
   // The node keeps at most this many messages that arrived before their receive, and drops what
   // arrives beyond them (a peer that keeps sending cannot fill this one's memory): has_room_for.
   static constexpr size_t kMaxUnclaimed = 4096;
-  // Messages of `tag` that wait unclaimed keep only the latest of each sender: a status that each
-  // message replaces (atom's progress announcements), however long nobody receives it, and
-  // however many messages of other tags wait. Receives posted before their messages still take
-  // every one, in order.
-  void keep_latest(uint64_t tag) { keep_latest_.insert(tag); }
-  // Whether a message from `sender` would be kept: a receive waits for it, it replaces an
-  // unclaimed one (keep_latest), or fewer than kMaxUnclaimed wait.
+  // Messages of `tag` that wait unclaimed keep only the latest of each sender (those waiting now
+  // too): a status that each message replaces (atom's progress announcements), however long
+  // nobody receives it. The bound never drops them: they add at most one message a sender.
+  // Receives posted before their messages still take every one, in order.
+  void keep_latest(uint64_t tag);
+  // Whether a message from `sender` would be kept: a receive waits for it, its tag keeps the
+  // latest, or fewer than kMaxUnclaimed wait.
   bool has_room_for(PeerId sender, uint64_t tag) const;
   // A message from `sender` arrived: it completes the oldest receive waiting for it, or waits
   // (where its tag keeps the latest, in place of the one that waited).

@@ -71,9 +71,9 @@ class Node : public Collectives {
   Transfer recv(PeerId peer, uint64_t tag);
   // Messages of `tag` that arrive before their receive keep only the latest of each sender, in
   // place of the earlier ones (Mailbox::keep_latest): for a status each message replaces, which
-  // a long pause of the receiver must not turn stale. The node keeps at most
-  // Mailbox::kMaxUnclaimed unclaimed messages of other tags and drops what comes beyond; such a
-  // tag's latest is always kept. For messages that arrive after the call.
+  // a long pause of the receiver must not turn stale. The node drops other messages that
+  // nobody asked for beyond Mailbox::kMaxUnclaimed waiting, never such a tag's latest (one a
+  // sender), nor a message that a posted receive waits for.
   void keep_latest_unclaimed(uint64_t tag);
 
   // Starts taking part in collectives (a peer that joined with NodeOptions::active = false, to
