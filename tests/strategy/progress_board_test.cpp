@@ -32,6 +32,18 @@ ProgressBoard::View wait_view(ProgressBoard& board, double horizon, Pred done) {
   return v;
 }
 
+// Waits until what nodes 1 and 2 sent node 0 so far has arrived there, unread by its board: each
+// sender's messages arrive in order on its one connection, whatever their tags, so once a message
+// each sends now is here, so is everything before it.
+bool arrived_at_node_0(const std::vector<std::unique_ptr<net::Node>>& nodes) {
+  constexpr uint64_t kAfter = 77;
+  for (size_t sender : {1, 2}) {
+    nodes[sender]->send(nodes[0]->id(), kAfter, {1});
+    if (!nodes[0]->recv(nodes[sender]->id(), kAfter).wait_for(30s)) return false;
+  }
+  return true;
+}
+
 TEST(ProgressBoard, CountsTheOthersAnnouncementsOfTheRound) {
   net::testing::Swarm swarm(3);
   auto nodes = swarm.start(3);
@@ -229,13 +241,7 @@ TEST(ProgressBoard, OnePollReadsABacklogLongerThanItsPostedReceives) {
   a.view(0);
   for (int64_t samples = 1; samples <= 1000; ++samples) b.announce({9, 0}, samples, 0, false);
   for (int64_t samples = 1; samples <= 300; ++samples) c.announce({9, 0}, samples, 0, false);
-  // Each sender's messages arrive in order on its one connection, whatever their tags: once a
-  // message each sent after its announcements is here, so are they (unread by a's board).
-  for (int sender : {1, 2}) {
-    constexpr uint64_t kAfter = 77;
-    nodes[static_cast<size_t>(sender)]->send(nodes[0]->id(), kAfter, {1});
-    ASSERT_TRUE(nodes[0]->recv(nodes[static_cast<size_t>(sender)]->id(), kAfter).wait_for(30s));
-  }
+  ASSERT_TRUE(arrived_at_node_0(nodes));
   EXPECT_EQ(a.view(0).samples, 1300) << "one poll read only part of backlogs of 1000 and 300";
 }
 
@@ -254,11 +260,7 @@ TEST(ProgressBoard, APauseLongerThanTheNodesBoundStillSeesTheLatest) {
   for (int64_t samples = 1; samples <= kAnnounced; ++samples) b.announce({9, 0}, samples, 0, false);
   c.announce({9, 0}, 1, 0, false);
   c.announce({9, 0}, 2, 0, true);
-  for (int sender : {1, 2}) {
-    constexpr uint64_t kAfter = 77;
-    nodes[static_cast<size_t>(sender)]->send(nodes[0]->id(), kAfter, {1});
-    ASSERT_TRUE(nodes[0]->recv(nodes[static_cast<size_t>(sender)]->id(), kAfter).wait_for(30s));
-  }
+  ASSERT_TRUE(arrived_at_node_0(nodes));
   const auto v = a.view(0);
   EXPECT_EQ(v.samples, kAnnounced + 2) << "the latest of a backlog past the node's bound was lost";
   EXPECT_EQ(v.ready, 1);
