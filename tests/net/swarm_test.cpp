@@ -235,3 +235,47 @@ TEST(SwarmTest, FourPeersOnShapedLinksInNamespaces) {
   expect_agreement(
       run_swarm(4, "all_reduce:1000000:fp32,broadcast:100000:fp32:c", 1, &lab, {"--insecure"}), 2);
 }
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A peer whose loop is busy when a newcomer's bandwidth probe comes (held 300 ms after each
+// hello, as CPUs taken by the peers' start-up hold it) finds the probe's marker and payload queued
+// together. Timing the two read microseconds, and a 20 Mbit link read tens of Gbit/s; the peer now
+// asks for another probe and reads the link's own rate.
+TEST(SwarmTest, APeerBusyWhenAProbeComesStillReadsTheLinksRate) {
+  if (auto why = NetLab::unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
+  NetLab lab(2, "20mbit");
+  SwarmDir dir(2);
+  std::vector<Process> procs;
+  std::string first;
+  for (int i = 0; i < 2; ++i) {
+    procs.emplace_back(dir.worker(i, "tcp://" + lab.ip(i) + ":0", first,
+                                  {"--expect", "2", "--linger-ms", "3000", "--probe-bytes", "65536",
+                                   "--hold-after-hello-ms", "300"},
+                                  lab.exec_prefix(i)),
+                       dir.log(i));
+    const std::string ep = endpoint_of(procs.back());
+    ASSERT_FALSE(ep.empty()) << "peer " << i << " did not start";
+    if (i == 0) first = ep;
+  }
+  for (int i = 0; i < 2; ++i) {
+    json done;
+    for (const auto& line : procs[static_cast<size_t>(i)].read_all(30s)) {
+      const auto j = json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.value("event", "") == "done") done = j;
+    }
+    EXPECT_EQ(procs[static_cast<size_t>(i)].wait(10s), 0);
+    ASSERT_TRUE(done.contains("incoming_mbit_per_s")) << "peer " << i << " ended without a report";
+    const std::string other = SwarmDir::name(1 - i);
+    ASSERT_TRUE(done["incoming_mbit_per_s"].contains(other))
+        << "peer " << i << " never measured the link from " << other << ": " << done.dump() << "\n"
+        << read_text(dir.log(i));
+    const double mbit = done["incoming_mbit_per_s"][other].get<double>();
+    std::printf("peer %d reads the 20 Mbit link from %s at %.1f Mbit/s\n", i, other.c_str(), mbit);
+    EXPECT_GE(mbit, 10) << "peer " << i;
+    EXPECT_LE(mbit, 30) << "peer " << i << ":\n" << read_text(dir.log(i));
+  }
+}

@@ -175,8 +175,9 @@ TEST(OpFence, GroupsOfDevicesJoinAtOneSlowLink) {
 
 // A fast pair and a third device that only one of the pair reaches well: the pair is a group of
 // its own, and the chain leaves it at the device with the good way out. (Measured rates on one
-// machine can look like this: a receiver busy when a probe's marker arrives handles the marker
-// and its payload together, and reads a 1 Gbit link at hundreds of Gbit/s.)
+// machine looked like this before the probe's doubt check, net/link_probe.h: a receiver busy
+// when a probe's marker arrived handled the marker and its payload together, and read a 1 Gbit
+// link at hundreds of Gbit/s. Links that far apart are real too: loopback beside a slow WAN.)
 TEST(OpFence, AGroupEndsAtTheDeviceWithTheWayOut) {
   auto t = table(8, {1, 1, 1});
   set_link(t, 0, 1, 1e12);

@@ -100,6 +100,8 @@ int main(int argc, char** argv) {
   bool insecure = false, retry = false, zmq_data = false;
   size_t expect = 1, chunk_bytes = 64 * 1024;
   int rounds = 1, timeout_ms = 2000, heartbeat_ms = 200, pause_ms = 0, linger_ms = 500;
+  int hold_after_hello_ms = 0;
+  size_t probe_bytes = 16 * 1024;
   app.add_option("--name", name)->required();
   app.add_option("--listen", listen);
   app.add_option("--advertise", advertise);
@@ -117,6 +119,9 @@ int main(int argc, char** argv) {
   app.add_option("--chunk-bytes", chunk_bytes);
   app.add_option("--pause-ms", pause_ms);
   app.add_option("--linger-ms", linger_ms);
+  app.add_option("--probe-bytes", probe_bytes);
+  // NodeOptions::hold_after_hello: the loop is busy when a newcomer's probe comes.
+  app.add_option("--hold-after-hello-ms", hold_after_hello_ms);
   CLI11_PARSE(app, argc, argv);
 
   std::signal(SIGTERM, [](int) { g_stop = true; });
@@ -137,7 +142,8 @@ int main(int argc, char** argv) {
     o.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
     o.chunk_bytes = chunk_bytes;
     o.collective_timeout = std::chrono::milliseconds(30000);
-    o.probe_bytes = 16 * 1024;
+    o.probe_bytes = probe_bytes;
+    o.hold_after_hello = std::chrono::milliseconds(hold_after_hello_ms);
     net::Node node(o);
     emit({{"event", "listening"},
           {"endpoint", node.endpoint()},
@@ -237,10 +243,17 @@ int main(int argc, char** argv) {
     while (!g_stop && std::chrono::steady_clock::now() < linger_until)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     const auto c = node.counters();
+    // The incoming links' bandwidth as this peer measured it, by sender name.
+    json incoming = json::object();
+    for (const auto& l : node.links())
+      if (l.to == node.id() && l.stats.mbit_per_s >= 0)
+        for (const auto& m : node.members())
+          if (m.info.id == l.from) incoming[m.info.name] = l.stats.mbit_per_s;
     emit({{"event", "done"},
           {"rejected", c.rejected_messages},
           {"refused", c.refused_connections},
-          {"members", node.members().size()}});
+          {"members", node.members().size()},
+          {"incoming_mbit_per_s", incoming}});
     node.leave();
   } catch (const starling::Error& e) {
     emit({{"event", "error"}, {"error", e.what()}});

@@ -11,6 +11,11 @@ namespace {
 
 using json = nlohmann::json;
 
+// A receiver asks for probes up to this many times the first one's size (NodeOptions::probe_bytes).
+constexpr uint64_t kProbeGrowthLimit = 16;
+// Whatever a member asks for, no probe is larger.
+constexpr uint64_t kMaxProbeBytes = 16ull << 20;
+
 int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
       .count();
@@ -25,7 +30,9 @@ Gossip::Gossip(const NodeOptions& options, std::vector<EntryPoint> entries, Tran
       transport_(transport),
       table_(table),
       events_(std::move(events)),
-      random_(std::random_device{}() ^ static_cast<uint64_t>(steady_ns())) {
+      random_(std::random_device{}() ^ static_cast<uint64_t>(steady_ns())),
+      probes_({.first_bytes = options.probe_bytes,
+               .max_bytes = kProbeGrowthLimit * std::max<uint64_t>(options.probe_bytes, 1)}) {
   std::lock_guard lock(table_.mutex);
   self_ = table_.members.self().id;
 }
@@ -80,19 +87,20 @@ void Gossip::introduce(const MemberInfo& info, bool restarted) {
   }
   send(info.id, MsgType::hello, json_message(hello));
   // Bandwidth probe: a marker, then a bulk payload right behind it; the receiver times the gap.
-  if (options_.probe_bytes > 0) {
-    const uint64_t probe_id = random_();
-    send(info.id, MsgType::probe, zmq::message_t(), probe_id);
-    Header h;
-    h.type = MsgType::probe;
-    h.sender = self_;
-    h.op = probe_id;
-    h.chunk = 1;
-    zmq::message_t bulk(options_.probe_bytes);
-    std::memset(bulk.data(), 0x5A, bulk.size());
-    transport_.send(slot_of(info.id), h, std::move(bulk));
-  }
+  if (options_.probe_bytes > 0) send_probe(info.id, random_(), options_.probe_bytes);
   log("peer " + table_.who(info.id) + " at " + info.endpoint + " is a member");
+}
+
+void Gossip::send_probe(PeerId peer, uint64_t id, uint64_t bytes) {
+  send(peer, MsgType::probe, zmq::message_t(), id);
+  Header h;
+  h.type = MsgType::probe;
+  h.sender = self_;
+  h.op = id;
+  h.chunk = 1;
+  zmq::message_t bulk(bytes);
+  std::memset(bulk.data(), 0x5A, bulk.size());
+  transport_.send(slot_of(peer), h, std::move(bulk));
 }
 
 bool Gossip::heard(const Header& h, Clock::time_point now) {
@@ -179,6 +187,7 @@ void Gossip::tick(Clock::time_point now) {
     }
     send(id, MsgType::heartbeat, json_message(body));
   }
+  send_probe_requests();
 }
 
 void Gossip::announce_leave() {
@@ -195,21 +204,70 @@ void Gossip::announce_leave() {
   for (PeerId id : others) send(id, MsgType::leave, zmq::message_t());
 }
 
-void Gossip::handle_probe(const Incoming& in) {
+void Gossip::handle_probe(const Incoming& in, bool member) {
   const Header& h = in.header;
-  const auto now = Clock::now();
-  const auto key = std::make_pair(h.sender, h.op);
-  if (h.chunk == 0) {
-    probe_marks_[key] = now;
-    if (probe_marks_.size() > 256) probe_marks_.clear();
-  } else if (auto it = probe_marks_.find(key); it != probe_marks_.end()) {
-    const double secs = std::chrono::duration<double>(now - it->second).count();
-    if (secs > 0 && in.payload.size() > 0) {
-      std::lock_guard lock(table_.mutex);
-      table_.members.set_link(h.sender, self_,
-                              {-1, static_cast<double>(in.payload.size()) * 8 / secs / 1e6});
+  switch (h.chunk) {
+    case 0:
+      probes_.marker(h.sender, h.op, in.not_before, in.arrived);
+      return;
+    case 1: {
+      const auto r = probes_.payload(h.sender, h.op, in.payload.size(), in.arrived);
+      if (!r.mbit_per_s) return;
+      {
+        std::lock_guard lock(table_.mutex);
+        table_.members.set_link(h.sender, self_, {-1, *r.mbit_per_s});
+      }
+      if (r.doubtful)
+        log("the link from " + table_.who(h.sender) + " reads at least " +
+            std::to_string(static_cast<int64_t>(*r.mbit_per_s)) +
+            " Mbit/s: its bandwidth probes waited behind other work here (long transfers will "
+            "measure it)");
+      return;
     }
-    probe_marks_.erase(it);
+    case 2:
+      if (member) answer_probe_request(in);
+      return;
+    default:
+      throw NetError("a probe's chunk is 0 (marker), 1 (payload) or 2 (request), not " +
+                     std::to_string(h.chunk));
+  }
+}
+
+void Gossip::answer_probe_request(const Incoming& in) {
+  const Header& h = in.header;
+  if (in.payload.size() != 8)
+    throw NetError("a probe request carries 8 bytes (the size wanted), not " +
+                   std::to_string(in.payload.size()));
+  uint64_t bytes = 0;
+  for (int i = 7; i >= 0; --i)
+    bytes = bytes << 8 | static_cast<const uint8_t*>(in.payload.data())[i];
+  if (bytes == 0 || bytes > kMaxProbeBytes)
+    throw NetError("a probe request asks for " + std::to_string(bytes) + " bytes; 1 to " +
+                   std::to_string(kMaxProbeBytes) + " are answered");
+  const auto now = Clock::now();
+  auto& last = probe_answers_[h.sender];
+  // Requests come a heartbeat apart at most, give or take the two loops' timing.
+  if (last != Clock::time_point{} && now - last < options_.heartbeat_interval / 2) return;
+  last = now;
+  send_probe(h.sender, h.op, bytes);
+}
+
+void Gossip::send_probe_requests() {
+  for (const auto& q : probes_.take_requests(random_)) {
+    {
+      std::lock_guard lock(table_.mutex);
+      const Member* m = table_.members.find(q.peer);
+      if (m == nullptr || m->state != MemberState::alive) continue;
+    }
+    zmq::message_t body(8);
+    for (int i = 0; i < 8; ++i)
+      static_cast<uint8_t*>(body.data())[i] = static_cast<uint8_t>(q.bytes >> (8 * i));
+    Header h;
+    h.type = MsgType::probe;
+    h.sender = self_;
+    h.op = q.id;
+    h.chunk = 2;
+    transport_.send(slot_of(q.peer), h, std::move(body));
   }
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "starling/net/endpoint.h"
+#include "starling/net/link_probe.h"
 #include "starling/net/member_table.h"
 #include "starling/net/node_options.h"
 #include "starling/net/transport.h"
@@ -41,10 +42,13 @@ class Gossip {
   // Any message from a member is a sign of life. True when the sender is another known member.
   bool heard(const Header& header, Clock::time_point now);
   // Handles a membership message: hello, welcome, heartbeat, pong, leave, status_request (with a
-  // JSON body) and probe (bytes). Throws NetError for a malformed body.
+  // JSON body). Throws NetError for a malformed body.
   void handle(Incoming& in, const nlohmann::json& body);
-  void handle_probe(const Incoming& in);
-  // Expires silent members and sends heartbeats; call every heartbeat interval.
+  // A bandwidth probe's marker, payload or request (link_probe.h); `member`: the sender is a
+  // known member (only they are answered). Throws NetError for a malformed one.
+  void handle_probe(const Incoming& in, bool member);
+  // Expires silent members, sends heartbeats and the probe requests due; call every heartbeat
+  // interval.
   void tick(Clock::time_point now);
   // This peer's own event loop did not run for `paused` (the process was stopped, suspended or
   // starved of CPU): the members it did not hear from meanwhile get a fresh timeout instead of
@@ -59,6 +63,12 @@ class Gossip {
  private:
   // Connect, say hello, probe the link; `restarted`: a known member started again.
   void introduce(const MemberInfo& info, bool restarted);
+  // A marker, then `bytes` right behind it, under probe id `id`.
+  void send_probe(PeerId peer, uint64_t id, uint64_t bytes);
+  // A member asks for a probe (payload: the bytes wanted, u64 little-endian).
+  void answer_probe_request(const Incoming& in);
+  // Asks the members whose last probe gave no trustworthy reading for another (LinkProbe).
+  void send_probe_requests();
   void log(const std::string& line) { options_.log(line); }
 
   const NodeOptions& options_;
@@ -69,7 +79,9 @@ class Gossip {
   PeerId self_ = 0;
   std::mt19937_64 random_;
   std::vector<std::string> join_slots_;
-  std::map<std::pair<PeerId, uint64_t>, Clock::time_point> probe_marks_;
+  LinkProbe probes_;
+  // When each member's last probe request was answered: one a heartbeat interval at most.
+  std::map<PeerId, Clock::time_point> probe_answers_;
   // When a heartbeat last went to each member silent for over ten timeouts (tick).
   std::map<PeerId, Clock::time_point> retries_;
   // Connects to the member's current endpoint and key unless already connected there.

@@ -33,7 +33,9 @@ struct NodeOptions {
   std::chrono::milliseconds join_timeout{30000};
   std::chrono::milliseconds collective_timeout{300000};  // waiting for everyone to be ready
   size_t chunk_bytes = 512 * 1024;                       // fp32 bytes per pipelined chunk
-  size_t probe_bytes = 256 * 1024;                       // bandwidth probe sent to each new member
+  // The bandwidth probe sent to each new member; a receiver asks for larger ones, up to 16 times
+  // this, where a probe passes too fast to time (link_probe.h).
+  size_t probe_bytes = 256 * 1024;
   uint64_t max_message_bytes = 64ull << 20;
   // Chunks of collectives that have not started here yet (a neighbour a few ring steps ahead)
   // are kept until they do, up to this many bytes in all; beyond it they are dropped and the
@@ -41,6 +43,9 @@ struct NodeOptions {
   // with chunks of collectives that never come.
   uint64_t max_early_bytes = 1ull << 30;
   LogFn log;  // default: stderr
+  // Fault injection for tests: the communication loop sleeps this long after each hello it
+  // handles, so that the probe behind it waits queued.
+  std::chrono::milliseconds hold_after_hello{0};
 };
 
 }  // namespace starling::net

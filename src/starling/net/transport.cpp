@@ -1,5 +1,6 @@
 #include "starling/net/transport.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <vector>
 
@@ -164,12 +165,26 @@ std::optional<Incoming> Transport::receive(std::chrono::milliseconds timeout) {
       items.push_back({dealers_.at(slot).handle(), 0, ZMQ_POLLIN, 0});
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
+    // First what is already queued, then (with time left) a wait: a message the wait returns
+    // for came while this thread was waiting (Incoming::waited).
+    bool waited = false;
     try {
-      zmq::poll(items.data(), items.size(), std::max(left, std::chrono::milliseconds(0)));
+      zmq::poll(items.data(), items.size(), std::chrono::milliseconds(0));
+      if (!(items[0].revents & ZMQ_POLLIN)) seen_empty_ = std::chrono::steady_clock::now();
+      const bool any =
+          std::any_of(items.begin(), items.end(), [](const auto& i) { return i.revents != 0; });
+      if (!any && left > std::chrono::milliseconds(0)) {
+        zmq::poll(items.data(), items.size(), left);
+        waited = true;
+      }
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) throw;
       continue;  // a signal (or a stop and continue): poll again for the time left
     }
+    const auto arrived = std::chrono::steady_clock::now();
+    const auto not_before = waited ? arrived : seen_empty_;
+    // What the wait returned for came about now: the queue was empty until then.
+    if (waited) seen_empty_ = arrived;
     for (size_t i = 0; i < poll_slots_.size(); ++i) {
       const auto it = dealers_.find(poll_slots_[i]);
       if ((items[2 + i].revents & ZMQ_POLLIN) && it != dealers_.end())
@@ -240,6 +255,9 @@ std::optional<Incoming> Transport::receive(std::chrono::milliseconds timeout) {
     in.payload = std::move(frames[2]);
     in.routing = std::move(frames[0]);
     in.address = std::move(address);
+    in.arrived = arrived;
+    in.waited = waited;
+    in.not_before = not_before;
     return in;
   }
 }

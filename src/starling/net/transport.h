@@ -45,6 +45,15 @@ struct Incoming {
   zmq::message_t payload;
   zmq::message_t routing;  // the ROUTER's id of the connection, for reply()
   std::string address;     // remote IP, for logs
+  // When receive() found the message complete (before its frames were read and checked).
+  std::chrono::steady_clock::time_point arrived{};
+  // Whether receive() was already waiting when the message completed: then `arrived` is within
+  // the thread's wake-up of the moment its last byte came. If not, it waited queued while the
+  // thread was busy, since some moment after `not_before`.
+  bool waited = false;
+  // The message completed after this: the last moment receive() found nothing queued (`arrived`
+  // for a message it waited for).
+  std::chrono::steady_clock::time_point not_before{};
 };
 
 class Transport {
@@ -109,6 +118,8 @@ class Transport {
   std::map<std::string, zmq::socket_t> dealers_;
   std::map<std::string, std::pair<std::string, std::string>> targets_;  // slot -> endpoint, key
   std::set<std::string> watched_;                                       // slots
+  // The last moment receive() found no message queued (Incoming::not_before).
+  std::chrono::steady_clock::time_point seen_empty_{};
   std::vector<zmq::pollitem_t> poll_items_;  // receive()'s, kept to spare an allocation a call
   std::vector<std::string> poll_slots_;      // the watched slots of poll_items_[2...]
   std::set<std::string> answered_;           // routing ids told of another version (bounded)

@@ -50,7 +50,9 @@ enum class MsgType : uint8_t {
   leave = 5,           // the sender is leaving the swarm
   status_request = 6,  // from `starling status`: reply with members and links
   status_reply = 7,
-  probe = 8,   // bandwidth probe: a marker (chunk 0) then a bulk payload (chunk 1)
+  // Bandwidth probe: a marker (chunk 0) then a bulk payload (chunk 1); chunk 2 is the measuring
+  // peer's request for one (payload: the bytes wanted, u64 little-endian; link_probe.h).
+  probe = 8,
   ready = 9,   // participant -> coordinator: I am ready for my next collective
   start = 10,  // coordinator -> participants: run it with these peers in this order
   abort = 11,  // a collective failed; stop waiting for it

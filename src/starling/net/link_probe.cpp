@@ -1,0 +1,71 @@
+#include "starling/net/link_probe.h"
+
+#include <algorithm>
+
+namespace starling::net {
+
+namespace {
+// Markers whose payload never came (a sender that died between the two) are forgotten wholesale
+// beyond this many.
+constexpr size_t kMaxMarks = 256;
+}  // namespace
+
+LinkProbe::LinkProbe(Options options) : options_(options) {
+  options_.first_bytes = std::max<uint64_t>(options_.first_bytes, 1);
+  options_.max_bytes = std::max(options_.max_bytes, options_.first_bytes);
+  options_.growth = std::max<uint64_t>(options_.growth, 2);
+}
+
+void LinkProbe::marker(PeerId from, uint64_t id, Clock::time_point not_before,
+                       Clock::time_point arrived) {
+  if (marks_.size() >= kMaxMarks) marks_.clear();
+  marks_[{from, id}] = {std::min(not_before, arrived), arrived};
+}
+
+LinkProbe::Reading LinkProbe::payload(PeerId from, uint64_t id, uint64_t bytes,
+                                      Clock::time_point arrived) {
+  Reading r;
+  const auto it = marks_.find({from, id});
+  if (it == marks_.end() || bytes == 0) return r;
+  const Mark mark = it->second;
+  marks_.erase(it);
+  Link& link = links_[from];
+  // A probe this peer did not ask for is a member's introduction: a new meeting.
+  if (link.asked != id) link = Link{};
+  link.asked.reset();
+  link.ask_bytes.reset();
+  const bool larger = bytes < options_.max_bytes;
+  const double secs = std::chrono::duration<double>(arrived - mark.not_before).count();
+  const double doubt = std::chrono::duration<double>(mark.arrived - mark.not_before).count();
+  if (!(secs > 0)) return r;
+  const bool quick = secs < options_.min_seconds;
+  r.doubtful = doubt > options_.max_doubt * secs;
+  if (r.doubtful && !quick && link.retries < options_.max_retries) {
+    ++link.retries;
+    link.ask_bytes = bytes;
+    return r;
+  }
+  if (r.doubtful && quick && larger) {
+    link.ask_bytes = std::min(bytes * options_.growth, options_.max_bytes);
+    return r;
+  }
+  if (r.doubtful && link.measured) return r;  // the earlier reading was not in doubt
+  link.measured = link.measured || !r.doubtful;
+  r.mbit_per_s = static_cast<double>(bytes) * 8 / secs / 1e6;
+  if (quick && larger) link.ask_bytes = std::min(bytes * options_.growth, options_.max_bytes);
+  return r;
+}
+
+std::vector<LinkProbe::Request> LinkProbe::take_requests(std::mt19937_64& random) {
+  std::vector<Request> out;
+  for (auto& [peer, link] : links_) {
+    if (!link.ask_bytes) continue;
+    Request q{peer, random(), *link.ask_bytes};
+    link.asked = q.id;
+    link.ask_bytes.reset();
+    out.push_back(q);
+  }
+  return out;
+}
+
+}  // namespace starling::net

@@ -1,0 +1,89 @@
+// The receiving side of the bandwidth probes between members (gossip.h). A member sends a marker
+// and right behind it a payload; the receiver reads the link's rate from the time between the two.
+//
+// That time is only true where the receiver took the marker as it came. A receiver whose loop was
+// busy (CPUs taken by the peers' start-up) found marker and payload both queued, and read
+// microseconds for a payload the link had carried in milliseconds: a 1 Gbit link read hundreds of
+// Gbit/s, and the link table kept it, since long transfers only ever raise a reading. So the
+// marker's time is known only within the while it may have waited queued (Incoming::not_before to
+// ::arrived), and the reading takes the transfer from its earliest moment: it may be low, never
+// high.
+// - A marker whose doubt exceeds a quarter of that time (its reading would be under 0.8 of the
+//   rate, or arbitrarily low) gives no reading, and the receiver asks the sender, at its next
+//   heartbeat, for another probe: of the same size where the time read was long enough to trust
+//   (the loop was merely busy; up to max_retries times), else one `growth` times larger, whose
+//   longer transfer dwarfs such a doubt. Past those, the low reading stands, unless the meeting
+//   had one without doubt.
+// - A payload that waited queued reads a longer time than the link took, so its reading is low
+//   too; it stands (long collective transfers raise it later).
+// - A reading over a time too short to trust against the loop's wake-ups (min_seconds) stands,
+//   and a larger probe is asked for likewise: at max_bytes the link is simply fast.
+// So a meeting (a member's unasked probe: its introduction) takes at most a few probes, each
+// larger than the last.
+//
+// Pure bookkeeping, on the communication thread: the gossip sends and records.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "starling/net/wire.h"
+
+namespace starling::net {
+
+class LinkProbe {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  struct Options {
+    uint64_t first_bytes = 256 * 1024;  // the introduction's probe (NodeOptions::probe_bytes)
+    double min_seconds = 0.02;          // a shorter reading asks for a larger probe
+    double max_doubt = 0.25;            // of the time read, for the marker's moment (above)
+    uint64_t growth = 4;
+    uint64_t max_bytes = 4ull << 20;
+    int max_retries = 2;  // same-size probes asked for a meeting (above)
+  };
+  explicit LinkProbe(Options options);
+
+  // A probe's marker (chunk 0) came from `from`, after `not_before`, found at `arrived`.
+  void marker(PeerId from, uint64_t id, Clock::time_point not_before, Clock::time_point arrived);
+
+  struct Reading {
+    std::optional<double> mbit_per_s;  // what to record for the link from -> this peer
+    bool doubtful = false;  // the marker's doubt was large: the rate is at least this, maybe more
+  };
+  // Its payload (chunk 1) of `bytes` was found at `arrived` (queued or not: see above). Queues
+  // the next request where one is needed.
+  Reading payload(PeerId from, uint64_t id, uint64_t bytes, Clock::time_point arrived);
+
+  struct Request {
+    PeerId peer = 0;
+    uint64_t id = 0;     // the probe id the sender answers with (Header::op)
+    uint64_t bytes = 0;  // the payload asked for
+  };
+  // The requests queued since the last call (one a peer at most), each with a fresh id.
+  std::vector<Request> take_requests(std::mt19937_64& random);
+
+ private:
+  struct Mark {
+    Clock::time_point not_before, arrived;
+  };
+  struct Link {
+    std::optional<uint64_t> asked;      // the id of the probe last asked for
+    std::optional<uint64_t> ask_bytes;  // a request to send at the next take_requests
+    bool measured = false;              // a reading without doubt in this meeting
+    int retries = 0;                    // same-size probes asked for in this meeting
+  };
+
+  Options options_;
+  std::map<std::pair<PeerId, uint64_t>, Mark> marks_;
+  std::map<PeerId, Link> links_;
+};
+
+}  // namespace starling::net
