@@ -19,8 +19,14 @@ namespace {
 constexpr net::PeerId kPeer = 7;
 
 net::LinkProbe probe() {
-  return net::LinkProbe(
-      {.first_bytes = 256 * 1024, .min_seconds = 0.02, .growth = 4, .max_bytes = 4u << 20});
+  return net::LinkProbe({.first_bytes = 256 * 1024,
+                         .min_seconds = 0.02,
+                         .max_doubt = 0.25,
+                         .growth = 4,
+                         .max_bytes = 4u << 20,
+                         .max_retries = 2,
+                         .patience = 2s,
+                         .max_lost = 2});
 }
 
 Clock::duration seconds(double s) {
@@ -38,7 +44,7 @@ net::LinkProbe::Reading one(net::LinkProbe& p, uint64_t id, uint64_t bytes, doub
 
 // The id of the one request queued, which asks `kPeer` for `bytes`.
 uint64_t the_request(net::LinkProbe& p, std::mt19937_64& random, uint64_t bytes) {
-  const auto asked = p.take_requests(random);
+  const auto asked = p.take_requests(Clock::now(), random);
   EXPECT_EQ(asked.size(), 1u);
   if (asked.size() != 1) return 0;
   EXPECT_EQ(asked[0].peer, kPeer);
@@ -58,7 +64,7 @@ TEST(LinkProbe, ATimedProbeReadsItsRateOrALittleLessAndAsksNothingMore) {
     const auto r = one(p, 11, 256 * 1024, 0.2, doubt);  // 256 KiB in 200 ms: about 10.5 Mbit/s
     ASSERT_TRUE(r.mbit_per_s) << doubt;
     EXPECT_NEAR(*r.mbit_per_s, 256 * 1024 * 8 / (0.2 + doubt) / 1e6, 1e-6) << doubt;
-    EXPECT_TRUE(p.take_requests(random).empty()) << doubt;
+    EXPECT_TRUE(p.take_requests(Clock::now(), random).empty()) << doubt;
   }
 }
 
@@ -73,13 +79,13 @@ TEST(LinkProbe, AMarkerQueuedTooLongGivesNoReadingAndAsksForAnotherProbe) {
   EXPECT_TRUE(r.doubtful);
   // 300 ms is long enough to time: the same size.
   const uint64_t id = the_request(p, random, 256 * 1024);
-  EXPECT_TRUE(p.take_requests(random).empty()) << "a request is sent once";
+  EXPECT_TRUE(p.take_requests(Clock::now(), random).empty()) << "a request is sent once";
   // The answer, under the id asked for, timed properly: the reading, and nothing more to ask.
   const auto again = one(p, id, 256 * 1024, 0.2);
   ASSERT_TRUE(again.mbit_per_s);
   EXPECT_FALSE(again.doubtful);
   EXPECT_NEAR(*again.mbit_per_s, 10.49, 0.01);
-  EXPECT_TRUE(p.take_requests(random).empty());
+  EXPECT_TRUE(p.take_requests(Clock::now(), random).empty());
 }
 
 // A doubt small in itself but large beside a quick transfer (a marker found behind a heartbeat on
@@ -89,6 +95,48 @@ TEST(LinkProbe, ADoubtBesideAQuickTransferAsksForALargerProbe) {
   std::mt19937_64 random(1);
   EXPECT_FALSE(one(p, 11, 256 * 1024, 1e-4, /*doubt=*/1e-4).mbit_per_s);
   the_request(p, random, 1 << 20);
+}
+
+// The line between a doubt that stands and one that asks again: a quarter of the time read (the
+// transfer and the doubt together), so a reading taken is at least 0.75 of the rate.
+TEST(LinkProbe, ADoubtOverAQuarterOfTheTimeReadAsksAgain) {
+  for (const double doubt : {0.09, 0.11}) {  // a quarter of 0.3 + doubt: 0.1 at doubt 0.1
+    auto p = probe();
+    std::mt19937_64 random(1);
+    const auto r = one(p, 1, 256 * 1024, 0.3, doubt);
+    EXPECT_EQ(r.mbit_per_s.has_value(), doubt < 0.1) << doubt;
+    EXPECT_EQ(p.take_requests(Clock::now(), random).size(), doubt < 0.1 ? 0u : 1u) << doubt;
+  }
+}
+
+// A request whose answer never comes (lost, or refused) is asked again after the patience, twice
+// at most; one whose marker came is not.
+TEST(LinkProbe, ARequestWithoutAnAnswerIsAskedAgainTwiceAtMost) {
+  auto p = probe();
+  std::mt19937_64 random(1);
+  EXPECT_FALSE(one(p, 1, 256 * 1024, 0.05, /*doubt=*/0.5).mbit_per_s);
+  auto t = Clock::now();
+  auto asked = p.take_requests(t, random);
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_TRUE(p.take_requests(t + 1s, random).empty()) << "within the patience";
+  for (int lost = 1; lost <= 2; ++lost) {
+    t += 3s;
+    const auto again = p.take_requests(t, random);
+    ASSERT_EQ(again.size(), 1u) << lost;
+    EXPECT_EQ(again[0].bytes, 256u * 1024);
+    EXPECT_NE(again[0].id, asked[0].id);
+    asked = again;
+  }
+  EXPECT_TRUE(p.take_requests(t + 3s, random).empty()) << "asked again twice already";
+
+  // A marker that came stops the clock: its payload is on the way.
+  auto q = probe();
+  EXPECT_FALSE(one(q, 1, 256 * 1024, 0.05, /*doubt=*/0.5).mbit_per_s);
+  t = Clock::now();
+  asked = q.take_requests(t, random);
+  ASSERT_EQ(asked.size(), 1u);
+  q.marker(kPeer, asked[0].id, t, t);
+  EXPECT_TRUE(q.take_requests(t + 10s, random).empty());
 }
 
 TEST(LinkProbe, AProbeTooQuickToTimeStandsAndAsksForLargerOnesUpToTheLimit) {
@@ -103,7 +151,7 @@ TEST(LinkProbe, AProbeTooQuickToTimeStandsAndAsksForLargerOnesUpToTheLimit) {
   r = one(p, the_request(p, random, 4 << 20), 4 << 20, 0.016);
   ASSERT_TRUE(r.mbit_per_s);
   EXPECT_NEAR(*r.mbit_per_s, 2097, 1);
-  EXPECT_TRUE(p.take_requests(random).empty());
+  EXPECT_TRUE(p.take_requests(Clock::now(), random).empty());
 }
 
 // A receiver that stays busy: the same-size probes are bounded, and then the low reading stands
@@ -121,7 +169,7 @@ TEST(LinkProbe, ADoubtfulReadingStandsWhenTheRetriesAreSpentAndAnIntroductionSta
   ASSERT_TRUE(r.mbit_per_s);
   EXPECT_TRUE(r.doubtful);
   EXPECT_NEAR(*r.mbit_per_s, 256 * 1024 * 8 / 0.55 / 1e6, 1e-6) << "from the earliest moment";
-  EXPECT_TRUE(p.take_requests(random).empty());
+  EXPECT_TRUE(p.take_requests(Clock::now(), random).empty());
 
   // A probe nobody asked for (the member met again, say restarted) is a new meeting; quick
   // doubtful readings grow the probe to the limit, where the reading stands.
@@ -135,7 +183,7 @@ TEST(LinkProbe, ADoubtfulReadingStandsWhenTheRetriesAreSpentAndAnIntroductionSta
   r = one(p, id, bytes, 0.001, /*doubt=*/0.001);
   ASSERT_TRUE(r.mbit_per_s);
   EXPECT_TRUE(r.doubtful);
-  EXPECT_TRUE(p.take_requests(random).empty());
+  EXPECT_TRUE(p.take_requests(Clock::now(), random).empty());
 }
 
 // A meeting that read the link without doubt keeps that reading over a doubtful one.
@@ -147,7 +195,7 @@ TEST(LinkProbe, ADoubtfulReadingNeverReplacesOneWithoutDoubt) {
   const auto r = one(p, the_request(p, random, 4 << 20), 4 << 20, 0.001, /*doubt=*/0.001);
   EXPECT_TRUE(r.doubtful);
   EXPECT_FALSE(r.mbit_per_s);
-  EXPECT_TRUE(p.take_requests(random).empty());
+  EXPECT_TRUE(p.take_requests(Clock::now(), random).empty());
 }
 
 TEST(LinkProbe, APayloadWithoutItsMarkerGivesNothing) {
@@ -156,7 +204,7 @@ TEST(LinkProbe, APayloadWithoutItsMarkerGivesNothing) {
   EXPECT_FALSE(p.payload(kPeer, 5, 4096, Clock::now()).mbit_per_s);
   p.marker(kPeer, 5, Clock::now(), Clock::now());
   EXPECT_FALSE(p.payload(kPeer + 1, 5, 4096, Clock::now()).mbit_per_s) << "another sender's";
-  EXPECT_TRUE(p.take_requests(random).empty());
+  EXPECT_TRUE(p.take_requests(Clock::now(), random).empty());
 }
 
 // Incoming::waited and ::not_before: a message sent before receive() began waited queued, since
@@ -171,17 +219,26 @@ TEST(TransportTest, AMessageTheReceiverWaitedForIsToldFromAQueuedOne) {
   net::Header h;
   h.type = net::MsgType::probe;
   h.sender = 1;
-  // The connection, and one message through it.
-  ASSERT_TRUE(sender.send("r", h, zmq::message_t()));
-  ASSERT_TRUE(receiver.receive(5000ms));
-
+  // The first message, queued: it came after the receiver was made (not since the clock's start),
+  // and before the 100 ms the receiver did not look.
   ASSERT_TRUE(sender.send("r", h, zmq::message_t()));
   std::this_thread::sleep_for(100ms);
   auto queued = receiver.receive(5000ms);
   ASSERT_TRUE(queued);
   EXPECT_FALSE(queued->waited);
-  // It came after the last moment the receiver found nothing queued: before the 100 ms.
   EXPECT_GE(queued->arrived - queued->not_before, 90ms);
+  EXPECT_LT(queued->arrived - queued->not_before, 5s);
+
+  // Once the receiver has found its queue empty, a queued message came after that.
+  ASSERT_FALSE(receiver.receive(0ms));
+  const auto looked = Clock::now();
+  ASSERT_TRUE(sender.send("r", h, zmq::message_t()));
+  std::this_thread::sleep_for(100ms);
+  queued = receiver.receive(5000ms);
+  ASSERT_TRUE(queued);
+  EXPECT_FALSE(queued->waited);
+  EXPECT_LE(queued->not_before, looked);
+  EXPECT_GE(queued->not_before, looked - 50ms);
 
   std::thread late([&] {
     std::this_thread::sleep_for(100ms);

@@ -17,6 +17,7 @@
 #include "../support/wire_fuzz.h"
 #include "starling/net/crc32c.h"
 #include "starling/net/node.h"
+#include "test_swarm.h"
 
 namespace net = starling::net;
 using namespace std::chrono_literals;
@@ -279,6 +280,58 @@ TEST(WireTest, LivePeerSurvivesFuzzedMessages) {
   // The target keeps working: heartbeats flow and a collective completes.
   pair.expect_all_reduce();
   for (const auto& m : target.members()) EXPECT_NE(m.info.name, "");
+}
+
+// Bandwidth probe requests (link_probe.h) from a member: a malformed one is refused with a reason,
+// and however many well-formed ones come, a peer answers a few a meeting, each 16 MiB at most.
+TEST(WireTest, ProbeRequestsAreCheckedAndAnsweredAFewTimesAMeeting) {
+  starling::net::testing::LogSink sink;
+  net::NodeOptions o;
+  o.log = sink.fn();
+  PlainPair pair(o);
+  net::Node& target = *pair.target;
+  ASSERT_TRUE(target.wait_for_members(2, 5s));
+  const auto request = [&](uint32_t chunk, std::vector<std::byte> body) {
+    net::Header h;
+    h.type = net::MsgType::probe;
+    h.sender = pair.partner->id();
+    h.op = 77;
+    h.chunk = chunk;
+    const auto header = header_bytes(h, body);
+    pair.socket.send(zmq::const_buffer(header.data(), header.size()), zmq::send_flags::sndmore);
+    pair.socket.send(zmq::const_buffer(body.data(), body.size()), zmq::send_flags::none);
+  };
+  const auto size = [](uint64_t bytes) {
+    std::vector<std::byte> b(8);
+    for (int i = 0; i < 8; ++i) b[static_cast<size_t>(i)] = std::byte(bytes >> (8 * i) & 0xff);
+    return b;
+  };
+  const auto rejected = target.counters().rejected_messages;
+  request(2, std::vector<std::byte>(7));  // not 8 bytes
+  request(2, size(0));
+  request(2, size((16u << 20) + 1));
+  request(3, {});  // no such chunk
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (target.counters().rejected_messages < rejected + 4 &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(target.counters().rejected_messages, rejected + 4);
+  EXPECT_TRUE(sink.contains("a probe request carries 8 bytes (the size wanted), not 7"));
+  EXPECT_TRUE(sink.contains("a probe request asks for 16777217 bytes; 1 to 16777216"));
+  EXPECT_TRUE(sink.contains("a probe's chunk is 0 (marker), 1 (payload) or 2 (request), not 3"));
+
+  // Twenty requests of 1 MiB: eight are answered.
+  const auto sent = target.counters().bytes_sent;
+  for (int i = 0; i < 20; ++i) request(2, size(1u << 20));
+  while (!sink.contains("asked for more than 8 bandwidth probes") &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(20ms);
+  std::this_thread::sleep_for(300ms);
+  EXPECT_TRUE(sink.contains("asked for more than 8 bandwidth probes since it was met"));
+  const auto answered = target.counters().bytes_sent - sent;
+  EXPECT_GE(answered, 8u << 20);
+  EXPECT_LT(answered, 9u << 20) << "more than 8 answers of 1 MiB";
+  pair.expect_all_reduce();
 }
 
 // Chunks of a collective that has not started here are kept for when it does, but only up to

@@ -13,8 +13,10 @@ using json = nlohmann::json;
 
 // A receiver asks for probes up to this many times the first one's size (NodeOptions::probe_bytes).
 constexpr uint64_t kProbeGrowthLimit = 16;
-// Whatever a member asks for, no probe is larger.
+// Whatever a member asks for, no probe is larger, and no more are answered a meeting (a
+// receiver asks for a few at most: link_probe.h).
 constexpr uint64_t kMaxProbeBytes = 16ull << 20;
+constexpr int kMaxProbeAnswers = 8;
 
 int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
@@ -32,7 +34,8 @@ Gossip::Gossip(const NodeOptions& options, std::vector<EntryPoint> entries, Tran
       events_(std::move(events)),
       random_(std::random_device{}() ^ static_cast<uint64_t>(steady_ns())),
       probes_({.first_bytes = options.probe_bytes,
-               .max_bytes = kProbeGrowthLimit * std::max<uint64_t>(options.probe_bytes, 1)}) {
+               .max_bytes = std::min(kProbeGrowthLimit * options.probe_bytes, kMaxProbeBytes),
+               .patience = 4 * options.heartbeat_interval}) {
   std::lock_guard lock(table_.mutex);
   self_ = table_.members.self().id;
 }
@@ -87,6 +90,7 @@ void Gossip::introduce(const MemberInfo& info, bool restarted) {
   }
   send(info.id, MsgType::hello, json_message(hello));
   // Bandwidth probe: a marker, then a bulk payload right behind it; the receiver times the gap.
+  probe_answers_.erase(info.id);  // a new meeting
   if (options_.probe_bytes > 0) send_probe(info.id, random_(), options_.probe_bytes);
   log("peer " + table_.who(info.id) + " at " + info.endpoint + " is a member");
 }
@@ -244,16 +248,16 @@ void Gossip::answer_probe_request(const Incoming& in) {
   if (bytes == 0 || bytes > kMaxProbeBytes)
     throw NetError("a probe request asks for " + std::to_string(bytes) + " bytes; 1 to " +
                    std::to_string(kMaxProbeBytes) + " are answered");
-  const auto now = Clock::now();
-  auto& last = probe_answers_[h.sender];
-  // Requests come a heartbeat apart at most, give or take the two loops' timing.
-  if (last != Clock::time_point{} && now - last < options_.heartbeat_interval / 2) return;
-  last = now;
+  const int answered = ++probe_answers_[h.sender];
+  if (answered == kMaxProbeAnswers + 1)
+    log("peer " + table_.who(h.sender) + " asked for more than " +
+        std::to_string(kMaxProbeAnswers) + " bandwidth probes since it was met: no more answered");
+  if (answered > kMaxProbeAnswers) return;
   send_probe(h.sender, h.op, bytes);
 }
 
 void Gossip::send_probe_requests() {
-  for (const auto& q : probes_.take_requests(random_)) {
+  for (const auto& q : probes_.take_requests(Clock::now(), random_)) {
     {
       std::lock_guard lock(table_.mutex);
       const Member* m = table_.members.find(q.peer);

@@ -80,8 +80,8 @@ class Gossip {
   std::mt19937_64 random_;
   std::vector<std::string> join_slots_;
   LinkProbe probes_;
-  // When each member's last probe request was answered: one a heartbeat interval at most.
-  std::map<PeerId, Clock::time_point> probe_answers_;
+  // The probe requests of each member answered since it was met (introduce): a few at most.
+  std::map<PeerId, int> probe_answers_;
   // When a heartbeat last went to each member silent for over ten timeouts (tick).
   std::map<PeerId, Clock::time_point> retries_;
   // Connects to the member's current endpoint and key unless already connected there.

@@ -20,6 +20,8 @@ void LinkProbe::marker(PeerId from, uint64_t id, Clock::time_point not_before,
                        Clock::time_point arrived) {
   if (marks_.size() >= kMaxMarks) marks_.clear();
   marks_[{from, id}] = {std::min(not_before, arrived), arrived};
+  if (auto it = links_.find(from); it != links_.end() && it->second.asked.count(id) > 0)
+    it->second.waiting.reset();  // the answer is under way
 }
 
 LinkProbe::Reading LinkProbe::payload(PeerId from, uint64_t id, uint64_t bytes,
@@ -31,8 +33,7 @@ LinkProbe::Reading LinkProbe::payload(PeerId from, uint64_t id, uint64_t bytes,
   marks_.erase(it);
   Link& link = links_[from];
   // A probe this peer did not ask for is a member's introduction: a new meeting.
-  if (link.asked != id) link = Link{};
-  link.asked.reset();
+  if (link.asked.count(id) == 0) link = Link{};
   link.ask_bytes.reset();
   const bool larger = bytes < options_.max_bytes;
   const double secs = std::chrono::duration<double>(arrived - mark.not_before).count();
@@ -56,12 +57,21 @@ LinkProbe::Reading LinkProbe::payload(PeerId from, uint64_t id, uint64_t bytes,
   return r;
 }
 
-std::vector<LinkProbe::Request> LinkProbe::take_requests(std::mt19937_64& random) {
+std::vector<LinkProbe::Request> LinkProbe::take_requests(Clock::time_point now,
+                                                         std::mt19937_64& random) {
   std::vector<Request> out;
   for (auto& [peer, link] : links_) {
+    if (!link.ask_bytes && link.waiting && now - link.waiting->first > options_.patience) {
+      if (link.lost < options_.max_lost) {
+        ++link.lost;
+        link.ask_bytes = link.waiting->second;
+      }
+      link.waiting.reset();
+    }
     if (!link.ask_bytes) continue;
     Request q{peer, random(), *link.ask_bytes};
-    link.asked = q.id;
+    link.asked.insert(q.id);
+    link.waiting = {now, q.bytes};
     link.ask_bytes.reset();
     out.push_back(q);
   }

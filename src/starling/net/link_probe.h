@@ -8,7 +8,7 @@
 // marker's time is known only within the while it may have waited queued (Incoming::not_before to
 // ::arrived), and the reading takes the transfer from its earliest moment: it may be low, never
 // high.
-// - A marker whose doubt exceeds a quarter of that time (its reading would be under 0.8 of the
+// - A marker whose doubt exceeds a quarter of that time (its reading could be under 0.75 of the
 //   rate, or arbitrarily low) gives no reading, and the receiver asks the sender, at its next
 //   heartbeat, for another probe: of the same size where the time read was long enough to trust
 //   (the loop was merely busy; up to max_retries times), else one `growth` times larger, whose
@@ -18,8 +18,13 @@
 //   too; it stands (long collective transfers raise it later).
 // - A reading over a time too short to trust against the loop's wake-ups (min_seconds) stands,
 //   and a larger probe is asked for likewise: at max_bytes the link is simply fast.
-// So a meeting (a member's unasked probe: its introduction) takes at most a few probes, each
-// larger than the last.
+// - A request whose marker has not come after `patience` is asked again (up to max_lost times):
+//   the request or its answer was lost.
+// So a meeting (a member's unasked probe: its introduction) takes a few probes at most.
+//
+// What this cannot see: a process starved as a whole (its ZeroMQ I/O thread too) for a whole
+// transfer hands marker and payload over together while the loop waits, and the wake-ups of the
+// loop itself shift either end; min_seconds keeps those small beside the time read.
 //
 // Pure bookkeeping, on the communication thread: the gossip sends and records.
 #pragma once
@@ -30,6 +35,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -48,6 +54,8 @@ class LinkProbe {
     uint64_t growth = 4;
     uint64_t max_bytes = 4ull << 20;
     int max_retries = 2;  // same-size probes asked for a meeting (above)
+    Clock::duration patience = std::chrono::seconds(2);  // for a request's marker
+    int max_lost = 2;                                    // requests asked again a meeting
   };
   explicit LinkProbe(Options options);
 
@@ -67,18 +75,22 @@ class LinkProbe {
     uint64_t id = 0;     // the probe id the sender answers with (Header::op)
     uint64_t bytes = 0;  // the payload asked for
   };
-  // The requests queued since the last call (one a peer at most), each with a fresh id.
-  std::vector<Request> take_requests(std::mt19937_64& random);
+  // The requests queued since the last call, and the ones whose marker has not come within
+  // `patience` of `now` (one a peer at most), each with a fresh id.
+  std::vector<Request> take_requests(Clock::time_point now, std::mt19937_64& random);
 
  private:
   struct Mark {
     Clock::time_point not_before, arrived;
   };
   struct Link {
-    std::optional<uint64_t> asked;      // the id of the probe last asked for
+    std::set<uint64_t> asked;           // the ids of the probes asked for in this meeting
     std::optional<uint64_t> ask_bytes;  // a request to send at the next take_requests
-    bool measured = false;              // a reading without doubt in this meeting
-    int retries = 0;                    // same-size probes asked for in this meeting
+    // The last request sent, while its marker has not come: when, and for how many bytes.
+    std::optional<std::pair<Clock::time_point, uint64_t>> waiting;
+    bool measured = false;  // a reading without doubt in this meeting
+    int retries = 0;        // same-size probes asked for in this meeting
+    int lost = 0;           // requests asked again in this meeting
   };
 
   Options options_;

@@ -34,7 +34,7 @@ struct NodeOptions {
   std::chrono::milliseconds collective_timeout{300000};  // waiting for everyone to be ready
   size_t chunk_bytes = 512 * 1024;                       // fp32 bytes per pipelined chunk
   // The bandwidth probe sent to each new member; a receiver asks for larger ones, up to 16 times
-  // this, where a probe passes too fast to time (link_probe.h).
+  // this (and 16 MiB), where a probe passes too fast to time (link_probe.h).
   size_t probe_bytes = 256 * 1024;
   uint64_t max_message_bytes = 64ull << 20;
   // Chunks of collectives that have not started here yet (a neighbour a few ring steps ahead)

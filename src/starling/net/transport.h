@@ -119,7 +119,7 @@ class Transport {
   std::map<std::string, std::pair<std::string, std::string>> targets_;  // slot -> endpoint, key
   std::set<std::string> watched_;                                       // slots
   // The last moment receive() found no message queued (Incoming::not_before).
-  std::chrono::steady_clock::time_point seen_empty_{};
+  std::chrono::steady_clock::time_point seen_empty_ = std::chrono::steady_clock::now();
   std::vector<zmq::pollitem_t> poll_items_;  // receive()'s, kept to spare an allocation a call
   std::vector<std::string> poll_slots_;      // the watched slots of poll_items_[2...]
   std::set<std::string> answered_;           // routing ids told of another version (bounded)
