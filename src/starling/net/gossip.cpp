@@ -90,7 +90,7 @@ void Gossip::introduce(const MemberInfo& info, bool restarted) {
   }
   send(info.id, MsgType::hello, json_message(hello));
   // Bandwidth probe: a marker, then a bulk payload right behind it; the receiver times the gap.
-  probe_answers_.erase(info.id);  // a new meeting
+  if (restarted) probe_answers_.erase(info.id);  // a new process: a new meeting
   if (options_.probe_bytes > 0) send_probe(info.id, random_(), options_.probe_bytes);
   log("peer " + table_.who(info.id) + " at " + info.endpoint + " is a member");
 }
@@ -216,16 +216,13 @@ void Gossip::handle_probe(const Incoming& in, bool member) {
       return;
     case 1: {
       const auto r = probes_.payload(h.sender, h.op, in.payload.size(), in.arrived);
+      if (r.given_up)
+        log("the link from " + table_.who(h.sender) +
+            " is not measured yet: its bandwidth probes came while this peer was busy or stopped "
+            "(long transfers will measure it)");
       if (!r.mbit_per_s) return;
-      {
-        std::lock_guard lock(table_.mutex);
-        table_.members.set_link(h.sender, self_, {-1, *r.mbit_per_s});
-      }
-      if (r.doubtful)
-        log("the link from " + table_.who(h.sender) + " reads at least " +
-            std::to_string(static_cast<int64_t>(*r.mbit_per_s)) +
-            " Mbit/s: its bandwidth probes waited behind other work here (long transfers will "
-            "measure it)");
+      std::lock_guard lock(table_.mutex);
+      table_.members.set_link(h.sender, self_, {-1, *r.mbit_per_s});
       return;
     }
     case 2:

@@ -80,7 +80,7 @@ class Gossip {
   std::mt19937_64 random_;
   std::vector<std::string> join_slots_;
   LinkProbe probes_;
-  // The probe requests of each member answered since it was met (introduce): a few at most.
+  // The probe requests of each member answered since it was met (or restarted): a few at most.
   std::map<PeerId, int> probe_answers_;
   // When a heartbeat last went to each member silent for over ten timeouts (tick).
   std::map<PeerId, Clock::time_point> retries_;

@@ -40,19 +40,20 @@ LinkProbe::Reading LinkProbe::payload(PeerId from, uint64_t id, uint64_t bytes,
   const double doubt = std::chrono::duration<double>(mark.arrived - mark.not_before).count();
   if (!(secs > 0)) return r;
   const bool quick = secs < options_.min_seconds;
-  r.doubtful = doubt > options_.max_doubt * secs;
-  if (r.doubtful && !quick && link.retries < options_.max_retries) {
-    ++link.retries;
-    link.ask_bytes = bytes;
+  const double rate = static_cast<double>(bytes) * 8 / secs / 1e6;
+  r.doubtful = doubt > options_.max_doubt * secs || rate > options_.max_mbit_per_s;
+  if (r.doubtful) {
+    if (quick && larger) {
+      link.ask_bytes = std::min(bytes * options_.growth, options_.max_bytes);
+    } else if (link.retries < options_.max_retries) {
+      ++link.retries;
+      link.ask_bytes = bytes;
+    } else {
+      r.given_up = true;
+    }
     return r;
   }
-  if (r.doubtful && quick && larger) {
-    link.ask_bytes = std::min(bytes * options_.growth, options_.max_bytes);
-    return r;
-  }
-  if (r.doubtful && link.measured) return r;  // the earlier reading was not in doubt
-  link.measured = link.measured || !r.doubtful;
-  r.mbit_per_s = static_cast<double>(bytes) * 8 / secs / 1e6;
+  r.mbit_per_s = rate;
   if (quick && larger) link.ask_bytes = std::min(bytes * options_.growth, options_.max_bytes);
   return r;
 }

@@ -10,21 +10,25 @@
 // high.
 // - A marker whose doubt exceeds a quarter of that time (its reading could be under 0.75 of the
 //   rate, or arbitrarily low) gives no reading, and the receiver asks the sender, at its next
-//   heartbeat, for another probe: of the same size where the time read was long enough to trust
-//   (the loop was merely busy; up to max_retries times), else one `growth` times larger, whose
-//   longer transfer dwarfs such a doubt. Past those, the low reading stands, unless the meeting
-//   had one without doubt.
-// - A payload that waited queued reads a longer time than the link took, so its reading is low
-//   too; it stands (long collective transfers raise it later).
+//   heartbeat, for another probe: one `growth` times larger where the time read was too short to
+//   trust (min_seconds), whose longer transfer dwarfs such a doubt; else (or at max_bytes) one of
+//   the same size, up to max_retries times. Past those, the link stays unmeasured in this meeting
+//   (long collective transfers measure it).
+// - So does a reading beyond max_mbit_per_s, faster than any link: bytes that sat in a buffer and
+//   came out at memory speed. That is what a process stopped as a whole (its ZeroMQ I/O thread
+//   too) while a probe came in shows, once it goes on: the kernel hands over marker and payload
+//   together while the loop looks on, and the queue seemed empty just before.
+// - A payload that waited queued reads a longer time than the link took, so its reading is low;
+//   it stands (long collective transfers raise it later).
 // - A reading over a time too short to trust against the loop's wake-ups (min_seconds) stands,
 //   and a larger probe is asked for likewise: at max_bytes the link is simply fast.
 // - A request whose marker has not come after `patience` is asked again (up to max_lost times):
 //   the request or its answer was lost.
 // So a meeting (a member's unasked probe: its introduction) takes a few probes at most.
 //
-// What this cannot see: a process starved as a whole (its ZeroMQ I/O thread too) for a whole
-// transfer hands marker and payload over together while the loop waits, and the wake-ups of the
-// loop itself shift either end; min_seconds keeps those small beside the time read.
+// What this cannot see: a process stopped during a probe of 20 ms or more, whose reading can still
+// be high (below max_mbit_per_s); the loop's own wake-ups shift either end by little beside
+// min_seconds.
 //
 // Pure bookkeeping, on the communication thread: the gossip sends and records.
 #pragma once
@@ -53,7 +57,8 @@ class LinkProbe {
     double max_doubt = 0.25;            // of the time read, for the marker's moment (above)
     uint64_t growth = 4;
     uint64_t max_bytes = 4ull << 20;
-    int max_retries = 2;  // same-size probes asked for a meeting (above)
+    int max_retries = 2;              // same-size probes asked for a meeting (above)
+    double max_mbit_per_s = 100'000;  // beyond this a reading is a buffer's, not a link's
     Clock::duration patience = std::chrono::seconds(2);  // for a request's marker
     int max_lost = 2;                                    // requests asked again a meeting
   };
@@ -64,7 +69,8 @@ class LinkProbe {
 
   struct Reading {
     std::optional<double> mbit_per_s;  // what to record for the link from -> this peer
-    bool doubtful = false;  // the marker's doubt was large: the rate is at least this, maybe more
+    bool doubtful = false;             // no reading: the time read was in doubt (above)
+    bool given_up = false;             // ... and this meeting asks for no more probes
   };
   // Its payload (chunk 1) of `bytes` was found at `arrived` (queued or not: see above). Queues
   // the next request where one is needed.
@@ -88,9 +94,8 @@ class LinkProbe {
     std::optional<uint64_t> ask_bytes;  // a request to send at the next take_requests
     // The last request sent, while its marker has not come: when, and for how many bytes.
     std::optional<std::pair<Clock::time_point, uint64_t>> waiting;
-    bool measured = false;  // a reading without doubt in this meeting
-    int retries = 0;        // same-size probes asked for in this meeting
-    int lost = 0;           // requests asked again in this meeting
+    int retries = 0;  // same-size probes asked for in this meeting
+    int lost = 0;     // requests asked again in this meeting
   };
 
   Options options_;
