@@ -13,10 +13,10 @@ using json = nlohmann::json;
 
 // A receiver asks for probes up to this many times the first one's size (NodeOptions::probe_bytes).
 constexpr uint64_t kProbeGrowthLimit = 16;
-// Whatever a member asks for, no probe is larger, and no more are answered a meeting (a
-// receiver asks for a few at most: link_probe.h).
+// Whatever a member asks for, no probe is larger, and no more are answered to one process of it
+// (a receiver asks for a few a meeting: link_probe.h; a joiner's second hello makes two).
 constexpr uint64_t kMaxProbeBytes = 16ull << 20;
-constexpr int kMaxProbeAnswers = 8;
+constexpr int kMaxProbeAnswers = 16;
 
 int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
@@ -33,7 +33,7 @@ Gossip::Gossip(const NodeOptions& options, std::vector<EntryPoint> entries, Tran
       table_(table),
       events_(std::move(events)),
       random_(std::random_device{}() ^ static_cast<uint64_t>(steady_ns())),
-      probes_({.first_bytes = options.probe_bytes,
+      probes_({.first_bytes = std::min<uint64_t>(options.probe_bytes, kMaxProbeBytes),
                .max_bytes = std::min(kProbeGrowthLimit * options.probe_bytes, kMaxProbeBytes),
                .patience = 4 * options.heartbeat_interval}) {
   std::lock_guard lock(table_.mutex);
@@ -91,7 +91,8 @@ void Gossip::introduce(const MemberInfo& info, bool restarted) {
   send(info.id, MsgType::hello, json_message(hello));
   // Bandwidth probe: a marker, then a bulk payload right behind it; the receiver times the gap.
   if (restarted) probe_answers_.erase(info.id);  // a new process: a new meeting
-  if (options_.probe_bytes > 0) send_probe(info.id, random_(), options_.probe_bytes);
+  if (options_.probe_bytes > 0)
+    send_probe(info.id, random_(), std::min<uint64_t>(options_.probe_bytes, kMaxProbeBytes));
   log("peer " + table_.who(info.id) + " at " + info.endpoint + " is a member");
 }
 
@@ -218,8 +219,8 @@ void Gossip::handle_probe(const Incoming& in, bool member) {
       const auto r = probes_.payload(h.sender, h.op, in.payload.size(), in.arrived);
       if (r.given_up)
         log("the link from " + table_.who(h.sender) +
-            " is not measured yet: its bandwidth probes came while this peer was busy or stopped "
-            "(long transfers will measure it)");
+            ": no more bandwidth probes asked for; the last ones came while this peer was busy or "
+            "stopped (long transfers will measure the link)");
       if (!r.mbit_per_s) return;
       std::lock_guard lock(table_.mutex);
       table_.members.set_link(h.sender, self_, {-1, *r.mbit_per_s});

@@ -8,6 +8,8 @@ namespace {
 // Markers whose payload never came (a sender that died between the two) are forgotten wholesale
 // beyond this many.
 constexpr size_t kMaxMarks = 256;
+// The ids of a link's requests remembered (a meeting asks a few).
+constexpr size_t kMaxAsked = 32;
 }  // namespace
 
 LinkProbe::LinkProbe(Options options) : options_(options) {
@@ -20,8 +22,13 @@ void LinkProbe::marker(PeerId from, uint64_t id, Clock::time_point not_before,
                        Clock::time_point arrived) {
   if (marks_.size() >= kMaxMarks) marks_.clear();
   marks_[{from, id}] = {std::min(not_before, arrived), arrived};
-  if (auto it = links_.find(from); it != links_.end() && it->second.asked.count(id) > 0)
+  if (auto it = links_.find(from);
+      it != links_.end() && it->second.waiting && it->second.waiting->id == id)
     it->second.waiting.reset();  // the answer is under way
+}
+
+bool LinkProbe::Link::asked_for(uint64_t id) const {
+  return std::find(asked.begin(), asked.end(), id) != asked.end();
 }
 
 LinkProbe::Reading LinkProbe::payload(PeerId from, uint64_t id, uint64_t bytes,
@@ -33,7 +40,11 @@ LinkProbe::Reading LinkProbe::payload(PeerId from, uint64_t id, uint64_t bytes,
   marks_.erase(it);
   Link& link = links_[from];
   // A probe this peer did not ask for is a member's introduction: a new meeting.
-  if (link.asked.count(id) == 0) link = Link{};
+  if (!link.asked_for(id)) {
+    auto asked = std::move(link.asked);
+    link = Link{};
+    link.asked = std::move(asked);
+  }
   link.ask_bytes.reset();
   const bool larger = bytes < options_.max_bytes;
   const double secs = std::chrono::duration<double>(arrived - mark.not_before).count();
@@ -62,17 +73,18 @@ std::vector<LinkProbe::Request> LinkProbe::take_requests(Clock::time_point now,
                                                          std::mt19937_64& random) {
   std::vector<Request> out;
   for (auto& [peer, link] : links_) {
-    if (!link.ask_bytes && link.waiting && now - link.waiting->first > options_.patience) {
+    if (!link.ask_bytes && link.waiting && now - link.waiting->since > options_.patience) {
       if (link.lost < options_.max_lost) {
         ++link.lost;
-        link.ask_bytes = link.waiting->second;
+        link.ask_bytes = link.waiting->bytes;
       }
       link.waiting.reset();
     }
     if (!link.ask_bytes) continue;
     Request q{peer, random(), *link.ask_bytes};
-    link.asked.insert(q.id);
-    link.waiting = {now, q.bytes};
+    link.asked.push_back(q.id);
+    if (link.asked.size() > kMaxAsked) link.asked.pop_front();
+    link.waiting = Waiting{now, q.bytes, q.id};
     link.ask_bytes.reset();
     out.push_back(q);
   }

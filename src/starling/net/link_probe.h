@@ -6,14 +6,14 @@
 // microseconds for a payload the link had carried in milliseconds: a 1 Gbit link read hundreds of
 // Gbit/s, and the link table kept it, since long transfers only ever raise a reading. So the
 // marker's time is known only within the while it may have waited queued (Incoming::not_before to
-// ::arrived), and the reading takes the transfer from its earliest moment: it may be low, never
-// high.
+// ::arrived), and the reading takes the transfer from its earliest moment: it may be low, not
+// high (but see the end).
 // - A marker whose doubt exceeds a quarter of that time (its reading could be under 0.75 of the
 //   rate, or arbitrarily low) gives no reading, and the receiver asks the sender, at its next
 //   heartbeat, for another probe: one `growth` times larger where the time read was too short to
 //   trust (min_seconds), whose longer transfer dwarfs such a doubt; else (or at max_bytes) one of
-//   the same size, up to max_retries times. Past those, the link stays unmeasured in this meeting
-//   (long collective transfers measure it).
+//   the same size, up to max_retries times. Past those, this meeting records nothing more (an
+//   earlier reading in no doubt stands; else long collective transfers measure the link).
 // - So does a reading beyond max_mbit_per_s, faster than any link: bytes that sat in a buffer and
 //   came out at memory speed. That is what a process stopped as a whole (its ZeroMQ I/O thread
 //   too) while a probe came in shows, once it goes on: the kernel hands over marker and payload
@@ -26,9 +26,10 @@
 //   the request or its answer was lost.
 // So a meeting (a member's unasked probe: its introduction) takes a few probes at most.
 //
-// What this cannot see: a process stopped during a probe of 20 ms or more, whose reading can still
-// be high (below max_mbit_per_s); the loop's own wake-ups shift either end by little beside
-// min_seconds.
+// What this cannot see: a process stopped while a probe came in, whose marker still looked on time
+// (the loop was waiting when the kernel handed it over, the payload right behind it). The reading
+// is then high but below max_mbit_per_s; a larger probe replaces it, except at max_bytes. The
+// loop's own wake-ups shift either end by little beside min_seconds.
 //
 // Pure bookkeeping, on the communication thread: the gossip sends and records.
 #pragma once
@@ -36,10 +37,10 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <random>
-#include <set>
 #include <utility>
 #include <vector>
 
@@ -89,13 +90,19 @@ class LinkProbe {
   struct Mark {
     Clock::time_point not_before, arrived;
   };
+  struct Waiting {
+    Clock::time_point since;
+    uint64_t bytes = 0, id = 0;
+  };
   struct Link {
-    std::set<uint64_t> asked;           // the ids of the probes asked for in this meeting
+    // The ids of the probes this peer asked for (the latest few, over meetings: a late answer to
+    // an earlier meeting's request is an answer, not an introduction).
+    std::deque<uint64_t> asked;
     std::optional<uint64_t> ask_bytes;  // a request to send at the next take_requests
-    // The last request sent, while its marker has not come: when, and for how many bytes.
-    std::optional<std::pair<Clock::time_point, uint64_t>> waiting;
-    int retries = 0;  // same-size probes asked for in this meeting
-    int lost = 0;     // requests asked again in this meeting
+    std::optional<Waiting> waiting;     // the last request sent, while its marker has not come
+    int retries = 0;                    // same-size probes asked for in this meeting
+    int lost = 0;                       // requests asked again in this meeting
+    bool asked_for(uint64_t id) const;
   };
 
   Options options_;
