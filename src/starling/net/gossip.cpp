@@ -35,7 +35,7 @@ Gossip::Gossip(const NodeOptions& options, std::vector<EntryPoint> entries, Tran
       random_(std::random_device{}() ^ static_cast<uint64_t>(steady_ns())),
       probes_({.first_bytes = std::min<uint64_t>(options.probe_bytes, kMaxProbeBytes),
                .max_bytes = std::min(kProbeGrowthLimit * options.probe_bytes, kMaxProbeBytes),
-               .patience = 4 * options.heartbeat_interval}) {
+               .patience = std::max(10 * options.heartbeat_interval, 2 * options.peer_timeout)}) {
   std::lock_guard lock(table_.mutex);
   self_ = table_.members.self().id;
 }

@@ -94,7 +94,8 @@ void set_self(AutoPipeline& plan, net::PeerId me) {
 // trip of its pings to each: heartbeats carry a ping every net.heartbeat_ms, and one queued behind
 // a probe on a slow link reads long, so the shortest of several is the link's own delay. Waits
 // for probes still on their way (a newcomer's arrive right behind its hello) and for
-// kRttSamples pings to every other peer, up to kMeasureLimit.
+// kRttSamples pings to every other peer once its probe has been read (the ones before count for
+// the shortest, not for the number), up to kMeasureLimit.
 void measure_links(const net::Node& node, const std::vector<net::PeerId>& others, PeerReport& r) {
   constexpr int kRttSamples = 4;
   constexpr auto kMeasureLimit = std::chrono::seconds(10);
@@ -107,9 +108,9 @@ void measure_links(const net::Node& node, const std::vector<net::PeerId>& others
       if (l.from == node.id() && l.stats.rtt_ms >= 0) {
         const double rtt = l.stats.rtt_ms / 1e3;
         auto& [latest, count] = seen[l.to];
-        if (count > 0 && rtt == latest) continue;  // the same pong as before
+        if (rtt == latest) continue;  // the same pong as before
         latest = rtt;
-        ++count;
+        if (r.inbound_bytes_per_s.count(l.to) != 0) ++count;
         const auto it = r.rtt_s.find(l.to);
         if (it == r.rtt_s.end() || rtt < it->second) r.rtt_s[l.to] = rtt;
       }
