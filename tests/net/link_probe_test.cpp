@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <thread>
+#include <vector>
 
 #include "starling/net/transport.h"
 
@@ -128,8 +129,13 @@ TEST(LinkProbe, ARequestWithoutAnAnswerIsAskedAgainTwiceAtMost) {
     EXPECT_EQ(again[0].bytes, 256u * 1024);
     EXPECT_NE(again[0].id, asked[0].id);
     asked = again;
+    EXPECT_TRUE(p.take_given_up().empty()) << lost;
   }
   EXPECT_TRUE(p.take_requests(t + 3s, random).empty()) << "asked again twice already";
+  // Said once, so that the peer can log it.
+  EXPECT_EQ(p.take_given_up(), std::vector<net::PeerId>{kPeer});
+  EXPECT_TRUE(p.take_requests(t + 6s, random).empty());
+  EXPECT_TRUE(p.take_given_up().empty());
 
   // A marker that came stops the clock: its payload is on the way.
   auto q = probe();

@@ -3,7 +3,11 @@
 // (an outsider can neither join, nor deliver, nor receive), and the status query.
 #include "starling/net/node.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
@@ -473,6 +477,47 @@ TEST(NodeTest, StatusReportsMembersAndLinks) {
   // every allowlisted key, its own too.
   q.entry = nodes[0]->endpoint();
   EXPECT_EQ(net::query_status(q).answered_by, nodes[0]->id());
+}
+
+// A joiner that started before the member it joins finds that member older than itself and
+// makes itself younger: its hello goes out again with the new age. The member meets it once all
+// the same: one introduction, so one bandwidth probe of the link (it used to probe again, 2 x 256
+// KiB by default on what may be a slow link).
+TEST(NodeTest, AJoinerThatMakesItselfYoungerIsMetOnce) {
+  Swarm swarm(2);
+  // The member's address, known before it listens: the joiner connects once it does.
+  int port = 0;
+  {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    port = ntohs(addr.sin_port);
+    ::close(fd);
+  }
+  const std::string entry = "tcp://127.0.0.1:" + std::to_string(port);
+  auto joining = std::async(std::launch::async,
+                            [&] { return std::make_unique<net::Node>(swarm.options(1, entry)); });
+  std::this_thread::sleep_for(50ms);  // the joiner's age is taken: older than the member's
+  starling::net::testing::LogSink member_log;
+  net::NodeOptions o = swarm.options(0);
+  o.listen = entry;
+  o.log = member_log.fn();
+  net::Node member(o);
+  const auto joiner = joining.get();
+  ASSERT_TRUE(joiner->wait_for_members(2, 5s));
+  EXPECT_GT(joiner->joined_at_ms(), member.joined_at_ms()) << "the joiner made itself younger";
+  std::this_thread::sleep_for(500ms);  // five heartbeats: the second hello has come
+  int met = 0;
+  {
+    std::lock_guard lock(member_log.mutex);
+    for (const auto& line : member_log.lines) met += line.find(" is a member") != std::string::npos;
+  }
+  EXPECT_EQ(met, 1);
 }
 
 TEST(NodeTest, AsyncHandleOverlapsWithTheCaller) {

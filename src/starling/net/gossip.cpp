@@ -14,7 +14,7 @@ using json = nlohmann::json;
 // A receiver asks for probes up to this many times the first one's size (NodeOptions::probe_bytes).
 constexpr uint64_t kProbeGrowthLimit = 16;
 // Whatever a member asks for, no probe is larger, and no more are answered to one process of it
-// (a receiver asks for a few a meeting: link_probe.h; a joiner's second hello makes two).
+// (a receiver asks for a few a meeting, link_probe.h, and meets each process once: introduce()).
 constexpr uint64_t kMaxProbeBytes = 16ull << 20;
 constexpr int kMaxProbeAnswers = 16;
 
@@ -73,7 +73,13 @@ void Gossip::begin_join() {
   }
 }
 
-void Gossip::introduce(const MemberInfo& info, bool restarted) {
+Gossip::Known Gossip::known_as(const Member* before, const MemberInfo& now) {
+  if (before == nullptr) return Known::no;
+  return before->info.incarnation != now.incarnation ? Known::restarted : Known::moved;
+}
+
+void Gossip::introduce(const MemberInfo& info, Known known) {
+  const bool restarted = known == Known::restarted;
   if (restarted && events_.restarted) events_.restarted(info.id);
   events_.joined(info.id);
   // A restarted peer may listen elsewhere now. The same address keeps its connection: closing it
@@ -89,6 +95,7 @@ void Gossip::introduce(const MemberInfo& info, bool restarted) {
     hello = {{"member", to_json(table_.members.self())}};
   }
   send(info.id, MsgType::hello, json_message(hello));
+  if (known == Known::moved) return;
   // Bandwidth probe: a marker, then a bulk payload right behind it; the receiver times the gap.
   if (restarted) probe_answers_.erase(info.id);  // a new process: a new meeting
   if (options_.probe_bytes > 0)
@@ -271,6 +278,16 @@ void Gossip::send_probe_requests() {
     h.chunk = 2;
     transport_.send(slot_of(q.peer), h, std::move(body));
   }
+  for (const PeerId peer : probes_.take_given_up()) {
+    {
+      std::lock_guard lock(table_.mutex);
+      const Member* m = table_.members.find(peer);
+      if (m == nullptr || m->state != MemberState::alive) continue;  // gone: nothing to say
+    }
+    log("the link from " + table_.who(peer) +
+        ": no more bandwidth probes asked for; the last requests went unanswered (lost, or "
+        "refused; long transfers will measure the link)");
+  }
 }
 
 void Gossip::handle(Incoming& in, const json& body) {
@@ -290,15 +307,15 @@ void Gossip::handle(Incoming& in, const json& body) {
       if (m.id != h.sender) throw NetError("a hello must describe its sender");
       if (!options_.insecure && peer_id_from_public_key(m.public_key) != m.id)
         throw NetError("member " + short_peer_id(m.id) + "'s id does not match its key");
-      bool added, restarted;
+      bool added;
+      Known known;
       json list = json::array();
       {
         std::lock_guard lock(table_.mutex);
-        const Member* before = table_.members.find(m.id);
-        restarted = before != nullptr && before->info.incarnation != m.incarnation;
+        known = known_as(table_.members.find(m.id), m);
         added = table_.members.merge(m, now);
       }
-      if (added) introduce(m, restarted);
+      if (added) introduce(m, known);
       {
         std::lock_guard lock(table_.mutex);
         // The living only, as in heartbeats, each with how long this peer has not heard from it:
@@ -314,21 +331,21 @@ void Gossip::handle(Incoming& in, const json& body) {
           list.push_back(std::move(j));
         }
       }
-      send(h.sender, MsgType::welcome, json_message({{"members", list}, {"returning", restarted}}));
+      send(h.sender, MsgType::welcome,
+           json_message({{"members", list}, {"returning", known == Known::restarted}}));
       table_.changed.notify_all();
       break;
     }
     case MsgType::welcome:
     case MsgType::heartbeat: {
       const auto list = member_list("members");
-      std::vector<std::pair<MemberInfo, bool>> added;  // with whether it restarted
+      std::vector<std::pair<MemberInfo, Known>> added;
       {
         std::lock_guard lock(table_.mutex);
         for (size_t i = 0; i < list.size(); ++i) {
           const MemberInfo& m = list[i];
           if (!options_.insecure && peer_id_from_public_key(m.public_key) != m.id) continue;
-          const Member* before = table_.members.find(m.id);
-          const bool restarted = before != nullptr && before->info.incarnation != m.incarnation;
+          const Known known = known_as(table_.members.find(m.id), m);
           // A member new to us was last heard by the sender `silent_ms` ago (at most a timeout).
           const json& entry = body["members"][i];
           int64_t silent = 0;
@@ -336,7 +353,7 @@ void Gossip::handle(Incoming& in, const json& body) {
             silent = std::clamp<int64_t>(entry["silent_ms"].get<int64_t>(), 0,
                                          options_.peer_timeout.count());
           if (table_.members.merge(m, now - std::chrono::milliseconds(silent)))
-            added.emplace_back(m, restarted);
+            added.emplace_back(m, known);
         }
         if (h.type == MsgType::heartbeat && body.contains("links"))
           table_.members.merge_links_json(body["links"], h.sender);
@@ -354,7 +371,7 @@ void Gossip::handle(Incoming& in, const json& body) {
           if (self.joined_at_ms <= newest) self.joined_at_ms = newest + 1;
         }
       }
-      for (const auto& [m, restarted] : added) introduce(m, restarted);
+      for (const auto& [m, known] : added) introduce(m, known);
       if (h.type == MsgType::welcome && !join_slots_.empty()) {
         for (const auto& s : join_slots_) transport_.disconnect(s);
         join_slots_.clear();

@@ -61,8 +61,17 @@ class Gossip {
   nlohmann::json status_json() const;
 
  private:
-  // Connect, say hello, probe the link; `restarted`: a known member started again.
-  void introduce(const MemberInfo& info, bool restarted);
+  // How a member that merge() added was known before.
+  enum class Known {
+    no,
+    restarted,  // as an earlier process under the same id
+    // as the same process, which has since made itself younger than the members it found (a
+    // joiner's second announcement of itself): the link was probed when it was met
+    moved,
+  };
+  static Known known_as(const Member* before, const MemberInfo& now);
+  // Connect, say hello, and probe the link, unless `known` is moved.
+  void introduce(const MemberInfo& info, Known known);
   // A marker, then `bytes` right behind it, under probe id `id`.
   void send_probe(PeerId peer, uint64_t id, uint64_t bytes);
   // A member asks for a probe (payload: the bytes wanted, u64 little-endian).

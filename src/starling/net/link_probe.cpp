@@ -1,6 +1,7 @@
 #include "starling/net/link_probe.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace starling::net {
 
@@ -77,6 +78,8 @@ std::vector<LinkProbe::Request> LinkProbe::take_requests(Clock::time_point now,
       if (link.lost < options_.max_lost) {
         ++link.lost;
         link.ask_bytes = link.waiting->bytes;
+      } else {
+        given_up_.push_back(peer);
       }
       link.waiting.reset();
     }
@@ -90,5 +93,7 @@ std::vector<LinkProbe::Request> LinkProbe::take_requests(Clock::time_point now,
   }
   return out;
 }
+
+std::vector<PeerId> LinkProbe::take_given_up() { return std::exchange(given_up_, {}); }
 
 }  // namespace starling::net

@@ -85,6 +85,9 @@ class LinkProbe {
   // The requests queued since the last call, and the ones whose marker has not come within
   // `patience` of `now` (one a peer at most), each with a fresh id.
   std::vector<Request> take_requests(Clock::time_point now, std::mt19937_64& random);
+  // The peers whose last request went unanswered after it was asked again max_lost times, found
+  // by take_requests since the last call: their meeting asks for nothing more.
+  std::vector<PeerId> take_given_up();
 
  private:
   struct Mark {
@@ -108,6 +111,7 @@ class LinkProbe {
   Options options_;
   std::map<std::pair<PeerId, uint64_t>, Mark> marks_;
   std::map<PeerId, Link> links_;
+  std::vector<PeerId> given_up_;  // take_given_up
 };
 
 }  // namespace starling::net
