@@ -633,6 +633,10 @@ TEST_F(CliTest, ListKeysAndModelShow) {
   Result r = run("train --list-keys");
   ASSERT_EQ(r.code, 0);
   EXPECT_NE(r.output.find("optim.warmup_steps"), std::string::npos);
+  // Defaults as a person writes them: the shortest text of the double, still a TOML float.
+  EXPECT_NE(r.output.find("optim.beta2  float  0.95  "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("optim.grad_clip  float  1.0  "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model.norm_eps  float  1e-05  "), std::string::npos) << r.output;
   r = run("model show --preset llama-tiny");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("layers.3.mlp"), std::string::npos) << r.output;

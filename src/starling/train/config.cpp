@@ -3,6 +3,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <charconv>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -337,12 +338,21 @@ std::string describe_keys() {
   for (auto& k : keys) {
     toml::table t;
     k.write(t);
-    std::ostringstream value;
-    value << toml::toml_formatter(t);
-    std::string v = value.str();
-    const auto eq = v.find(" = ");
-    v = eq == std::string::npos ? v : v.substr(eq + 3);
-    while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.pop_back();
+    std::string v;
+    if (const auto* d = t.empty() ? nullptr : t.begin()->second.as_floating_point()) {
+      // The shortest text that reads back as the same double: 0.1, not toml++'s
+      // 0.10000000000000001; still a TOML float (1.0, not 1).
+      char text[32];
+      v.assign(text, std::to_chars(text, text + sizeof text, d->get()).ptr);
+      if (v.find_first_of(".eEin") == std::string::npos) v += ".0";
+    } else {
+      std::ostringstream value;
+      value << toml::toml_formatter(t);
+      v = value.str();
+      const auto eq = v.find(" = ");
+      v = eq == std::string::npos ? v : v.substr(eq + 3);
+      while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.pop_back();
+    }
     out << k.full() << "  " << k.type << "  " << v << "  " << k.doc << "\n";
   }
   return out.str();
