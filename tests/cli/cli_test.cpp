@@ -122,6 +122,60 @@ TEST_F(CliTest, RefusesToOverwriteARunWithoutResume) {
   EXPECT_NE(again.output.find("already holds a checkpoint"), std::string::npos) << again.output;
 }
 
+// A run whose checkpoints/latest is lost (a copy that left it out, a hand's rm) still holds its
+// checkpoints: a fresh run there is refused, as with the file, and --resume goes on from the
+// newest. (A fresh run used to start there and write over them, step by step.)
+TEST_F(CliTest, ACheckpointWithoutItsLatestFileIsStillTheRuns) {
+  const fs::path cfg = write_config("no_latest", "");
+  ASSERT_EQ(run("train -q --config " + cfg.string() +
+                " --set train.steps=4 --set train.checkpoint_every=2")
+                .code,
+            0);
+  const fs::path ckpts = root_ / "run_no_latest" / "checkpoints";
+  ASSERT_TRUE(fs::remove(ckpts / "latest"));
+  const std::string weights = read_file(ckpts / "step_00000004" / "model.safetensors");
+  ASSERT_FALSE(weights.empty());
+  const Result fresh = run("train -q --config " + cfg.string() + " --set train.steps=6");
+  EXPECT_EQ(fresh.code, 2) << fresh.output;
+  EXPECT_NE(fresh.output.find("already holds a checkpoint"), std::string::npos) << fresh.output;
+  EXPECT_TRUE(fs::exists(ckpts / "step_00000002" / "model.safetensors"));
+  EXPECT_TRUE(read_file(ckpts / "step_00000004" / "model.safetensors") == weights);
+  // A lowered train.steps trains nothing, and says so.
+  const Result none = run("train --config " + cfg.string() + " --resume --set train.steps=3");
+  EXPECT_EQ(none.code, 0) << none.output;
+  EXPECT_NE(none.output.find("checkpoints/latest is missing"), std::string::npos) << none.output;
+  EXPECT_NE(none.output.find("nothing to train: the checkpoint is at step 4, and this run ends "
+                             "before it (step 3: train.steps)"),
+            std::string::npos)
+      << none.output;
+  EXPECT_TRUE(read_file(ckpts / "step_00000004" / "model.safetensors") == weights);
+  const Result on = run("train -q --config " + cfg.string() + " --resume --set train.steps=6");
+  EXPECT_EQ(on.code, 0) << on.output;
+  EXPECT_NE(on.output.find("step_00000004 at step 4"), std::string::npos) << on.output;
+  EXPECT_TRUE(fs::exists(ckpts / "step_00000006"));
+}
+
+// The export writes model.safetensors and config.json: never into a checkpoint (it would replace
+// the weights it read) or a run, and never onto a file.
+TEST_F(CliTest, ExportNeverWritesIntoACheckpointOrARun) {
+  const fs::path cfg = write_config("export_into", "");
+  ASSERT_EQ(run("train -q --config " + cfg.string() + " --set train.steps=2").code, 0);
+  const fs::path run_dir = root_ / "run_export_into";
+  const fs::path ckpt = run_dir / "checkpoints" / "step_00000002";
+  const std::string weights = read_file(ckpt / "model.safetensors");
+  const fs::path file = root_ / "export_file";
+  std::ofstream(file) << "x";
+  for (const auto& [out, says] : std::vector<std::pair<fs::path, std::string>>{
+           {ckpt, "holds a Starling checkpoint or dataset (meta.json)"},
+           {run_dir, "holds a run's checkpoints"},
+           {file, "is a file, not a directory"}}) {
+    const Result r = run("export --checkpoint " + run_dir.string() + " --out " + out.string());
+    EXPECT_EQ(r.code, 2) << out << ": " << r.output;
+    EXPECT_NE(r.output.find(says), std::string::npos) << r.output;
+  }
+  EXPECT_TRUE(read_file(ckpt / "model.safetensors") == weights);
+}
+
 // Two runs into one directory at once: the second is refused while the first holds it (it used
 // to truncate the first's metrics.jsonl and write checkpoints beside it), and a run that ended,
 // however it ended (here killed), leaves the directory free.
@@ -203,6 +257,68 @@ TEST_F(CliTest, ARunStoppedByASignalLogsItsLastStep) {
   EXPECT_NE(last.find("\"loss\":"), std::string::npos) << last;
 }
 
+// A file where a directory belongs, and a directory where a file does, are named as such (they
+// used to surface as the C++ library's "Not a directory" or "basic_filebuf::underflow").
+TEST_F(CliTest, AFileWhereADirectoryBelongsIsNamed) {
+  const fs::path cfg = write_config("wrong_kind");
+  const fs::path file = root_ / "wrong_kind_file";
+  std::ofstream(file) << "x";
+  for (const std::string& peers :
+       {std::string(), std::string(" --peers 2 --set strategy.kind=\"ddp\"")}) {
+    const Result r = run("train -q --config " + cfg.string() + " --out " + file.string() + peers);
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find("train.out_dir: " + file.string() + " is a file, not a directory"),
+              std::string::npos)
+        << r.output;
+  }
+  const fs::path data = root_ / "meta_is_a_dir";
+  fs::create_directories(data / "meta.json");
+  const Result r =
+      run("train -q --config " + cfg.string() + " --set data.dir='\"" + data.string() + "\"'");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find((data / "meta.json").string() + "' is a directory, not a file"),
+            std::string::npos)
+      << r.output;
+}
+
+// A signal during a long evaluation ends it (no validation loss) and the run saves its steps;
+// it used to go on evaluating, and a second signal had nothing to stop.
+TEST_F(CliTest, ASignalEndsALongEvaluationAndTheRunKeepsItsSteps) {
+  const fs::path cfg = write_config("eval_signal");
+  const fs::path log = root_ / "eval_signal.log";
+  starling::Process run_({STARLING_CLI_PATH, "train", "--config", cfg.string(), "--set",
+                          "train.steps=2", "--set", "train.eval_batches=100000000"},
+                         log.string());
+  // The evaluation comes after step 2's record.
+  const fs::path metrics = root_ / "run_eval_signal" / "metrics.jsonl";
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (read_file(metrics).find("\"step\":2,") == std::string::npos &&
+         std::chrono::steady_clock::now() < until && !run_.wait(std::chrono::milliseconds(0)))
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  run_.signal(SIGTERM);
+  const auto code = run_.wait(std::chrono::seconds(60));
+  ASSERT_TRUE(code) << "still evaluating a minute after SIGTERM: " << read_file(log);
+  EXPECT_EQ(*code, 0) << read_file(log);
+  EXPECT_NE(read_file(log).find("step 2: evaluation stopped by the signal"), std::string::npos)
+      << read_file(log);
+  EXPECT_TRUE(fs::exists(root_ / "run_eval_signal" / "checkpoints" / "step_00000002"));
+}
+
+// A validation split the run cannot evaluate (here: no window of seq_len + 1 tokens in it) is
+// found before the training, not after it, and named.
+TEST_F(CliTest, AValidationSplitWithoutABatchIsFoundBeforeTraining) {
+  const fs::path cfg = write_config("val_short");
+  const Result r = run("train -q --config " + cfg.string() +
+                       " --set model.seq_len=16384 --set train.batch_size=1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("the validation split of " + (root_ / "data").string()),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("step 1"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(root_ / "run_val_short")) << "a failed start leaves no directory";
+}
+
 TEST_F(CliTest, ResumeWithADifferentModelIsAnError) {
   const fs::path cfg = write_config("mismatch");
   ASSERT_EQ(run("train -q --config " + cfg.string() + " --stop-at 2").code, 0);
@@ -230,6 +346,17 @@ TEST_F(CliTest, SampleFromCheckpoint) {
                              " --prompt 'the jury' --max-tokens 20 --temperature 1 --top-p 1e-6");
   ASSERT_EQ(nucleus.code, 0) << nucleus.output;
   EXPECT_EQ(nucleus.output, greedy);
+  // So does the tiniest temperature (the logits over it used to overflow into NaN).
+  const Result cold = run("sample --checkpoint " + (root_ / "run_sample").string() +
+                          " --prompt 'the jury' --max-tokens 20 --temperature 1e-45");
+  ASSERT_EQ(cold.code, 0) << cold.output;
+  EXPECT_EQ(cold.output, greedy);
+  const Result nan = run("sample --checkpoint " + (root_ / "run_sample").string() +
+                         " --max-tokens 2 --temperature nan");
+  EXPECT_EQ(nan.code, 2) << nan.output;
+  EXPECT_NE(nan.output.find("--temperature: must be a finite number >= 0, got nan"),
+            std::string::npos)
+      << nan.output;
   // A stop text ends the sample just before its first appearance after the prompt.
   const std::string generated = greedy.substr(8, greedy.size() - 9);  // minus the newline
   ASSERT_GE(generated.size(), 8u);

@@ -4,8 +4,10 @@
 #include "starling/train/config.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -297,6 +299,20 @@ TEST(RunConfigErrors, OutOfRange) {
   expect_error("[data]\ndir = \"d\"\n[train]\nthreads = 5000000\n",
                {"run.toml:4", "train.threads"});
   expect_error("[data]\ndir = \"d\"\n[train]\nseed = -1\n", {"run.toml:4", "train.seed"});
+  // Sizes far beyond any machine are named here, not met as a failed allocation or an
+  // overflowed tokens-per-step later.
+  expect_error("[data]\ndir = \"d\"\n[train]\nbatch_size = 9223372036854775807\n",
+               {"run.toml:4", "train.batch_size", "must be <= 1048576"});
+  expect_error("[data]\ndir = \"d\"\n[model]\nn_layer = 1000000000\n",
+               {"run.toml:4", "model.n_layer", "must be <= 10000"});
+  expect_error("[data]\ndir = \"d\"\n[model]\nseq_len = 2147483648\n",
+               {"run.toml:4", "model.seq_len"});
+  expect_error("[data]\ndir = \"d\"\n[train]\nthreads = 5000\n",
+               {"run.toml:4", "train.threads", "[0, 1024]"});
+  // A float that is not finite: nan fails ">= min", inf fails "finite".
+  expect_error("[data]\ndir = \"d\"\n[model]\nnorm_eps = inf\n",
+               {"run.toml:4", "model.norm_eps", "must be finite, got inf"});
+  expect_error("[data]\ndir = \"d\"\n[optim]\nlr = nan\n", {"run.toml:4", "optim.lr"});
 }
 
 TEST(RunConfigErrors, BadEnum) {
@@ -368,6 +384,17 @@ TEST(RunConfig, LoadRunConfigMissingFile) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/starling/run.toml"), std::string::npos);
   }
+  // A directory reads as nothing at all: it used to pass for an empty config.
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("starling_config_dir_" + std::to_string(::getpid()) + ".toml");
+  std::filesystem::create_directories(dir);
+  try {
+    load_run_config(dir);
+    ADD_FAILURE() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(dir);
 }
 
 TEST(RunConfig, ToTomlRoundTrips) {

@@ -26,12 +26,19 @@ void add_bench_command(CLI::App& app) {
   auto a = std::make_shared<Args>();
   compute->add_option("--preset", a->preset, "model preset")->capture_default_str();
   compute->add_option("--set", a->sets, "override a model key, e.g. --set model.seq_len=128");
-  compute->add_option("--batch", a->batch, "sequences per step")->capture_default_str();
-  compute->add_option("--steps", a->steps, "timed steps")->capture_default_str();
-  compute->add_option("--warmup", a->warmup, "untimed steps first")->capture_default_str();
+  compute->add_option("--batch", a->batch, "sequences per step")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  compute->add_option("--steps", a->steps, "timed steps")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
+      ->capture_default_str();
+  compute->add_option("--warmup", a->warmup, "untimed steps first")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
+      ->capture_default_str();
   compute
       ->add_option("--threads", a->threads,
                    "intra-op threads; 0 = physical cores (within a CPU limit)")
+      ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   compute->add_flag("--recompute", a->recompute, "per-node activation recomputation");
   compute->add_option("--device", a->device, "cpu, cuda or cuda:N")->capture_default_str();

@@ -27,7 +27,7 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--json", *json, "also write the result to this file as JSON");
   cmd->add_option("--threads", *threads,
                   "intra-op threads on the CPU; 0 = physical cores (within a CPU limit)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   cmd->add_flag("-q,--quiet", *quiet, "no progress line");
   cmd->callback([ckpt, json, quiet, threads, o] {

@@ -28,6 +28,7 @@
 #include "starling/strategy/auto_pipeline.h"
 #include "starling/strategy/pipeline_auto_peer.h"
 #include "starling/strategy/plan_trials.h"
+#include "starling/train/checkpoint_dir.h"
 #include "starling/train/config.h"
 #include "starling/train/events.h"
 #include "starling/train/metrics.h"
@@ -205,14 +206,19 @@ void report_against_peers_plan(const fs::path& root, int peers, const train::Run
   if (plan) report_against_plan(*plan, records, config, hint);
 }
 
-// Where each peer of a resumed swarm goes on from, from its checkpoints' `latest` file: "resuming
-// every peer from step 80 (runs/x/peer-<i>/checkpoints)", or peer by peer where they differ.
+// Where each peer of a resumed swarm goes on from, from the checkpoint it will resume
+// (train::find_checkpoint): "resuming every peer from step 80 (runs/x/peer-<i>/checkpoints)", or
+// peer by peer where they differ.
 std::string resume_note(const fs::path& out, int peers) {
   std::vector<std::string> steps;
   for (int i = 0; i < peers; ++i) {
-    std::ifstream in(out / ("peer-" + std::to_string(i)) / "checkpoints" / "latest");
+    const fs::path peer = out / ("peer-" + std::to_string(i));
     std::string name;
-    std::getline(in, name);
+    try {
+      if (train::holds_checkpoint(peer)) name = train::find_checkpoint(peer).filename().string();
+    } catch (const CheckpointError&) {
+      // The peer itself says what is wrong with it.
+    }
     const bool named = name.rfind("step_", 0) == 0 && name.size() > 5 &&
                        name.find_first_not_of("0123456789", 5) == std::string::npos;
     steps.push_back(named ? std::to_string(std::stoll(name.substr(5))) : "");
@@ -250,6 +256,8 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
         "--peer-set gives peers of a swarm of whole replicas (strategy.kind) settings of their "
         "own; a pipeline's plan places its stages on peers alike: drop --peer-set, or [pipeline]");
   const fs::path out = user_config.train.out_dir;
+  if (fs::exists(out) && !fs::is_directory(out))
+    throw ConfigError("train.out_dir: " + out.string() + " is a file, not a directory");
   // One launcher (or single process) at a time in `out`; the peers hold their own directories.
   fs::create_directories(out);
   const DirLock out_lock(out);
@@ -257,14 +265,13 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
   // others did.
   bool checkpointed = false;
   for (int i = 0; fs::is_directory(out / ("peer-" + std::to_string(i))); ++i)
-    checkpointed =
-        checkpointed || fs::exists(out / ("peer-" + std::to_string(i)) / "checkpoints" / "latest");
+    checkpointed = checkpointed || train::holds_checkpoint(out / ("peer-" + std::to_string(i)));
   // Each peer would refuse on its own; saying so here spares the others a join timeout.
   if (!o.resume && checkpointed)
     throw ConfigError(out.string() +
                       " already holds a swarm's checkpoints; pass --resume to continue that run, "
                       "or set train.out_dir (--out) to a new directory");
-  if (fs::exists(out / "checkpoints" / "latest"))
+  if (train::holds_checkpoint(out))
     throw ConfigError(out.string() +
                       " holds a single process's run (checkpoints/): the peers' runs would go "
                       "beside it; set train.out_dir (--out) to a new directory");

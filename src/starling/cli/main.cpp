@@ -2,6 +2,7 @@
 #include <c10/util/Exception.h>
 
 #include <iostream>
+#include <new>
 
 #include "starling/cli/commands.h"
 #include "starling/common/device.h"
@@ -43,6 +44,12 @@ int main(int argc, char** argv) {
       std::cerr << "  (the model's training state, activations and batch do not fit in the "
                    "device's memory: a smaller train.batch_size, train.recompute = true, or a "
                    "[swap] budget to keep part of the state in host RAM; see docs/swap.md)\n";
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "error: out of memory: what this run asked for does not fit in this machine's "
+                 "memory (the model's size, model.*, and the batch, train.batch_size x "
+                 "model.seq_len, are the usual causes; a [swap] budget keeps part of the training "
+                 "state on disk: docs/swap.md)\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";

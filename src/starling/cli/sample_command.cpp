@@ -1,3 +1,4 @@
+#include <cmath>
 #include <iostream>
 
 #include "starling/cli/commands.h"
@@ -15,10 +16,19 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--checkpoint", *ckpt, "run directory or checkpoint directory")->required();
   cmd->add_option("--prompt", opts->prompt, "text to continue")->capture_default_str();
   cmd->add_option("--max-tokens", opts->max_tokens, "tokens to generate")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
       ->capture_default_str();
   cmd->add_option("--temperature", opts->temperature, "0 = greedy")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            double v = -1;
+            try {
+              v = std::stod(text);
+            } catch (const std::exception&) {
+            }
+            return v >= 0 && std::isfinite(v) ? "" : "must be a finite number >= 0, got " + text;
+          },
+          ">= 0"))
       ->capture_default_str();
   cmd->add_option("--top-k", opts->top_k, "sample among the k likeliest tokens; 0 = all")
       ->check(CLI::NonNegativeNumber)
@@ -48,7 +58,7 @@ void add_sample_command(CLI::App& app) {
   auto threads = std::make_shared<int>(0);
   cmd->add_option("--threads", *threads,
                   "intra-op threads on the CPU; 0 = physical cores (within a CPU limit)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   auto no_cache = std::make_shared<bool>(false), timing = std::make_shared<bool>(false);
   cmd->add_flag("--no-cache", *no_cache,

@@ -30,7 +30,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("-c,--config", a->config, "config file (TOML)");
   cmd->add_option("--set", a->sets, "override a key, e.g. --set train.steps=100 (repeatable)");
   cmd->add_option("-o,--out", a->out,
-                  "the run's output directory, for train.out_dir (a new run needs a new one)");
+                  "the run's output directory, for train.out_dir (a new run needs a new one)")
+      ->check(CLI::Validator(
+          [](std::string& text) { return text.empty() ? std::string("is empty") : ""; }, "DIR"));
   cmd->add_flag("--resume", a->resume, "continue from the newest checkpoint in train.out_dir");
   cmd->add_option("--stop-at", a->stop_at,
                   "stop with a checkpoint after this step (the schedule still spans train.steps)")

@@ -1,6 +1,7 @@
 #include "starling/config/config_keys.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -29,7 +30,8 @@ void wrong_type(const toml::node& n, const std::string& where, const char* expec
   throw ConfigError(where + ": expected " + expected + ", got " + found.str());
 }
 
-Key int_key(const char* table, const char* name, int64_t* p, int64_t min, const char* doc) {
+Key int_key(const char* table, const char* name, int64_t* p, int64_t min, const char* doc,
+            int64_t max) {
   return {table,
           name,
           "integer",
@@ -39,21 +41,24 @@ Key int_key(const char* table, const char* name, int64_t* p, int64_t min, const 
             if (v < min)
               throw ConfigError(where + ": must be >= " + std::to_string(min) + ", got " +
                                 std::to_string(v));
+            if (v > max)
+              throw ConfigError(where + ": must be <= " + std::to_string(max) + ", got " +
+                                std::to_string(v));
             *p = v;
           },
           [=](toml::table& t) { t.insert_or_assign(name, *p); }};
 }
 
-Key int32_key(const char* table, const char* name, int* p, int min, const char* doc) {
+Key int32_key(const char* table, const char* name, int* p, int min, const char* doc, int max) {
   return {table,
           name,
           "integer",
           doc,
           [=](const toml::node& n, const std::string& where) {
             const int64_t v = read_int(n, where);
-            if (v < min || v > 1'000'000)
-              throw ConfigError(where + ": must be in [" + std::to_string(min) +
-                                ", 1000000], got " + std::to_string(v));
+            if (v < min || v > max)
+              throw ConfigError(where + ": must be in [" + std::to_string(min) + ", " +
+                                std::to_string(max) + "], got " + std::to_string(v));
             *p = static_cast<int>(v);
           },
           [=](toml::table& t) { t.insert_or_assign(name, static_cast<int64_t>(*p)); }};
@@ -88,6 +93,7 @@ Key float_key(const char* table, const char* name, double* p, double min, const 
           wrong_type(n, where, "a number");
         if (!(v >= min))  // %g: 0 and 1e-08, not 0.000000 and 0.000000
           throw ConfigError(where + ": must be >= " + number_text(min) + ", got " + number_text(v));
+        if (!std::isfinite(v)) throw ConfigError(where + ": must be finite, got " + number_text(v));
         *p = v;
       },
       [=](toml::table& t) { t.insert_or_assign(name, *p); }};

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -29,13 +30,17 @@ struct Key {
 // "an integer", "a string" ... are the `expected` texts; the error names what was found instead.
 [[noreturn]] void wrong_type(const toml::node& n, const std::string& where, const char* expected);
 
-// Keys bound to a field (the pointer must outlive the key). Numbers below `min` are errors.
-Key int_key(const char* table, const char* name, int64_t* field, int64_t min, const char* doc);
-// An int in [min, 1000000].
-Key int32_key(const char* table, const char* name, int* field, int min, const char* doc);
+// Keys bound to a field (the pointer must outlive the key). Numbers below `min` or above `max`
+// are errors: a size far beyond any machine gets its key named, not a failed allocation or an
+// overflowed product later.
+Key int_key(const char* table, const char* name, int64_t* field, int64_t min, const char* doc,
+            int64_t max = std::numeric_limits<int64_t>::max());
+// An int in [min, max].
+Key int32_key(const char* table, const char* name, int* field, int min, const char* doc,
+              int max = 1'000'000);
 // A non-negative integer (seeds).
 Key seed_key(const char* table, const char* name, uint64_t* field, const char* doc);
-// A float or integer, >= min.
+// A finite float or integer, >= min.
 Key float_key(const char* table, const char* name, double* field, double min, const char* doc);
 Key bool_key(const char* table, const char* name, bool* field, const char* doc);
 // A string; when `allowed` is not empty, one of those values.

@@ -68,6 +68,7 @@ class MetaReader {
 };
 
 json read_json(const fs::path& file) {
+  if (fs::is_directory(file)) throw DataError("'" + file.string() + "' is a directory, not a file");
   std::ifstream in(file, std::ios::binary);
   if (!in) throw DataError("cannot read '" + file.string() + "'");
   try {

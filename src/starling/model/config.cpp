@@ -181,16 +181,19 @@ void add_config_keys(ModelConfig& m, config::Keys& k) {
                  }
                },
                [&m](toml::table& tb) { tb.insert_or_assign("arch", to_string(m.arch)); }});
+  // The maxima are far beyond any model this trains (GPT-3's largest: 96 layers, 12288 wide,
+  // 2048 tokens), so that a slip of the keyboard is named here rather than failing an
+  // allocation.
   k.push_back(int_key("model", "vocab_size", &m.vocab_size, 1,
-                      "vocabulary size; must be >= the dataset's"));
-  k.push_back(int_key("model", "seq_len", &m.seq_len, 1, "context length in tokens"));
-  k.push_back(int_key("model", "n_layer", &m.n_layer, 1, "transformer layers"));
-  k.push_back(int_key("model", "n_head", &m.n_head, 1, "attention heads"));
+                      "vocabulary size; must be >= the dataset's", 1 << 24));
+  k.push_back(int_key("model", "seq_len", &m.seq_len, 1, "context length in tokens", 1 << 20));
+  k.push_back(int_key("model", "n_layer", &m.n_layer, 1, "transformer layers", 10'000));
+  k.push_back(int_key("model", "n_head", &m.n_head, 1, "attention heads", 1 << 16));
   k.push_back(int_key("model", "n_kv_head", &m.n_kv_head, 0,
-                      "key/value heads for grouped-query attention (llama); 0 = n_head"));
-  k.push_back(int_key("model", "d_model", &m.d_model, 1, "residual stream width"));
+                      "key/value heads for grouped-query attention (llama); 0 = n_head", 1 << 16));
+  k.push_back(int_key("model", "d_model", &m.d_model, 1, "residual stream width", 1 << 17));
   k.push_back(int_key("model", "d_ff", &m.d_ff, 0,
-                      "MLP hidden width; 0 = 4*d_model (gpt2) or ~8/3*d_model (llama)"));
+                      "MLP hidden width; 0 = 4*d_model (gpt2) or ~8/3*d_model (llama)", 1 << 20));
   k.push_back(float_key("model", "norm_eps", &m.norm_eps, 0, "epsilon of LayerNorm/RMSNorm"));
   k.push_back(float_key("model", "rope_theta", &m.rope_theta, 0, "rotary base (llama)"));
   k.push_back(bool_key("model", "tie_embeddings", &m.tie_embeddings,

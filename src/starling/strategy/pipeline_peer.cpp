@@ -339,8 +339,7 @@ train::TrainResult run_pipeline_peer(const train::RunConfig& config, const PeerO
       take_place(c, saved, saved.self);
       std::cerr << "plan: this peer's own, from " << plan_file.string() << "\n" << saved.report;
       auto_plan = saved;
-    } else if (t.resume && std::filesystem::exists(std::filesystem::path(config.train.out_dir) /
-                                                   "checkpoints" / "latest")) {
+    } else if (t.resume && train::holds_checkpoint(config.train.out_dir)) {
       throw ConfigError(config.train.out_dir +
                         " holds checkpoints of a run that did not begin with pipeline.stages = "
                         "\"auto\" (no auto_pipeline.json): resume it with the stages it began "

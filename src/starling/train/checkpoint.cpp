@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "starling/common/error.h"
@@ -273,6 +274,34 @@ fs::path save_checkpoint(const fs::path& run_dir, const graph::ParamStore& param
   }
 }
 
+namespace {
+
+// The complete checkpoint of the highest step in `ckpt_dir` (a checkpoint directory is renamed
+// into place only once complete; meta.json is checked all the same), if any.
+std::optional<fs::path> newest_checkpoint(const fs::path& ckpt_dir) {
+  std::optional<fs::path> newest;
+  std::error_code ec;
+  for (fs::directory_iterator it(ckpt_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    if (n.rfind("step_", 0) != 0 || n.size() == 5 ||
+        n.find_first_not_of("0123456789", 5) != std::string::npos ||
+        !fs::exists(it->path() / "meta.json"))
+      continue;
+    // Of equal width up to 10^8 steps; longer names are higher steps.
+    if (!newest || n.size() > newest->filename().string().size() ||
+        (n.size() == newest->filename().string().size() && n > newest->filename().string()))
+      newest = it->path();
+  }
+  return newest;
+}
+
+}  // namespace
+
+bool holds_checkpoint(const fs::path& run_dir) {
+  const fs::path ckpt_dir = run_dir / "checkpoints";
+  return fs::exists(ckpt_dir / "latest") || newest_checkpoint(ckpt_dir).has_value();
+}
+
 fs::path find_checkpoint(const fs::path& path) {
   if (fs::exists(path / "meta.json")) return path;
   for (const fs::path& dir : {path, path / "checkpoints"}) {
@@ -288,9 +317,12 @@ fs::path find_checkpoint(const fs::path& path) {
                             "\", which is missing or incomplete");
     return dir / name;
   }
+  // `latest` lost (a copy that left it out, a hand's rm): the newest complete checkpoint.
+  for (const fs::path& dir : {path, path / "checkpoints"})
+    if (const auto newest = newest_checkpoint(dir)) return *newest;
   throw CheckpointError(path.string() +
-                        ": no checkpoint found (expected meta.json, latest, or "
-                        "checkpoints/latest)");
+                        ": no checkpoint found (expected meta.json, latest, "
+                        "checkpoints/latest or checkpoints/step_*)");
 }
 
 Checkpoint read_checkpoint(const fs::path& dir) {

@@ -18,6 +18,7 @@
 #include "starling/data/loader.h"
 #include "starling/graph/param_store.h"
 #include "starling/train/adamw.h"
+#include "starling/train/checkpoint_dir.h"
 
 namespace starling::train {
 
@@ -59,10 +60,6 @@ struct SaveOptions {
 std::filesystem::path save_checkpoint(const std::filesystem::path& run_dir,
                                       const graph::ParamStore& params, const AdamW& optimizer,
                                       const CheckpointMeta& meta, const SaveOptions& options);
-
-// Resolves a run directory, its checkpoints directory, or a checkpoint directory to the
-// checkpoint it means (the newest for the first two). CheckpointError if there is none.
-std::filesystem::path find_checkpoint(const std::filesystem::path& path);
 
 struct Checkpoint {
   std::filesystem::path dir;

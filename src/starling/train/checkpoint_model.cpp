@@ -22,7 +22,7 @@ fs::path find_model_checkpoint(const fs::path& path) {
       const fs::path peer = path / ("peer-" + std::to_string(i));
       if (!fs::is_directory(peer)) break;
       // A peer that wrote none (it failed or left early) is passed over; a broken one is not.
-      if (!fs::exists(peer / "checkpoints" / "latest") && !fs::exists(peer / "latest") &&
+      if (!holds_checkpoint(peer) && !fs::exists(peer / "latest") &&
           !fs::exists(peer / "meta.json"))
         continue;
       const fs::path found = find_checkpoint(peer);

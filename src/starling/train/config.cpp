@@ -30,12 +30,14 @@ std::vector<Key> bind(RunConfig& c) {
                          "dataset directory from `starling data prepare`, or llm.c shards"));
 
   k.push_back(int_key("train", "steps", &t.steps, 1, "optimizer steps in total"));
-  k.push_back(int_key("train", "batch_size", &t.batch_size, 1, "sequences per micro-batch"));
-  k.push_back(int_key("train", "grad_accum", &t.grad_accum, 1, "micro-batches per optimizer step"));
-  k.push_back(seed_key("train", "seed", &t.seed, "seed of model init and data order"));
   k.push_back(
-      int32_key("train", "threads", &t.threads, 0,
-                "intra-op CPU threads; 0 = one per physical core, within a cgroup's CPU limit"));
+      int_key("train", "batch_size", &t.batch_size, 1, "sequences per micro-batch", 1 << 20));
+  k.push_back(int_key("train", "grad_accum", &t.grad_accum, 1, "micro-batches per optimizer step",
+                      1 << 20));
+  k.push_back(seed_key("train", "seed", &t.seed, "seed of model init and data order"));
+  k.push_back(int32_key(
+      "train", "threads", &t.threads, 0,
+      "intra-op CPU threads; 0 = one per physical core, within a cgroup's CPU limit", 1024));
   k.push_back({"train", "device", "string",
                "\"cpu\", \"cuda\" or \"cuda:N\" (a CUDA libtorch and a GPU for cuda)",
                [&t](const toml::node& n, const std::string& where) {
@@ -295,6 +297,8 @@ RunConfig parse_saved_config(std::string_view text, const std::string& source) {
 
 RunConfig load_run_config(const std::filesystem::path& file,
                           const std::vector<std::string>& overrides) {
+  if (std::filesystem::is_directory(file))
+    throw ConfigError(file.string() + ": is a directory, not a config file");
   std::ifstream in(file);
   if (!in) throw ConfigError(file.string() + ": cannot read config file (missing or unreadable)");
   std::stringstream text;

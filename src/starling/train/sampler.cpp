@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "starling/common/error.h"
 #include "starling/data/tokenizer.h"
 #include "starling/graph/executor.h"
 #include "starling/model/build.h"
@@ -55,11 +56,16 @@ std::vector<uint32_t> generate(graph::OpDag& dag, const model::ModelConfig& conf
       out = exec.forward({tensor(begin, ids.end()), at::Tensor()}, head);
     }
     at::Tensor logits = out[0][-1].to(at::kCPU).to(at::kFloat);
+    if (!at::isfinite(logits).all().item<bool>())
+      throw Error(
+          "sampling: the model's output holds non-finite values (its weights are not "
+          "finite: a run that diverged, or a damaged checkpoint)");
     int64_t next;
     if (options.temperature <= 0) {
       next = logits.argmax().item<int64_t>();
     } else {
-      logits = logits / options.temperature;
+      // From the largest: a tiny temperature sends the others to -inf, never the sum to NaN.
+      logits = (logits - logits.max()) / options.temperature;
       if (options.top_k > 0 && options.top_k < logits.size(0)) {
         const double kth = std::get<0>(logits.topk(options.top_k)).min().item<double>();
         logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());

@@ -17,6 +17,7 @@
 #include "starling/model/hf_import.h"
 #include "starling/swap/swap_config.h"
 #include "starling/train/compute_bench.h"
+#include "starling/train/evaluate.h"
 #include "starling/train/precision.h"
 #include "starling/train/step_runner.h"
 
@@ -126,10 +127,12 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
                       "); set model.vocab_size = " + std::to_string(ds.vocab_size));
 
   const fs::path run_dir = c.train.out_dir;
+  if (fs::exists(run_dir) && !fs::is_directory(run_dir))
+    throw ConfigError("train.out_dir: " + run_dir.string() + " is a file, not a directory");
   // A local swarm's output (train --peers N) keeps each peer's run in peer-<i>: a single
   // process's checkpoints beside them would be the ones `sample --checkpoint DIR` reads.
   for (int i = 0; fs::is_directory(run_dir / ("peer-" + std::to_string(i))); ++i)
-    if (fs::exists(run_dir / ("peer-" + std::to_string(i)) / "checkpoints" / "latest"))
+    if (holds_checkpoint(run_dir / ("peer-" + std::to_string(i))))
       throw ConfigError(run_dir.string() +
                         " holds a swarm's run (a directory per peer, peer-<i>); set "
                         "train.out_dir (--out) to a new directory, or go on with the swarm "
@@ -149,7 +152,7 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
       if (s != nullptr) s->remove_unstarted_run_dir();
     }
   } unopened{options.tidy_failed_start ? s.get() : nullptr};
-  const bool has_checkpoint = fs::exists(run_dir / "checkpoints" / "latest");
+  const bool has_checkpoint = holds_checkpoint(run_dir);
   if (has_checkpoint && !options.resume)
     throw ConfigError(run_dir.string() +
                       " already holds a checkpoint; pass --resume to continue "
@@ -183,9 +186,15 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
                                            .world = options.data_world,
                                            .shuffle = true,
                                            .vocab_size = c.model.vocab_size});
+  // A validation split the run cannot evaluate is found now, not after the training.
+  if (!ds.val_shards.empty()) validation_loader(ds, c);
   s->replica = std::make_unique<Replica>(Replica{c, s->dag->params(), *s->optimizer});
 
   if (options.resume && has_checkpoint) {
+    if (!fs::exists(run_dir / "checkpoints" / "latest"))
+      progress.note(run_dir.string() +
+                    "/checkpoints/latest is missing: resuming from the checkpoint of the highest "
+                    "step there");
     const Checkpoint& ckpt = s->restored.emplace(read_checkpoint(find_checkpoint(run_dir)));
     restore(*s, ckpt);
     std::cerr << "resumed from " << ckpt.dir.string() << " at step " << s->replica->step << "\n";

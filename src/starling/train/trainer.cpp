@@ -118,6 +118,12 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     progress.note(describe(s, peak_gflops));
   const int64_t last =
       options.stop_at >= 0 ? std::min(options.stop_at, c.train.steps) : c.train.steps;
+  // Not an error (a finished run's command run again with --resume ends at once), but said:
+  // a lowered train.steps or --stop-at trains nothing and changes nothing on disk.
+  if (s.resumed && own_step >= last)
+    std::cerr << "nothing to train: the checkpoint is at step " << own_step
+              << ", and this run ends " << (own_step == last ? "there" : "before it") << " (step "
+              << last << ": " << (last < c.train.steps ? "--stop-at" : "train.steps") << ")\n";
   StepReporter reporter(c, progress, options.json_events, peak_gflops, last,
                         options.resume ? replica.step : -1, options.on_record);
   const bool fp16 = c.train.dtype == "fp16";
@@ -146,9 +152,18 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     };
     if (!s.dataset.val_shards.empty() &&
         (crossed(c.train.eval_every, evaluated_step) || final_step)) {
-      s.val_loss = evaluate(runner, *s.executor, s.dataset, c, s.device);
-      evaluated_step = replica.step;
-      reporter.eval(replica.step, s.val_loss, replica.tokens);
+      // A signal ends a long evaluation (the checkpoint is what matters then), except a
+      // pipeline's, whose stages evaluate together.
+      const auto stop = [&] { return g_stop.load() && !c.pipeline.enabled(); };
+      if (const std::optional<double> v =
+              evaluate(runner, *s.executor, s.dataset, c, s.device, stop)) {
+        s.val_loss = *v;
+        evaluated_step = replica.step;
+        reporter.eval(replica.step, s.val_loss, replica.tokens);
+      } else {
+        progress.note("step " + std::to_string(replica.step) +
+                      ": evaluation stopped by the signal; no validation loss");
+      }
     }
     if (crossed(c.train.checkpoint_every, std::max<int64_t>(saved_step, 0)) || final_step) {
       try {
