@@ -302,7 +302,10 @@ TEST_F(CliTest, ASignalEndsALongEvaluationAndTheRunKeepsItsSteps) {
   EXPECT_EQ(*code, 0) << read_file(log);
   EXPECT_NE(read_file(log).find("step 2: evaluation stopped by the signal"), std::string::npos)
       << read_file(log);
-  EXPECT_TRUE(fs::exists(root_ / "run_eval_signal" / "checkpoints" / "step_00000002"));
+  // The checkpoint says it has no validation loss (not step 0's, or none of an earlier one).
+  EXPECT_NE(read_file(root_ / "run_eval_signal" / "checkpoints" / "step_00000002" / "meta.json")
+                .find("\"val_loss\": -1"),
+            std::string::npos);
 }
 
 // A validation split the run cannot evaluate (here: no window of seq_len + 1 tokens in it) is
@@ -346,11 +349,14 @@ TEST_F(CliTest, SampleFromCheckpoint) {
                              " --prompt 'the jury' --max-tokens 20 --temperature 1 --top-p 1e-6");
   ASSERT_EQ(nucleus.code, 0) << nucleus.output;
   EXPECT_EQ(nucleus.output, greedy);
-  // So does the tiniest temperature (the logits over it used to overflow into NaN).
-  const Result cold = run("sample --checkpoint " + (root_ / "run_sample").string() +
-                          " --prompt 'the jury' --max-tokens 20 --temperature 1e-45");
-  ASSERT_EQ(cold.code, 0) << cold.output;
-  EXPECT_EQ(cold.output, greedy);
+  // So do the tiniest temperatures (the logits over them used to overflow into NaN): 1e-45 is
+  // the smallest float, 1e-46 is 0 as a float, 1e-400 is 0 as a double.
+  for (const char* t : {"1e-45", "1e-46", "1e-400"}) {
+    const Result cold = run("sample --checkpoint " + (root_ / "run_sample").string() +
+                            " --prompt 'the jury' --max-tokens 20 --temperature " + t);
+    ASSERT_EQ(cold.code, 0) << t << ": " << cold.output;
+    EXPECT_EQ(cold.output, greedy) << t;
+  }
   const Result nan = run("sample --checkpoint " + (root_ / "run_sample").string() +
                          " --max-tokens 2 --temperature nan");
   EXPECT_EQ(nan.code, 2) << nan.output;

@@ -46,10 +46,10 @@ int main(int argc, char** argv) {
                    "[swap] budget to keep part of the state in host RAM; see docs/swap.md)\n";
     return 1;
   } catch (const std::bad_alloc&) {
-    std::cerr << "error: out of memory: what this run asked for does not fit in this machine's "
-                 "memory (the model's size, model.*, and the batch, train.batch_size x "
-                 "model.seq_len, are the usual causes; a [swap] budget keeps part of the training "
-                 "state on disk: docs/swap.md)\n";
+    std::cerr << "error: out of memory: what this command asked for does not fit in this "
+                 "machine's memory (for training, the model's size, model.*, and the batch, "
+                 "train.batch_size x model.seq_len, are the usual causes; a [swap] budget keeps "
+                 "part of the training state on disk: docs/swap.md)\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";

@@ -1,4 +1,5 @@
 #include <cmath>
+#include <cstdlib>
 #include <iostream>
 
 #include "starling/cli/commands.h"
@@ -21,12 +22,13 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--temperature", opts->temperature, "0 = greedy")
       ->check(CLI::Validator(
           [](std::string& text) -> std::string {
-            double v = -1;
-            try {
-              v = std::stod(text);
-            } catch (const std::exception&) {
-            }
-            return v >= 0 && std::isfinite(v) ? "" : "must be a finite number >= 0, got " + text;
+            // strtod, not stod: a value too small for a double (1e-400) is 0, not an error.
+            char* end = nullptr;
+            const double v = std::strtod(text.c_str(), &end);
+            const bool number = !text.empty() && end == text.c_str() + text.size();
+            return number && v >= 0 && std::isfinite(v)
+                       ? ""
+                       : "must be a finite number >= 0, got " + text;
           },
           ">= 0"))
       ->capture_default_str();

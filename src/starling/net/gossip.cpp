@@ -83,8 +83,8 @@ void Gossip::introduce(const MemberInfo& info, Known known) {
   if (restarted && events_.restarted) events_.restarted(info.id);
   events_.joined(info.id);
   // A restarted peer may listen elsewhere now. The same address keeps its connection: closing it
-  // would drop what is already queued to the peer (a joiner's second announcement of itself
-  // looks like a new incarnation too).
+  // would drop what is already queued to the peer (a joiner that moved, Known::moved, listens
+  // where it did).
   if (!transport_.connected_to(slot_of(info.id), info.endpoint, info.public_key)) {
     transport_.disconnect(slot_of(info.id));
     transport_.connect(slot_of(info.id), info.endpoint, info.public_key);

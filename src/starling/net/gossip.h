@@ -25,7 +25,9 @@ namespace starling::net {
 class Gossip {
  public:
   struct Events {
-    std::function<void(PeerId)> joined;  // a new member, or a new incarnation of a restarted one
+    // A new member, a new incarnation of a restarted one, or a joiner that made itself younger
+    // (Known::moved).
+    std::function<void(PeerId)> joined;
     // Before `joined` for a restarted member (a new MemberInfo::incarnation under a known id):
     // what was under way with the old one will not finish.
     std::function<void(PeerId)> restarted;

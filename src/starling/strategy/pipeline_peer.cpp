@@ -14,6 +14,7 @@
 #include "starling/strategy/pipeline_auto_peer.h"
 #include "starling/strategy/pipeline_runner.h"
 #include "starling/strategy/shared_copies.h"
+#include "starling/train/checkpoint_dir.h"
 #include "starling/train/events.h"
 #include "starling/train/precision.h"
 #include "starling/train/session.h"

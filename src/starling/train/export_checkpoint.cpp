@@ -16,11 +16,12 @@ std::string export_checkpoint(const fs::path& path, const fs::path& out,
   // destroy what it reads, or what a --resume needs.
   if (fs::exists(out) && !fs::is_directory(out))
     throw ConfigError("--out " + out.string() + ": is a file, not a directory");
-  if (fs::exists(out / "meta.json") || holds_checkpoint(out))
-    throw ConfigError("--out " + out.string() + ": holds " +
-                      (holds_checkpoint(out) ? "a run's checkpoints"
-                                             : "a Starling checkpoint or dataset (meta.json)") +
-                      ", which the export would write into; export to a directory of its own");
+  const bool run = holds_checkpoint(out);
+  if (run || fs::exists(out / "meta.json"))
+    throw ConfigError(
+        "--out " + out.string() + ": holds " +
+        (run ? "a run's checkpoints" : "a Starling checkpoint or dataset (meta.json)") +
+        ", which the export would write into; export to a directory of its own");
   const CheckpointModel m = load_checkpoint_model(path);
   const Checkpoint& ckpt = m.checkpoint;
   const RunConfig& config = m.config;

@@ -61,11 +61,13 @@ std::vector<uint32_t> generate(graph::OpDag& dag, const model::ModelConfig& conf
           "sampling: the model's output holds non-finite values (its weights are not "
           "finite: a run that diverged, or a damaged checkpoint)");
     int64_t next;
-    if (options.temperature <= 0) {
+    // The logits are floats: a temperature that is 0 as a float (below about 7e-46) is greedy.
+    const auto temperature = static_cast<float>(options.temperature);
+    if (!(temperature > 0)) {
       next = logits.argmax().item<int64_t>();
     } else {
       // From the largest: a tiny temperature sends the others to -inf, never the sum to NaN.
-      logits = (logits - logits.max()) / options.temperature;
+      logits = (logits - logits.max()) / temperature;
       if (options.top_k > 0 && options.top_k < logits.size(0)) {
         const double kth = std::get<0>(logits.topk(options.top_k)).min().item<double>();
         logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());

@@ -186,8 +186,9 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
                                            .world = options.data_world,
                                            .shuffle = true,
                                            .vocab_size = c.model.vocab_size});
-  // A validation split the run cannot evaluate is found now, not after the training.
-  if (!ds.val_shards.empty()) validation_loader(ds, c);
+  // A validation split the run cannot evaluate is found now, not after the training: its loader,
+  // made and dropped, throws where the split holds no batch.
+  if (!ds.val_shards.empty()) (void)validation_loader(ds, c);
   s->replica = std::make_unique<Replica>(Replica{c, s->dag->params(), *s->optimizer});
 
   if (options.resume && has_checkpoint) {

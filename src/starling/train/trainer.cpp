@@ -118,9 +118,10 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     progress.note(describe(s, peak_gflops));
   const int64_t last =
       options.stop_at >= 0 ? std::min(options.stop_at, c.train.steps) : c.train.steps;
-  // Not an error (a finished run's command run again with --resume ends at once), but said:
-  // a lowered train.steps or --stop-at trains nothing and changes nothing on disk.
-  if (s.resumed && own_step >= last)
+  // Not an error (a finished run's command run again with --resume ends at once), but said: a
+  // lowered train.steps or --stop-at trains nothing. A swarm's peer is left out: its start may
+  // have adopted the swarm's state, at another step.
+  if (!hooks && s.resumed && own_step >= last)
     std::cerr << "nothing to train: the checkpoint is at step " << own_step
               << ", and this run ends " << (own_step == last ? "there" : "before it") << " (step "
               << last << ": " << (last < c.train.steps ? "--stop-at" : "train.steps") << ")\n";
@@ -161,6 +162,8 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
         evaluated_step = replica.step;
         reporter.eval(replica.step, s.val_loss, replica.tokens);
       } else {
+        // No loss for this step: an earlier one must not pass for it (results, checkpoint).
+        s.val_loss = -1;
         progress.note("step " + std::to_string(replica.step) +
                       ": evaluation stopped by the signal; no validation loss");
       }
