@@ -661,8 +661,77 @@ TEST_F(CliTest, BadCheckpointsNameTheFile) {
   EXPECT_NE(r.output.find("no checkpoint found"), std::string::npos) << r.output;
 }
 
+// meta.json fields that parse but cannot be (a step above int64, negative tokens, another step
+// than the directory's), a saved config or loader state that fails, tokens of another kind at
+// --resume, and weights that are not finite: each refused, naming the checkpoint's file.
+TEST_F(CliTest, ACheckpointThatContradictsItselfIsRefused) {
+  const fs::path cfg = write_config("meta_agree");
+  ASSERT_EQ(run("train -q --config " + cfg.string() + " --set train.steps=2").code, 0);
+  const fs::path ckpt = root_ / "run_meta_agree" / "checkpoints" / "step_00000002";
+  const fs::path meta = ckpt / "meta.json", model = ckpt / "model.safetensors";
+  const std::string good_meta = read_file(meta), good_model = read_file(model);
+  const std::string sample = "sample --checkpoint " + ckpt.string() + " --max-tokens 2";
+  const std::string resume = "train -q --config " + cfg.string() + " --resume";
+  auto edit_meta = [&](const std::string& from, const std::string& to) {
+    std::string text = good_meta;
+    const auto at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from << " not in " << text;
+    std::ofstream(meta, std::ios::trunc) << text.replace(at, from.size(), to);
+  };
+  auto expect_refused = [&](const std::string& command, const std::string& says,
+                            const fs::path& names) {
+    const Result r = run(command);
+    EXPECT_EQ(r.code, 2) << command << ": " << r.output;
+    EXPECT_NE(r.output.find(says), std::string::npos) << command << ": " << r.output;
+    EXPECT_NE(r.output.find(names.string()), std::string::npos) << command << ": " << r.output;
+  };
+  struct Case {
+    std::string from, to, says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"\"step\": 2", "\"step\": 1e30", "field \"step\" must be a whole number"},
+           {"\"step\": 2", "\"step\": 5", "says step 5, but its directory is step_00000002"},
+           {"\"tokens\": ", "\"tokens\": -", "field \"tokens\" must be a whole number"},
+           {"\"vocab_size\": 256", "\"vocab_size\": 100000", "more than its model's vocabulary"},
+           {"preset = 'gpt2-tiny'", "preset = 'gpt2-bogus'", "unknown preset \"gpt2-bogus\""}}) {
+    SCOPED_TRACE(c.to);
+    edit_meta(c.from, c.to);
+    expect_refused(sample, c.says, meta);
+    expect_refused(resume, c.says, meta);
+  }
+  // Only a run reads the loader's state and the data's kind of tokens.
+  edit_meta("\"cursor\": ", "\"cursor\": 1000000000");
+  expect_refused(resume, "is past this peer's", meta);
+  edit_meta("\"kind\": \"byte\"", "\"kind\": \"gpt2\"");
+  expect_refused(resume, "holds byte tokens, but the model of", ckpt);
+
+  // A NaN in the weights (the first element of the file's first tensor): evaluating or exporting
+  // it used to succeed with "loss nan".
+  std::ofstream(meta, std::ios::trunc) << good_meta;
+  std::string nan_model = good_model;
+  uint64_t header = 0;
+  for (int i = 0; i < 8; ++i)
+    header |= uint64_t{static_cast<unsigned char>(nan_model[i])} << (8 * i);
+  const unsigned char nan_bits[4] = {0x00, 0x00, 0xc0, 0x7f};  // a quiet NaN, little-endian
+  nan_model.replace(8 + header, 4, reinterpret_cast<const char*>(nan_bits), 4);
+  std::ofstream(model, std::ios::binary | std::ios::trunc) << nan_model;
+  for (const std::string& command :
+       {sample, "eval -q --checkpoint " + ckpt.string() + " --batches 1",
+        "export --checkpoint " + ckpt.string() + " --out " + (root_ / "nan_export").string()})
+    expect_refused(command, "holds values that are not finite", model);
+  EXPECT_FALSE(fs::exists(root_ / "nan_export" / "model.safetensors"));
+
+  std::ofstream(model, std::ios::binary | std::ios::trunc) << good_model;
+  const Result r = run(resume + " --set train.steps=3");
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
 TEST_F(CliTest, BadCommandLinesAreUsageErrors) {
   EXPECT_NE(run("").code, 0);
+  Result typo = run("trian --config x.toml");
+  EXPECT_EQ(typo.code, 2) << typo.output;
+  EXPECT_NE(typo.output.find("unknown command \"trian\""), std::string::npos) << typo.output;
+  EXPECT_NE(typo.output.find("train"), std::string::npos) << typo.output;
   EXPECT_NE(run("train --no-such-flag").code, 0);
   Result r = run("sample --checkpoint x --max-tokens -3");
   EXPECT_NE(r.code, 0);
@@ -678,7 +747,8 @@ TEST_F(CliTest, BadCommandLinesAreUsageErrors) {
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("both give the output directory"), std::string::npos) << r.output;
   // A step to stop at is 1 or more: 0 or a negative one used to pass unchecked.
-  for (const char* bad : {"0", "-3"}) {
+  // Past int64's largest, CLI11 reads the largest: capped below, it is refused.
+  for (const char* bad : {"0", "-3", "9223372036854775808"}) {
     r = run(std::string("train --config x.toml --stop-at ") + bad);
     EXPECT_EQ(r.code, 2) << r.output;
     EXPECT_NE(r.output.find("--stop-at"), std::string::npos) << r.output;

@@ -5,6 +5,7 @@
 #include "starling/common/safetensors.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -187,6 +188,15 @@ TEST(Safetensors, ReadsHandWrittenFile) {
 TEST(SafetensorsErrors, MissingFile) {
   TempDir dir;
   expect_bad(dir / "absent.safetensors", "cannot open");
+}
+
+TEST(SafetensorsErrors, ADirectoryOrAFifoIsNotAFile) {
+  TempDir dir;
+  fs::create_directory(dir / "model.safetensors");
+  expect_bad(dir / "model.safetensors", "is a directory");
+  // A FIFO would block the read until a writer came: refused before it is opened.
+  ASSERT_EQ(::mkfifo((dir / "pipe.safetensors").c_str(), 0600), 0);
+  expect_bad(dir / "pipe.safetensors", "not a regular file");
 }
 
 TEST(SafetensorsErrors, ShorterThanEightBytes) {

@@ -314,6 +314,76 @@ TEST_F(HfGpt2Errors, LlamaOrUntiedNamesTheTensorThatDoesNotFit) {
                                 {file_.string(), "\"lm_head.weight\""});
 }
 
+// The shards of the fixture's file as Hugging Face saves a big model: `dir`/model-0000N-of-00002
+// .safetensors, the first holding the embeddings and layer 0, and an index naming each tensor's.
+void write_shards(const fs::path& file, const fs::path& dir) {
+  fs::create_directories(dir);
+  const SafetensorsFile whole = read_safetensors(file);
+  std::vector<std::pair<std::string, at::Tensor>> first, second;
+  std::string map;
+  for (const auto& [name, t] : whole.tensors) {
+    const bool in_first = name.rfind("w", 0) == 0 || name.rfind("h.0.", 0) == 0;
+    (in_first ? first : second).emplace_back(name, t);
+    map += (map.empty() ? "" : ", ") + ("\"" + name + "\": \"model-0000") + (in_first ? "1" : "2") +
+           "-of-00002.safetensors\"";
+  }
+  write_safetensors(dir / "model-00001-of-00002.safetensors", first, {{"format", "pt"}});
+  write_safetensors(dir / "model-00002-of-00002.safetensors", second, {{"format", "pt"}});
+  std::ofstream(dir / "model.safetensors.index.json")
+      << "{\"metadata\": {\"total_size\": 0}, \"weight_map\": {" << map << "}}";
+}
+
+TEST_F(HfGpt2Errors, AModelsDirectoryAndItsShardsImportLikeItsFile) {
+  const auto c = fixture_config();
+  auto from_file = model::build_model(c, 1);
+  model::load_hf(file_, *from_file, c);
+  const fs::path sharded = dir_ / "sharded";
+  write_shards(file_, sharded);
+  for (const fs::path& source : {dir_, sharded}) {
+    auto dag = model::build_model(c, 2);  // another seed: every value must come from the files
+    ASSERT_NO_THROW(model::load_hf(source, *dag, c)) << source;
+    for (const auto& p : from_file->params().params())
+      EXPECT_TRUE(at::equal(dag->params().get(p.name).value, p.value)) << source << " " << p.name;
+  }
+}
+
+TEST_F(HfGpt2Errors, ABadShardIndexIsNamed) {
+  const auto c = fixture_config();
+  auto dag = model::build_model(c, 1);
+  const fs::path empty = dir_ / "empty";
+  fs::create_directories(empty);
+  expect_error<CheckpointError>([&] { model::load_hf(empty, *dag, c); },
+                                {empty.string(), "model.safetensors.index.json"});
+
+  const fs::path sharded = dir_ / "sharded";
+  write_shards(file_, sharded);
+  const fs::path index = sharded / "model.safetensors.index.json";
+  auto rewrite_index = [&](const std::string& from, const std::string& to) {
+    std::string text = read_file(index);
+    text.replace(text.find(from), from.size(), to);
+    std::ofstream(index) << text;
+  };
+  // A tensor in both shards: which one is meant is unknowable.
+  std::vector<std::pair<std::string, at::Tensor>> again = {
+      {"ln_f.bias", read_safetensors(file_).at("ln_f.bias")}};
+  write_safetensors(sharded / "model-00003-of-00002.safetensors", again, {{"format", "pt"}});
+  rewrite_index("\"ln_f.bias\": \"model-00002", "\"ln_f.bias\": \"model-00003");
+  expect_error<CheckpointError>([&] { model::load_hf(sharded, *dag, c); },
+                                {"tensor \"ln_f.bias\" is also in", "model-00002-of-00002"});
+  // An index that points outside its directory.
+  rewrite_index("\"ln_f.bias\": \"model-00003", "\"ln_f.bias\": \"../model-00003");
+  expect_error<CheckpointError>([&] { model::load_hf(sharded, *dag, c); },
+                                {index.string(), "is not a file name in"});
+  // A shard that is not there.
+  rewrite_index("\"ln_f.bias\": \"../model-00003", "\"ln_f.bias\": \"model-00009");
+  expect_error<CheckpointError>(
+      [&] { model::load_hf(sharded, *dag, c); },
+      {(sharded / "model-00009-of-00002.safetensors").string(), "cannot open"});
+  std::ofstream(index) << "{\"weight_map\": [1]}";
+  expect_error<CheckpointError>([&] { model::load_hf(sharded, *dag, c); },
+                                {index.string(), "weight_map"});
+}
+
 TEST_F(HfGpt2Errors, MissingFileIsCheckpointError) {
   const auto c = fixture_config();
   auto dag = model::build_model(c, 1);

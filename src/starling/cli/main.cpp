@@ -3,6 +3,7 @@
 
 #include <iostream>
 #include <new>
+#include <string>
 
 #include "starling/cli/commands.h"
 #include "starling/common/device.h"
@@ -26,6 +27,21 @@ int main(int argc, char** argv) {
   starling::cli::add_net_commands(app);
   starling::cli::add_peer_command(app);
   starling::cli::add_plan_command(app);
+  // CLI11 answers a misspelt command with "A subcommand is required", which hides the typo.
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string word = argv[1];
+    std::string names;
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+      known = known || sub->check_name(word);
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!known) {
+      std::cerr << "error: unknown command \"" << word << "\" (the commands: " << names
+                << "; starling --help says what each does)\n";
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

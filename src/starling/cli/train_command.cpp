@@ -3,7 +3,6 @@
 #include <cctype>
 #include <filesystem>
 #include <iostream>
-#include <limits>
 #include <optional>
 #include <regex>
 
@@ -36,7 +35,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--resume", a->resume, "continue from the newest checkpoint in train.out_dir");
   cmd->add_option("--stop-at", a->stop_at,
                   "stop with a checkpoint after this step (the schedule still spans train.steps)")
-      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+      // Not int64's largest: CLI11 reads a number past it as that largest, without a word.
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 53));
   cmd->add_option("--peers", a->peers,
                   "train as a swarm of N local peer processes ([strategy] says how; "
                   "docs/strategies.md)")

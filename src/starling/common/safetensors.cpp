@@ -146,6 +146,13 @@ void write_safetensors(const std::filesystem::path& path,
 
 SafetensorsFile read_safetensors(const std::filesystem::path& path, SafetensorsRead mode) {
   const std::string where = path.string();
+  // A directory opens as an empty stream and a FIFO blocks: neither is a file to read.
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (std::filesystem::is_directory(status))
+    throw CheckpointError(where + ": is a directory, not a safetensors file");
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status))
+    throw CheckpointError(where + ": is not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw CheckpointError(where + ": cannot open (missing or unreadable)");
   in.seekg(0, std::ios::end);

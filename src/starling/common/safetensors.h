@@ -46,8 +46,9 @@ void write_safetensors(const std::filesystem::path& path,
 enum class SafetensorsRead { kCopy, kMap };
 
 // Reads and validates a whole file. CheckpointError naming the file (and the tensor, where one is
-// at fault) for: missing/short file, header length beyond the file, malformed JSON, unknown
-// dtype, shape and offsets that disagree, offsets outside the data or overlapping.
+// at fault) for: missing/short file, a directory or other non-regular file, header length beyond
+// the file, malformed JSON, unknown dtype, shape and offsets that disagree, offsets outside the
+// data or overlapping.
 SafetensorsFile read_safetensors(const std::filesystem::path& path,
                                  SafetensorsRead mode = SafetensorsRead::kCopy);
 

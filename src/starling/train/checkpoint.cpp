@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <sstream>
 
@@ -67,6 +68,25 @@ T field(const nlohmann::json& j, const char* key, const std::string& where) {
   }
 }
 
+// A whole number in [min, max]: nlohmann converts 1e30 or -1 to an integer type without a word
+// (-1 to 2^64 - 1), so a damaged meta.json could resume at a nonsense step.
+template <class T>
+T whole_field(const nlohmann::json& j, const char* key, const std::string& where, T min) {
+  const auto v = field<nlohmann::json>(j, key, where);
+  constexpr auto max = static_cast<uint64_t>(std::numeric_limits<T>::max());
+  bool fits = false;
+  if (v.is_number_unsigned()) {
+    fits = v.get<uint64_t>() <= max;
+  } else if (v.is_number_integer()) {
+    fits = v.get<int64_t>() >= 0 && static_cast<uint64_t>(v.get<int64_t>()) <= max;
+  }
+  if (!fits || v.get<T>() < min)
+    throw CheckpointError(where + ": field \"" + key + "\" must be a whole number from " +
+                          std::to_string(min) + " to " +
+                          std::to_string(std::numeric_limits<T>::max()) + ", not " + v.dump());
+  return v.get<T>();
+}
+
 CheckpointMeta meta_from_json(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) throw CheckpointError(where + ": not a JSON object");
   if (field<std::string>(j, "format", where) != kFormat)
@@ -76,8 +96,8 @@ CheckpointMeta meta_from_json(const nlohmann::json& j, const std::string& where)
     throw CheckpointError(where + ": unsupported checkpoint version " + std::to_string(version) +
                           " (this build reads version " + std::to_string(kVersion) + ")");
   CheckpointMeta m;
-  m.step = field<int64_t>(j, "step", where);
-  m.tokens = field<uint64_t>(j, "tokens", where);
+  m.step = whole_field<int64_t>(j, "step", where, 0);
+  m.tokens = whole_field<uint64_t>(j, "tokens", where, 0);
   try {
     m.loader = j.at("loader").get<data::LoaderState>();
   } catch (const std::exception& e) {
@@ -85,7 +105,7 @@ CheckpointMeta meta_from_json(const nlohmann::json& j, const std::string& where)
   }
   const auto tok = field<nlohmann::json>(j, "tokenizer", where);
   m.tokenizer_kind = field<std::string>(tok, "kind", where + " tokenizer");
-  m.data_vocab_size = field<uint32_t>(tok, "vocab_size", where + " tokenizer");
+  m.data_vocab_size = whole_field<uint32_t>(tok, "vocab_size", where + " tokenizer", 1);
   m.val_loss = field<double>(j, "val_loss", where);
   m.config_toml = field<std::string>(j, "config", where);
   if (j.contains("strategy")) {
@@ -93,7 +113,6 @@ CheckpointMeta meta_from_json(const nlohmann::json& j, const std::string& where)
       throw CheckpointError(where + ": field \"strategy\" must be an object");
     m.strategy = j["strategy"];
   }
-  if (m.step < 0) throw CheckpointError(where + ": negative step");
   return m;
 }
 
@@ -338,6 +357,13 @@ Checkpoint read_checkpoint(const fs::path& dir) {
     throw CheckpointError(meta_path.string() + ": not valid JSON: " + e.what());
   }
   c.meta = meta_from_json(j, meta_path.string());
+  // The directory's name is the step it holds: a meta.json of another step (copied in by hand, or
+  // damaged) would resume a run at a step its weights are not from.
+  const fs::path named = dir.filename().empty() ? dir.parent_path() : dir;  // "step_X/"
+  if (const std::string name = named.filename().string();
+      name.rfind("step_", 0) == 0 && name != step_name(c.meta.step))
+    throw CheckpointError(meta_path.string() + ": says step " + std::to_string(c.meta.step) +
+                          ", but its directory is " + name);
   c.model = read_safetensors(dir / "model.safetensors", SafetensorsRead::kMap);
   c.optimizer = read_safetensors(dir / "optimizer.safetensors", SafetensorsRead::kMap);
   return c;

@@ -1,5 +1,7 @@
 #include "starling/train/checkpoint_model.h"
 
+#include <ATen/ATen.h>
+
 #include <iostream>
 
 #include "starling/common/error.h"
@@ -37,15 +39,33 @@ fs::path find_model_checkpoint(const fs::path& path) {
 
 }  // namespace
 
+RunConfig saved_run_config(const Checkpoint& ckpt) {
+  const std::string where = (ckpt.dir / "meta.json").string();
+  RunConfig config = parse_saved_config(ckpt.meta.config_toml, where);
+  if (ckpt.meta.data_vocab_size > static_cast<uint64_t>(config.model.vocab_size))
+    throw CheckpointError(where + ": its tokenizer has " +
+                          std::to_string(ckpt.meta.data_vocab_size) +
+                          " tokens, more than its model's vocabulary (model.vocab_size = " +
+                          std::to_string(config.model.vocab_size) + ")");
+  return config;
+}
+
 CheckpointModel load_checkpoint_model(const std::filesystem::path& path, c10::Device device) {
   CheckpointModel m{.checkpoint = read_checkpoint(find_model_checkpoint(path))};
-  m.config =
-      parse_saved_config(m.checkpoint.meta.config_toml, (m.checkpoint.dir / "meta.json").string());
+  m.config = saved_run_config(m.checkpoint);
   if (m.config.pipeline.count() > 1)
     throw ConfigError(m.checkpoint.dir.string() +
                       " is a pipeline stage's checkpoint: it holds part of the model");
   m.dag = model::build_model(m.config.model, m.config.train.seed, device);
   load_params(m.checkpoint.model, m.dag->params());
+  // Evaluating or exporting NaN weights would report "loss nan" and succeed.
+  for (const auto& p : m.dag->params().params())
+    if (!p.value.isfinite().all().item<bool>())
+      throw CheckpointError(m.checkpoint.model.file.string() + ": tensor \"" + p.name +
+                            "\" holds values that are not finite (NaN or infinity): the run had "
+                            "diverged by step " +
+                            std::to_string(m.checkpoint.meta.step) +
+                            "; an earlier checkpoint, if one is kept, may be whole");
   return m;
 }
 

@@ -18,10 +18,16 @@ struct CheckpointModel {
   std::unique_ptr<graph::OpDag> dag;
 };
 
+// The run's config as `ckpt`'s meta.json stores it. ConfigError or CheckpointError naming the
+// meta.json when the text does not parse, or when the tokenizer it records has more tokens than
+// the model's vocabulary.
+RunConfig saved_run_config(const Checkpoint& ckpt);
+
 // Reads the checkpoint (a run directory or a checkpoint directory; for a local swarm's output
 // directory, that of the lowest-numbered peer with a checkpoint, named on stderr), builds its
-// model on `device` and loads the weights. ConfigError for a pipeline stage's checkpoint (part of
-// a model); CheckpointError for a bad checkpoint.
+// model on `device` and loads the weights. CheckpointError for weights that are not finite (a
+// run that diverged before it saved them: an earlier checkpoint may be whole). ConfigError for a
+// pipeline stage's checkpoint (part of a model); CheckpointError for a bad checkpoint.
 CheckpointModel load_checkpoint_model(const std::filesystem::path& path,
                                       c10::Device device = c10::Device(c10::kCPU));
 

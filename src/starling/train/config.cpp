@@ -87,8 +87,8 @@ std::vector<Key> bind(RunConfig& c) {
                         "device peak TFLOP/s for MFU; 0 = measure with a matmul probe"));
   k.push_back(string_key(
       "train", "init_from", &t.init_from,
-      "Hugging Face GPT-2 or LLaMA model.safetensors to start from (the model config must "
-      "match it); \"\" = random"));
+      "Hugging Face GPT-2 or LLaMA model.safetensors, or a model's directory (sharded ones "
+      "too), to start from (the model config must match it); \"\" = random"));
   k.push_back(bool_key("train", "sample_at_end", &t.sample_at_end,
                        "print a sample ([sample]) when training ends"));
 
@@ -198,7 +198,16 @@ RunConfig parse_config(std::string_view text, const std::string& source,
       preset = s.value["v"].as_string()->get();
     }
   if (!preset.empty()) {
-    config.model = model::preset(preset);
+    try {
+      config.model = model::preset(preset);
+    } catch (const ConfigError& e) {
+      const auto* p = root["model"]["preset"].node();
+      const bool from_set = std::any_of(sets.begin(), sets.end(), [](const Override& s) {
+        return s.table == "model" && s.name == "preset";
+      });
+      throw ConfigError((from_set || !p ? "--set model.preset" : at_line(source, *p)) + ": " +
+                        e.what());
+    }
     config.model_preset = preset;
   }
 
@@ -292,7 +301,13 @@ RunConfig parse_run_config(std::string_view text, const std::string& source,
 }
 
 RunConfig parse_saved_config(std::string_view text, const std::string& source) {
-  return parse_config(text, source, {}, false);
+  try {
+    return parse_config(text, source, {}, false);
+  } catch (const ConfigError& e) {
+    // Key checks that know no line ("model.preset: unknown preset") name the file here.
+    if (std::string_view(e.what()).starts_with(source)) throw;
+    throw ConfigError(source + ": the run's config: " + e.what());
+  }
 }
 
 RunConfig load_run_config(const std::filesystem::path& file,

@@ -16,6 +16,7 @@
 #include "starling/model/build.h"
 #include "starling/model/hf_import.h"
 #include "starling/swap/swap_config.h"
+#include "starling/train/checkpoint_model.h"
 #include "starling/train/compute_bench.h"
 #include "starling/train/evaluate.h"
 #include "starling/train/precision.h"
@@ -74,16 +75,23 @@ void cap_device_memory(const RunConfig& c) {
 }
 
 void restore(Session& s, const Checkpoint& ckpt) {
-  const RunConfig saved =
-      parse_saved_config(ckpt.meta.config_toml, (ckpt.dir / "meta.json").string());
+  const RunConfig saved = saved_run_config(ckpt);
   if (model_signature(saved) != model_signature(s.config))
     throw ConfigError("--resume: the model in " + ckpt.dir.string() +
                       " differs from the config's [model] (a run resumes with the model it "
                       "was trained with; train a new one into another train.out_dir):\n" +
                       model_differences(model_signature(saved), model_signature(s.config)));
+  if (ckpt.meta.tokenizer_kind != s.dataset.tokenizer_kind)
+    throw DataError("--resume: " + s.dataset.dir.string() + " holds " + s.dataset.tokenizer_kind +
+                    " tokens, but the model of " + ckpt.dir.string() + " was trained on " +
+                    ckpt.meta.tokenizer_kind + " tokens (data.dir is not the run's data?)");
   load_params(ckpt.model, s.dag->params());
   s.optimizer->load_state(ckpt.optimizer, ckpt.meta.step);
-  s.loader->restore(ckpt.meta.loader);
+  try {
+    s.loader->restore(ckpt.meta.loader);
+  } catch (const Error& e) {
+    throw CheckpointError((ckpt.dir / "meta.json").string() + ": " + e.what());
+  }
   if (ckpt.optimizer.contains(kRngTensor)) {
     at::Generator gen = at::detail::getDefaultCPUGenerator();  // a handle to the global one
     gen.set_state(ckpt.optimizer.at(kRngTensor));
