@@ -257,6 +257,38 @@ TEST_F(CliTest, ARunStoppedByASignalLogsItsLastStep) {
   EXPECT_NE(last.find("\"loss\":"), std::string::npos) << last;
 }
 
+// A second Ctrl-C quits at once rather than after a step that may take minutes, and loses no
+// checkpoint: the one before is still the run's, and the run resumes from it.
+TEST_F(CliTest, ASecondSignalQuitsAtOnceAndKeepsTheCheckpoints) {
+  const fs::path cfg = write_config("second_signal");
+  const fs::path run_dir = root_ / "run_second_signal", log = root_ / "second_signal.log";
+  ASSERT_EQ(run("train -q --config " + cfg.string() + " --set train.steps=2").code, 0);
+  // Steps of a million micro-batches: far longer than the test waits.
+  starling::Process run_({STARLING_CLI_PATH, "train", "--config", cfg.string(), "--resume", "--set",
+                          "train.steps=4", "--set", "train.grad_accum=1000000"},
+                         log.string());
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (read_file(log).find("resum") == std::string::npos &&
+         std::chrono::steady_clock::now() < until && !run_.wait(std::chrono::milliseconds(0)))
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  run_.signal(SIGINT);
+  while (read_file(log).find("a second Ctrl-C quits") == std::string::npos &&
+         std::chrono::steady_clock::now() < until && !run_.wait(std::chrono::milliseconds(0)))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_NE(read_file(log).find("a second Ctrl-C quits"), std::string::npos) << read_file(log);
+  EXPECT_FALSE(run_.wait(std::chrono::milliseconds(500))) << "the first signal ended the step";
+  run_.signal(SIGINT);
+  const auto code = run_.wait(std::chrono::seconds(10));
+  ASSERT_TRUE(code) << "still running 10 s after a second SIGINT: " << read_file(log);
+  EXPECT_EQ(*code, 128 + SIGINT) << read_file(log);
+  EXPECT_NE(read_file(log).find("quitting now"), std::string::npos) << read_file(log);
+  EXPECT_EQ(read_file(run_dir / "checkpoints" / "latest"), "step_00000002\n");
+  const Result resumed = run("train -q --config " + cfg.string() + " --resume --set train.steps=3");
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  EXPECT_TRUE(fs::exists(run_dir / "checkpoints" / "step_00000003"));
+}
+
 // A file where a directory belongs, and a directory where a file does, are named as such (they
 // used to surface as the C++ library's "Not a directory" or "basic_filebuf::underflow").
 TEST_F(CliTest, AFileWhereADirectoryBelongsIsNamed) {

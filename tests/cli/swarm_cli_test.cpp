@@ -2518,6 +2518,57 @@ TEST_F(SwarmCliTest, StoppedSwarmResumesExactly) {
   }
 }
 
+// Ctrl-C at a terminal reaches a local swarm's launcher and its peers alike (one process group),
+// and the launcher passes it on: the peers take the two signals as one request to stop at their
+// next round. A second Ctrl-C kills the peers and the launcher at once, and every peer's last
+// checkpoint is still whole: the swarm resumes from it.
+TEST_F(SwarmCliTest, ASecondCtrlCKillsTheSwarmAndKeepsItsCheckpoints) {
+  const std::string name = "second_signal";
+  const fs::path config = write_config(name, "kind = \"ddp\"", 2);
+  ASSERT_EQ(run_cli("train -q --peers 2 --config " + config.string()).code, 0);
+  const fs::path log = run_dir(name) / "launcher.log";
+  // setsid: the launcher leads a process group of its own, as a terminal's job does. Steps of a
+  // million micro-batches: far longer than the test waits.
+  Process launcher(
+      {"setsid", STARLING_CLI_PATH, "train", "--peers", "2", "--config", config.string(),
+       "--resume", "--set", "train.steps=4", "--set", "train.grad_accum=1000000"},
+      log.string());
+  const auto peer_log = [&](int i) {
+    return read_file(run_dir(name) / ("peer-" + std::to_string(i) + ".log"));
+  };
+  const auto peers_running = [&] {
+    // "[l]" for the last letter: the shell that runs pgrep has the pattern in its command line.
+    const std::string dir = run_dir(name).string();
+    const std::string pattern = dir.substr(0, dir.size() - 1) + "[" + dir.back() + "]/peer-";
+    return std::system(("pgrep -f '" + pattern + "' >/dev/null").c_str()) == 0;
+  };
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while ((peer_log(0).find("resumed from") == std::string::npos ||
+          peer_log(1).find("resumed from") == std::string::npos) &&
+         std::chrono::steady_clock::now() < until && !launcher.wait(0ms))
+    std::this_thread::sleep_for(50ms);
+  std::this_thread::sleep_for(1s);  // into the step
+  ASSERT_EQ(::kill(-launcher.pid(), SIGINT), 0);
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_FALSE(launcher.wait(0ms)) << "one Ctrl-C ended the swarm: " << read_file(log);
+  EXPECT_TRUE(peers_running())
+      << "a peer took the Ctrl-C and the launcher's SIGTERM for a second Ctrl-C: " << peer_log(0)
+      << peer_log(1);
+  ASSERT_EQ(::kill(-launcher.pid(), SIGINT), 0);
+  const auto code = launcher.wait(20s);
+  ASSERT_TRUE(code) << "still running 20 s after a second Ctrl-C: " << read_file(log);
+  EXPECT_EQ(*code, 128 + SIGINT) << read_file(log);
+  EXPECT_NE(read_file(log).find("a second signal: killing the peers"), std::string::npos)
+      << read_file(log);
+  EXPECT_FALSE(peers_running()) << "a peer outlived its launcher";
+  for (int i = 0; i < 2; ++i)
+    EXPECT_EQ(read_file(run_dir(name) / ("peer-" + std::to_string(i)) / "checkpoints" / "latest"),
+              "step_00000002\n");
+  const auto resumed =
+      run_cli("train -q --peers 2 --config " + config.string() + " --resume --set train.steps=3");
+  EXPECT_EQ(resumed.code, 0) << resumed.output;
+}
+
 // A swapped diloco swarm stopped inside a round resumes exactly from the round's start (step
 // 4, its newest checkpoint): the checkpoint holds the anchor and the outer momentum a tensor per
 // parameter, each read from the tier. A checkpoint of

@@ -40,7 +40,11 @@ namespace {
 using train::fmt;
 
 std::atomic<int> g_signal{0};
-extern "C" void on_swarm_signal(int sig) { g_signal.store(sig); }
+std::atomic<int> g_signal_count{0};
+extern "C" void on_swarm_signal(int sig) {
+  g_signal.store(sig);
+  g_signal_count.fetch_add(1);
+}
 
 // Keys of a local swarm: made once per run directory, so a resumed swarm keeps its identities.
 std::vector<fs::path> ensure_keys(const fs::path& dir, int peers) {
@@ -510,6 +514,7 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
   };
 
   g_signal.store(0);
+  g_signal_count.store(0);
   auto old_int = std::signal(SIGINT, on_swarm_signal);
   auto old_term = std::signal(SIGTERM, on_swarm_signal);
   struct Restore {
@@ -589,10 +594,25 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
         last_milestone = -1;
         for (PeerView& v : views) v.step = 0;
       }
-      if (const int sig = g_signal.load(); sig != 0 && forwarded != sig) {
+      // The first signal stops the peers at their next round, with checkpoints (a Ctrl-C at a
+      // terminal reaches them too: they take either as the same request); a second one, the
+      // user's who will not wait, kills them and quits. Their checkpoints are whole either way.
+      if (const int count = g_signal_count.load(); count > 0 && forwarded == 0) {
         for (auto& p : procs) p.signal(SIGTERM);
-        forwarded = sig;
-        progress.note("swarm: stopping every peer (they checkpoint at their next round)");
+        forwarded = count;
+        progress.note(
+            "swarm: stopping every peer (they checkpoint at their next round; a second Ctrl-C "
+            "quits at once, without those checkpoints)");
+      }
+      if (g_signal_count.load() > 1) {
+        progress.note(
+            "swarm: a second signal: killing the peers and quitting; each peer's last "
+            "checkpoint is whole");
+        for (auto& p : procs) p.signal(SIGKILL);
+        for (auto& p : procs) p.wait(std::chrono::seconds(10));
+        const int sig = g_signal.load();
+        std::signal(sig, SIG_DFL);
+        std::raise(sig);
       }
       std::vector<pollfd> fds;
       for (auto& p : procs) fds.push_back({p.stdout_fd(), POLLIN, 0});

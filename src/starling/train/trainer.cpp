@@ -1,6 +1,7 @@
 #include "starling/train/trainer.h"
 
 #include <ATen/ATen.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -24,13 +25,41 @@ namespace fs = std::filesystem;
 namespace {
 
 std::atomic<bool> g_stop{false};
-extern "C" void on_stop_signal(int) { g_stop.store(true); }
+std::atomic<int> g_stop_signals{0};
+// A run under a launcher (--json: `train --peers N` reads it) leaves a forced stop to that
+// launcher: a Ctrl-C at a terminal reaches the launcher and its peers alike, and the launcher
+// passes it on as a SIGTERM, so each peer hears two signals for one keypress.
+std::atomic<bool> g_second_signal_quits{true};
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<bool>::is_always_lock_free,
+              "used in a signal handler");
+
+// The first SIGINT/SIGTERM asks for a stop at the step's end, with a checkpoint; a second one
+// quits at once, as the user who pressed Ctrl-C again wants (a step of a big model on a CPU may
+// take minutes). Quitting loses nothing saved: checkpoints are written aside and renamed whole.
+extern "C" void on_stop_signal(int sig) {
+  g_stop.store(true);
+  if (!g_second_signal_quits.load()) return;
+  if (g_stop_signals.fetch_add(1) == 0) {
+    static const char kFirst[] =
+        "\nstopping at the end of this step, with a checkpoint (a second Ctrl-C quits at once, "
+        "without one)\n";
+    [[maybe_unused]] const auto n = ::write(2, kFirst, sizeof kFirst - 1);
+    return;
+  }
+  static const char kSecond[] =
+      "\nquitting now, without a checkpoint of this step (the last one saved is whole)\n";
+  [[maybe_unused]] const auto n = ::write(2, kSecond, sizeof kSecond - 1);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
 
 // Installs SIGINT/SIGTERM handlers for the duration of a run and restores the old ones after.
 class StopSignals {
  public:
-  StopSignals() {
+  explicit StopSignals(bool second_quits) {
     g_stop.store(false);
+    g_stop_signals.store(0);
+    g_second_signal_quits.store(second_quits);
     old_int_ = std::signal(SIGINT, on_stop_signal);
     old_term_ = std::signal(SIGTERM, on_stop_signal);
   }
@@ -133,7 +162,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
 
   s.write_config();
   unstarted.started = true;
-  StopSignals signals;
+  StopSignals signals(!options.json_events);
   TrainResult result;
   fs::path last_ckpt;
   // A resumed run's starting step is already on disk; stopping at once must not rewrite it.
