@@ -764,6 +764,9 @@ TEST_F(CliTest, BadCommandLinesAreUsageErrors) {
   EXPECT_EQ(typo.code, 2) << typo.output;
   EXPECT_NE(typo.output.find("unknown command \"trian\""), std::string::npos) << typo.output;
   EXPECT_NE(typo.output.find("train"), std::string::npos) << typo.output;
+  const Result help = run("help");
+  EXPECT_EQ(help.code, 0) << help.output;
+  EXPECT_NE(help.output.find("Subcommands:"), std::string::npos) << help.output;
   EXPECT_NE(run("train --no-such-flag").code, 0);
   Result r = run("sample --checkpoint x --max-tokens -3");
   EXPECT_NE(r.code, 0);

@@ -10,7 +10,8 @@
 #include "starling/common/error.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"Starling: train transformer language models on cheap, scattered hardware"};
+  CLI::App app{"Starling: train transformer language models on cheap, scattered hardware",
+               "starling"};
   app.require_subcommand(1);
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "show where in the source an error was raised");
@@ -30,6 +31,10 @@ int main(int argc, char** argv) {
   // CLI11 answers a misspelt command with "A subcommand is required", which hides the typo.
   if (argc > 1 && argv[1][0] != '-') {
     const std::string word = argv[1];
+    if (word == "help") {  // what `git help` and `cargo help` taught users to type
+      std::cout << app.help();
+      return 0;
+    }
     std::string names;
     bool known = false;
     for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
