@@ -13,6 +13,7 @@ add_library(starling STATIC
   src/starling/model/hf_layout.cpp
   src/starling/model/hf_import.cpp
   src/starling/model/hf_export.cpp
+  src/starling/model/hf_config.cpp
   src/starling/model/ops/attention.cpp
   src/starling/model/ops/embedding.cpp
   src/starling/model/ops/head.cpp
@@ -166,6 +167,7 @@ add_executable(starling_tests
   tests/model/oracle_test.cpp
   tests/model/hf_gpt2_test.cpp
   tests/model/hf_export_test.cpp
+  tests/model/hf_config_test.cpp
   tests/model/build_part_test.cpp
   tests/common/safetensors_test.cpp
   tests/common/cpu_runtime_test.cpp

@@ -176,6 +176,34 @@ TEST_F(CliTest, ExportNeverWritesIntoACheckpointOrARun) {
   EXPECT_TRUE(read_file(ckpt / "model.safetensors") == weights);
 }
 
+// A run that starts from a Hugging Face model's directory is checked against its config.json,
+// and `model from-hf` prints the [model] table that fits it.
+TEST_F(CliTest, InitFromAModelsDirectoryChecksItsConfig) {
+  const fs::path cfg = write_config("from_hf");
+  ASSERT_EQ(run("train -q --config " + cfg.string() + " --set train.steps=2").code, 0);
+  const fs::path hf = root_ / "from_hf_export";
+  ASSERT_EQ(
+      run("export --checkpoint " + (root_ / "run_from_hf").string() + " --out " + hf.string()).code,
+      0);
+  const Result table = run("model from-hf " + hf.string());
+  EXPECT_EQ(table.code, 0) << table.output;
+  for (const char* line : {"[model]\n", "arch = \"gpt2\"\n", "n_layer = 1\n", "d_model = 32\n",
+                           "n_head = 2\n", "seq_len = 32\n", "norm_eps = 1e-05\n"})
+    EXPECT_NE(table.output.find(line), std::string::npos) << line << " not in " << table.output;
+
+  const std::string from = " --set train.steps=1 --set train.init_from=\"" + hf.string() + "\"";
+  const Result same = run("train -q --config " + cfg.string() + " --out " +
+                          (root_ / "run_from_hf_same").string() + from);
+  EXPECT_EQ(same.code, 0) << same.output;
+  const Result wider = run("train -q --config " + cfg.string() + " --out " +
+                           (root_ / "run_from_hf_wider").string() + from + " --set model.n_head=4");
+  EXPECT_EQ(wider.code, 2) << wider.output;
+  EXPECT_NE(wider.output.find("model.n_head = 4, the model's config.json says 2"),
+            std::string::npos)
+      << wider.output;
+  EXPECT_NE(wider.output.find("starling model from-hf"), std::string::npos) << wider.output;
+}
+
 // Two runs into one directory at once: the second is refused while the first holds it (it used
 // to truncate the first's metrics.jsonl and write checkpoints beside it), and a run that ended,
 // however it ended (here killed), leaves the directory free.

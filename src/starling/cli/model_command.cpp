@@ -2,6 +2,7 @@
 
 #include "starling/cli/commands.h"
 #include "starling/model/describe.h"
+#include "starling/model/hf_config.h"
 #include "starling/train/config.h"
 
 namespace starling::cli {
@@ -33,6 +34,19 @@ void add_model_command(CLI::App& app) {
     std::string text = "[model]\npreset = \"" + *preset + "\"\n[data]\ndir = \"-\"\n";
     const auto config = train::parse_run_config(text, "--preset", *sets);
     std::cout << model::describe_model(config.model, *batch);
+  });
+  auto* from_hf = cmd->add_subcommand(
+      "from-hf", "print the [model] table of a Hugging Face GPT-2 or LLaMA (its config.json)");
+  auto hf_path = std::make_shared<std::string>();
+  from_hf
+      ->add_option("PATH", *hf_path,
+                   "a model's config.json, or its directory (what train.init_from names)")
+      ->required();
+  from_hf->callback([hf_path] {
+    const model::ModelConfig c = model::model_from_hf_config(*hf_path);
+    std::cout << "# " << *hf_path << ": " << static_cast<double>(c.num_params()) / 1e6
+              << "M parameters; with train.init_from = \"" << *hf_path << "\"\n"
+              << model::model_table(c);
   });
 }
 

@@ -14,6 +14,7 @@
 #include "starling/common/error.h"
 #include "starling/common/made_dirs.h"
 #include "starling/model/build.h"
+#include "starling/model/hf_config.h"
 #include "starling/model/hf_import.h"
 #include "starling/swap/swap_config.h"
 #include "starling/train/checkpoint_model.h"
@@ -72,6 +73,24 @@ void cap_device_memory(const RunConfig& c) {
   } catch (const std::invalid_argument& e) {
     throw ConfigError("train.device_memory = \"" + c.train.device_memory + "\": " + e.what());
   }
+}
+
+// A model's weights come with its config.json (beside model.safetensors, or in the directory
+// train.init_from names): where it is there, the [model] table is checked against it, so that a
+// wrong key is named as such instead of as a tensor whose shape does not fit.
+void check_hf_model(const RunConfig& c) {
+  const fs::path from(c.train.init_from);
+  const fs::path json = (fs::is_directory(from) ? from : from.parent_path()) / "config.json";
+  if (!fs::exists(json)) return;
+  const std::vector<std::string> differences =
+      model::hf_model_differences(c.model, model::model_from_hf_config(json));
+  if (differences.empty()) return;
+  std::string text;
+  for (const auto& d : differences) text += "\n  " + d;
+  throw ConfigError("train.init_from = \"" + c.train.init_from +
+                    "\": the config's [model] does not describe that model (`starling model "
+                    "from-hf " +
+                    json.string() + "` prints the table that does):" + text);
 }
 
 void restore(Session& s, const Checkpoint& ckpt) {
@@ -208,6 +227,7 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
     restore(*s, ckpt);
     std::cerr << "resumed from " << ckpt.dir.string() << " at step " << s->replica->step << "\n";
   } else if (!c.train.init_from.empty()) {
+    check_hf_model(c);
     model::load_hf(c.train.init_from, *s->dag, c.model);
     progress.note("initialised from " + c.train.init_from);
   } else if (options.resume) {
