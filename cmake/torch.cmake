@@ -76,6 +76,7 @@ add_library(starling STATIC
   src/starling/strategy/plan_trials.cpp
   src/starling/strategy/pipeline_peer.cpp
   src/starling/strategy/peer.cpp
+  src/starling/strategy/replica_role.cpp
   src/starling/swap/swap_config.cpp
   src/starling/swap/tier.cpp
   src/starling/swap/host_tier.cpp
@@ -182,6 +183,7 @@ add_executable(starling_tests
   tests/strategy/root_choice_test.cpp
   tests/strategy/progress_board_test.cpp
   tests/strategy/robust_aggregate_test.cpp
+  tests/strategy/replica_role_test.cpp
   tests/strategy/state_stream_test.cpp
   tests/strategy/pipeline_test.cpp
   tests/train/precision_test.cpp

@@ -792,6 +792,13 @@ TEST_F(CliTest, BadCommandLinesAreUsageErrors) {
   EXPECT_EQ(typo.code, 2) << typo.output;
   EXPECT_NE(typo.output.find("unknown command \"trian\""), std::string::npos) << typo.output;
   EXPECT_NE(typo.output.find("train"), std::string::npos) << typo.output;
+  for (const char* device : {"tpu", "cuda:-1"}) {
+    const Result bad = run(std::string("bench compute --steps 1 --device ") + device);
+    EXPECT_EQ(bad.code, 2) << bad.output;
+    EXPECT_NE(bad.output.find("--device = \"" + std::string(device) + "\": not a device"),
+              std::string::npos)
+        << bad.output;
+  }
   const Result help = run("help");
   EXPECT_EQ(help.code, 0) << help.output;
   EXPECT_NE(help.output.find("Subcommands:"), std::string::npos) << help.output;
@@ -878,6 +885,9 @@ TEST_F(CliTest, PlanProfileAndPipeline) {
   EXPECT_NE(r.output.find("sends both ways through one upload"), std::string::npos) << r.output;
 
   // Bad input names what is wrong.
+  r = run("plan pipeline --profile " + root_.string() + " --speeds 1,1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("is a directory, not a cost table"), std::string::npos) << r.output;
   r = run("plan pipeline --profile " + table.string() + " --speeds 1,x");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("--speeds: \"x\" is not a speed > 0"), std::string::npos) << r.output;

@@ -52,6 +52,12 @@ TEST_F(NetCliTest, KeygenWritesAPrivateKeyAndAPublicTwin) {
   const auto again = run_cli("keygen --out " + path("alice.key"));
   EXPECT_EQ(again.code, 2);
   EXPECT_NE(again.output.find("already exists"), std::string::npos) << again.output;
+  // A line break in the name would split the .pub line that allowlists copy.
+  const auto broken = run_cli("keygen --out " + path("bob.key") + " --name \"$(printf 'b\\nob')\"");
+  EXPECT_EQ(broken.code, 2) << broken.output;
+  EXPECT_NE(broken.output.find("may not hold control characters"), std::string::npos)
+      << broken.output;
+  EXPECT_FALSE(fs::exists(path("bob.key")));
 }
 
 TEST_F(NetCliTest, StatusRejectsBadArgumentsClearly) {
@@ -71,6 +77,12 @@ TEST_F(NetCliTest, StatusRejectsBadArgumentsClearly) {
   r = run_cli("status --join tcp://127.0.0.1:9 --insecure --timeout 0.5");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("no status reply"), std::string::npos) << r.output;
+  // NaN passes a "<= 0" check; it and a timeout past any wait used to wait forever.
+  for (const char* timeout : {"nan", "inf", "1e300", "0"}) {
+    r = run_cli(std::string("status --join tcp://127.0.0.1:9 --insecure --timeout ") + timeout);
+    EXPECT_EQ(r.code, 2) << timeout << ": " << r.output;
+    EXPECT_NE(r.output.find("--timeout must be above 0"), std::string::npos) << r.output;
+  }
 }
 
 TEST_F(NetCliTest, StatusShowsALiveSwarm) {

@@ -2518,6 +2518,54 @@ TEST_F(SwarmCliTest, StoppedSwarmResumesExactly) {
   }
 }
 
+// A peer started with another model (or strategy) than the swarm's refuses itself as it joins,
+// naming the keys, and the swarm trains on without it. Two such peers used to retry their state
+// transfer forever, writing hundreds of log lines a second and slowing the swarm.
+TEST_F(SwarmCliTest, APeerOfAnotherModelRefusesItselfAsItJoins) {
+  const std::string name = "unlike";
+  write_config(name, "kind = \"co2\"\nlocal_steps = 4", 400);
+  std::vector<Process> peers;
+  const std::string entry = start_first_peer(name, peers, 2, 1, {});
+  ASSERT_FALSE(entry.empty());
+  const auto joiner = run_cli("peer -q --insecure --config " + (root_ / (name + ".toml")).string() +
+                              " --data-rank 1 --data-world 2 --join " + entry +
+                              " --set train.out_dir='\"" + (run_dir(name) / "peer-1").string() +
+                              "\"' --set model.d_model=64 --set strategy.local_steps=8");
+  EXPECT_EQ(joiner.code, 2) << joiner.output;
+  EXPECT_NE(joiner.output.find("trains another model or strategy than this peer's config"),
+            std::string::npos)
+      << joiner.output;
+  EXPECT_NE(joiner.output.find("model.d_model: this peer's 64, theirs 32"), std::string::npos)
+      << joiner.output;
+  EXPECT_NE(joiner.output.find("strategy.local_steps: this peer's 8, theirs 4"), std::string::npos)
+      << joiner.output;
+  const auto done = wait_event(
+      peers[0], [](const json& j) { return j["event"] == "done"; }, 120s);
+  ASSERT_TRUE(done) << read_file(run_dir(name) / "p0.log");
+  EXPECT_EQ((*done)["step"], 400) << read_file(run_dir(name) / "p0.log");
+  EXPECT_EQ(peers[0].wait(30s), 0) << read_file(run_dir(name) / "p0.log");
+}
+
+// --stop-at inside a co2 round trains on to the round's end and checkpoints there: it used to
+// stop inside the round with no checkpoint of it, and a --resume started the run over.
+TEST_F(SwarmCliTest, AStopInsideARoundGoesOnToTheRoundsEnd) {
+  const std::string name = "stop_in_round";
+  const fs::path config = write_config(name, "kind = \"co2\"\nlocal_steps = 3", 6);
+  const auto first = run_cli("train -q --peers 2 --stop-at 2 --config " + config.string());
+  ASSERT_EQ(first.code, 0) << first.output;
+  for (int i = 0; i < 2; ++i) {
+    const fs::path peer = run_dir(name) / ("peer-" + std::to_string(i));
+    EXPECT_EQ(read_file(peer / "checkpoints" / "latest"), "step_00000003\n") << peer;
+    EXPECT_NE(read_file(run_dir(name) / ("peer-" + std::to_string(i) + ".log"))
+                  .find("--stop-at 2 falls inside a round of strategy co2"),
+              std::string::npos);
+  }
+  const auto second = run_cli("train -q --peers 2 --resume --config " + config.string());
+  ASSERT_EQ(second.code, 0) << second.output;
+  EXPECT_NE(read_file(run_dir(name) / "peer-1.log").find("at step 3\n"), std::string::npos)
+      << read_file(run_dir(name) / "peer-1.log");
+}
+
 // Ctrl-C at a terminal reaches a local swarm's launcher and its peers alike (one process group),
 // and the launcher passes it on: the peers take the two signals as one request to stop at their
 // next round. A second Ctrl-C kills the peers and the launcher at once, and every peer's last
@@ -2569,11 +2617,11 @@ TEST_F(SwarmCliTest, ASecondCtrlCKillsTheSwarmAndKeepsItsCheckpoints) {
   EXPECT_EQ(resumed.code, 0) << resumed.output;
 }
 
-// A swapped diloco swarm stopped inside a round resumes exactly from the round's start (step
-// 4, its newest checkpoint): the checkpoint holds the anchor and the outer momentum a tensor per
-// parameter, each read from the tier. A checkpoint of
-// either form resumes either way: an unswapped run's (one vector each) into swapped peers, a
-// swapped run's into unswapped ones. Each ends where a straight unswapped run ends.
+// A swapped diloco swarm told to stop inside a round (--stop-at 6) trains on to the round's end
+// (8) and checkpoints there: the checkpoint holds the anchor and the outer momentum a tensor per
+// parameter, each read from the tier. A checkpoint of either form resumes either way: an unswapped
+// run's (one vector each) into swapped peers, a swapped run's into unswapped ones. Each ends where
+// a straight unswapped run ends.
 TEST_F(SwarmCliTest, SwappedOuterStateResumesFromEitherCheckpoint) {
   for (const std::string kind : {"diloco", "co2"}) {
     SCOPED_TRACE(kind);
@@ -2592,23 +2640,23 @@ TEST_F(SwarmCliTest, SwappedOuterStateResumesFromEitherCheckpoint) {
           run_cli("train -q --peers 2 --stop-at 6 --config " + config.string() + first_sets);
       ASSERT_EQ(first.code, 0) << first.output << read_file(run_dir(name) / "peer-0.log");
       const std::string saved =
-          read_file(checkpoint_dir(run_dir(name) / "peer-0", 4) / "optimizer.safetensors");
+          read_file(checkpoint_dir(run_dir(name) / "peer-0", 8) / "optimizer.safetensors");
       EXPECT_EQ(saved.find("\"strategy.anchor.") != std::string::npos, first_sets == swap);
       EXPECT_NE(saved.find("\"strategy.momentum"), std::string::npos);
-      if (kind == "co2") {  // the round launched at 4 is carried: its own part is saved
+      if (kind == "co2") {  // the round launched at 8 is carried: its own part is saved
         EXPECT_EQ(saved.find("\"strategy.own.") != std::string::npos, first_sets == swap);
         EXPECT_NE(saved.find("\"strategy.own"), std::string::npos);
       }
       const auto second =
           run_cli("train -q --peers 2 --resume --config " + config.string() + second_sets);
       ASSERT_EQ(second.code, 0) << second.output << read_file(run_dir(name) / "peer-0.log");
-      EXPECT_NE(read_file(run_dir(name) / "peer-1.log").find("at step 4\n"), std::string::npos)
-          << "resumed from the round's start";
+      EXPECT_NE(read_file(run_dir(name) / "peer-1.log").find("at step 8\n"), std::string::npos)
+          << "resumed from the round's end";
       for (int i = 0; i < 2; ++i) {
         const std::string peer = "peer-" + std::to_string(i);
         EXPECT_TRUE(final_model(run_dir(kind + "_straight") / peer, 16) ==
                     final_model(run_dir(name) / peer, 16))
-            << peer << ": 6 steps + resume from 4 differs from 16 straight";
+            << peer << ": 8 steps + resume from 8 differs from 16 straight";
       }
     }
   }

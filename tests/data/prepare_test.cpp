@@ -172,6 +172,19 @@ TEST(Prepare, TwoDocumentsGiveOneToEachSplit) {
   EXPECT_EQ(markers(split_text(info, info.train_shards), 2).size(), 1u);
 }
 
+TEST(Prepare, AnInputThatIsTheOutputIsNamed) {
+  // Its files would be skipped as the output's, and the error would say "no input files".
+  TempDir dir;
+  PrepareOptions o;
+  o.inputs = {make_corpus(dir, 2, 300)};
+  o.out_dir = o.inputs[0];
+  const std::string same = error_of([&] { prepare_dataset(o); });
+  EXPECT_NE(same.find("is the output directory"), std::string::npos) << same;
+  o.out_dir = dir.path();  // the input inside the output
+  EXPECT_NE(error_of([&] { prepare_dataset(o); }).find("is the output directory"),
+            std::string::npos);
+}
+
 TEST(Prepare, SingleDocumentSplitsItsTokens) {
   TempDir dir;
   const std::string text = testing::generated_text(3, 1000);

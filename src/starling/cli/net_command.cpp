@@ -1,5 +1,6 @@
 // `starling keygen`, `starling status` and `starling dashboard`: a peer's CURVE identity, a look at
 // a live swarm, and a web page that keeps looking.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -30,13 +31,22 @@ void wait_for_stop_signal() {
 
 void add_net_commands(CLI::App& app) {
   auto* keygen = app.add_subcommand(
-      "keygen", "write a CURVE key pair: FILE (secret, mode 0600) and FILE.pub (public)");
+      "keygen",
+      "write a CURVE key pair: FILE (secret, mode 0600) and FILE with .pub for its extension "
+      "(public; keys/alice.key gives keys/alice.pub)");
   auto out = std::make_shared<std::string>();
   auto name = std::make_shared<std::string>();
   keygen->add_option("--out", *out, "the secret key file to write, e.g. keys/alice.key")
       ->required();
   keygen->add_option("--name", *name, "a name stored beside the public key (for allowlists)");
   keygen->callback([out, name] {
+    // The name ends the .pub line that allowlists copy: a line break or tab there breaks them.
+    if (std::any_of(name->begin(), name->end(),
+                    [](unsigned char ch) { return ch < 0x20 || ch == 0x7f; }))
+      throw ConfigError(
+          "keygen --name: a name may not hold control characters (a line break, a "
+          "tab): it goes on the public key's line of an allowlist");
+    if (out->empty()) throw ConfigError("keygen --out: give the secret key file to write");
     const auto keys = net::generate_keypair();
     net::save_keypair(keys, *out, *name);
     std::filesystem::path pub(*out);
@@ -71,7 +81,11 @@ void add_net_commands(CLI::App& app) {
       q.keys = net::load_keypair(a.key);
       q.allowlist = net::load_allowlist(a.allow);
     }
-    if (a.timeout <= 0) throw ConfigError(what + ": --timeout must be positive");
+    // NaN passes a "<= 0" test, and a day's worth of milliseconds overflows nothing: beyond it,
+    // a wait that never ends.
+    if (!(a.timeout > 0 && a.timeout <= 86400))
+      throw ConfigError(what + ": --timeout must be above 0 and at most 86400 s (a day), not " +
+                        std::to_string(a.timeout));
     q.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout * 1000));
     return q;
   };
@@ -96,7 +110,8 @@ void add_net_commands(CLI::App& app) {
       ->capture_default_str();
   dashboard->callback([=] {
     const net::StatusQuery q = query_of(*dash_args, "dashboard");
-    if (!(*every > 0)) throw ConfigError("dashboard: --every must be positive");
+    if (!(*every > 0 && *every <= 86400))
+      throw ConfigError("dashboard: --every must be above 0 and at most 86400 s (a day)");
     net::Dashboard page([q] { return net::query_status(q); },
                         {.listen = *listen,
                          .every = std::chrono::milliseconds(static_cast<int64_t>(*every * 1000)),

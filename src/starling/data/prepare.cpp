@@ -83,6 +83,11 @@ std::vector<fs::path> collect_documents(const PrepareOptions& o) {
     if (!fs::is_directory(input)) {
       throw DataError("input '" + input.string() + "' is neither a file nor a directory");
     }
+    // Its files would all be skipped as the output's: "no input files" would hide why.
+    if (is_within(fs::weakly_canonical(fs::absolute(input)), out))
+      throw DataError("input '" + input.string() + "' is the output directory --out '" +
+                      o.out_dir.string() +
+                      "' or inside it: give the dataset a directory of its own");
     std::vector<fs::path> found;
     try {
       for (auto it = fs::recursive_directory_iterator(input);

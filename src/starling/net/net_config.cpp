@@ -39,13 +39,15 @@ void add_config_keys(NetConfig& n, config::Keys& k) {
                        "collective chunks travel on direct TCP connections between ring "
                        "neighbours, sealed with AES-256-GCM under CURVE (faster on fast "
                        "networks); false keeps them on ZeroMQ like every other message"));
-  k.push_back(int_key("net", "heartbeat_ms", &n.heartbeat_ms, 10, "heartbeat interval"));
+  // The maxima (an hour, a day, a week) only keep a slip of the keyboard from overflowing the
+  // clock arithmetic: a timeout of 2^63 s became "no answer within -1.0 s".
+  k.push_back(int_key("net", "heartbeat_ms", &n.heartbeat_ms, 10, "heartbeat interval", 3'600'000));
   k.push_back(int_key("net", "peer_timeout_ms", &n.peer_timeout_ms, 100,
-                      "silence after which a peer counts as dead"));
+                      "silence after which a peer counts as dead", 86'400'000));
   k.push_back(int_key("net", "join_timeout_s", &n.join_timeout_s, 1,
-                      "how long joining waits for an entry point to answer"));
+                      "how long joining waits for an entry point to answer", 604'800));
   k.push_back(int_key("net", "collective_timeout_s", &n.collective_timeout_s, 1,
-                      "how long a round waits for every peer to reach it"));
+                      "how long a round waits for every peer to reach it", 604'800));
   k.push_back(int_key("net", "min_peers", &n.min_peers, 1,
                       "peers (this one included) to wait for before the first step"));
   k.push_back(string_key("net", "dashboard", &n.dashboard,

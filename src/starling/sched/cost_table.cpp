@@ -215,6 +215,9 @@ CostTable cost_table_from_json(const json& j, const std::string& where) {
 }
 
 CostTable read_cost_table(const std::filesystem::path& file) {
+  // A directory opens as a stream whose first read throws the C++ library's own words.
+  if (std::filesystem::is_directory(file))
+    throw ConfigError(file.string() + ": is a directory, not a cost table (plan profile -o)");
   std::ifstream in(file);
   if (!in) throw ConfigError(file.string() + ": cannot open the cost table");
   json j;

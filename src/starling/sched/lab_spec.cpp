@@ -200,6 +200,8 @@ LabSpec parse_lab_spec(const std::string& toml_text, const std::string& source) 
 }
 
 LabSpec read_lab_spec(const std::filesystem::path& file) {
+  if (std::filesystem::is_directory(file))
+    throw ConfigError(file.string() + ": is a directory, not a lab file");
   std::ifstream in(file);
   if (!in) throw ConfigError("cannot read lab file " + file.string());
   std::ostringstream text;

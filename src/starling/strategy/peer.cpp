@@ -18,6 +18,7 @@
 #include "starling/strategy/localsgd.h"
 #include "starling/strategy/pipeline_auto_peer.h"
 #include "starling/strategy/pipeline_peer.h"
+#include "starling/strategy/replica_role.h"
 #include "starling/train/events.h"
 
 namespace starling::strategy {
@@ -61,6 +62,24 @@ std::function<void(const nlohmann::json&)> publish_progress(net::Node& node) {
 
 namespace {
 
+// A member that trains replicas unlike this peer's (replica_role.h) makes this peer leave and
+// fail at once, naming the keys, before it takes part in a round.
+void refuse_unlike_replicas(net::Node& node, const std::string& mine) {
+  for (const net::MemberView& m : node.members()) {
+    if (m.info.id == node.id() || m.info.left || m.state != net::MemberState::alive ||
+        !is_replica_role(m.info.role) || m.info.role == mine)
+      continue;
+    std::string keys;
+    for (const std::string& d : replica_role_differences(mine, m.info.role)) keys += "\n  " + d;
+    node.leave();
+    throw ConfigError("the swarm's member " +
+                      (m.info.name.empty() ? net::short_peer_id(m.info.id) : m.info.name) +
+                      " trains another model or strategy than this peer's config (every peer "
+                      "of a swarm trains the same [model] with the same strategy):" +
+                      keys);
+  }
+}
+
 train::TrainResult train_with(const train::RunConfig& config, const PeerOptions& options,
                               net::Collectives& net) {
   auto hooks = make_strategy(config, net);
@@ -71,7 +90,9 @@ train::TrainResult train_with(const train::RunConfig& config, const PeerOptions&
 
 train::TrainResult run_swarm_peer(const train::RunConfig& config, const PeerOptions& options) {
   net::NodeOptions node_opts = net::node_options(config.net);
+  node_opts.role = replica_role(config);
   net::Node node(node_opts);
+  refuse_unlike_replicas(node, node_opts.role);
   const std::string entry =
       net::format_entry_point(node_opts.insecure ? "" : node_opts.keys.public_key, node.endpoint());
   if (options.train.json_events) std::cout << train::events::listening(entry).dump() << std::endl;
@@ -91,6 +112,7 @@ train::TrainResult run_swarm_peer(const train::RunConfig& config, const PeerOpti
       throw NetError("only " + std::to_string(node.members().size()) + " of net.min_peers = " +
                      std::to_string(min_peers) + " peers arrived within net.join_timeout_s = " +
                      std::to_string(config.net.join_timeout_s) + " s");
+    refuse_unlike_replicas(node, node_opts.role);
   }
   PeerOptions o = options;
   o.train.on_record = publish_progress(node);

@@ -20,7 +20,15 @@
 namespace starling::train {
 
 void check_device(const std::string& device, const std::string& what) {
-  const c10::Device d(device);
+  // libtorch's own words for "tpu" or "cuda:-1" name neither the flag nor what would do.
+  const c10::Device d = [&] {
+    try {
+      return c10::Device(device);
+    } catch (const c10::Error&) {
+      throw ConfigError(what + " = \"" + device +
+                        "\": not a device (\"cpu\", \"cuda\" or \"cuda:N\")");
+    }
+  }();
   if (d.is_cuda()) {
     if (!at::hasCUDA())
       throw ConfigError(

@@ -214,8 +214,18 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     }
   };
   // A signal stops at the next round boundary (at once for a single replica), where the
-  // parameters are the shared model and a checkpoint can be taken.
-  while (replica.step < last && !(g_stop.load() && at_boundary)) {
+  // parameters are the shared model and a checkpoint can be taken; so does --stop-at, whose step
+  // may fall inside a round (it used to stop there, with no checkpoint of the steps since the
+  // last boundary, and a --resume went back to that one).
+  bool past_stop_at = false;
+  while (replica.step < c.train.steps &&
+         !((g_stop.load() || replica.step >= last) && at_boundary)) {
+    if (replica.step >= last && !past_stop_at) {
+      past_stop_at = true;
+      progress.log("--stop-at " + std::to_string(last) + " falls inside a round of strategy " +
+                   c.strategy.kind +
+                   ": training on to the round's end, where the swarm's model is checkpointed");
+    }
     const double t0 = now_s();
     if (!s.device.is_cpu()) reset_peak_memory(s.device);
     // The loss and the gradient norm stay on the device until they are reported: reading them
@@ -266,7 +276,7 @@ TrainResult train(const RunConfig& c, const TrainOptions& options) {
     at_boundary = hooks ? hooks->step_done(replica, replica.step == c.train.steps) : true;
     // The run's last step is logged, and so is the step a signal stops it at.
     const bool milestone = replica.step % c.train.log_every == 0 || replica.step == last ||
-                           (g_stop.load() && at_boundary);
+                           ((g_stop.load() || replica.step > last) && at_boundary);
     // On a CPU the value is there already; a GPU is waited for only at milestones (which also
     // makes the window's wall-clock time cover the device work it queued).
     if (milestone || !s.device.is_cuda()) {
