@@ -22,6 +22,7 @@
 #include "starling/common/dir_lock.h"
 #include "starling/common/error.h"
 #include "starling/common/process.h"
+#include "starling/common/signal_clock.h"
 #include "starling/net/keys.h"
 #include "starling/net/netlab.h"
 #include "starling/sched/cost_table.h"
@@ -40,10 +41,16 @@ namespace {
 using train::fmt;
 
 std::atomic<int> g_signal{0};
-std::atomic<int> g_signal_count{0};
+std::atomic<int> g_signal_count{0};  // 1 once told to stop; 2 once told again (signal_clock.h)
+std::atomic<int64_t> g_first_signal_ns{0};
 extern "C" void on_swarm_signal(int sig) {
   g_signal.store(sig);
-  g_signal_count.fetch_add(1);
+  const int64_t now = signal_clock_ns();
+  int64_t first = 0;
+  if (g_first_signal_ns.compare_exchange_strong(first, now))
+    g_signal_count.store(1);
+  else if (now - first >= kSecondSignalGapNs)
+    g_signal_count.store(2);
 }
 
 // Keys of a local swarm: made once per run directory, so a resumed swarm keeps its identities.
@@ -515,6 +522,7 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
 
   g_signal.store(0);
   g_signal_count.store(0);
+  g_first_signal_ns.store(0);
   auto old_int = std::signal(SIGINT, on_swarm_signal);
   auto old_term = std::signal(SIGTERM, on_swarm_signal);
   struct Restore {
@@ -563,6 +571,15 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
         break;
       }
     }
+    if (entry.empty() && g_signal.load() != 0) {
+      // Told to stop before the first peer listened: it is stopped, and nothing ran.
+      procs[0].signal(SIGTERM);
+      procs[0].wait(std::chrono::seconds(30));
+      LocalSwarmResult stopped;
+      stopped.stopped_peers = 1;
+      stopped.signalled = true;
+      return stopped;
+    }
     if (entry.empty()) throw Error("peer 0 did not start; see " + log_of(0));
     for (int i = 1; i < o.peers; ++i)
       procs.emplace_back(argv_for(i, entry, root, extra), log_of(i));
@@ -610,9 +627,9 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
             "checkpoint is whole");
         for (auto& p : procs) p.signal(SIGKILL);
         for (auto& p : procs) p.wait(std::chrono::seconds(10));
-        const int sig = g_signal.load();
-        std::signal(sig, SIG_DFL);
-        std::raise(sig);
+        // Unwound to train_command, which dies of the signal: the CPU quotas' cgroups and the
+        // network lab's namespaces are removed on the way.
+        throw SecondSignal{g_signal.load()};
       }
       std::vector<pollfd> fds;
       for (auto& p : procs) fds.push_back({p.stdout_fd(), POLLIN, 0});
@@ -667,6 +684,10 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
             ++result.stopped_peers;
             progress.log("swarm: peer " + std::to_string(i) +
                          " stopped (another peer failed before the first step); see " + log_of(i));
+          } else if (v.exit_code.value_or(-1) != 0 && forwarded > 0 && v.step == 0) {
+            // Stopped by the signal the launcher passed on before it trained a step: killed by
+            // it while starting, or failing as the others it waited for went. Not a failure.
+            ++result.stopped_peers;
           } else if (v.exit_code.value_or(-1) != 0) {
             ++result.failed_peers;
             // Killed by a signal (the OOM killer's SIGKILL, say), a peer wrote no error: its
@@ -792,6 +813,7 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
                           {"done", done_events}}
                .dump(2)
         << "\n";
+    result.signalled = g_signal_count.load() > 0;
     return result;
   };
 

@@ -41,9 +41,16 @@ struct LocalSwarmResult {
   double val_loss = -1;     // the last validation loss reported
   double tokens_per_s = 0;  // the sum of the peers' own rates (evaluation and checkpoints excluded)
   std::string sample;       // peer 0's end-of-training sample
-  // Peers the launcher killed because another failed before anyone trained: not failures of
-  // their own.
+  // Peers the launcher killed because another failed before anyone trained, or that a signal
+  // to the launcher stopped before their first step: not failures of their own.
   int stopped_peers = 0;
+  bool signalled = false;  // the launcher was told to stop (SIGINT, SIGTERM)
+};
+
+// Thrown by run_local_swarm after a second stop signal (its peers killed, what it made removed):
+// the caller dies of `signal`, as a process told twice to stop does.
+struct SecondSignal {
+  int signal;
 };
 
 LocalSwarmResult run_local_swarm(const train::RunConfig& config, const LocalSwarmOptions& options);

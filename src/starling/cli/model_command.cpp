@@ -1,3 +1,4 @@
+#include <filesystem>
 #include <iostream>
 
 #include "starling/cli/commands.h"
@@ -44,8 +45,12 @@ void add_model_command(CLI::App& app) {
       ->required();
   from_hf->callback([hf_path] {
     const model::ModelConfig c = model::model_from_hf_config(*hf_path);
+    // init_from names the weights: the model's directory, not its config.json.
+    const std::filesystem::path dir = std::filesystem::is_directory(*hf_path)
+                                          ? std::filesystem::path(*hf_path)
+                                          : std::filesystem::path(*hf_path).parent_path();
     std::cout << "# " << *hf_path << ": " << static_cast<double>(c.num_params()) / 1e6
-              << "M parameters; with train.init_from = \"" << *hf_path << "\"\n"
+              << "M parameters; with train.init_from = \"" << dir.string() << "\"\n"
               << model::model_table(c);
   });
 }

@@ -3,7 +3,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
-#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "starling/cli/commands.h"
@@ -112,8 +111,11 @@ void add_peer_command(CLI::App& app) {
   cmd->add_option("--name", a->name, "this peer's name (net.name)");
   cmd->add_flag("--insecure", a->insecure, "plain TCP without CURVE (net.insecure)");
   cmd->add_flag("--resume", a->resume, "continue from the newest checkpoint in train.out_dir");
-  cmd->add_option("--stop-at", a->stop_at, "stop with a checkpoint after this step")
-      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+  cmd->add_option("--stop-at", a->stop_at,
+                  "stop with a checkpoint after this step, or at the end of the round it falls "
+                  "in (localsgd, diloco, co2)")
+      // Not int64's largest: CLI11 reads a number past it as that largest, without a word.
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 53));
   cmd->add_option("--data-rank", a->data_rank,
                   "this peer's share of the training data (default: RANK, else 0)");
   cmd->add_option("--data-world", a->data_world,

@@ -1,6 +1,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <csignal>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -34,7 +35,8 @@ void add_train_command(CLI::App& app) {
           [](std::string& text) { return text.empty() ? std::string("is empty") : ""; }, "DIR"));
   cmd->add_flag("--resume", a->resume, "continue from the newest checkpoint in train.out_dir");
   cmd->add_option("--stop-at", a->stop_at,
-                  "stop with a checkpoint after this step (the schedule still spans train.steps)")
+                  "stop with a checkpoint after this step, or at the end of the round it falls "
+                  "in (localsgd, diloco, co2); the schedule still spans train.steps")
       // Not int64's largest: CLI11 reads a number past it as that largest, without a word.
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 53));
   cmd->add_option("--peers", a->peers,
@@ -121,7 +123,15 @@ void add_train_command(CLI::App& app) {
       o.resume = a->resume;
       o.progress = !a->quiet;
       o.stop_at = a->stop_at;
-      const auto r = run_local_swarm(config, o);
+      const auto r = [&] {
+        try {
+          return run_local_swarm(config, o);
+        } catch (const SecondSignal& s) {
+          std::signal(s.signal, SIG_DFL);
+          std::raise(s.signal);
+          throw;  // a signal whose default is not to end the process: not SIGINT or SIGTERM
+        }
+      }();
       const auto failed = [&] {
         return starling::Error(
             std::to_string(r.failed_peers) + " of " + std::to_string(a->peers) + " peers failed" +
@@ -130,6 +140,10 @@ void add_train_command(CLI::App& app) {
                  : "") +
             "; see " + config.train.out_dir + "/peer-<i>.log");
       };
+      if (r.signalled && r.failed_peers == 0 && r.step == 0) {
+        std::cout << "swarm stopped by the signal before its first step: nothing was trained\n";
+        return;
+      }
       // A swarm that trained nothing has no summary: "trained 0 steps" and a checkpoints path
       // with none in it would come before the reason.
       if (r.failed_peers > 0 && (r.failed_peers + r.stopped_peers >= a->peers || r.step == 0))

@@ -2,7 +2,10 @@
 
 #include <c10/core/Device.h>
 
+#include <algorithm>
 #include <iostream>
+#include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "starling/common/error.h"
@@ -62,22 +65,43 @@ std::function<void(const nlohmann::json&)> publish_progress(net::Node& node) {
 
 namespace {
 
-// A member that trains replicas unlike this peer's (replica_role.h) makes this peer leave and
-// fail at once, naming the keys, before it takes part in a round.
+// The swarm's replica role (replica_role.h) is the one most of its live members have, this peer
+// included; between as many, the oldest member's. A peer without it leaves and fails at once,
+// naming the keys, before it takes part in a round. A swarm forming with one misconfigured peer
+// loses that one only, and a joiner unlike the swarm (older than it) is the one to go.
 void refuse_unlike_replicas(net::Node& node, const std::string& mine) {
+  struct Holders {
+    int count = 0;
+    std::pair<int64_t, net::PeerId> oldest{std::numeric_limits<int64_t>::max(), 0};
+    std::string name;  // the oldest holder's
+  };
+  std::map<std::string, Holders> roles;
+  bool self_seen = false;
   for (const net::MemberView& m : node.members()) {
-    if (m.info.id == node.id() || m.info.left || m.state != net::MemberState::alive ||
-        !is_replica_role(m.info.role) || m.info.role == mine)
+    if (m.info.left || m.state != net::MemberState::alive || !is_replica_role(m.info.role))
       continue;
-    std::string keys;
-    for (const std::string& d : replica_role_differences(mine, m.info.role)) keys += "\n  " + d;
-    node.leave();
-    throw ConfigError("the swarm's member " +
-                      (m.info.name.empty() ? net::short_peer_id(m.info.id) : m.info.name) +
-                      " trains another model or strategy than this peer's config (every peer "
-                      "of a swarm trains the same [model] with the same strategy):" +
-                      keys);
+    self_seen = self_seen || m.info.id == node.id();
+    Holders& h = roles[m.info.role];
+    ++h.count;
+    if (const std::pair age{m.info.joined_at_ms, m.info.id}; age < h.oldest) {
+      h.oldest = age;
+      h.name = m.info.name.empty() ? net::short_peer_id(m.info.id) : m.info.name;
+    }
   }
+  if (!self_seen) ++roles[mine].count;
+  const auto swarm = std::max_element(roles.begin(), roles.end(), [](const auto& a, const auto& b) {
+    return a.second.count != b.second.count ? a.second.count < b.second.count
+                                            : a.second.oldest > b.second.oldest;
+  });
+  if (swarm == roles.end() || swarm->first == mine) return;
+  std::string keys;
+  for (const std::string& d : replica_role_differences(mine, swarm->first)) keys += "\n  " + d;
+  node.leave();
+  throw ConfigError("the swarm's member " + swarm->second.name +
+                    " (and every peer like it) trains another model or strategy than this "
+                    "peer's config (every peer of a swarm trains the same [model] with the same "
+                    "strategy):" +
+                    keys);
 }
 
 train::TrainResult train_with(const train::RunConfig& config, const PeerOptions& options,

@@ -42,9 +42,13 @@ std::string replica_role(const train::RunConfig& c) {
   role += " " + model::to_string(m.arch);
   role += " L" + std::to_string(m.n_layer) + " D" + std::to_string(m.d_model) + " H" +
           std::to_string(m.n_head) + " K" + std::to_string(m.kv_heads()) + " F" +
-          std::to_string(m.ff_dim()) + " S" + std::to_string(m.seq_len) + " V" +
-          std::to_string(m.vocab_size) + " T" + (m.tie_embeddings ? "1" : "0");
-  return role;
+          std::to_string(m.ff_dim());
+  // A GPT-2 learns a position per token of its context: another seq_len is another tensor.
+  // LLaMA's rotary positions have no weights, and its peers may differ in context.
+  if (m.arch == model::Arch::kGpt2) role += " S" + std::to_string(m.seq_len);
+  role += " V" + std::to_string(m.vocab_size) + " T" + (m.tie_embeddings ? "1" : "0");
+  // A member record holds at most 128 characters of role; only absurd settings come near it.
+  return role.substr(0, 128);
 }
 
 bool is_replica_role(const std::string& role) { return role.rfind(kPrefix, 0) == 0; }

@@ -361,7 +361,9 @@ Checkpoint read_checkpoint(const fs::path& dir) {
   // damaged) would resume a run at a step its weights are not from.
   const fs::path named = dir.filename().empty() ? dir.parent_path() : dir;  // "step_X/"
   if (const std::string name = named.filename().string();
-      name.rfind("step_", 0) == 0 && name != step_name(c.meta.step))
+      name.size() > 5 && name.rfind("step_", 0) == 0 &&
+      name.find_first_not_of("0123456789", 5) == std::string::npos && name.size() - 5 <= 18 &&
+      std::stoll(name.substr(5)) != c.meta.step)
     throw CheckpointError(meta_path.string() + ": says step " + std::to_string(c.meta.step) +
                           ", but its directory is " + name);
   c.model = read_safetensors(dir / "model.safetensors", SafetensorsRead::kMap);

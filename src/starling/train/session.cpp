@@ -82,8 +82,17 @@ void check_hf_model(const RunConfig& c) {
   const fs::path from(c.train.init_from);
   const fs::path json = (fs::is_directory(from) ? from : from.parent_path()) / "config.json";
   if (!fs::exists(json)) return;
-  const std::vector<std::string> differences =
-      model::hf_model_differences(c.model, model::model_from_hf_config(json));
+  model::ModelConfig hf;
+  try {
+    hf = model::model_from_hf_config(json);
+  } catch (const ConfigError& e) {
+    // A model of another name with the same tensors (a LLaMA saved as "mistral", say) may still
+    // load: the tensors' names and shapes decide.
+    std::cerr << "note: train.init_from: the [model] is not checked against " << json.string()
+              << " (" << e.what() << ")\n";
+    return;
+  }
+  const std::vector<std::string> differences = model::hf_model_differences(c.model, hf);
   if (differences.empty()) return;
   std::string text;
   for (const auto& d : differences) text += "\n  " + d;

@@ -12,6 +12,7 @@
 #include "starling/common/cpu_runtime.h"
 #include "starling/common/device.h"
 #include "starling/common/error.h"
+#include "starling/common/signal_clock.h"
 #include "starling/train/evaluate.h"
 #include "starling/train/precision.h"
 #include "starling/train/sampler.h"
@@ -25,27 +26,32 @@ namespace fs = std::filesystem;
 namespace {
 
 std::atomic<bool> g_stop{false};
-std::atomic<int> g_stop_signals{0};
+std::atomic<int64_t> g_first_signal_ns{0};  // signal_clock_ns() of the run's first stop signal
 // A run under a launcher (--json: `train --peers N` reads it) leaves a forced stop to that
 // launcher: a Ctrl-C at a terminal reaches the launcher and its peers alike, and the launcher
 // passes it on as a SIGTERM, so each peer hears two signals for one keypress.
 std::atomic<bool> g_second_signal_quits{true};
-static_assert(std::atomic<int>::is_always_lock_free && std::atomic<bool>::is_always_lock_free,
+static_assert(std::atomic<int64_t>::is_always_lock_free && std::atomic<bool>::is_always_lock_free,
               "used in a signal handler");
 
-// The first SIGINT/SIGTERM asks for a stop at the step's end, with a checkpoint; a second one
-// quits at once, as the user who pressed Ctrl-C again wants (a step of a big model on a CPU may
-// take minutes). Quitting loses nothing saved: checkpoints are written aside and renamed whole.
+// The first SIGINT/SIGTERM asks for a stop at the step's end (a swarm's: its round's), with a
+// checkpoint; a second one, a second or more later, quits at once, as the user who pressed
+// Ctrl-C again wants (a step of a big model on a CPU may take minutes). Sooner, it is taken for
+// the same keypress delivered twice (signal_clock.h). Quitting loses nothing saved: checkpoints
+// are written aside and renamed whole.
 extern "C" void on_stop_signal(int sig) {
   g_stop.store(true);
   if (!g_second_signal_quits.load()) return;
-  if (g_stop_signals.fetch_add(1) == 0) {
+  const int64_t now = signal_clock_ns();
+  int64_t first = 0;
+  if (g_first_signal_ns.compare_exchange_strong(first, now)) {
     static const char kFirst[] =
-        "\nstopping at the end of this step, with a checkpoint (a second Ctrl-C quits at once, "
-        "without one)\n";
+        "\nstopping at the end of this step (a swarm's: of this round), with a checkpoint; "
+        "Ctrl-C again, a second from now or later, quits at once without one\n";
     [[maybe_unused]] const auto n = ::write(2, kFirst, sizeof kFirst - 1);
     return;
   }
+  if (now - first < kSecondSignalGapNs) return;
   static const char kSecond[] =
       "\nquitting now, without a checkpoint of this step (the last one saved is whole)\n";
   [[maybe_unused]] const auto n = ::write(2, kSecond, sizeof kSecond - 1);
@@ -58,7 +64,7 @@ class StopSignals {
  public:
   explicit StopSignals(bool second_quits) {
     g_stop.store(false);
-    g_stop_signals.store(0);
+    g_first_signal_ns.store(0);
     g_second_signal_quits.store(second_quits);
     old_int_ = std::signal(SIGINT, on_stop_signal);
     old_term_ = std::signal(SIGTERM, on_stop_signal);

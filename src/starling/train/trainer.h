@@ -24,14 +24,17 @@ class ProgressLine;
 struct Session;
 
 struct TrainOptions {
-  bool resume = false;         // continue from <out_dir>/checkpoints/latest
-  bool progress = true;        // live progress line on stderr
-  int64_t stop_at = -1;        // stop (with a checkpoint) after this step; the schedule still spans
-                               // train.steps, so a later --resume continues the same run
+  bool resume = false;   // continue from <out_dir>/checkpoints/latest
+  bool progress = true;  // live progress line on stderr
+  // Stop (with a checkpoint) after this step, or at the end of the strategy's round it falls in;
+  // the schedule still spans train.steps, so a later --resume continues the same run.
+  int64_t stop_at = -1;
   StepHooks* hooks = nullptr;  // a strategy (strategy/); nullptr trains one replica alone
   int data_rank = 0;           // this replica's share of the training data: rank of world
   int data_world = 1;
-  bool json_events = false;  // one JSON object per step and event on stdout (for a launcher)
+  // One JSON object per step and event on stdout, for a launcher; such a run also leaves a forced
+  // stop to that launcher: any number of SIGINT/SIGTERM ask it to stop at the next boundary.
+  bool json_events = false;
   // A start that fails (before config.toml is written) removes the run directory, and the parents
   // it made, where they hold nothing but the lock (Session::remove_unstarted_run_dir). For a lone
   // `train`: a swarm's peer-<i> directories stay, since a gap in them hides the later peers'
