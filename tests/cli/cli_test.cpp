@@ -812,11 +812,21 @@ TEST_F(CliTest, BadCommandLinesAreUsageErrors) {
   EXPECT_NE(r.code, 0);
   EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
   // A link rate is checked before any namespace is made (it used to fail in scripts/netlab.sh).
-  for (const std::string rate : {"fast", "5"}) {
-    r = run("train --config x.toml --peers 2 --link-rate " + rate);
+  for (const std::string rate : {"fast", "5", ""}) {
+    r = run("train --config x.toml --peers 2 --link-rate '" + rate + "'");
     EXPECT_EQ(r.code, 2) << r.output;
     EXPECT_NE(r.output.find("\"" + rate + "\" is not a rate"), std::string::npos) << r.output;
   }
+  // Past any link (and past netlab.sh's arithmetic, where it used to fail).
+  for (const std::string rate : {"99999999999999999999tbit", "101tbit"}) {
+    r = run("train --config x.toml --peers 2 --link-rate " + rate);
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find("faster than 100tbit"), std::string::npos) << r.output;
+  }
+  // bench compute times the model: a run's keys were ignored without a word.
+  r = run("bench compute --set train.steps=5");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("model keys only"), std::string::npos) << r.output;
   // --out is train.out_dir: giving both is refused rather than one silently winning.
   r = run("train --config x.toml --out a --set train.out_dir=b");
   EXPECT_EQ(r.code, 2) << r.output;
@@ -902,6 +912,14 @@ TEST_F(CliTest, PlanProfileAndPipeline) {
   r = run("plan pipeline --profile " + table.string() + " --link-rate fast");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("--link-rate = \"fast\""), std::string::npos) << r.output;
+  // train --link-rate refuses it: so does the planner.
+  r = run("plan pipeline --profile " + table.string() + " --speeds 1 --link-rate 1e30gbit");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("faster than 100tbit"), std::string::npos) << r.output;
+  // A simulation of 10^8 micro-batches ran for minutes: the most train.grad_accum takes.
+  r = run("plan pipeline --profile " + table.string() + " --speeds 1 --micro-batches 100000000");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--micro-batches"), std::string::npos) << r.output;
   r = run("plan pipeline --profile " + table.string() + " --egress 5");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("--egress = \"5\""), std::string::npos) << r.output;

@@ -188,6 +188,11 @@ TEST_F(SwapCliTest, PlanRefusesATooSmallBudgetAndPrintsAFeasibleOne) {
     EXPECT_EQ(bad.output.find("profiling"), std::string::npos) << bad.output;
     EXPECT_NE(bad.output.find("--budget"), std::string::npos) << bad.output;
   }
+  // Too large a size is said so, not "is not a size".
+  const auto huge =
+      run_cli("plan swap --config " + cfg.string() + " --budget 99999999999999999999TB");
+  EXPECT_EQ(huge.code, 2) << huge.output;
+  EXPECT_NE(huge.output.find("is more than 9 EB"), std::string::npos) << huge.output;
 }
 
 // Ctrl-C while the planner probes the tier: the directories it made for the probe go, it says

@@ -1308,6 +1308,11 @@ TEST_F(SwarmCliTest, APeerSetApartSwapsAloneAndTheSwarmTrainsAsWithoutIt) {
                      "\"model.n_layer\" must be the same for the whole swarm"},
            std::pair{" --peer-set 1:swap.tier=floppy",
                      "--peer-set for peer 1: --set swap.tier: expected one of"},
+           // Checked before the peers start: peer 0's own failure read as peer 1's timeout.
+           std::pair{" --peer-set '0:train.device_memory=\"x\"'",
+                     "train.device_memory=\"x\": train.device_memory: \"x\" is not a size"},
+           std::pair{" --peer-set '1:train.device_memory=\"1GB\"'",
+                     "train.device_memory caps a GPU's memory; train.device is \"cpu\""},
            std::pair{" --peer-set train.threads=1", "expected PEER:KEY=VALUE"},
            std::pair{" --peer-set 0:swap.=1", "\"swap.\" is not a key: TABLE.NAME"},
            std::pair{" --peer-set 0:train.threads=1 --set pipeline.num_stages=2",
@@ -2595,6 +2600,33 @@ TEST_F(SwarmCliTest, AStopInsideARoundGoesOnToTheRoundsEnd) {
   ASSERT_EQ(second.code, 0) << second.output;
   EXPECT_NE(read_file(run_dir(name) / "peer-1.log").find("at step 3\n"), std::string::npos)
       << read_file(run_dir(name) / "peer-1.log");
+}
+
+// A swarm resumed with another strategy.kind goes on from its checkpoints' parameters, moments
+// and step, and says what it leaves behind. It used to go on without a word (co2's outer state
+// dropped), or fail: diloco read co2's sharded outer state (strategy.zero) as whole vectors.
+TEST_F(SwarmCliTest, AResumeWithAnotherStrategySaysWhatItLeavesBehind) {
+  const std::string name = "other_kind";
+  const fs::path config = write_config(name, "kind = \"co2\"\nlocal_steps = 2\nzero = true", 2);
+  const auto first = run_cli("train -q --peers 2 --config " + config.string());
+  ASSERT_EQ(first.code, 0) << first.output;
+  const auto second = run_cli("train -q --peers 2 --resume --config " + config.string() +
+                              " --set strategy.kind=\"diloco\" --set train.steps=4");
+  ASSERT_EQ(second.code, 0) << second.output << read_file(run_dir(name) / "peer-0.log");
+  const std::string note =
+      "the checkpoint was written by strategy.kind = \"co2\", this run is \"diloco\": parameters, "
+      "optimizer moments and step go on, co2's own state (its rounds, outer momentum and anchor) "
+      "is left behind";
+  EXPECT_NE(second.output.find("resuming every peer from step 2"), std::string::npos)
+      << second.output;
+  EXPECT_NE(second.output.find(note), std::string::npos) << second.output;
+  for (int i = 0; i < 2; ++i) {
+    const std::string log = read_file(run_dir(name) / ("peer-" + std::to_string(i) + ".log"));
+    EXPECT_NE(log.find(note), std::string::npos) << log;
+    EXPECT_NE(log.find("resumed from"), std::string::npos) << log;
+    EXPECT_EQ(read_file(run_dir(name) / ("peer-" + std::to_string(i)) / "checkpoints" / "latest"),
+              "step_00000004\n");
+  }
 }
 
 // Ctrl-C at a terminal reaches a local swarm's launcher and its peers alike (one process group),

@@ -253,6 +253,53 @@ TEST(Prepare, SentencePieceTrainsAndReusesAModel) {
   EXPECT_EQ(testing::read_bytes(again.val_shards[0]), testing::read_bytes(info.val_shards[0]));
 }
 
+// A vocabulary below what the text's characters need fails inside SentencePiece's trainer: said
+// with the smallest size that works, which then trains.
+TEST(Prepare, ASentencePieceVocabularyTooSmallForTheTextSaysWhatItNeeds) {
+  TempDir dir;
+  PrepareOptions o;
+  o.inputs = {make_corpus(dir, 4, 3000)};
+  o.out_dir = dir / "sp";
+  o.tokenizer = "sentencepiece";
+  o.vocab_size = 100;
+  const std::string what = error_of([&] { prepare_dataset(o); });
+  const std::string said =
+      "a SentencePiece vocabulary of 100 is too small for this text: it needs "
+      "at least ";
+  ASSERT_NE(what.find(said), std::string::npos) << what;
+  const uint32_t needed =
+      static_cast<uint32_t>(std::stoul(what.substr(what.find(said) + said.size())));
+  EXPECT_GT(needed, 259u) << what;
+  o.vocab_size = needed;
+  EXPECT_EQ(prepare_dataset(o).vocab_size, needed);
+}
+
+// An earlier run's shards or a program in an input directory were tokenized as text: skipped,
+// with a note naming them; named as an input, one is an error.
+TEST(Prepare, BinaryFilesAreSkippedWithANote) {
+  TempDir dir;
+  PrepareOptions o;
+  o.inputs = {make_corpus(dir, 4, 500)};
+  o.out_dir = dir / "out";
+  const DatasetInfo text_only = prepare_dataset(o);
+  std::string binary =
+      "\x7f"
+      "ELF";
+  binary += std::string(3, '\0') + testing::generated_text(9, 500);
+  testing::write_text(o.inputs[0] / "a" / "program", binary);
+  std::vector<std::string> notes;
+  o.note = [&](const std::string& line) { notes.push_back(line); };
+  o.out_dir = dir / "out2";
+  const DatasetInfo again = prepare_dataset(o);
+  EXPECT_EQ(again.train_tokens + again.val_tokens, text_only.train_tokens + text_only.val_tokens);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("skipped 1 binary file(s)"), std::string::npos) << notes[0];
+  EXPECT_NE(notes[0].find("program"), std::string::npos) << notes[0];
+  o.inputs = {o.inputs[0] / "a" / "program"};
+  o.out_dir = dir / "out3";
+  EXPECT_NE(error_of([&] { prepare_dataset(o); }).find("is not text"), std::string::npos);
+}
+
 TEST(Prepare, RejectsBadOptions) {
   TempDir dir;
   testing::write_text(dir / "a.txt", "hello\n");

@@ -7,6 +7,8 @@
 #include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <vector>
 
 #include "starling/common/error.h"
 #include "starling/net/endpoint.h"
@@ -71,6 +73,24 @@ TEST(KeysTest, KeyFileRoundTripsAndIsChecked) {
   }
   fs::remove(path);
   fs::remove(fs::path(path).replace_extension(".pub"));
+}
+
+// A directory opens and reads as an empty file: named as a directory, not as a file missing its
+// keys ("is this a .pub file?", "the allowlist has no keys").
+TEST(KeysTest, ADirectoryIsNotAKeyFileOrAnAllowlist) {
+  const fs::path dir = temp("a_dir.key");
+  fs::create_directories(dir);
+  for (const auto& load : std::vector<std::function<void()>>{
+           [&] { net::load_keypair(dir); }, [&] { (void)net::load_allowlist(dir); }}) {
+    try {
+      load();
+      ADD_FAILURE() << "a directory was read";
+    } catch (const starling::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(dir.string() + ": is a directory"), std::string::npos)
+          << e.what();
+    }
+  }
+  fs::remove_all(dir);
 }
 
 TEST(KeysTest, AllowlistKeepsKeysWithHashAndDropsComments) {

@@ -53,6 +53,15 @@ void add_bench_command(CLI::App& app) {
   compute->add_flag("--system-allocator", a->system_allocator,
                     "libtorch's default CPU allocator instead of Starling's caching one");
   compute->callback([a] {
+    // The benchmark times the model alone: its batch, precision and device are flags, and the
+    // rest of a run's config (steps, optimizer, data) does not enter it.
+    for (const std::string& s : a->sets)
+      if (s.rfind("model.", 0) != 0)
+        throw CLI::ValidationError(
+            "--set", "\"" + s +
+                         "\": bench compute takes model keys only (model.*); the batch, device, "
+                         "dtype, threads and recompute are its flags (--batch, --device, --dtype, "
+                         "--threads, --recompute)");
     const int threads = setup_cpu_runtime(a->threads, a->system_allocator);
     std::string text = "[model]\npreset = \"" + a->preset + "\"\n[data]\ndir = \"-\"\n";
     const auto config = train::parse_run_config(text, "--preset", a->sets);

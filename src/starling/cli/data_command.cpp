@@ -39,6 +39,7 @@ void add_data_command(CLI::App& app) {
   prep->add_option("--shard-tokens", opts->shard_tokens, "tokens per shard")->capture_default_str();
   prep->callback([opts, inputs] {
     for (const auto& i : *inputs) opts->inputs.emplace_back(i);
+    opts->note = [](const std::string& line) { std::cerr << "note: " << line << "\n"; };
     // On a terminal one line is rewritten in place; into a log (CI, a script) a line per phase
     // and per tenth of it, instead of thousands of carriage returns on one line.
     const bool tty = ::isatty(STDERR_FILENO) != 0;

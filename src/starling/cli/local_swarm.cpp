@@ -29,6 +29,7 @@
 #include "starling/strategy/auto_pipeline.h"
 #include "starling/strategy/pipeline_auto_peer.h"
 #include "starling/strategy/plan_trials.h"
+#include "starling/strategy/strategy_config.h"
 #include "starling/train/checkpoint_dir.h"
 #include "starling/train/config.h"
 #include "starling/train/events.h"
@@ -220,30 +221,45 @@ void report_against_peers_plan(const fs::path& root, int peers, const train::Run
 // Where each peer of a resumed swarm goes on from, from the checkpoint it will resume
 // (train::find_checkpoint): "resuming every peer from step 80 (runs/x/peer-<i>/checkpoints)", or
 // peer by peer where they differ.
-std::string resume_note(const fs::path& out, int peers) {
+// A strategy.kind other than the checkpoints' is said too: the peers go on with their
+// parameters, moments and step, and leave the old strategy's own state behind.
+std::string resume_note(const fs::path& out, int peers, const std::string& kind) {
   std::vector<std::string> steps;
+  std::string saved_kind;
   for (int i = 0; i < peers; ++i) {
     const fs::path peer = out / ("peer-" + std::to_string(i));
     std::string name;
     try {
-      if (train::holds_checkpoint(peer)) name = train::find_checkpoint(peer).filename().string();
-    } catch (const CheckpointError&) {
+      if (train::holds_checkpoint(peer)) {
+        const fs::path dir = train::find_checkpoint(peer);
+        name = dir.filename().string();
+        std::ifstream meta(dir / "meta.json");
+        const nlohmann::json j = nlohmann::json::parse(meta, nullptr, false);
+        if (saved_kind.empty() && j.is_object() && j.contains("strategy") &&
+            j["strategy"].is_object())
+          saved_kind = j["strategy"].value("kind", std::string());
+      }
+    } catch (const Error&) {
       // The peer itself says what is wrong with it.
+    } catch (const nlohmann::json::exception&) {
     }
     const bool named = name.rfind("step_", 0) == 0 && name.size() > 5 &&
                        name.find_first_not_of("0123456789", 5) == std::string::npos;
     steps.push_back(named ? std::to_string(std::stoll(name.substr(5))) : "");
   }
+  const std::string other_kind = saved_kind.empty() || saved_kind == kind
+                                     ? ""
+                                     : "; " + strategy::kind_change_note(saved_kind, kind);
   if (std::all_of(steps.begin(), steps.end(), [&](const auto& s) { return s == steps[0]; }))
     return steps[0].empty() ? "--resume found no checkpoint in " + out.string() +
                                   "/peer-<i>/checkpoints: the peers start fresh"
                             : "resuming every peer from step " + steps[0] + " (" + out.string() +
-                                  "/peer-<i>/checkpoints)";
+                                  "/peer-<i>/checkpoints)" + other_kind;
   std::string note = "resuming";
   for (int i = 0; i < peers; ++i)
     note += (i == 0 ? " peer " : ", peer ") + std::to_string(i) +
             (steps[i].empty() ? " without a checkpoint" : " from step " + steps[i]);
-  return note;
+  return note + other_kind;
 }
 
 }  // namespace
@@ -286,7 +302,8 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
     throw ConfigError(out.string() +
                       " holds a single process's run (checkpoints/): the peers' runs would go "
                       "beside it; set train.out_dir (--out) to a new directory");
-  if (o.resume) std::cerr << "swarm: " << resume_note(out, o.peers) << "\n";
+  if (o.resume)
+    std::cerr << "swarm: " << resume_note(out, o.peers, user_config.strategy.kind) << "\n";
   // Unequal peers on one machine: each peer's process tree gets its share of the CPUs.
   std::vector<std::unique_ptr<CpuQuota>> quotas;
   const std::vector<double>& peer_cpus = o.lab ? o.lab->cpus : o.peer_cpus;

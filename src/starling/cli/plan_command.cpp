@@ -156,7 +156,8 @@ void add_plan_command(CLI::App& app) {
   pipeline
       ->add_option("--micro-batches", pp->micro_batches,
                    "micro-batches per step (default: the profiled config's train.grad_accum)")
-      ->check(CLI::PositiveNumber);
+      // train.grad_accum's maximum: the simulation's time grows with it.
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   pipeline
       ->add_option("--schedule", pp->schedule,
                    "the micro-batches' order the step is simulated with (default: the profiled "

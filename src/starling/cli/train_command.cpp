@@ -12,6 +12,7 @@
 #include "starling/cli/local_swarm.h"
 #include "starling/cli/peer_sets.h"
 #include "starling/common/error.h"
+#include "starling/sched/cost_table.h"
 #include "starling/swap/swap_runner.h"
 #include "starling/train/trainer.h"
 
@@ -60,7 +61,7 @@ void add_train_command(CLI::App& app) {
                   "--peer-cpus (needs root); --peers defaults to its peer count");
   cmd->add_flag("-q,--quiet", a->quiet, "no live progress line");
   cmd->add_flag("--list-keys", a->list_keys, "list every config key with its default and exit");
-  cmd->callback([a] {
+  cmd->callback([a, cmd] {
     if (a->list_keys) {
       std::cout << train::describe_keys();
       return;
@@ -76,12 +77,14 @@ void add_train_command(CLI::App& app) {
     // Checked here, before any namespace is made: the rates scripts/netlab.sh (tc) takes.
     static const std::regex kRate(
         "[1-9][0-9]*(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)|unlimited", std::regex::icase);
-    if (!a->link_rate.empty() && !std::regex_match(a->link_rate, kRate))
+    if (cmd->count("--link-rate") > 0 && !std::regex_match(a->link_rate, kRate))
       throw CLI::ValidationError("--link-rate", "\"" + a->link_rate +
                                                     "\" is not a rate: a whole number and a unit, "
                                                     "e.g. 20mbit, 500kbit, 1gbit, or unlimited");
     // tc takes its units in any case; the swarm and its planner read them in lowercase.
     for (char& c : a->link_rate) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (!a->link_rate.empty() && a->link_rate != "unlimited")
+      sched::parse_link_rate(a->link_rate, "--link-rate");  // its maximum
     const auto config = train::load_run_config(a->config, a->sets);
     std::optional<sched::LabSpec> lab;
     if (!a->lab.empty()) {

@@ -66,9 +66,19 @@ bool is_hidden(const fs::path& path) {
   return !name.empty() && name[0] == '.';
 }
 
+// Whether the file looks binary: a NUL byte in its first 8 KiB, which no text in UTF-8 holds.
+// (Text in UTF-16 does, and would be tokenized as bytes of little use.)
+bool looks_binary(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  char head[8192];
+  in.read(head, sizeof head);
+  return std::find(head, head + in.gcount(), '\0') != head + in.gcount();
+}
+
 // Every input file, in the order given; each directory's files sorted by path. Hidden files and
 // the output directory (which may sit inside an input directory) are skipped, and so are empty
-// files found in directories; an empty file named directly is an error.
+// and binary files found in directories (binary ones with a note); an empty or binary file named
+// directly is an error.
 std::vector<fs::path> collect_documents(const PrepareOptions& o) {
   const fs::path out = fs::weakly_canonical(fs::absolute(o.out_dir));
   std::vector<fs::path> docs;
@@ -77,6 +87,9 @@ std::vector<fs::path> collect_documents(const PrepareOptions& o) {
     if (fs::is_regular_file(input)) {
       if (fs::file_size(input) == 0)
         throw DataError("input file '" + input.string() + "' is empty");
+      if (looks_binary(input))
+        throw DataError("input file '" + input.string() +
+                        "' is not text (it holds a NUL byte): data prepare reads UTF-8 text");
       docs.push_back(input);
       continue;
     }
@@ -88,7 +101,7 @@ std::vector<fs::path> collect_documents(const PrepareOptions& o) {
       throw DataError("input '" + input.string() + "' is the output directory --out '" +
                       o.out_dir.string() +
                       "' or inside it: give the dataset a directory of its own");
-    std::vector<fs::path> found;
+    std::vector<fs::path> found, binary;
     try {
       for (auto it = fs::recursive_directory_iterator(input);
            it != fs::recursive_directory_iterator(); ++it) {
@@ -97,10 +110,20 @@ std::vector<fs::path> collect_documents(const PrepareOptions& o) {
           if (it->is_directory()) it.disable_recursion_pending();
           continue;
         }
-        if (it->is_regular_file() && it->file_size() > 0) found.push_back(it->path());
+        if (it->is_regular_file() && it->file_size() > 0)
+          (looks_binary(it->path()) ? binary : found).push_back(it->path());
       }
     } catch (const fs::filesystem_error& e) {
       throw DataError("cannot read input directory '" + input.string() + "': " + e.what());
+    }
+    if (!binary.empty() && o.note) {
+      std::sort(binary.begin(), binary.end());
+      std::string names;
+      for (size_t i = 0; i < binary.size() && i < 3; ++i)
+        names += (i ? ", " : "") + binary[i].string();
+      if (binary.size() > 3) names += ", ...";
+      o.note("skipped " + std::to_string(binary.size()) + " binary file(s) in '" + input.string() +
+             "' (a NUL byte in the first 8 KiB): " + names);
     }
     std::sort(found.begin(), found.end());
     docs.insert(docs.end(), found.begin(), found.end());

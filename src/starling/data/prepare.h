@@ -33,12 +33,16 @@ struct PrepareOptions {
   uint64_t seed = 1337;
   // Shards are cut at this many tokens.
   uint64_t shard_tokens = 100'000'000;
+  // Told what a user should know that is not an error: the binary files (a NUL byte in their
+  // first 8 KiB: an earlier run's shards, a program) skipped in input directories.
+  std::function<void(const std::string&)> note;
 };
 
 // Progress callback: (what, done, total), e.g. ("tokenize", 120, 500) documents.
 using PrepareProgress = std::function<void(const std::string&, uint64_t, uint64_t)>;
 
-// Validates options (ConfigError), reads inputs (DataError for missing/unreadable/empty input),
+// Validates options (ConfigError), reads inputs (DataError for missing/unreadable/empty input, or
+// a binary file named as an input),
 // writes shards atomically and meta.json last, and returns the dataset as open_dataset would.
 DatasetInfo prepare_dataset(const PrepareOptions& options, const PrepareProgress& progress = {});
 

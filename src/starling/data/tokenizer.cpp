@@ -1,6 +1,7 @@
 #include "starling/data/tokenizer.h"
 
 #include <fstream>
+#include <regex>
 #include <string>
 #include <unordered_map>
 
@@ -144,6 +145,18 @@ void train_sentencepiece(const std::vector<fs::path>& text_files, const fs::path
   for (const auto& f : text_files) files.push_back(f.string());
   std::string error;
   if (!spm::backend().train(args, files, kMaxLine, &error)) {
+    // SentencePiece's own words for a vocabulary too small for the text's characters end in
+    // "<asked> vs <needed>.": said in the user's terms, with the smallest size that works.
+    static const std::regex kTooSmall(
+        "Vocabulary size is smaller than required_chars\\. "
+        "([0-9]+) vs ([0-9]+)");
+    std::smatch m;
+    if (std::regex_search(error, m, kTooSmall))
+      throw DataError("a SentencePiece vocabulary of " + m[1].str() +
+                      " is too small for this text: it needs at least " + m[2].str() +
+                      " (259 ids for the byte fallback and control pieces, plus one per distinct "
+                      "character); raise --vocab-size to " +
+                      m[2].str() + " or more");
     std::string hint;
     if (error.find("Vocabulary size") != std::string::npos) {
       hint = " (byte fallback needs 259 ids plus one per distinct character; raise vocab_size)";

@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -34,6 +35,10 @@ std::pair<std::string, int> split_listen(const std::string& listen) {
       "dashboard address \"" + listen + "\": expected HOST:PORT, e.g. 127.0.0.1:8080";
   if (colon == std::string::npos || colon == 0 || colon + 1 == listen.size())
     throw ConfigError(why);
+  // The peers' addresses are tcp://HOST:PORT; the dashboard's is HTTP's, without a scheme.
+  if (const auto scheme = listen.find("://"); scheme != std::string::npos)
+    throw ConfigError(why + " without a scheme (\"" + listen.substr(0, scheme + 3) +
+                      "\": the dashboard serves HTTP on HOST:PORT)");
   const std::string port = listen.substr(colon + 1);
   if (port.find_first_not_of("0123456789") != std::string::npos || port.size() > 5)
     throw ConfigError(why);
@@ -91,6 +96,7 @@ struct Dashboard::Impl {
   Clock::time_point updated{};
   std::map<std::string, std::deque<nlohmann::json>> history;  // by short member id
   std::thread sampler, http;
+  std::atomic<bool> http_ended{false};  // listen_after_bind returned
 
   double since_start() const {
     return std::chrono::duration<double>(Clock::now() - started).count();
@@ -162,7 +168,10 @@ Dashboard::Dashboard(Source source, DashboardOptions options) : impl_(std::make_
   if (d.port <= 0 || (port != 0 && !d.server.bind_to_port(host, port)))
     throw NetError("dashboard: cannot listen on " + d.options.listen +
                    " (is the port taken, or the host not an address of this machine?)");
-  d.http = quiet_thread([&d] { d.server.listen_after_bind(); });
+  d.http = quiet_thread([&d] {
+    d.server.listen_after_bind();
+    d.http_ended = true;
+  });
   d.sampler = quiet_thread([&d] { d.run_sampler(); });
 }
 
@@ -173,6 +182,10 @@ Dashboard::~Dashboard() {
     d.stopping = true;
   }
   d.wake.notify_all();
+  // httplib's stop() does nothing until the server thread has begun to listen, and that thread
+  // would then listen forever: a dashboard stopped as soon as it started hung here.
+  while (!d.http_ended && !d.server.is_running())
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   d.server.stop();
   if (d.http.joinable()) d.http.join();
   if (d.sampler.joinable()) d.sampler.join();

@@ -126,6 +126,9 @@ void save_keypair(const KeyPair& keys, const std::filesystem::path& path, const 
 }
 
 KeyPair load_keypair(const std::filesystem::path& path) {
+  // A directory opens and reads as an empty file, which would be blamed for missing keys.
+  if (std::filesystem::is_directory(path))
+    throw ConfigError(path.string() + ": is a directory, not a key file (starling keygen)");
   std::ifstream in(path);
   if (!in) throw ConfigError(path.string() + ": cannot read the key file");
   KeyPair keys;
@@ -161,6 +164,10 @@ KeyPair load_keypair(const std::filesystem::path& path) {
 }
 
 std::vector<AllowedKey> load_allowlist(const std::filesystem::path& path) {
+  if (std::filesystem::is_directory(path))
+    throw ConfigError(path.string() +
+                      ": is a directory, not an allowlist (a file of public keys, one a line: "
+                      "the peers' .pub files put together)");
   std::ifstream in(path);
   if (!in) throw ConfigError(path.string() + ": cannot read the allowlist");
   std::vector<AllowedKey> keys;

@@ -56,7 +56,8 @@ double CostTable::forward_s(size_t node) const {
 void CostTable::validate(const std::string& where) const {
   check(!nodes.empty(), where + ": no nodes");
   check(!devices.empty(), where + ": no devices");
-  check(micro_batches >= 1, where + ": micro_batches must be at least 1");
+  check(micro_batches >= 1 && micro_batches <= (int64_t{1} << 20),
+        where + ": micro_batches must be from 1 to 1048576 (train.grad_accum's range)");
   check(extra_warmup >= 0, where + ": extra_warmup must be >= 0");
   for (size_t i = 0; i < nodes.size(); ++i) {
     const std::string at = where + ": nodes[" + std::to_string(i) + "] (" + nodes[i].name + ")";
@@ -110,8 +111,15 @@ double parse_link_rate(const std::string& text, const std::string& what) {
     const std::string u = unit;
     if (lower.size() <= u.size() || lower.compare(lower.size() - u.size(), u.size(), u) != 0)
       continue;
-    if (const auto v = parse_positive_number(lower.substr(0, lower.size() - u.size())))
+    if (const auto v = parse_positive_number(lower.substr(0, lower.size() - u.size()))) {
+      // Beyond any link's rate (and past what tc's 64-bit rates and netlab.sh's arithmetic
+      // hold): a typo, or a link that is not to be shaped.
+      if (*v * bits > kMaxLinkBits)
+        throw ConfigError(what + " = \"" + text +
+                          "\": faster than 100tbit, more than any link carries; leave the link "
+                          "unshaped instead");
       return *v * bits / 8;
+    }
     break;
   }
   throw ConfigError(what + " = \"" + text +

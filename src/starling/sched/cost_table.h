@@ -80,7 +80,8 @@ struct CostTable {
 
 // A link rate as tc and `--link-rate` write it ("250kbit", "10mbit", "1gbit", "5MBps"; tc's
 // decimal units in any case, a unit required) in bytes per second. ConfigError naming `what` on
-// anything else.
+// anything else, and on a rate above kMaxLinkBits.
+inline constexpr double kMaxLinkBits = 1e14;  // bits per second: 100tbit
 double parse_link_rate(const std::string& text, const std::string& what);
 
 nlohmann::json to_json(const CostTable& t);

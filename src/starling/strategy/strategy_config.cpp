@@ -22,6 +22,13 @@ std::string swarm_strategy_list() {
   return list;
 }
 
+std::string kind_change_note(const std::string& saved, const std::string& kind) {
+  const bool outer = saved == "co2" || saved == "diloco";
+  return "the checkpoint was written by strategy.kind = \"" + saved + "\", this run is \"" + kind +
+         "\": parameters, optimizer moments and step go on, " + saved + "'s own state (its rounds" +
+         (outer ? ", outer momentum and anchor" : "") + ") is left behind";
+}
+
 void add_config_keys(StrategyConfig& st, config::Keys& k) {
   using namespace config;
   std::vector<std::string> kinds{"none"};

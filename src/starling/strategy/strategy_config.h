@@ -17,6 +17,11 @@ const std::vector<std::string>& swarm_strategy_kinds();
 // The same list for messages: "ddp, localsgd, diloco, co2 or atom".
 std::string swarm_strategy_list();
 
+// What a run resumed from checkpoints of another strategy.kind (`saved`) keeps and leaves
+// behind, for the launcher and the peer to say alike: "the checkpoint was written by
+// strategy.kind = "co2", this run is "ddp": ...".
+std::string kind_change_note(const std::string& saved, const std::string& kind);
+
 // "none" trains one replica.
 struct StrategyConfig {
   std::string kind = "none";       // "none", "ddp", "localsgd", "diloco", "co2" or "atom"

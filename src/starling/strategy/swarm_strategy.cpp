@@ -820,7 +820,16 @@ void SwarmStrategy::start(train::Replica& r, const nlohmann::json& state,
   }
   allocate(r);
   need_state_ = true;
-  if (tensors != nullptr && state.is_object()) {
+  // A checkpoint of another strategy (co2 resumed as ddp, say) holds state this one cannot use
+  // (co2's outer momentum and anchor, its round counts): the peer starts as one whose checkpoint
+  // had none, with the checkpoint's parameters, moments and step, and the agreement makes the
+  // replicas identical as at any start.
+  const std::string saved_kind =
+      state.is_object() ? state.value("kind", std::string()) : std::string();
+  const bool other_kind = !saved_kind.empty() && saved_kind != config_.strategy.kind;
+  if (tensors != nullptr && other_kind)
+    log("note: " + kind_change_note(saved_kind, config_.strategy.kind));
+  if (tensors != nullptr && state.is_object() && !other_kind) {
     version_ = state.value("version", int64_t{0});
     work_ = state.value("work", int64_t{0});
     lineage_ = state.value("lineage", uint32_t{0});

@@ -117,7 +117,9 @@ int64_t parse_bytes(const std::string& text, const std::string& what) {
   for (const auto& [name, scale] : units)
     if (unit == name) {
       const double bytes = number * scale;
-      if (!std::isfinite(bytes) || bytes > 9e18) throw bad();
+      if (!std::isfinite(bytes) || bytes > 9e18)
+        throw ConfigError(what + ": \"" + text +
+                          "\" is more than 9 EB, beyond any machine's memory or disk");
       return static_cast<int64_t>(std::llround(bytes));
     }
   throw bad();
