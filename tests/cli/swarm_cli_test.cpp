@@ -2551,6 +2551,39 @@ TEST_F(SwarmCliTest, APeerOfAnotherModelRefusesItselfAsItJoins) {
   EXPECT_EQ(peers[0].wait(30s), 0) << read_file(run_dir(name) / "p0.log");
 }
 
+// A swarm forming (net.min_peers = 3) whose first peer, its entry point, is the misconfigured one:
+// it refuses itself once three peers are there, and the two like each other go on waiting for a
+// third like them, then train. The joiners used to refuse themselves at once, one against one
+// on the oldest's side, and the swarm never formed.
+TEST_F(SwarmCliTest, AFormingSwarmsMisconfiguredEntryPointIsTheOneToGo) {
+  const std::string name = "unlike_entry";
+  write_config(name, "kind = \"ddp\"", 6);
+  fs::create_directories(run_dir(name));  // the peers' logs
+  std::vector<Process> peers;
+  const std::string entry = start_first_peer(name, peers, 3, 3, {"--set", "model.d_model=64"});
+  ASSERT_FALSE(entry.empty());
+  const auto log = [&](int rank) {
+    return read_file(run_dir(name) / ("p" + std::to_string(rank) + ".log"));
+  };
+  peers.emplace_back(peer_argv(name, 1, 3, entry, 3), (run_dir(name) / "p1.log").string());
+  const auto listening = wait_event(
+      peers[1], [](const json& j) { return j["event"] == "listening"; }, 30s);
+  ASSERT_TRUE(listening) << log(1);
+  peers.emplace_back(peer_argv(name, 2, 3, entry, 3), (run_dir(name) / "p2.log").string());
+  EXPECT_EQ(peers[0].wait(120s), 2) << log(0);
+  EXPECT_NE(log(0).find("model.d_model: this peer's 64, theirs 32"), std::string::npos) << log(0);
+  // The third like peer, through a peer still there: peer 0's place in the data.
+  peers.emplace_back(peer_argv(name, 0, 3, (*listening)["endpoint"], 3),
+                     (run_dir(name) / "p3.log").string());
+  for (int rank = 1; rank < 4; ++rank) {
+    const auto done = wait_event(
+        peers[static_cast<size_t>(rank)], [](const json& j) { return j["event"] == "done"; }, 120s);
+    ASSERT_TRUE(done) << log(rank);
+    EXPECT_EQ((*done)["step"], 6) << log(rank);
+    EXPECT_EQ(peers[static_cast<size_t>(rank)].wait(30s), 0) << log(rank);
+  }
+}
+
 // A launcher stopped while its peers start (a Ctrl-C right after the command) ends quietly: its
 // peers die of the SIGTERM it passes on, or fail for the others going, before any step; that is
 // no failure (it used to say "2 of 2 peers failed" and exit 2).

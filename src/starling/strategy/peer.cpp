@@ -3,10 +3,12 @@
 #include <c10/core/Device.h>
 
 #include <algorithm>
+#include <chrono>
 #include <iostream>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "starling/common/error.h"
 #include "starling/net/dashboard.h"
@@ -68,8 +70,10 @@ namespace {
 // The swarm's replica role (replica_role.h) is the one most of its live members have, this peer
 // included; between as many, the oldest member's. A peer without it leaves and fails at once,
 // naming the keys, before it takes part in a round. A swarm forming with one misconfigured peer
-// loses that one only, and a joiner unlike the swarm (older than it) is the one to go.
-void refuse_unlike_replicas(net::Node& node, const std::string& mine) {
+// loses that one only, and a joiner unlike the swarm (older than it) is the one to go. With
+// `defer_ties`, a tie is left to a later call: a swarm still forming (net.min_peers) settles it
+// once its peers have arrived, since its misconfigured peer may be the first, the oldest.
+void refuse_unlike_replicas(net::Node& node, const std::string& mine, bool defer_ties) {
   struct Holders {
     int count = 0;
     std::pair<int64_t, net::PeerId> oldest{std::numeric_limits<int64_t>::max(), 0};
@@ -94,6 +98,7 @@ void refuse_unlike_replicas(net::Node& node, const std::string& mine) {
                                             : a.second.oldest > b.second.oldest;
   });
   if (swarm == roles.end() || swarm->first == mine) return;
+  if (defer_ties && roles[mine].count == swarm->second.count) return;
   std::string keys;
   for (const std::string& d : replica_role_differences(mine, swarm->first)) keys += "\n  " + d;
   node.leave();
@@ -102,6 +107,40 @@ void refuse_unlike_replicas(net::Node& node, const std::string& mine) {
                     "peer's config (every peer of a swarm trains the same [model] with the same "
                     "strategy):" +
                     keys);
+}
+
+// The live members a replica of `mine` trains with: those of that role, and those of no role (a
+// peer of an older build, not compared), this peer included.
+size_t members_like(const net::Node& node, const std::string& mine) {
+  size_t n = 0;
+  for (const net::MemberView& m : node.members())
+    if (!m.info.left && m.state == net::MemberState::alive &&
+        (m.info.role == mine || !is_replica_role(m.info.role)))
+      ++n;
+  return n;
+}
+
+// net.min_peers peers like this one, within net.join_timeout_s: a peer unlike the others that
+// arrives meanwhile refuses itself (refuse_unlike_replicas) and is not counted, and this one
+// refuses itself where it is the one unlike the others.
+void wait_for_like_peers(net::Node& node, const train::RunConfig& config, const std::string& role) {
+  const auto min_peers = static_cast<size_t>(config.net.min_peers);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(config.net.join_timeout_s);
+  std::cerr << "waiting for " << min_peers << " peers...\n";
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || !node.wait_for_members(min_peers, left))
+      throw NetError("only " + std::to_string(members_like(node, role)) + " of net.min_peers = " +
+                     std::to_string(min_peers) + " peers arrived within net.join_timeout_s = " +
+                     std::to_string(config.net.join_timeout_s) + " s");
+    refuse_unlike_replicas(node, role, false);
+    if (members_like(node, role) >= min_peers) return;
+    // The peers unlike this one refuse themselves as it would: until they have left they still
+    // count as members, so the wait above would not wait.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 train::TrainResult train_with(const train::RunConfig& config, const PeerOptions& options,
@@ -116,7 +155,8 @@ train::TrainResult run_swarm_peer(const train::RunConfig& config, const PeerOpti
   net::NodeOptions node_opts = net::node_options(config.net);
   node_opts.role = replica_role(config);
   net::Node node(node_opts);
-  refuse_unlike_replicas(node, node_opts.role);
+  const auto min_peers = static_cast<size_t>(config.net.min_peers);
+  refuse_unlike_replicas(node, node_opts.role, min_peers > 1);
   const std::string entry =
       net::format_entry_point(node_opts.insecure ? "" : node_opts.keys.public_key, node.endpoint());
   if (options.train.json_events) std::cout << train::events::listening(entry).dump() << std::endl;
@@ -129,15 +169,7 @@ train::TrainResult run_swarm_peer(const train::RunConfig& config, const PeerOpti
       std::cout << train::events::dashboard(dashboard->url()).dump() << std::endl;
     std::cerr << "dashboard at " << dashboard->url() << "\n";
   }
-  const auto min_peers = static_cast<size_t>(config.net.min_peers);
-  if (min_peers > 1) {
-    std::cerr << "waiting for " << min_peers << " peers...\n";
-    if (!node.wait_for_members(min_peers, std::chrono::seconds(config.net.join_timeout_s)))
-      throw NetError("only " + std::to_string(node.members().size()) + " of net.min_peers = " +
-                     std::to_string(min_peers) + " peers arrived within net.join_timeout_s = " +
-                     std::to_string(config.net.join_timeout_s) + " s");
-    refuse_unlike_replicas(node, node_opts.role);
-  }
+  if (min_peers > 1) wait_for_like_peers(node, config, node_opts.role);
   PeerOptions o = options;
   o.train.on_record = publish_progress(node);
   train::TrainResult result = train_with(config, o, node);
