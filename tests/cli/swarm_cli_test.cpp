@@ -2662,6 +2662,37 @@ TEST_F(SwarmCliTest, AResumeWithAnotherStrategySaysWhatItLeavesBehind) {
   }
 }
 
+// --resume without --peer-set goes on with the peers' own settings as the run began (it used to
+// drop them: a swapped peer resumed unswapped); a --peer-set given replaces them.
+TEST_F(SwarmCliTest, AResumedSwarmKeepsItsPeerSets) {
+  const std::string name = "kept_sets";
+  const fs::path config = write_config(name, "kind = \"ddp\"", 2);
+  const auto first =
+      run_cli("train -q --peers 2 --config " + config.string() + " --peer-set 1:train.threads=2");
+  ASSERT_EQ(first.code, 0) << first.output;
+  const auto second =
+      run_cli("train -q --peers 2 --resume --config " + config.string() + " --set train.steps=4");
+  ASSERT_EQ(second.code, 0) << second.output;
+  EXPECT_NE(second.output.find("the peers' --peer-set as the run began"), std::string::npos)
+      << second.output;
+  EXPECT_NE(second.output.find("swarm: peer 1 sets train.threads=2"), std::string::npos)
+      << second.output;
+  EXPECT_NE(read_file(run_dir(name) / "peer-1.log").find("2 threads"), std::string::npos)
+      << read_file(run_dir(name) / "peer-1.log");
+  const auto third = run_cli("train -q --peers 2 --resume --config " + config.string() +
+                             " --set train.steps=6 --peer-set 0:train.threads=2");
+  ASSERT_EQ(third.code, 0) << third.output;
+  EXPECT_NE(third.output.find("swarm: peer 0 sets train.threads=2"), std::string::npos)
+      << third.output;
+  EXPECT_EQ(third.output.find("swarm: peer 1 sets"), std::string::npos) << third.output;
+  std::ofstream(run_dir(name) / "peer_sets.json") << "[1, 2]";
+  const auto broken =
+      run_cli("train -q --peers 2 --resume --config " + config.string() + " --set train.steps=8");
+  EXPECT_EQ(broken.code, 2) << broken.output;
+  EXPECT_NE(broken.output.find("peer_sets.json: not the swarm's --peer-set"), std::string::npos)
+      << broken.output;
+}
+
 // Ctrl-C at a terminal reaches a local swarm's launcher and its peers alike (one process group),
 // and the launcher passes it on: the peers take the two signals as one request to stop at their
 // next round. A second Ctrl-C kills the peers and the launcher at once, and every peer's last

@@ -17,6 +17,7 @@
 #include <set>
 
 #include "starling/cli/cpu_quota.h"
+#include "starling/cli/peer_sets.h"
 #include "starling/common/cgroup_cpu_limit.h"
 #include "starling/common/cpu_runtime.h"
 #include "starling/common/dir_lock.h"
@@ -304,6 +305,7 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
                       "beside it; set train.out_dir (--out) to a new directory");
   if (o.resume)
     std::cerr << "swarm: " << resume_note(out, o.peers, user_config.strategy.kind) << "\n";
+  save_peer_sets(out, o.peer_set_args);
   // Unequal peers on one machine: each peer's process tree gets its share of the CPUs.
   std::vector<std::unique_ptr<CpuQuota>> quotas;
   const std::vector<double>& peer_cpus = o.lab ? o.lab->cpus : o.peer_cpus;

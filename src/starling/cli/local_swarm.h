@@ -30,6 +30,8 @@ struct LocalSwarmOptions {
   // --peer-set arguments: peer i's own --set overrides, after the swarm's (peer_sets.h); empty,
   // or one list per peer. Not with a pipeline, whose plan places every peer alike.
   std::vector<std::vector<std::string>> peer_overrides;
+  // The --peer-set arguments those come from, kept in the run's directory for a --resume.
+  std::vector<std::string> peer_set_args;
   bool resume = false;
   bool progress = true;
   int64_t stop_at = -1;

@@ -1,6 +1,8 @@
 #include "starling/cli/peer_sets.h"
 
 #include <cctype>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "starling/common/error.h"
 
@@ -45,6 +47,45 @@ std::vector<std::vector<std::string>> parse_peer_sets(const std::vector<std::str
     out[static_cast<size_t>(i)].push_back(key + arg.substr(eq));
   }
   return out;
+}
+
+void save_peer_sets(const std::filesystem::path& out, const std::vector<std::string>& args) {
+  const std::filesystem::path file = out / kPeerSetsFile, aside = out / ".peer_sets.json.tmp";
+  std::error_code ec;
+  if (args.empty()) {
+    std::filesystem::remove(file, ec);
+    return;
+  }
+  {
+    std::ofstream f(aside);
+    f << nlohmann::json{{"peer_set", args}}.dump(2) << "\n";
+    if (!f.flush()) throw ConfigError(aside.string() + ": cannot write the swarm's --peer-set");
+  }
+  std::filesystem::rename(aside, file, ec);
+  if (ec)
+    throw ConfigError(file.string() + ": cannot write the swarm's --peer-set: " + ec.message());
+}
+
+std::vector<std::string> saved_peer_sets(const std::filesystem::path& out) {
+  const std::filesystem::path file = out / kPeerSetsFile;
+  if (!std::filesystem::exists(file)) return {};
+  std::ifstream f(file);
+  const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  std::vector<std::string> args;
+  const bool ok = j.is_object() && j.contains("peer_set") && j["peer_set"].is_array();
+  if (ok)
+    for (const auto& a : j["peer_set"]) {
+      if (!a.is_string()) {
+        args.clear();
+        break;
+      }
+      args.push_back(a.get<std::string>());
+    }
+  if (!ok || args.empty())
+    throw ConfigError(file.string() +
+                      ": not the swarm's --peer-set as it began ({\"peer_set\": [\"1:KEY=VALUE\", "
+                      "...]}); give --peer-set again, or remove the file");
+  return args;
 }
 
 }  // namespace starling::cli

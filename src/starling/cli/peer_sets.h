@@ -3,6 +3,7 @@
 // --peer-cpus (cgroup quotas) needs root. Torch-free.
 #pragma once
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -19,5 +20,15 @@ bool peer_may_set(const std::string& key);
 // loads them (train::load_run_config).
 std::vector<std::vector<std::string>> parse_peer_sets(const std::vector<std::string>& args,
                                                       int peers);
+
+// A local swarm keeps its --peer-set arguments in its run directory, so that `--resume` without
+// any goes on with the peers as they began (a swapped peer swapped, a slow one slow).
+inline constexpr const char* kPeerSetsFile = "peer_sets.json";
+// Writes `args` into out/kPeerSetsFile (written aside and renamed), or removes the file where
+// there are none. ConfigError naming the file where it cannot be written.
+void save_peer_sets(const std::filesystem::path& out, const std::vector<std::string>& args);
+// The arguments out/kPeerSetsFile holds, or none where there is no such file. ConfigError naming
+// the file where it is not what save_peer_sets writes.
+std::vector<std::string> saved_peer_sets(const std::filesystem::path& out);
 
 }  // namespace starling::cli

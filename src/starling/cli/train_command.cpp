@@ -110,7 +110,17 @@ void add_train_command(CLI::App& app) {
       o.starling = std::filesystem::read_symlink("/proc/self/exe").string();
       o.config_file = a->config;
       o.overrides = a->sets;
-      o.peer_overrides = parse_peer_sets(a->peer_sets, a->peers);
+      // A resumed swarm's peers go on as they began unless told otherwise.
+      std::vector<std::string> peer_sets = a->peer_sets;
+      if (a->resume && peer_sets.empty()) {
+        peer_sets = saved_peer_sets(config.train.out_dir);
+        if (!peer_sets.empty())
+          std::cerr << "swarm: the peers' --peer-set as the run began, from "
+                    << (std::filesystem::path(config.train.out_dir) / kPeerSetsFile).string()
+                    << " (--peer-set replaces them)\n";
+      }
+      o.peer_overrides = parse_peer_sets(peer_sets, a->peers);
+      o.peer_set_args = peer_sets;
       // Each peer's config, checked here as the peer will load it: a bad value stops the
       // launcher before any peer starts, naming the peer.
       for (size_t i = 0; i < o.peer_overrides.size(); ++i) {
