@@ -163,6 +163,9 @@ TEST(SentencePiece, TooSmallVocabularyIsAClearError) {
     FAIL() << "no error";
   } catch (const DataError& e) {
     EXPECT_NE(std::string(e.what()).find("vocab_size"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("is too small for this text: it needs at least "),
+              std::string::npos)
+        << e.what();
   }
 }
 

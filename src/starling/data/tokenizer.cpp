@@ -155,7 +155,7 @@ void train_sentencepiece(const std::vector<fs::path>& text_files, const fs::path
       throw DataError("a SentencePiece vocabulary of " + m[1].str() +
                       " is too small for this text: it needs at least " + m[2].str() +
                       " (259 ids for the byte fallback and control pieces, plus one per distinct "
-                      "character); raise --vocab-size to " +
+                      "character); raise vocab_size (data prepare --vocab-size) to " +
                       m[2].str() + " or more");
     std::string hint;
     if (error.find("Vocabulary size") != std::string::npos) {
