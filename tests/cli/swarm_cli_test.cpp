@@ -2635,6 +2635,47 @@ TEST_F(SwarmCliTest, AStopInsideARoundGoesOnToTheRoundsEnd) {
       << read_file(run_dir(name) / "peer-1.log");
 }
 
+// An atom step gathering a target it would take hours to reach (a target in tokens, not
+// sequences, say) ends early when the swarm is told to stop: the peers average what they hold,
+// checkpoint and exit. The stop used to wait for the step's end, which never came.
+TEST_F(SwarmCliTest, AStopEndsALongAtomStepEarly) {
+  const std::string name = "atom_long_step";
+  const fs::path config = write_config(name, "kind = \"atom\"\ntarget_batch = 16777216", 2);
+  fs::create_directories(run_dir(name));
+  const fs::path log = run_dir(name).string() + ".log";
+  Process launcher({STARLING_CLI_PATH, "train", "-q", "--peers", "2", "--config", config.string()},
+                   log.string());
+  const auto peer_log = [&](int i) {
+    return read_file(run_dir(name) / ("peer-" + std::to_string(i) + ".log"));
+  };
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while ((peer_log(0).find("training with 2 peers") == std::string::npos ||
+          peer_log(1).find("training with 2 peers") == std::string::npos) &&
+         std::chrono::steady_clock::now() < until && !launcher.wait(0ms))
+    std::this_thread::sleep_for(50ms);
+  ASSERT_NE(peer_log(1).find("training with 2 peers"), std::string::npos) << read_file(log);
+  std::this_thread::sleep_for(500ms);  // into the step
+  launcher.signal(SIGTERM);
+  const auto code = launcher.wait(60s);
+  ASSERT_TRUE(code) << "the stop waited for the step's end: " << peer_log(0);
+  EXPECT_EQ(*code, 0) << read_file(log);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_NE(peer_log(i).find("a stop was asked for; this peer ends its step"), std::string::npos)
+        << peer_log(i);
+    EXPECT_EQ(read_file(run_dir(name) / ("peer-" + std::to_string(i)) / "checkpoints" / "latest"),
+              "step_00000001\n")
+        << peer_log(i);
+  }
+  EXPECT_EQ(
+      read_file(run_dir(name) / "peer-0" / "checkpoints" / "step_00000001" / "model.safetensors"),
+      read_file(run_dir(name) / "peer-1" / "checkpoints" / "step_00000001" / "model.safetensors"));
+  // The count travels as fp32 in the agreement: a target beyond 2^24 is refused.
+  const auto huge = run_cli("train -q --peers 2 --config " + config.string() +
+                            " --set strategy.target_batch=16777217");
+  EXPECT_EQ(huge.code, 2) << huge.output;
+  EXPECT_NE(huge.output.find("strategy.target_batch"), std::string::npos) << huge.output;
+}
+
 // A swarm resumed with another strategy.kind goes on from its checkpoints' parameters, moments
 // and step, and says what it leaves behind. It used to go on without a word (co2's outer state
 // dropped), or fail: diloco read co2's sharded outer state (strategy.zero) as whole vectors.

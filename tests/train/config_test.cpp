@@ -342,6 +342,13 @@ TEST(RunConfigErrors, InconsistentValues) {
   expect_error("[data]\ndir = \"d\"\n[optim]\nlr = 1e-4\nmin_lr = 1e-3\n",
                {"run.toml", "optim.min_lr"});
   expect_error("[data]\ndir = \"d\"\n[optim]\nbeta2 = 1.0\n", {"run.toml", "optim.beta2"});
+  // 0 makes a parameter without a gradient yet 0/0 (an untied embedding's unseen rows).
+  expect_error("[data]\ndir = \"d\"\n[optim]\neps = 0.0\n",
+               {"run.toml", "optim.eps must be more than 0"});
+  expect_error("[data]\ndir = \"d\"\n[train]\ndevice_memory = \"1GB\"\n",
+               {"run.toml", "train.device_memory caps a GPU's memory"});
+  expect_error("[data]\ndir = \"d\"\n[strategy]\ntarget_batch = 16777217\n",
+               {"run.toml", "strategy.target_batch"});
   expect_error("[data]\ndir = \"d\"\n[pipeline]\nadatopk_topk_beyond = 0.5\n",
                {"run.toml", "pipeline.adatopk_topk_beyond", "must be >= 1"});
   expect_error("[data]\ndir = \"d\"\n[swap]\nbudget = \"1GB\"\nio_slowdown = -0.5\n",

@@ -12,10 +12,16 @@
 #include "starling/common/device.h"
 #include "starling/train/metrics.h"
 #include "starling/train/step_runner.h"
+#include "starling/train/stop_request.h"
 
 namespace starling::strategy {
 
 using train::now_s;
+
+namespace {
+// Seconds between two "still gathering" lines of a long step.
+constexpr double kProgressEveryS = 60;
+}  // namespace
 
 Atom::Atom(const train::RunConfig& config, net::Node& node)
     : Ddp(config, node), board_(node), death_(die_accumulating_from_env()) {
@@ -75,9 +81,28 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
     // A smaller micro-batch says little about a whole one's time (each has a fixed cost too).
     if (sequences == batch) micro_s_ = micro_s_ > 0 ? 0.7 * micro_s_ + 0.3 * took : took;
   };
+  // A step may be long (a large strategy.target_batch on slow peers): it says how it goes now
+  // and then, and a stop asked for ends it early, with the samples gathered so far.
+  double said_s = now_s();
+  bool stopping = false;
   for (int64_t sequences = batch; sequences > 0;) {
     compute(sequences);
     sequences = spectator ? 0 : next_sequences(mine);
+    if (sequences > 0 && train::stop_requested()) {
+      sequences = 0;
+      stopping = true;
+      log("step " + std::to_string(r.step + 1) +
+          ": a stop was asked for; this peer ends its step " + "with the " + std::to_string(mine) +
+          " samples it has (the swarm's count may fall short " + "of its target of " +
+          std::to_string(target()) + " this once)");
+    }
+    if (sequences > 0 && now_s() - said_s >= kProgressEveryS) {
+      said_s = now_s();
+      log("step " + std::to_string(r.step + 1) + ": still gathering, this peer at " +
+          std::to_string(mine) + " samples, the swarm about " +
+          std::to_string(mine + std::llround(board_.view(0).projected)) + " of its target of " +
+          std::to_string(target()));
+    }
     board_.announce(round_, spectator ? 0 : mine, pace(), sequences == 0);
     // A peer told to die after more micro-batches than it computes in the step dies at its last.
     if (death_ && death_->step == steps_run_ &&
@@ -96,7 +121,9 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
   local_samples_ = mine;
   agreement_ = exchange_agreement(r);
   const std::optional<Count> count = step_count(*agreement_);
-  if (count && count->samples < target() && agreement_->contribute) {
+  // A peer told to stop does not make up the count (the others, not told, may).
+  if (count && count->samples < target() && agreement_->contribute && !stopping &&
+      !train::stop_requested()) {
     const int64_t missing = target() - count->samples;
     int64_t share = top_up_share(missing, count->paces, count->contributors);
     log("step " + std::to_string(r.step + 1) + ": the swarm gathered " +

@@ -29,6 +29,12 @@
 // contributor computing a share of the missing samples by its pace, before any gradient is sent.
 // The exchange then all-reduces the counts as always (its divisor).
 //
+// A stop asked for (the run's first SIGINT or SIGTERM) ends the step in progress early: the peer
+// stops gathering and makes up no shortfall, and the swarm's step averages what it holds (its
+// count, as always, the divisor). A large target on slow peers would otherwise hold the stop for
+// as long as the step takes. Peers not told to stop gather on to the target, the stopped one
+// waiting for them in the exchange.
+//
 // The exchange does not overlap computation. Computing the next step's micro-batches while the
 // others finish and while the all-reduce runs (their gradients one step stale) was built and
 // measured on CPU peers: both throughput and loss got worse (docs/atom.md), so peers wait.

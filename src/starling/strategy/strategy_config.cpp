@@ -74,9 +74,11 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
                       "-1: adaptive, as many steps as the last exchanges took (1 to "
                       "local_steps - 1), for rounds of 8 steps or more without zero, else 0 "
                       "(docs/strategies.md#co2)"));
+  // At most 2^24: the peers' counts travel as fp32 in their agreement, exact to there.
   k.push_back(int_key("strategy", "target_batch", &st.target_batch, 0,
                       "atom: samples (sequences) the swarm gathers per optimizer step; 0 = "
-                      "train.batch_size x train.grad_accum per peer"));
+                      "train.batch_size x train.grad_accum per peer",
+                      int64_t{1} << 24));
   k.push_back(bool_key("strategy", "partial_micro_batches", &st.partial_micro_batches,
                        "atom: a peer's last micro-batch of a step may hold fewer than "
                        "train.batch_size sequences, those it gains until the swarm holds "

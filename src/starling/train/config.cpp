@@ -271,6 +271,12 @@ RunConfig parse_config(std::string_view text, const std::string& source,
   if (config.optim.min_lr > config.optim.lr)
     throw ConfigError(where + ": optim.min_lr (" + std::to_string(config.optim.min_lr) +
                       ") must not exceed optim.lr (" + std::to_string(config.optim.lr) + ")");
+  // AdamW divides by sqrt(v) + eps: with 0, a parameter that has had no gradient yet (an untied
+  // embedding's unseen rows) becomes 0/0, and the run diverges at its second step.
+  if (config.optim.eps <= 0)
+    throw ConfigError(
+        where + ": optim.eps must be more than 0 (AdamW divides by sqrt(v) + eps; " +
+        "with 0 a parameter without a gradient yet becomes NaN); the default is 1e-8");
   if (config.optim.beta1 >= 1 || config.optim.beta2 >= 1)
     throw ConfigError(where + ": optim.beta1 and optim.beta2 must be < 1");
   if (config.sample.top_p <= 0 || config.sample.top_p > 1)

@@ -20,6 +20,7 @@
 #include "starling/train/session.h"
 #include "starling/train/step_reporter.h"
 #include "starling/train/step_runner.h"
+#include "starling/train/stop_request.h"
 
 namespace starling::train {
 namespace fs = std::filesystem;
@@ -110,6 +111,8 @@ std::optional<StrategyReport> report_of(const StepHooks* hooks, const StepRunner
 }
 
 }  // namespace
+
+bool stop_requested() { return g_stop.load(); }
 
 TrainResult train(const RunConfig& c, const TrainOptions& options) {
   ProgressLine progress(options.progress);
