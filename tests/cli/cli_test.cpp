@@ -204,6 +204,41 @@ TEST_F(CliTest, InitFromAModelsDirectoryChecksItsConfig) {
   EXPECT_NE(wider.output.find("starling model from-hf"), std::string::npos) << wider.output;
 }
 
+// A run starts from another run's weights by naming its Starling checkpoint: as it would from
+// their Hugging Face export (the two end on the same bytes), and only with the same model.
+TEST_F(CliTest, InitFromAStarlingCheckpointIsInitFromItsExport) {
+  const fs::path cfg = write_config("from_ckpt");
+  ASSERT_EQ(run("train -q --config " + cfg.string() + " --set train.steps=2").code, 0);
+  const fs::path source = root_ / "run_from_ckpt", hf = root_ / "from_ckpt_export";
+  ASSERT_EQ(run("export --checkpoint " + source.string() + " --out " + hf.string()).code, 0);
+  const auto start = [&](const std::string& out, const fs::path& from, const std::string& more) {
+    return run("train -q --config " + cfg.string() + " --out " + (root_ / out).string() +
+               " --set train.steps=2 --set train.init_from='\"" + from.string() + "\"'" + more);
+  };
+  for (const fs::path& from : {source, source / "checkpoints" / "step_00000002",
+                               source / "checkpoints" / "step_00000002" / "model.safetensors"}) {
+    const Result r = start("from_ckpt_starling", from, "");
+    ASSERT_EQ(r.code, 0) << from << ": " << r.output;
+    fs::remove_all(root_ / "from_ckpt_starling");
+  }
+  const Result starling = start("from_ckpt_starling", source, "");
+  ASSERT_EQ(starling.code, 0) << starling.output;
+  const Result exported = start("from_ckpt_hf", hf, "");
+  ASSERT_EQ(exported.code, 0) << exported.output;
+  const auto weights = [&](const std::string& out) {
+    return read_file(root_ / out / "checkpoints" / "step_00000002" / "model.safetensors");
+  };
+  EXPECT_FALSE(weights("from_ckpt_starling").empty());
+  EXPECT_TRUE(weights("from_ckpt_starling") == weights("from_ckpt_hf"));
+  EXPECT_FALSE(weights("from_ckpt_starling") ==
+               read_file(source / "checkpoints" / "step_00000002" / "model.safetensors"));
+  const Result other = start("from_ckpt_other", source, " --set model.n_head=4");
+  EXPECT_EQ(other.code, 2) << other.output;
+  EXPECT_NE(other.output.find("differs from the config's [model]"), std::string::npos)
+      << other.output;
+  EXPECT_NE(other.output.find("model.n_head"), std::string::npos) << other.output;
+}
+
 // Two runs into one directory at once: the second is refused while the first holds it (it used
 // to truncate the first's metrics.jsonl and write checkpoints beside it), and a run that ended,
 // however it ended (here killed), leaves the directory free.
@@ -664,6 +699,13 @@ echo "B_STEPS=$(grep -c '"loss"' $d/b/run/metrics.jsonl)"
 echo "B_FILES=$(ls -A $d/b/run/checkpoints | tr '\n' ' ')"
 run $d/c/run --set train.keep_checkpoints=2; echo "C_EXIT=$?"
 echo "C_FILES=$(ls -A $d/c/run/checkpoints | tr '\n' ' ')"
+mkdir -p $d/d $d/e
+mount -t tmpfs -o size=3m tmpfs $d/d
+mount -t tmpfs -o size=20m tmpfs $d/e
+swapped() { run $d/run_$1 --set model.n_layer=2 --set 'swap.budget="500KB"' \
+  --set "swap.dir=\"$d/$1\""; }
+swapped d; echo "D_EXIT=$?"
+swapped e; echo "E_EXIT=$?"
 )SH";
   FILE* p = ::popen(("unshare -m sh " + script.string() + " 2>&1").c_str(), "r");
   ASSERT_NE(p, nullptr);
@@ -695,6 +737,16 @@ echo "C_FILES=$(ls -A $d/c/run/checkpoints | tr '\n' ' ')"
   EXPECT_TRUE(has("removed checkpoint step_00000002 to make room for step_00000006")) << out;
   EXPECT_TRUE(has("C_EXIT=0")) << out;
   EXPECT_TRUE(has("C_FILES=latest step_00000004 step_00000006 \n")) << out;
+  // A swap.dir without room for the disk tier's bandwidth probe (8 MiB at least, more than this
+  // model's 836 KB of state) is told so before the run starts; it used to pass the check and fail
+  // on the swap file, and the probe took 32 MiB however small the state.
+  EXPECT_TRUE(has("D_EXIT=2")) << out;
+  EXPECT_TRUE(has("reserves room there for its bandwidth probe, before the training state's"))
+      << out;
+  if (has("E_EXIT=2") && has("O_DIRECT"))
+    GTEST_LOG_(INFO) << "this kernel's tmpfs takes no O_DIRECT: the 20 MB case is not tried";
+  else
+    EXPECT_TRUE(has("E_EXIT=0")) << out;
 }
 
 TEST_F(CliTest, BadCheckpointsNameTheFile) {

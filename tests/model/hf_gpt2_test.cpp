@@ -339,7 +339,8 @@ TEST_F(HfGpt2Errors, AModelsDirectoryAndItsShardsImportLikeItsFile) {
   model::load_hf(file_, *from_file, c);
   const fs::path sharded = dir_ / "sharded";
   write_shards(file_, sharded);
-  for (const fs::path& source : {dir_, sharded}) {
+  // The index named itself is its directory.
+  for (const fs::path& source : {dir_, sharded, sharded / "model.safetensors.index.json"}) {
     auto dag = model::build_model(c, 2);  // another seed: every value must come from the files
     ASSERT_NO_THROW(model::load_hf(source, *dag, c)) << source;
     for (const auto& p : from_file->params().params())
@@ -382,6 +383,16 @@ TEST_F(HfGpt2Errors, ABadShardIndexIsNamed) {
   std::ofstream(index) << "{\"weight_map\": [1]}";
   expect_error<CheckpointError>([&] { model::load_hf(sharded, *dag, c); },
                                 {index.string(), "weight_map"});
+}
+
+// A model's config.json named where its weights are meant: read as safetensors, its text gave
+// "header length 8386653730289748603 does not fit".
+TEST_F(HfGpt2Errors, AJsonFileIsNotWeights) {
+  const auto c = fixture_config();
+  auto dag = model::build_model(c, 1);
+  std::ofstream(dir_ / "config.json") << "{\"model_type\": \"gpt2\"}";
+  expect_error<CheckpointError>([&] { model::load_hf(dir_ / "config.json", *dag, c); },
+                                {(dir_ / "config.json").string(), "not a model's weights"});
 }
 
 TEST_F(HfGpt2Errors, MissingFileIsCheckpointError) {

@@ -342,6 +342,8 @@ TEST(RunConfigErrors, InconsistentValues) {
   expect_error("[data]\ndir = \"d\"\n[optim]\nlr = 1e-4\nmin_lr = 1e-3\n",
                {"run.toml", "optim.min_lr"});
   expect_error("[data]\ndir = \"d\"\n[optim]\nbeta2 = 1.0\n", {"run.toml", "optim.beta2"});
+  expect_error("[data]\ndir = \"d\"\n[train]\nout_dir = \"\"\n",
+               {"run.toml", "train.out_dir must not be empty"});
   // 0 makes a parameter without a gradient yet 0/0 (an untied embedding's unseen rows).
   expect_error("[data]\ndir = \"d\"\n[optim]\neps = 0.0\n",
                {"run.toml", "optim.eps must be more than 0"});

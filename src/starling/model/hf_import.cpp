@@ -21,6 +21,14 @@ namespace fs = std::filesystem;
 // model as `save_pretrained` writes it), its model.safetensors, or else the shards that its
 // model.safetensors.index.json maps the tensors to, each once, in name order.
 std::vector<fs::path> hf_files(const fs::path& path) {
+  // The index of a sharded model names its directory's weights; another JSON file (config.json)
+  // is no weights at all, though safetensors would read its text as a header's length.
+  if (!fs::is_directory(path) && path.filename() == "model.safetensors.index.json")
+    return hf_files(path.parent_path().empty() ? fs::path(".") : path.parent_path());
+  if (!fs::is_directory(path) && path.extension() == ".json")
+    throw CheckpointError(path.string() +
+                          ": a JSON file, not a model's weights (its config.json?): name the "
+                          "model's directory, or its model.safetensors");
   if (!fs::is_directory(path)) return {path};
   if (fs::exists(path / "model.safetensors")) return {path / "model.safetensors"};
   const fs::path index = path / "model.safetensors.index.json";

@@ -42,6 +42,13 @@ int64_t disk_free_bytes(const std::filesystem::path& dir) {
 }
 
 void check_disk_room(const std::filesystem::path& dir, int64_t bytes, const std::string& what) {
+  // A filesystem of no blocks at all (/proc, /sys) is no disk, not a full one.
+  std::error_code ec;
+  struct statvfs st {};
+  if (std::filesystem::exists(dir, ec) && ::statvfs(dir.c_str(), &st) == 0 && st.f_blocks == 0)
+    throw Error("swap.dir " + dir.string() +
+                " is not on a disk (a filesystem without blocks, such as /proc or /sys): point "
+                "swap.dir at a directory on a disk");
   const int64_t free = disk_free_bytes(dir);
   if (free < 0 || free >= bytes) return;
   throw Error("swap.dir " + dir.string() + ": " + bytes_text(free) + " free, but the disk tier " +

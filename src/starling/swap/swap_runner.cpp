@@ -25,9 +25,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Enough to see the tier's steady bandwidth, no more than the state it will hold.
+// Enough to see the tier's steady bandwidth, and no more than the state it will hold, but for
+// the probe's one piece of 8 MiB (measure_tier).
 int64_t probe_bytes(int64_t state_bytes) {
-  return std::clamp<int64_t>(state_bytes / 4, int64_t{32} << 20, int64_t{512} << 20);
+  return std::min(std::clamp<int64_t>(state_bytes / 4, int64_t{32} << 20, int64_t{512} << 20),
+                  std::max(state_bytes, int64_t{8} << 20));
 }
 
 fs::path tier_dir(const train::RunConfig& c) {
@@ -58,12 +60,20 @@ SwapProblem problem_for(const train::RunConfig& c, graph::OpDag& dag, const std:
   const int64_t kept = c.strategy.kind == "diloco"                    ? 2
                        : c.strategy.kind == "co2" && !c.strategy.zero ? 4
                                                                       : 0;
-  if (c.swap.tier == "disk")
-    check_disk_room(tier_dir(c), state + state / 4 * kept,
-                    kept == 0 ? "the whole training state: weights, gradients and AdamW moments"
-                              : "the whole training state (weights, gradients and AdamW moments) "
-                                "and the strategy's " +
-                                    std::to_string(kept) + " vectors of outer state");
+  // The probe's file comes first and goes before the state's: the room for the larger of the two.
+  if (c.swap.tier == "disk") {
+    const int64_t needed = state + state / 4 * kept;
+    if (probe_bytes(state) > needed)
+      check_disk_room(tier_dir(c), probe_bytes(state),
+                      "its bandwidth probe, before the training state's " +
+                          format_bytes(static_cast<double>(needed)));
+    else
+      check_disk_room(tier_dir(c), needed,
+                      kept == 0 ? "the whole training state: weights, gradients and AdamW moments"
+                                : "the whole training state (weights, gradients and AdamW "
+                                  "moments) and the strategy's " +
+                                      std::to_string(kept) + " vectors of outer state");
+  }
   // With clipping, the update inside the backward is a guess, on the disk tier, whose spare
   // rooms hold the weights and moments once more (as the tier stores them). "always" needs their
   // room from the start; "auto" reserves it at its first guess, where there is room then

@@ -50,8 +50,12 @@ RunConfig saved_run_config(const Checkpoint& ckpt) {
   return config;
 }
 
+Checkpoint read_model_checkpoint(const std::filesystem::path& path) {
+  return read_checkpoint(find_model_checkpoint(path));
+}
+
 CheckpointModel load_checkpoint_model(const std::filesystem::path& path, c10::Device device) {
-  CheckpointModel m{.checkpoint = read_checkpoint(find_model_checkpoint(path))};
+  CheckpointModel m{.checkpoint = read_model_checkpoint(path)};
   m.config = saved_run_config(m.checkpoint);
   if (m.config.pipeline.count() > 1)
     throw ConfigError(m.checkpoint.dir.string() +

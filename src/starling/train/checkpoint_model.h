@@ -23,6 +23,10 @@ struct CheckpointModel {
 // the model's vocabulary.
 RunConfig saved_run_config(const Checkpoint& ckpt);
 
+// Reads the checkpoint `path` means, as load_checkpoint_model finds it, without building its
+// model. CheckpointError when there is none.
+Checkpoint read_model_checkpoint(const std::filesystem::path& path);
+
 // Reads the checkpoint (a run directory or a checkpoint directory; for a local swarm's output
 // directory, that of the lowest-numbered peer with a checkpoint, named on stderr), builds its
 // model on `device` and loads the weights. CheckpointError for weights that are not finite (a

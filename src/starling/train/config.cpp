@@ -88,7 +88,8 @@ std::vector<Key> bind(RunConfig& c) {
   k.push_back(string_key(
       "train", "init_from", &t.init_from,
       "Hugging Face GPT-2 or LLaMA model.safetensors, or a model's directory (sharded ones "
-      "too), to start from (the model config must match it); \"\" = random"));
+      "too), or a Starling run or checkpoint, whose weights start the run (the model config must "
+      "match them); \"\" = random"));
   k.push_back(bool_key("train", "sample_at_end", &t.sample_at_end,
                        "print a sample ([sample]) when training ends"));
 
@@ -265,6 +266,10 @@ RunConfig parse_config(std::string_view text, const std::string& source,
     throw ConfigError(where + ": " + e.what());
   }
   if (!rules_across_keys) return config;
+  if (config.train.out_dir.empty())
+    throw ConfigError(where +
+                      ": train.out_dir must not be empty (the run's directory: its "
+                      "checkpoints and metrics.jsonl)");
   if (config.data.dir.empty())
     throw ConfigError(where +
                       ": data.dir is required (a directory made by `starling data prepare`)");

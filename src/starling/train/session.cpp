@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "starling/common/cpu_runtime.h"
@@ -17,6 +18,7 @@
 #include "starling/model/hf_config.h"
 #include "starling/model/hf_import.h"
 #include "starling/swap/swap_config.h"
+#include "starling/train/checkpoint_dir.h"
 #include "starling/train/checkpoint_model.h"
 #include "starling/train/compute_bench.h"
 #include "starling/train/evaluate.h"
@@ -102,6 +104,46 @@ void check_hf_model(const RunConfig& c) {
                     json.string() + "` prints the table that does):" + text);
 }
 
+// Whether train.init_from names a Starling checkpoint rather than a Hugging Face model: a run's
+// directory (a swarm's too), its checkpoints, one checkpoint, or that checkpoint's
+// model.safetensors.
+std::optional<fs::path> starling_checkpoint(const std::string& init_from) {
+  const fs::path p(init_from);
+  if (fs::is_regular_file(p) && fs::exists(p.parent_path() / "meta.json")) return p.parent_path();
+  if (!fs::is_directory(p)) return std::nullopt;
+  if (fs::exists(p / "meta.json") || fs::exists(p / "latest") || holds_checkpoint(p) ||
+      holds_checkpoint(p / "peer-0"))
+    return p;
+  return std::nullopt;
+}
+
+// A new run from another run's weights (fine-tuning on other data, say): the model must be the
+// config's, the data's tokens of the same kind; the optimizer, the step and the data start fresh.
+void initialise_from_checkpoint(Session& s, const fs::path& path) {
+  const Checkpoint ckpt = read_model_checkpoint(path);
+  const RunConfig saved = saved_run_config(ckpt);
+  const std::string what = "train.init_from = \"" + s.config.train.init_from + "\"";
+  if (saved.pipeline.count() > 1)
+    throw ConfigError(what + ": " + ckpt.dir.string() +
+                      " is a pipeline stage's checkpoint, which holds part of the model");
+  if (model_signature(saved) != model_signature(s.config))
+    throw ConfigError(what + ": the model of " + ckpt.dir.string() +
+                      " differs from the config's [model] (a run starts from the weights of the "
+                      "model it trains):\n" +
+                      model_differences(model_signature(saved), model_signature(s.config)));
+  if (ckpt.meta.tokenizer_kind != s.dataset.tokenizer_kind)
+    throw DataError(what + ": " + s.dataset.dir.string() + " holds " + s.dataset.tokenizer_kind +
+                    " tokens, but the model of " + ckpt.dir.string() + " was trained on " +
+                    ckpt.meta.tokenizer_kind + " tokens");
+  load_params(ckpt.model, s.dag->params());
+  for (const auto& p : s.dag->params().params())
+    if (!p.value.isfinite().all().item<bool>())
+      throw CheckpointError(ckpt.model.file.string() + ": tensor \"" + p.name +
+                            "\" holds values that are not finite (NaN or infinity): that run had "
+                            "diverged by step " +
+                            std::to_string(ckpt.meta.step));
+}
+
 void restore(Session& s, const Checkpoint& ckpt) {
   const RunConfig saved = saved_run_config(ckpt);
   if (model_signature(saved) != model_signature(s.config))
@@ -113,7 +155,27 @@ void restore(Session& s, const Checkpoint& ckpt) {
     throw DataError("--resume: " + s.dataset.dir.string() + " holds " + s.dataset.tokenizer_kind +
                     " tokens, but the model of " + ckpt.dir.string() + " was trained on " +
                     ckpt.meta.tokenizer_kind + " tokens (data.dir is not the run's data?)");
-  load_params(ckpt.model, s.dag->params());
+  try {
+    load_params(ckpt.model, s.dag->params());
+  } catch (const CheckpointError& e) {
+    // A pipeline stage's checkpoint holds its part of the model: resumed with another cut, the
+    // stage's tensors are others, which is no fault of the checkpoint's or the model's.
+    const auto cut = [](const RunConfig& r) {
+      if (r.pipeline.stages.empty())
+        return "pipeline.num_stages = " + std::to_string(r.pipeline.num_stages);
+      std::string text;
+      for (const auto& [first, last] : r.pipeline.stages)
+        text += (text.empty() ? "[" : ", ") + ("[" + std::to_string(first) + ", ") +
+                std::to_string(last) + "]";
+      return "pipeline.stages = " + text + "]";
+    };
+    if ((saved.pipeline.count() > 1 || s.config.pipeline.count() > 1) &&
+        cut(saved) != cut(s.config))
+      throw ConfigError("--resume: " + ckpt.dir.string() + " was written with " + cut(saved) +
+                        ", this run has " + cut(s.config) +
+                        ": a pipeline resumes with the cut it began with (" + e.what() + ")");
+    throw;
+  }
   s.optimizer->load_state(ckpt.optimizer, ckpt.meta.step);
   try {
     s.loader->restore(ckpt.meta.loader);
@@ -236,9 +298,15 @@ std::unique_ptr<Session> open_session(const RunConfig& c, const TrainOptions& op
     restore(*s, ckpt);
     std::cerr << "resumed from " << ckpt.dir.string() << " at step " << s->replica->step << "\n";
   } else if (!c.train.init_from.empty()) {
-    check_hf_model(c);
-    model::load_hf(c.train.init_from, *s->dag, c.model);
-    progress.note("initialised from " + c.train.init_from);
+    if (const std::optional<fs::path> ckpt = starling_checkpoint(c.train.init_from)) {
+      initialise_from_checkpoint(*s, *ckpt);
+      progress.note("initialised from the weights of " + c.train.init_from +
+                    " (a Starling checkpoint; the optimizer, the step and the data start fresh)");
+    } else {
+      check_hf_model(c);
+      model::load_hf(c.train.init_from, *s->dag, c.model);
+      progress.note("initialised from " + c.train.init_from);
+    }
   } else if (options.resume) {
     progress.note("--resume: no checkpoint in " + run_dir.string() + ", starting fresh");
   }
