@@ -138,6 +138,9 @@ shaping_params() {
   ((burst >= 4 * MTU_FRAME)) || burst=$((4 * MTU_FRAME))
   limit=$((burst + bytes_per_s / 20))
   ((limit >= 32 * MTU_FRAME)) || limit=$((32 * MTU_FRAME))
+  # tc keeps both in 32 bits (and refuses more): from about 700gbit up, the most it takes.
+  ((burst <= 4294967295)) || burst=4294967295
+  ((limit <= 4294967295)) || limit=4294967295
   burst=${NETLAB_BURST:-$burst}
   limit=${NETLAB_LIMIT:-$limit}
   gso=$((burst / 2))

@@ -239,6 +239,40 @@ TEST_F(CliTest, InitFromAStarlingCheckpointIsInitFromItsExport) {
   EXPECT_NE(other.output.find("model.n_head"), std::string::npos) << other.output;
 }
 
+// A SentencePiece model's ids are its own: a run started from a checkpoint trains on data of that
+// model (another one, even of the same size, gives the ids other pieces), as data prepare
+// --sp-model makes it.
+TEST_F(CliTest, InitFromAStarlingCheckpointNeedsItsSentencePieceModel) {
+  const auto prepare = [&](const std::string& out, const std::string& how) {
+    return run("data prepare " + (root_ / "text").string() + " --out " + (root_ / out).string() +
+               " --tokenizer sentencepiece " + how);
+  };
+  ASSERT_EQ(prepare("sp_one", "--vocab-size 300").code, 0);
+  ASSERT_EQ(prepare("sp_two", "--vocab-size 300 --seed 2").code, 0);
+  ASSERT_FALSE(read_file(root_ / "sp_one" / "tokenizer.model") ==
+               read_file(root_ / "sp_two" / "tokenizer.model"));
+  const fs::path cfg = write_config("sp_source");
+  const std::string sp = " --set model.vocab_size=300 --set train.steps=1 --set data.dir='\"";
+  ASSERT_EQ(
+      run("train -q --config " + cfg.string() + sp + (root_ / "sp_one").string() + "\"'").code, 0);
+  const fs::path source = root_ / "run_sp_source";
+  ASSERT_EQ(prepare("sp_same",
+                    "--sp-model " +
+                        (source / "checkpoints" / "step_00000001" / "tokenizer.model").string())
+                .code,
+            0);
+  const auto start = [&](const std::string& out, const std::string& data) {
+    return run("train -q --config " + cfg.string() + " --out " + (root_ / out).string() + sp +
+               (root_ / data).string() + "\"' --set train.init_from='\"" + source.string() + "\"'");
+  };
+  const Result other = start("sp_other", "sp_two");
+  EXPECT_EQ(other.code, 2) << other.output;
+  EXPECT_NE(other.output.find("is not the one the model of"), std::string::npos) << other.output;
+  EXPECT_NE(other.output.find("--sp-model"), std::string::npos) << other.output;
+  const Result same = start("sp_same_run", "sp_same");
+  EXPECT_EQ(same.code, 0) << same.output;
+}
+
 // Two runs into one directory at once: the second is refused while the first holds it (it used
 // to truncate the first's metrics.jsonl and write checkpoints beside it), and a run that ended,
 // however it ended (here killed), leaves the directory free.

@@ -247,13 +247,15 @@ TEST_F(SwapCliTest, BadSettingsGetClearErrors) {
   EXPECT_NE(cap_size.output.find("train.device_memory: \"much\" is not a size"), std::string::npos)
       << cap_size.output;
   // /proc has no blocks: not a disk, rather than a full one ("0 B free").
-  if (fs::is_directory("/proc")) {
-    const auto proc = run_cli("train -q --config " + cfg.string() +
-                              " --set swap.budget=1MB --set swap.tier=disk --set swap.dir=/proc");
-    EXPECT_EQ(proc.code, 2) << proc.output;
-    EXPECT_NE(proc.output.find("swap.dir /proc is not on a disk"), std::string::npos)
-        << proc.output;
-  }
+  if (fs::is_directory("/proc"))
+    for (const std::string dir : {"/proc", "/proc/no/such/dir"}) {
+      const auto proc =
+          run_cli("train -q --config " + cfg.string() +
+                  " --set swap.budget=1MB --set swap.tier=disk --set swap.dir=" + dir);
+      EXPECT_EQ(proc.code, 2) << proc.output;
+      EXPECT_NE(proc.output.find("swap.dir " + dir + " is not on a disk"), std::string::npos)
+          << proc.output;
+    }
 }
 
 // Two checkpoints' optimizer files hold the same AdamW moments, byte for byte (the random

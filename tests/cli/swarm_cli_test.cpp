@@ -1310,9 +1310,12 @@ TEST_F(SwarmCliTest, APeerSetApartSwapsAloneAndTheSwarmTrainsAsWithoutIt) {
                      "--peer-set for peer 1: --set swap.tier: expected one of"},
            // Checked before the peers start: peer 0's own failure read as peer 1's timeout.
            std::pair{" --peer-set '0:train.device_memory=\"x\"'",
-                     "train.device_memory=\"x\": train.device_memory: \"x\" is not a size"},
+                     "peer 0: train.device_memory: \"x\" is not a size"},
            std::pair{" --peer-set '1:train.device_memory=\"1GB\"'",
-                     "train.device_memory caps a GPU's memory; train.device is \"cpu\""},
+                     "peer 1: train.device_memory caps a GPU's memory; train.device is \"cpu\""},
+           // Set for the whole swarm, it is each peer's: the first is named.
+           std::pair{" --set 'train.device_memory=\"1GB\"' --peer-set 0:train.device=cuda",
+                     "peer 1: train.device_memory caps a GPU's memory"},
            std::pair{" --peer-set train.threads=1", "expected PEER:KEY=VALUE"},
            std::pair{" --peer-set 0:swap.=1", "\"swap.\" is not a key: TABLE.NAME"},
            std::pair{" --peer-set 0:train.threads=1 --set pipeline.num_stages=2",
@@ -2560,20 +2563,22 @@ TEST_F(SwarmCliTest, AFormingSwarmsMisconfiguredEntryPointIsTheOneToGo) {
   write_config(name, "kind = \"ddp\"", 6);
   fs::create_directories(run_dir(name));  // the peers' logs
   std::vector<Process> peers;
+  // Room for three process starts on a busy machine within each peer's wait.
+  const std::vector<std::string> patient = {"--set", "net.join_timeout_s=120"};
   const std::string entry = start_first_peer(name, peers, 3, 3, {"--set", "model.d_model=64"});
   ASSERT_FALSE(entry.empty());
   const auto log = [&](int rank) {
     return read_file(run_dir(name) / ("p" + std::to_string(rank) + ".log"));
   };
-  peers.emplace_back(peer_argv(name, 1, 3, entry, 3), (run_dir(name) / "p1.log").string());
+  peers.emplace_back(peer_argv(name, 1, 3, entry, 3, patient), (run_dir(name) / "p1.log").string());
   const auto listening = wait_event(
       peers[1], [](const json& j) { return j["event"] == "listening"; }, 30s);
   ASSERT_TRUE(listening) << log(1);
-  peers.emplace_back(peer_argv(name, 2, 3, entry, 3), (run_dir(name) / "p2.log").string());
+  peers.emplace_back(peer_argv(name, 2, 3, entry, 3, patient), (run_dir(name) / "p2.log").string());
   EXPECT_EQ(peers[0].wait(120s), 2) << log(0);
   EXPECT_NE(log(0).find("model.d_model: this peer's 64, theirs 32"), std::string::npos) << log(0);
   // The third like peer, through a peer still there: peer 0's place in the data.
-  peers.emplace_back(peer_argv(name, 0, 3, (*listening)["endpoint"], 3),
+  peers.emplace_back(peer_argv(name, 0, 3, (*listening)["endpoint"], 3, patient),
                      (run_dir(name) / "p3.log").string());
   for (int rank = 1; rank < 4; ++rank) {
     const auto done = wait_event(
@@ -2643,17 +2648,20 @@ TEST_F(SwarmCliTest, AStopEndsALongAtomStepEarly) {
   const fs::path config = write_config(name, "kind = \"atom\"\ntarget_batch = 16777216", 2);
   fs::create_directories(run_dir(name));
   const fs::path log = run_dir(name).string() + ".log";
-  Process launcher({STARLING_CLI_PATH, "train", "-q", "--peers", "2", "--config", config.string()},
+  // A peak of its own: no probe between the run's header and its first step.
+  Process launcher({STARLING_CLI_PATH, "train", "-q", "--peers", "2", "--config", config.string(),
+                    "--set", "train.peak_tflops=1"},
                    log.string());
   const auto peer_log = [&](int i) {
     return read_file(run_dir(name) / ("peer-" + std::to_string(i) + ".log"));
   };
+  // The header is the last line before the first step.
   const auto until = std::chrono::steady_clock::now() + 60s;
-  while ((peer_log(0).find("training with 2 peers") == std::string::npos ||
-          peer_log(1).find("training with 2 peers") == std::string::npos) &&
+  while ((peer_log(0).find(" | peak ") == std::string::npos ||
+          peer_log(1).find(" | peak ") == std::string::npos) &&
          std::chrono::steady_clock::now() < until && !launcher.wait(0ms))
     std::this_thread::sleep_for(50ms);
-  ASSERT_NE(peer_log(1).find("training with 2 peers"), std::string::npos) << read_file(log);
+  ASSERT_NE(peer_log(1).find(" | peak "), std::string::npos) << read_file(log);
   std::this_thread::sleep_for(500ms);  // into the step
   launcher.signal(SIGTERM);
   const auto code = launcher.wait(60s);
@@ -2720,6 +2728,14 @@ TEST_F(SwarmCliTest, AResumedSwarmKeepsItsPeerSets) {
       << second.output;
   EXPECT_NE(read_file(run_dir(name) / "peer-1.log").find("2 threads"), std::string::npos)
       << read_file(run_dir(name) / "peer-1.log");
+  // Saved arguments that no longer fit the swarm name the file they came from.
+  const auto fewer =
+      run_cli("train -q --peers 1 --resume --config " + config.string() + " --set train.steps=6");
+  EXPECT_EQ(fewer.code, 2) << fewer.output;
+  EXPECT_NE(fewer.output.find("peer_sets.json, the run's own --peer-set: --peer-set "
+                              "1:train.threads=2"),
+            std::string::npos)
+      << fewer.output;
   const auto third = run_cli("train -q --peers 2 --resume --config " + config.string() +
                              " --set train.steps=6 --peer-set 0:train.threads=2");
   ASSERT_EQ(third.code, 0) << third.output;
@@ -2732,6 +2748,11 @@ TEST_F(SwarmCliTest, AResumedSwarmKeepsItsPeerSets) {
   EXPECT_EQ(broken.code, 2) << broken.output;
   EXPECT_NE(broken.output.find("peer_sets.json: not the swarm's --peer-set"), std::string::npos)
       << broken.output;
+  const auto none = run_cli("train -q --peers 2 --resume --config " + config.string() +
+                            " --set train.steps=8 --peer-set none");
+  ASSERT_EQ(none.code, 0) << none.output;
+  EXPECT_EQ(none.output.find("sets train.threads"), std::string::npos) << none.output;
+  EXPECT_FALSE(fs::exists(run_dir(name) / "peer_sets.json"));
 }
 
 // Ctrl-C at a terminal reaches a local swarm's launcher and its peers alike (one process group),

@@ -25,11 +25,13 @@ std::string error_of(Make make) {
 
 }  // namespace
 
-// A host name, an address of no machine and IPv6 (which the transport is not set up for) are
-// not addresses ZeroMQ binds: named as such, with what it takes instead. No name is looked up.
+// A host name, a malformed address, IPv6 (which the transport is not set up for) and an address
+// of another machine are not addresses ZeroMQ binds: named as such, with what it takes instead.
+// No name is looked up, and nothing is sent.
 TEST(ListenAddressTest, AHostThatIsNotThisMachinesSaysWhatIsTaken) {
   for (const std::string listen :
-       {"tcp://999.1.1.1:5555", "tcp://nohost.invalid:5555", "tcp://[::1]:0"}) {
+       {"tcp://999.1.1.1:5555", "tcp://nohost.invalid:5555", "tcp://[::1]:0",
+        "tcp://192.0.2.1:5555"}) {  // the last: an address for documentation, of no machine
     const std::string what = error_of([&] {
       net::TransportOptions o;
       o.listen = listen;

@@ -54,7 +54,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--peer-set", a->peer_sets,
                   "with --peers: a key for one peer only, PEER:KEY=VALUE, e.g. "
                   "1:swap.budget=\"6MB\" or 0:train.threads=2 (repeatable; train.threads, "
-                  "train.device, train.device_memory, swap.*): unequal peers without root");
+                  "train.device, train.device_memory, swap.*): unequal peers without root; "
+                  "--resume keeps the run's own unless given, \"none\" drops them");
   cmd->add_option("--lab", a->lab,
                   "with --peers: a heterogeneous lab (TOML: a rate per pair of peers, CPUs per "
                   "peer; docs/scheduler.md#the-heterogeneous-lab) in place of --link-rate and "
@@ -70,8 +71,8 @@ void add_train_command(CLI::App& app) {
     if (!a->out.empty()) {
       for (const std::string& s : a->sets)
         if (s.rfind("train.out_dir=", 0) == 0)
-          throw CLI::ValidationError(
-              "--out", "and --set " + s + " both give the output directory: keep one");
+          throw CLI::ValidationError("--out and --set " + s +
+                                     " both give the output directory: keep one");
       a->sets.push_back("train.out_dir=" + train::toml_string(a->out, "--out"));
     }
     // Checked here, before any namespace is made: the rates scripts/netlab.sh (tc) takes.
@@ -110,27 +111,48 @@ void add_train_command(CLI::App& app) {
       o.starling = std::filesystem::read_symlink("/proc/self/exe").string();
       o.config_file = a->config;
       o.overrides = a->sets;
-      // A resumed swarm's peers go on as they began unless told otherwise.
+      // A resumed swarm's peers go on as they began unless told otherwise ("none": as the
+      // swarm's config says).
       std::vector<std::string> peer_sets = a->peer_sets;
-      if (a->resume && peer_sets.empty()) {
+      const std::string saved =
+          (std::filesystem::path(config.train.out_dir) / kPeerSetsFile).string();
+      bool from_saved = false;
+      if (peer_sets == std::vector<std::string>{"none"}) {
+        peer_sets.clear();
+      } else if (a->resume && peer_sets.empty()) {
         peer_sets = saved_peer_sets(config.train.out_dir);
-        if (!peer_sets.empty())
-          std::cerr << "swarm: the peers' --peer-set as the run began, from "
-                    << (std::filesystem::path(config.train.out_dir) / kPeerSetsFile).string()
-                    << " (--peer-set replaces them)\n";
+        from_saved = !peer_sets.empty();
+        if (from_saved)
+          std::cerr << "swarm: the peers' --peer-set as the run began, from " << saved
+                    << " (--peer-set replaces them; --peer-set none drops them)\n";
       }
-      o.peer_overrides = parse_peer_sets(peer_sets, a->peers);
+      try {
+        o.peer_overrides = parse_peer_sets(peer_sets, a->peers);
+      } catch (const ConfigError& e) {
+        if (!from_saved) throw;
+        throw ConfigError(saved + ", the run's own --peer-set: " + e.what() +
+                          " (--peer-set replaces them; --peer-set none drops them)");
+      }
       o.peer_set_args = peer_sets;
       // Each peer's config, checked here as the peer will load it: a bad value stops the
-      // launcher before any peer starts, naming the peer.
+      // launcher before any peer starts, naming the peer (a peer's own failure would read as
+      // the others' timeout).
       for (size_t i = 0; i < o.peer_overrides.size(); ++i) {
-        if (o.peer_overrides[i].empty()) continue;
-        std::vector<std::string> sets = a->sets;
-        sets.insert(sets.end(), o.peer_overrides[i].begin(), o.peer_overrides[i].end());
+        const std::string peer = std::to_string(i);
+        train::RunConfig own = config;
+        if (!o.peer_overrides[i].empty()) {
+          std::vector<std::string> sets = a->sets;
+          sets.insert(sets.end(), o.peer_overrides[i].begin(), o.peer_overrides[i].end());
+          try {
+            own = train::load_run_config(a->config, sets);
+          } catch (const Error& e) {
+            throw ConfigError("--peer-set for peer " + peer + ": " + e.what());
+          }
+        }
         try {
-          (void)train::load_run_config(a->config, sets);
+          train::check_device_memory(own);
         } catch (const Error& e) {
-          throw ConfigError("--peer-set for peer " + std::to_string(i) + ": " + e.what());
+          throw ConfigError("peer " + peer + ": " + e.what());
         }
       }
       o.resume = a->resume;

@@ -42,8 +42,8 @@ struct PrepareOptions {
 using PrepareProgress = std::function<void(const std::string&, uint64_t, uint64_t)>;
 
 // Validates options (ConfigError), reads inputs (DataError for missing/unreadable/empty input, or
-// a binary file named as an input),
-// writes shards atomically and meta.json last, and returns the dataset as open_dataset would.
+// a binary file named as an input), writes shards atomically and meta.json last, and returns the
+// dataset as open_dataset would.
 DatasetInfo prepare_dataset(const PrepareOptions& options, const PrepareProgress& progress = {});
 
 }  // namespace starling::data

@@ -42,9 +42,10 @@ Transport::Transport(TransportOptions options)
   try {
     router_.bind(options_.listen);
   } catch (const zmq::error_t& e) {
-    // ZeroMQ binds to an address or an interface's name and answers anything else (a host name,
-    // an address of another machine, IPv6, which it is not set up for) with ENODEV.
-    if (e.num() == ENODEV)
+    // ZeroMQ binds to an address or an interface's name: a name it cannot take as either (a
+    // host name, a malformed address, IPv6, which it is not set up for) is ENODEV, an address
+    // of another machine EADDRNOTAVAIL.
+    if (e.num() == ENODEV || e.num() == EADDRNOTAVAIL)
       throw NetError("cannot listen on " + options_.listen + ": its host is not an IPv4 address " +
                      "of this machine or the name of one of its interfaces (e.g. " +
                      "tcp://127.0.0.1:5555, tcp://eth0:5555, or tcp://*:5555 for all of them)");

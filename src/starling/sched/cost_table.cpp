@@ -112,8 +112,8 @@ double parse_link_rate(const std::string& text, const std::string& what) {
     if (lower.size() <= u.size() || lower.compare(lower.size() - u.size(), u.size(), u) != 0)
       continue;
     if (const auto v = parse_positive_number(lower.substr(0, lower.size() - u.size()))) {
-      // Beyond any link's rate (and past what tc's 64-bit rates and netlab.sh's arithmetic
-      // hold): a typo, or a link that is not to be shaped.
+      // Beyond any link's rate: a typo, or a link that is not to be shaped (scripts/netlab.sh
+      // shapes up to here).
       if (*v * bits > kMaxLinkBits)
         throw ConfigError(what + " = \"" + text +
                           "\": faster than 100tbit, more than any link carries; leave the link "

@@ -92,8 +92,8 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
       sequences = 0;
       stopping = true;
       log("step " + std::to_string(r.step + 1) +
-          ": a stop was asked for; this peer ends its step " + "with the " + std::to_string(mine) +
-          " samples it has (the swarm's count may fall short " + "of its target of " +
+          ": a stop was asked for; this peer ends its step with the " + std::to_string(mine) +
+          " samples it has (the swarm's count may fall short of its target of " +
           std::to_string(target()) + " this once)");
     }
     if (sequences > 0 && now_s() - said_s >= kProgressEveryS) {

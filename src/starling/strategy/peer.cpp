@@ -71,8 +71,9 @@ namespace {
 // included; between as many, the oldest member's. A peer without it leaves and fails at once,
 // naming the keys, before it takes part in a round. A swarm forming with one misconfigured peer
 // loses that one only, and a joiner unlike the swarm (older than it) is the one to go. With
-// `defer_ties`, a tie is left to a later call: a swarm still forming (net.min_peers) settles it
-// once its peers have arrived, since its misconfigured peer may be the first, the oldest.
+// `defer_ties`, a tie in a swarm still forming (no member has trained a step) is left to a later
+// call, once net.min_peers have arrived, since its misconfigured peer may be the first, the
+// oldest: from three peers on it is outvoted there (one against one, the oldest stays).
 void refuse_unlike_replicas(net::Node& node, const std::string& mine, bool defer_ties) {
   struct Holders {
     int count = 0;
@@ -80,8 +81,11 @@ void refuse_unlike_replicas(net::Node& node, const std::string& mine, bool defer
     std::string name;  // the oldest holder's
   };
   std::map<std::string, Holders> roles;
-  bool self_seen = false;
+  bool self_seen = false, trained = false;
   for (const net::MemberView& m : node.members()) {
+    // A member's progress is said from its first step on (publish_progress).
+    trained = trained || (m.info.id != node.id() && !m.info.left && !m.info.progress.empty() &&
+                          m.info.progress != "{}");
     if (m.info.left || m.state != net::MemberState::alive || !is_replica_role(m.info.role))
       continue;
     self_seen = self_seen || m.info.id == node.id();
@@ -98,7 +102,7 @@ void refuse_unlike_replicas(net::Node& node, const std::string& mine, bool defer
                                             : a.second.oldest > b.second.oldest;
   });
   if (swarm == roles.end() || swarm->first == mine) return;
-  if (defer_ties && roles[mine].count == swarm->second.count) return;
+  if (defer_ties && !trained && roles[mine].count == swarm->second.count) return;
   std::string keys;
   for (const std::string& d : replica_role_differences(mine, swarm->first)) keys += "\n  " + d;
   node.leave();
@@ -131,10 +135,12 @@ void wait_for_like_peers(net::Node& node, const train::RunConfig& config, const 
   while (true) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0 || !node.wait_for_members(min_peers, left))
+    if (left.count() <= 0 || !node.wait_for_members(min_peers, left)) {
+      refuse_unlike_replicas(node, role, false);  // this peer the one unlike: that, not the wait
       throw NetError("only " + std::to_string(members_like(node, role)) + " of net.min_peers = " +
                      std::to_string(min_peers) + " peers arrived within net.join_timeout_s = " +
                      std::to_string(config.net.join_timeout_s) + " s");
+    }
     refuse_unlike_replicas(node, role, false);
     if (members_like(node, role) >= min_peers) return;
     // The peers unlike this one refuse themselves as it would: until they have left they still

@@ -74,11 +74,9 @@ void add_config_keys(StrategyConfig& st, config::Keys& k) {
                       "-1: adaptive, as many steps as the last exchanges took (1 to "
                       "local_steps - 1), for rounds of 8 steps or more without zero, else 0 "
                       "(docs/strategies.md#co2)"));
-  // At most 2^24: the peers' counts travel as fp32 in their agreement, exact to there.
   k.push_back(int_key("strategy", "target_batch", &st.target_batch, 0,
                       "atom: samples (sequences) the swarm gathers per optimizer step; 0 = "
-                      "train.batch_size x train.grad_accum per peer",
-                      int64_t{1} << 24));
+                      "train.batch_size x train.grad_accum per peer"));
   k.push_back(bool_key("strategy", "partial_micro_batches", &st.partial_micro_batches,
                        "atom: a peer's last micro-batch of a step may hold fewer than "
                        "train.batch_size sequences, those it gains until the swarm holds "
@@ -133,6 +131,12 @@ int64_t co2_overlap_steps(const StrategyConfig& c, bool pipeline_stage) {
 }
 
 void check(const StrategyConfig& c, const std::string& source) {
+  // The peers' counts travel as fp32 in their agreement, whole numbers exact to 2^24. A rule of
+  // a run's config, not a key's bound: a checkpoint written before it still reads.
+  if (c.target_batch > (int64_t{1} << 24))
+    throw ConfigError(source + ": strategy.target_batch = " + std::to_string(c.target_batch) +
+                      " is more than 16777216 (2^24) samples a step, the most atom's counts "
+                      "carry exactly (a target in tokens rather than sequences?)");
   if (swap::parse_bytes(c.transfer_piece, source + ": strategy.transfer_piece") < 4000)
     throw ConfigError(source + ": strategy.transfer_piece (\"" + c.transfer_piece +
                       "\") must be at least 4KB");

@@ -42,10 +42,13 @@ int64_t disk_free_bytes(const std::filesystem::path& dir) {
 }
 
 void check_disk_room(const std::filesystem::path& dir, int64_t bytes, const std::string& what) {
-  // A filesystem of no blocks at all (/proc, /sys) is no disk, not a full one.
+  // A filesystem of no blocks at all (/proc, /sys) is no disk, not a full one: the directory's,
+  // or where it is still to be made, that of its nearest existing parent.
   std::error_code ec;
+  std::filesystem::path at = std::filesystem::absolute(dir, ec);
+  while (!ec && !std::filesystem::exists(at, ec) && at.has_relative_path()) at = at.parent_path();
   struct statvfs st {};
-  if (std::filesystem::exists(dir, ec) && ::statvfs(dir.c_str(), &st) == 0 && st.f_blocks == 0)
+  if (!ec && ::statvfs(at.c_str(), &st) == 0 && st.f_blocks == 0)
     throw Error("swap.dir " + dir.string() +
                 " is not on a disk (a filesystem without blocks, such as /proc or /sys): point "
                 "swap.dir at a directory on a disk");

@@ -297,14 +297,6 @@ RunConfig parse_config(std::string_view text, const std::string& source,
                       "): each atom peer gathers at least one a step, so the swarm would take "
                       "more every step; set strategy.target_batch to " +
                       std::to_string(config.train.batch_size) + " or more");
-  // Checked here as well as where it applies: a launcher checks each peer's config before any
-  // peer starts (--peer-set), and a peer's own failure would be reported as the others' timeout.
-  if (!config.train.device_memory.empty()) {
-    (void)swap::parse_bytes(config.train.device_memory, where + ": train.device_memory");
-    if (config.train.device.rfind("cuda", 0) != 0)
-      throw ConfigError(where + ": train.device_memory caps a GPU's memory; train.device is \"" +
-                        config.train.device + "\"");
-  }
   strategy::check(config.strategy, where);
   net::check(config.net, where);
   swap::check(config.swap, where);
@@ -327,6 +319,14 @@ RunConfig parse_saved_config(std::string_view text, const std::string& source) {
     if (std::string_view(e.what()).starts_with(source)) throw;
     throw ConfigError(source + ": the run's config: " + e.what());
   }
+}
+
+void check_device_memory(const RunConfig& c) {
+  if (c.train.device_memory.empty()) return;
+  (void)swap::parse_bytes(c.train.device_memory, "train.device_memory");
+  if (c.train.device.rfind("cuda", 0) != 0)
+    throw ConfigError("train.device_memory caps a GPU's memory; train.device is \"" +
+                      c.train.device + "\"");
 }
 
 RunConfig load_run_config(const std::filesystem::path& file,

@@ -49,7 +49,7 @@ struct TrainConfig {
   std::string on_checkpoint_error = "stop";
   std::string out_dir = "runs/default";
   double peak_tflops = 0;     // device peak for MFU; 0 = measure with a matmul probe
-  std::string init_from;      // Hugging Face GPT-2 model.safetensors to start from
+  std::string init_from;      // weights to start from: Hugging Face's, or a Starling checkpoint
   bool sample_at_end = true;  // print a sample from [sample] when training ends
 };
 
@@ -104,6 +104,11 @@ RunConfig parse_run_config(std::string_view text, const std::string& source,
 // checked as parse_run_config does, but not the rules across keys, which a run checks as it
 // starts (a run of an older release may have started under other ones).
 RunConfig parse_saved_config(std::string_view text, const std::string& source);
+
+// train.device_memory, where it is set: a size, and a GPU's to cap. ConfigError naming the key
+// otherwise. A rule of the process that runs the config, not of the config: a swarm's launcher
+// checks it for each peer (whose own train.device may make it right).
+void check_device_memory(const RunConfig& c);
 
 // Reads a file (ConfigError if missing) and parses it.
 RunConfig load_run_config(const std::filesystem::path& file,

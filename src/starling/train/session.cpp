@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <optional>
 #include <sstream>
 
@@ -65,11 +66,9 @@ std::string model_differences(const std::string& saved, const std::string& wante
 
 void cap_device_memory(const RunConfig& c) {
   if (c.train.device_memory.empty()) return;
+  check_device_memory(c);
   const int64_t bytes = swap::parse_bytes(c.train.device_memory, "train.device_memory");
   const c10::Device device(c.train.device);
-  if (!device.is_cuda())
-    throw ConfigError("train.device_memory caps a GPU's memory; train.device is \"" +
-                      c.train.device + "\"");
   try {
     limit_memory(device, bytes);
   } catch (const std::invalid_argument& e) {
@@ -104,16 +103,46 @@ void check_hf_model(const RunConfig& c) {
                     json.string() + "` prints the table that does):" + text);
 }
 
+// Whether the data's tokens mean what the checkpoint's model learned: tokens of the same kind,
+// and for SentencePiece the same model (another one, even of the same size, gives the ids other
+// pieces). DataError starting with `what`, ending with `hint`, otherwise.
+void check_same_tokens(const Checkpoint& ckpt, const data::DatasetInfo& ds, const std::string& what,
+                       const std::string& hint) {
+  if (ckpt.meta.tokenizer_kind != ds.tokenizer_kind)
+    throw DataError(what + ": " + ds.dir.string() + " holds " + ds.tokenizer_kind +
+                    " tokens, but the model of " + ckpt.dir.string() + " was trained on " +
+                    ckpt.meta.tokenizer_kind + " tokens" + hint);
+  const fs::path theirs = ckpt.dir / "tokenizer.model";
+  if (ds.tokenizer_kind != "sentencepiece" || ds.tokenizer_model.empty() || !fs::exists(theirs))
+    return;
+  const auto bytes = [](const fs::path& file) {
+    std::ifstream in(file, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  if (bytes(theirs) != bytes(ds.tokenizer_model))
+    throw DataError(what + ": the SentencePiece model of " + ds.dir.string() +
+                    " is not the one the model of " + ckpt.dir.string() +
+                    " was trained with (its ids mean other pieces)" + hint +
+                    "; prepare the text with that one: starling data prepare TEXT --out DIR "
+                    "--tokenizer sentencepiece --sp-model " +
+                    theirs.string());
+}
+
 // Whether train.init_from names a Starling checkpoint rather than a Hugging Face model: a run's
 // directory (a swarm's too), its checkpoints, one checkpoint, or that checkpoint's
 // model.safetensors.
 std::optional<fs::path> starling_checkpoint(const std::string& init_from) {
-  const fs::path p(init_from);
+  const fs::path p = fs::absolute(init_from);
   if (fs::is_regular_file(p) && fs::exists(p.parent_path() / "meta.json")) return p.parent_path();
   if (!fs::is_directory(p)) return std::nullopt;
-  if (fs::exists(p / "meta.json") || fs::exists(p / "latest") || holds_checkpoint(p) ||
-      holds_checkpoint(p / "peer-0"))
-    return p;
+  if (fs::exists(p / "meta.json") || fs::exists(p / "latest") || holds_checkpoint(p)) return p;
+  // A checkpoints directory whose `latest` is lost, and a swarm's run (any peer's checkpoints).
+  for (const auto& entry : fs::directory_iterator(p)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("step_", 0) == 0 && fs::exists(entry.path() / "meta.json")) return p;
+    if (name.rfind("peer-", 0) == 0 && entry.is_directory() && holds_checkpoint(entry.path()))
+      return p;
+  }
   return std::nullopt;
 }
 
@@ -126,15 +155,17 @@ void initialise_from_checkpoint(Session& s, const fs::path& path) {
   if (saved.pipeline.count() > 1)
     throw ConfigError(what + ": " + ckpt.dir.string() +
                       " is a pipeline stage's checkpoint, which holds part of the model");
-  if (model_signature(saved) != model_signature(s.config))
+  // What the weights do not depend on may differ: the init's scale, and LLaMA's context
+  // (rotary positions: fine-tuning at a longer one).
+  RunConfig wanted = s.config;
+  wanted.model.init_std = saved.model.init_std;
+  if (wanted.model.arch == model::Arch::kLlama) wanted.model.seq_len = saved.model.seq_len;
+  if (model_signature(saved) != model_signature(wanted))
     throw ConfigError(what + ": the model of " + ckpt.dir.string() +
                       " differs from the config's [model] (a run starts from the weights of the "
                       "model it trains):\n" +
-                      model_differences(model_signature(saved), model_signature(s.config)));
-  if (ckpt.meta.tokenizer_kind != s.dataset.tokenizer_kind)
-    throw DataError(what + ": " + s.dataset.dir.string() + " holds " + s.dataset.tokenizer_kind +
-                    " tokens, but the model of " + ckpt.dir.string() + " was trained on " +
-                    ckpt.meta.tokenizer_kind + " tokens");
+                      model_differences(model_signature(saved), model_signature(wanted)));
+  check_same_tokens(ckpt, s.dataset, what, "");
   load_params(ckpt.model, s.dag->params());
   for (const auto& p : s.dag->params().params())
     if (!p.value.isfinite().all().item<bool>())
@@ -151,10 +182,7 @@ void restore(Session& s, const Checkpoint& ckpt) {
                       " differs from the config's [model] (a run resumes with the model it "
                       "was trained with; train a new one into another train.out_dir):\n" +
                       model_differences(model_signature(saved), model_signature(s.config)));
-  if (ckpt.meta.tokenizer_kind != s.dataset.tokenizer_kind)
-    throw DataError("--resume: " + s.dataset.dir.string() + " holds " + s.dataset.tokenizer_kind +
-                    " tokens, but the model of " + ckpt.dir.string() + " was trained on " +
-                    ckpt.meta.tokenizer_kind + " tokens (data.dir is not the run's data?)");
+  check_same_tokens(ckpt, s.dataset, "--resume", " (data.dir is not the run's data?)");
   try {
     load_params(ckpt.model, s.dag->params());
   } catch (const CheckpointError& e) {
