@@ -2684,6 +2684,51 @@ TEST_F(SwarmCliTest, AStopEndsALongAtomStepEarly) {
   EXPECT_NE(huge.output.find("strategy.target_batch"), std::string::npos) << huge.output;
 }
 
+// One peer of an atom swarm told to stop (its own machine's Ctrl-C) ends the step for all: it
+// says so on the board, and the others end theirs with what they hold instead of gathering a
+// target that would take hours, the stopped one waiting for them in the exchange. Then it
+// checkpoints and leaves, and the other goes on alone.
+TEST_F(SwarmCliTest, OnePeerToldToStopEndsTheAtomStepForAll) {
+  const std::string name = "atom_one_stops";
+  const fs::path config = write_config(name, "kind = \"atom\"\ntarget_batch = 16777216", 3);
+  fs::create_directories(run_dir(name));
+  const fs::path log = run_dir(name).string() + ".log";
+  Process launcher({STARLING_CLI_PATH, "train", "-q", "--peers", "2", "--config", config.string(),
+                    "--set", "train.peak_tflops=1"},
+                   log.string());
+  const auto peer_log = [&](int i) {
+    return read_file(run_dir(name) / ("peer-" + std::to_string(i) + ".log"));
+  };
+  const auto wait_for = [&](int i, const std::string& text, std::chrono::seconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (peer_log(i).find(text) == std::string::npos &&
+           std::chrono::steady_clock::now() < until && !launcher.wait(0ms))
+      std::this_thread::sleep_for(50ms);
+    return peer_log(i).find(text) != std::string::npos;
+  };
+  ASSERT_TRUE(wait_for(0, " | peak ", 60s) && wait_for(1, " | peak ", 60s)) << read_file(log);
+  std::this_thread::sleep_for(500ms);  // into the step
+  // Peer 1's process alone, as its own terminal's Ctrl-C would reach it.
+  // "[1]": the shell that runs pgrep has the pattern in its command line.
+  FILE* found = ::popen("pgrep -f 'run_atom_one_stops/peer-[1]'", "r");
+  ASSERT_NE(found, nullptr);
+  long pid = 0;
+  const bool read = std::fscanf(found, "%ld", &pid) == 1;
+  ::pclose(found);
+  ASSERT_TRUE(read && pid > 0) << "peer 1 is not running";
+  ASSERT_EQ(::kill(static_cast<pid_t>(pid), SIGINT), 0);
+  EXPECT_TRUE(wait_for(0, "a peer told to stop ended the step early", 60s)) << peer_log(0);
+  EXPECT_TRUE(wait_for(1, "a stop was asked for; this peer ends its step", 5s)) << peer_log(1);
+  EXPECT_TRUE(wait_for(1, "checkpoint", 60s)) << peer_log(1);
+  EXPECT_EQ(read_file(run_dir(name) / "peer-1" / "checkpoints" / "latest"), "step_00000001\n");
+  // The other goes on with its next step, alone; the launcher's stop ends that one too.
+  launcher.signal(SIGTERM);
+  const auto code = launcher.wait(60s);
+  ASSERT_TRUE(code) << peer_log(0);
+  EXPECT_EQ(read_file(run_dir(name) / "peer-0" / "checkpoints" / "latest"), "step_00000002\n")
+      << peer_log(0);
+}
+
 // A swarm resumed with another strategy.kind goes on from its checkpoints' parameters, moments
 // and step, and says what it leaves behind. It used to go on without a word (co2's outer state
 // dropped), or fail: diloco read co2's sharded outer state (strategy.zero) as whole vectors.

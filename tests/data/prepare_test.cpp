@@ -295,8 +295,19 @@ TEST(Prepare, BinaryFilesAreSkippedWithANote) {
   ASSERT_EQ(notes.size(), 1u);
   EXPECT_NE(notes[0].find("skipped 1 binary file(s)"), std::string::npos) << notes[0];
   EXPECT_NE(notes[0].find("program"), std::string::npos) << notes[0];
-  o.inputs = {o.inputs[0] / "a" / "program"};
+  // A dataset made into the input directory earlier: skipped whole, its meta.json too.
+  o.out_dir = o.inputs[0] / "made";
+  o.note = nullptr;
+  prepare_dataset(o);
+  notes.clear();
+  o.note = [&](const std::string& line) { notes.push_back(line); };
   o.out_dir = dir / "out3";
+  const DatasetInfo beside = prepare_dataset(o);
+  EXPECT_EQ(beside.train_tokens + beside.val_tokens, text_only.train_tokens + text_only.val_tokens);
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_NE(notes[0].find("a dataset that data prepare made"), std::string::npos) << notes[0];
+  o.inputs = {o.inputs[0] / "a" / "program"};
+  o.out_dir = dir / "out4";
   EXPECT_NE(error_of([&] { prepare_dataset(o); }).find("is not text"), std::string::npos);
 }
 

@@ -305,7 +305,6 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
                       "beside it; set train.out_dir (--out) to a new directory");
   if (o.resume)
     std::cerr << "swarm: " << resume_note(out, o.peers, user_config.strategy.kind) << "\n";
-  save_peer_sets(out, o.peer_set_args);
   // Unequal peers on one machine: each peer's process tree gets its share of the CPUs.
   std::vector<std::unique_ptr<CpuQuota>> quotas;
   const std::vector<double>& peer_cpus = o.lab ? o.lab->cpus : o.peer_cpus;
@@ -552,6 +551,8 @@ LocalSwarmResult run_local_swarm(const train::RunConfig& user_config, const Loca
       std::signal(SIGTERM, t);
     }
   } restore{old_int, old_term};
+  // Kept for a --resume once the launcher's checks have passed: a launch refused keeps the run's.
+  save_peer_sets(out, o.peer_set_args);
 
   // Starts the peers with their directories under `root`, shows their progress until every one
   // has exited, and writes `root`/swarm.json.

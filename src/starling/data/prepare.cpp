@@ -110,6 +110,16 @@ std::vector<fs::path> collect_documents(const PrepareOptions& o) {
           if (it->is_directory()) it.disable_recursion_pending();
           continue;
         }
+        // An earlier dataset (this command's output: meta.json beside its shards) is tokens, not
+        // text: skipped whole, its meta.json with its shards.
+        if (it->is_directory() && fs::exists(it->path() / kMetaFile) &&
+            fs::exists(it->path() / "train_000.bin")) {
+          it.disable_recursion_pending();
+          if (o.note)
+            o.note("skipped '" + it->path().string() +
+                   "': a dataset that data prepare made (meta.json and its shards)");
+          continue;
+        }
         if (it->is_regular_file() && it->file_size() > 0)
           (looks_binary(it->path()) ? binary : found).push_back(it->path());
       }

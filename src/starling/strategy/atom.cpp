@@ -82,19 +82,26 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
     if (sequences == batch) micro_s_ = micro_s_ > 0 ? 0.7 * micro_s_ + 0.3 * took : took;
   };
   // A step may be long (a large strategy.target_batch on slow peers): it says how it goes now
-  // and then, and a stop asked for ends it early, with the samples gathered so far.
+  // and then, and a stop asked for ends it early, with the samples gathered so far, for every
+  // peer: the stopped one says so on the board (closing), and the others end theirs too.
   double said_s = now_s();
-  bool stopping = false;
+  bool told = false;
+  closing_ = false;
   for (int64_t sequences = batch; sequences > 0;) {
     compute(sequences);
     sequences = spectator ? 0 : next_sequences(mine);
     if (sequences > 0 && train::stop_requested()) {
       sequences = 0;
-      stopping = true;
+      told = true;
       log("step " + std::to_string(r.step + 1) +
           ": a stop was asked for; this peer ends its step with the " + std::to_string(mine) +
-          " samples it has (the swarm's count may fall short of its target of " +
+          " samples it has, and so do the others (the swarm's count may fall short of its "
+          "target of " +
           std::to_string(target()) + " this once)");
+    } else if (closing_ && !spectator) {
+      log("step " + std::to_string(r.step + 1) +
+          ": a peer told to stop ended the step early; this peer ends it too, with the " +
+          std::to_string(mine) + " samples it has");
     }
     if (sequences > 0 && now_s() - said_s >= kProgressEveryS) {
       said_s = now_s();
@@ -103,7 +110,7 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
           std::to_string(mine + std::llround(board_.view(0).projected)) + " of its target of " +
           std::to_string(target()));
     }
-    board_.announce(round_, spectator ? 0 : mine, pace(), sequences == 0);
+    board_.announce(round_, spectator ? 0 : mine, pace(), sequences == 0, told);
     // A peer told to die after more micro-batches than it computes in the step dies at its last.
     if (death_ && death_->step == steps_run_ &&
         (death_->micro_batches == micro || sequences == 0)) {
@@ -121,9 +128,9 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
   local_samples_ = mine;
   agreement_ = exchange_agreement(r);
   const std::optional<Count> count = step_count(*agreement_);
-  // A peer told to stop does not make up the count (the others, not told, may).
-  if (count && count->samples < target() && agreement_->contribute && !stopping &&
-      !train::stop_requested()) {
+  // A step ended early (this peer told to stop, or another: closing) is not made up.
+  const bool early_end = told || train::stop_requested() || closing_ || board_.view(0).closing;
+  if (count && count->samples < target() && agreement_->contribute && !early_end) {
     const int64_t missing = target() - count->samples;
     int64_t share = top_up_share(missing, count->paces, count->contributors);
     log("step " + std::to_string(r.step + 1) + ": the swarm gathered " +
@@ -220,6 +227,11 @@ int64_t Atom::next_sequences(int64_t mine) {
     return std::llround(std::max(0.0, sequences));
   };
   ProgressBoard::View v = board_.view(0);
+  // A peer told to stop ended the round early: so does this one (run_step says so).
+  if (v.closing) {
+    closing_ = true;
+    return 0;
+  }
   if (v.apart) {
     // A round behind others at this step, of its own history or alone in its round: the
     // agreement will most likely hand this peer their state and leave its samples unused, so it
@@ -252,6 +264,10 @@ int64_t Atom::next_sequences(int64_t mine) {
   do {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     v = board_.view(0);
+    if (v.closing) {
+      closing_ = true;
+      return 0;
+    }
     if (short_by(static_cast<double>(v.samples)) <= 0 || v.smaller_accumulating > 0) return 0;
   } while (v.ready < v.heard && now_s() < until);
   ++extra_micro_batches_;

@@ -30,10 +30,11 @@
 // The exchange then all-reduces the counts as always (its divisor).
 //
 // A stop asked for (the run's first SIGINT or SIGTERM) ends the step in progress early: the peer
-// stops gathering and makes up no shortfall, and the swarm's step averages what it holds (its
+// stops gathering, says so on the board (closing), the others end their step too at their next
+// micro-batch, nobody makes up the shortfall, and the swarm's step averages what it holds (its
 // count, as always, the divisor). A large target on slow peers would otherwise hold the stop for
-// as long as the step takes. Peers not told to stop gather on to the target, the stopped one
-// waiting for them in the exchange.
+// as long as the step takes. Only the peers told to stop stop after the step; the others go on
+// with the next.
 //
 // The exchange does not overlap computation. Computing the next step's micro-batches while the
 // others finish and while the all-reduce runs (their gradients one step stale) was built and
@@ -109,6 +110,7 @@ class Atom final : public Ddp {
   // Micro-batches this peer computed because, closing a round, it found the count still short.
   int64_t extra_micro_batches_ = 0;
   int64_t last_sequences_ = 0;  // the sequences of this peer's last micro-batch in the last step
+  bool closing_ = false;        // another peer ended this step early (ProgressBoard::View::closing)
   double compute_s_ = 0;        // seconds in micro-batches so far (the rest: waits, exchanges)
 };
 

@@ -37,8 +37,9 @@ void ProgressBoard::begin_round(Round round, uint32_t history) {
   history_ = history;
 }
 
-void ProgressBoard::announce(Round round, int64_t samples, double rate, bool ready) {
-  const Message m{round.version, round.step, samples, ready ? 1 : 0, rate, history_};
+void ProgressBoard::announce(Round round, int64_t samples, double rate, bool ready, bool closing) {
+  // `ready` is 0 (accumulating), 1 (waiting for the exchange) or 2 (and closing the round).
+  const Message m{round.version, round.step, samples, closing ? 2 : ready ? 1 : 0, rate, history_};
   std::vector<uint8_t> bytes(sizeof m);
   std::memcpy(bytes.data(), &m, sizeof m);
   for (const net::MemberView& member : node_.members()) {
@@ -51,7 +52,7 @@ void ProgressBoard::announce(Round round, int64_t samples, double rate, bool rea
 void ProgressBoard::take(net::PeerId peer, const std::vector<uint8_t>& bytes, double arrived) {
   Message m;
   if (bytes.size() == sizeof m) std::memcpy(&m, bytes.data(), sizeof m);
-  if (bytes.size() != sizeof m || m.samples < 0 || m.ready < 0 || m.ready > 1 ||
+  if (bytes.size() != sizeof m || m.samples < 0 || m.ready < 0 || m.ready > 2 ||
       !std::isfinite(m.rate) || m.rate < 0 || m.history < 0 || m.history > UINT32_MAX) {
     // A peer of another build (announcements of another size) sends one after every
     // micro-batch: the 1st, 2nd, 4th, 8th, ... drop is logged, with the count so far.
@@ -70,7 +71,8 @@ void ProgressBoard::take(net::PeerId peer, const std::vector<uint8_t>& bytes, do
   latest_[peer] = {{m.version, m.step},
                    static_cast<uint32_t>(m.history),
                    m.samples,
-                   m.ready == 1,
+                   m.ready >= 1,
+                   m.ready == 2,
                    m.rate,
                    arrived};
 }
@@ -164,6 +166,7 @@ ProgressBoard::View ProgressBoard::view(double horizon_s) {
       if (!(apart ? ahead : l.round == round_)) continue;
       v.samples += l.samples;
       v.ready += l.ready ? 1 : 0;
+      v.closing = v.closing || l.closing;
       ++v.heard;
       if (!apart && !(l.ready && l.samples == 0)) ++active;
       if (!l.ready && peer < node_.id()) ++v.smaller_accumulating;

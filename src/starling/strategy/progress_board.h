@@ -47,8 +47,9 @@ class ProgressBoard {
 
   // Tells every other live member that this peer holds `samples` samples of round `round`, gains
   // `rate` samples per second, and whether it stopped accumulating (`ready`: it waits for the
-  // exchange).
-  void announce(Round round, int64_t samples, double rate, bool ready);
+  // exchange). `closing` (with `ready`): it ended the step early, told to stop, and the others
+  // end theirs too (View::closing).
+  void announce(Round round, int64_t samples, double rate, bool ready, bool closing = false);
 
   struct View {
     int64_t samples = 0;   // the other live members' announced counts for the round
@@ -62,6 +63,9 @@ class ProgressBoard {
     // The counts above are of peers at this peer's step in a later version: this peer is a
     // round behind them (below).
     bool apart = false;
+    // One of them ended the round early (a stop it was told): the step ends with what the
+    // swarm holds.
+    bool closing = false;
   };
   // Takes every announcement that has arrived (without waiting for any, though a backlog longer
   // than the receives it keeps posted waits for the node's thread to match more) and sums the other
@@ -88,7 +92,8 @@ class ProgressBoard {
     uint32_t history = 0;
     int64_t samples = 0;
     bool ready = false;
-    double rate = 0;  // samples per second
+    bool closing = false;  // ended the round early (announce)
+    double rate = 0;       // samples per second
     // When it arrived (train::now_s's clock), as the node's thread stamped it: not when this
     // peer got round to reading it. Peers read only between micro-batches, so stamping at the
     // read made an announcement that arrived just after a read look a micro-batch fresher than
