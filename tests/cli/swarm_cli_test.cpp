@@ -209,6 +209,34 @@ class SwarmCliTest : public ::testing::Test {
   }
   static fs::path run_dir(const std::string& name) { return root_ / ("run_" + name); }
 
+  static std::string peer_log(const std::string& name, int i) {
+    return read_file(run_dir(name) / ("peer-" + std::to_string(i) + ".log"));
+  }
+  // Whether `text` shows in peer i's log of run `name` within `limit` (while `launcher` runs).
+  static bool wait_in_log(const std::string& name, int i, const std::string& text,
+                          Process& launcher, std::chrono::seconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (peer_log(name, i).find(text) == std::string::npos &&
+           std::chrono::steady_clock::now() < until && !launcher.wait(0ms))
+      std::this_thread::sleep_for(50ms);
+    return peer_log(name, i).find(text) != std::string::npos;
+  }
+  // The launcher of a 2-peer atom swarm of `steps` steps whose target (2^24 samples) would take
+  // hours a step, once both peers are into their first step (or have failed to get there).
+  static Process start_endless_atom(const std::string& name, int64_t steps) {
+    const fs::path config = write_config(name, "kind = \"atom\"\ntarget_batch = 16777216", steps);
+    fs::create_directories(run_dir(name));
+    // A peak of its own: no probe between the run's header and its first step.
+    Process launcher({STARLING_CLI_PATH, "train", "-q", "--peers", "2", "--config", config.string(),
+                      "--set", "train.peak_tflops=1"},
+                     run_dir(name).string() + ".log");
+    // The header is the last line before the first step.
+    if (wait_in_log(name, 0, " | peak ", launcher, 60s) &&
+        wait_in_log(name, 1, " | peak ", launcher, 60s))
+      std::this_thread::sleep_for(500ms);  // into the step
+    return launcher;
+  }
+
   // argv of one `starling peer` (insecure, on loopback) of config `name`, with `extra` arguments.
   static std::vector<std::string> peer_argv(const std::string& name, int rank, int world,
                                             const std::string& join, int64_t min_peers,
@@ -2645,28 +2673,14 @@ TEST_F(SwarmCliTest, AStopInsideARoundGoesOnToTheRoundsEnd) {
 // checkpoint and exit. The stop used to wait for the step's end, which never came.
 TEST_F(SwarmCliTest, AStopEndsALongAtomStepEarly) {
   const std::string name = "atom_long_step";
-  const fs::path config = write_config(name, "kind = \"atom\"\ntarget_batch = 16777216", 2);
-  fs::create_directories(run_dir(name));
-  const fs::path log = run_dir(name).string() + ".log";
-  // A peak of its own: no probe between the run's header and its first step.
-  Process launcher({STARLING_CLI_PATH, "train", "-q", "--peers", "2", "--config", config.string(),
-                    "--set", "train.peak_tflops=1"},
-                   log.string());
-  const auto peer_log = [&](int i) {
-    return read_file(run_dir(name) / ("peer-" + std::to_string(i) + ".log"));
-  };
-  // The header is the last line before the first step.
-  const auto until = std::chrono::steady_clock::now() + 60s;
-  while ((peer_log(0).find(" | peak ") == std::string::npos ||
-          peer_log(1).find(" | peak ") == std::string::npos) &&
-         std::chrono::steady_clock::now() < until && !launcher.wait(0ms))
-    std::this_thread::sleep_for(50ms);
-  ASSERT_NE(peer_log(1).find(" | peak "), std::string::npos) << read_file(log);
-  std::this_thread::sleep_for(500ms);  // into the step
+  Process launcher = start_endless_atom(name, 2);
+  const auto peer_log = [&](int i) { return SwarmCliTest::peer_log(name, i); };
+  ASSERT_NE(peer_log(1).find(" | peak "), std::string::npos)
+      << read_file(run_dir(name).string() + ".log");
   launcher.signal(SIGTERM);
   const auto code = launcher.wait(60s);
   ASSERT_TRUE(code) << "the stop waited for the step's end: " << peer_log(0);
-  EXPECT_EQ(*code, 0) << read_file(log);
+  EXPECT_EQ(*code, 0) << read_file(run_dir(name).string() + ".log");
   for (int i = 0; i < 2; ++i) {
     EXPECT_NE(peer_log(i).find("a stop was asked for; this peer ends its step"), std::string::npos)
         << peer_log(i);
@@ -2678,7 +2692,7 @@ TEST_F(SwarmCliTest, AStopEndsALongAtomStepEarly) {
       read_file(run_dir(name) / "peer-0" / "checkpoints" / "step_00000001" / "model.safetensors"),
       read_file(run_dir(name) / "peer-1" / "checkpoints" / "step_00000001" / "model.safetensors"));
   // The count travels as fp32 in the agreement: a target beyond 2^24 is refused.
-  const auto huge = run_cli("train -q --peers 2 --config " + config.string() +
+  const auto huge = run_cli("train -q --peers 2 --config " + (root_ / (name + ".toml")).string() +
                             " --set strategy.target_batch=16777217");
   EXPECT_EQ(huge.code, 2) << huge.output;
   EXPECT_NE(huge.output.find("strategy.target_batch"), std::string::npos) << huge.output;
@@ -2690,25 +2704,13 @@ TEST_F(SwarmCliTest, AStopEndsALongAtomStepEarly) {
 // checkpoints and leaves, and the other goes on alone.
 TEST_F(SwarmCliTest, OnePeerToldToStopEndsTheAtomStepForAll) {
   const std::string name = "atom_one_stops";
-  const fs::path config = write_config(name, "kind = \"atom\"\ntarget_batch = 16777216", 3);
-  fs::create_directories(run_dir(name));
-  const fs::path log = run_dir(name).string() + ".log";
-  Process launcher({STARLING_CLI_PATH, "train", "-q", "--peers", "2", "--config", config.string(),
-                    "--set", "train.peak_tflops=1"},
-                   log.string());
-  const auto peer_log = [&](int i) {
-    return read_file(run_dir(name) / ("peer-" + std::to_string(i) + ".log"));
-  };
+  Process launcher = start_endless_atom(name, 3);
+  const auto peer_log = [&](int i) { return SwarmCliTest::peer_log(name, i); };
   const auto wait_for = [&](int i, const std::string& text, std::chrono::seconds limit) {
-    const auto until = std::chrono::steady_clock::now() + limit;
-    while (peer_log(i).find(text) == std::string::npos &&
-           std::chrono::steady_clock::now() < until && !launcher.wait(0ms))
-      std::this_thread::sleep_for(50ms);
-    return peer_log(i).find(text) != std::string::npos;
+    return wait_in_log(name, i, text, launcher, limit);
   };
-  ASSERT_TRUE(wait_for(0, " | peak ", 60s) && wait_for(1, " | peak ", 60s)) << read_file(log);
-  std::this_thread::sleep_for(500ms);  // into the step
-  // Peer 1's process alone, as its own terminal's Ctrl-C would reach it.
+  ASSERT_NE(peer_log(1).find(" | peak "), std::string::npos)
+      << read_file(run_dir(name).string() + ".log");
   // "[1]": the shell that runs pgrep has the pattern in its command line.
   FILE* found = ::popen("pgrep -f 'run_atom_one_stops/peer-[1]'", "r");
   ASSERT_NE(found, nullptr);
