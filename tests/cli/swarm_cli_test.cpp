@@ -2681,8 +2681,14 @@ TEST_F(SwarmCliTest, AStopEndsALongAtomStepEarly) {
   const auto code = launcher.wait(60s);
   ASSERT_TRUE(code) << "the stop waited for the step's end: " << peer_log(0);
   EXPECT_EQ(*code, 0) << read_file(run_dir(name).string() + ".log");
+  // Each was told; one may see the other's closing announcement before its own signal lands.
+  EXPECT_TRUE(
+      peer_log(0).find("a stop was asked for; this peer ends its step") != std::string::npos ||
+      peer_log(1).find("a stop was asked for; this peer ends its step") != std::string::npos)
+      << peer_log(0) << peer_log(1);
   for (int i = 0; i < 2; ++i) {
-    EXPECT_NE(peer_log(i).find("a stop was asked for; this peer ends its step"), std::string::npos)
+    EXPECT_TRUE(peer_log(i).find("this peer ends its step") != std::string::npos ||
+                peer_log(i).find("this peer ends it too") != std::string::npos)
         << peer_log(i);
     EXPECT_EQ(read_file(run_dir(name) / ("peer-" + std::to_string(i)) / "checkpoints" / "latest"),
               "step_00000001\n")

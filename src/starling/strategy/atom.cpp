@@ -89,8 +89,8 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
   closing_ = false;
   for (int64_t sequences = batch; sequences > 0;) {
     compute(sequences);
-    sequences = spectator ? 0 : next_sequences(mine);
-    if (sequences > 0 && train::stop_requested()) {
+    // Its own stop first: told, it closes the round even where another peer closed it too.
+    if (!spectator && train::stop_requested()) {
       sequences = 0;
       told = true;
       log("step " + std::to_string(r.step + 1) +
@@ -98,10 +98,12 @@ train::StepHooks::StepWork Atom::run_step(train::StepRunner& runner, train::Repl
           " samples it has, and so do the others (the swarm's count may fall short of its "
           "target of " +
           std::to_string(target()) + " this once)");
-    } else if (closing_ && !spectator) {
-      log("step " + std::to_string(r.step + 1) +
-          ": a peer told to stop ended the step early; this peer ends it too, with the " +
-          std::to_string(mine) + " samples it has");
+    } else {
+      sequences = spectator ? 0 : next_sequences(mine);
+      if (closing_ && !spectator)
+        log("step " + std::to_string(r.step + 1) +
+            ": a peer told to stop ended the step early; this peer ends it too, with the " +
+            std::to_string(mine) + " samples it has");
     }
     if (sequences > 0 && now_s() - said_s >= kProgressEveryS) {
       said_s = now_s();
