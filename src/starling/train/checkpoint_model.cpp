@@ -50,6 +50,16 @@ RunConfig saved_run_config(const Checkpoint& ckpt) {
   return config;
 }
 
+void check_finite_weights(const graph::ParamStore& params, const Checkpoint& ckpt) {
+  for (const auto& p : params.params())
+    if (!p.value.isfinite().all().item<bool>())
+      throw CheckpointError(ckpt.model.file.string() + ": tensor \"" + p.name +
+                            "\" holds values that are not finite (NaN or infinity): the run had "
+                            "diverged by step " +
+                            std::to_string(ckpt.meta.step) +
+                            "; an earlier checkpoint, if one is kept, may be whole");
+}
+
 Checkpoint read_model_checkpoint(const std::filesystem::path& path) {
   return read_checkpoint(find_model_checkpoint(path));
 }
@@ -63,13 +73,7 @@ CheckpointModel load_checkpoint_model(const std::filesystem::path& path, c10::De
   m.dag = model::build_model(m.config.model, m.config.train.seed, device);
   load_params(m.checkpoint.model, m.dag->params());
   // Evaluating or exporting NaN weights would report "loss nan" and succeed.
-  for (const auto& p : m.dag->params().params())
-    if (!p.value.isfinite().all().item<bool>())
-      throw CheckpointError(m.checkpoint.model.file.string() + ": tensor \"" + p.name +
-                            "\" holds values that are not finite (NaN or infinity): the run had "
-                            "diverged by step " +
-                            std::to_string(m.checkpoint.meta.step) +
-                            "; an earlier checkpoint, if one is kept, may be whole");
+  check_finite_weights(m.dag->params(), m.checkpoint);
   return m;
 }
 

@@ -23,6 +23,10 @@ struct CheckpointModel {
 // the model's vocabulary.
 RunConfig saved_run_config(const Checkpoint& ckpt);
 
+// After load_params from `ckpt`: CheckpointError naming the first tensor of `params` that holds
+// a value that is not finite (the run had diverged before it saved them), with the step.
+void check_finite_weights(const graph::ParamStore& params, const Checkpoint& ckpt);
+
 // Reads the checkpoint `path` means, as load_checkpoint_model finds it, without building its
 // model. CheckpointError when there is none.
 Checkpoint read_model_checkpoint(const std::filesystem::path& path);

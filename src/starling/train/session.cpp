@@ -167,12 +167,7 @@ void initialise_from_checkpoint(Session& s, const fs::path& path) {
                       model_differences(model_signature(saved), model_signature(wanted)));
   check_same_tokens(ckpt, s.dataset, what, "");
   load_params(ckpt.model, s.dag->params());
-  for (const auto& p : s.dag->params().params())
-    if (!p.value.isfinite().all().item<bool>())
-      throw CheckpointError(ckpt.model.file.string() + ": tensor \"" + p.name +
-                            "\" holds values that are not finite (NaN or infinity): that run had "
-                            "diverged by step " +
-                            std::to_string(ckpt.meta.step));
+  check_finite_weights(s.dag->params(), ckpt);
 }
 
 void restore(Session& s, const Checkpoint& ckpt) {
